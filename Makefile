@@ -1,0 +1,48 @@
+# The README's two commands: `make demo` and `make test`. Both start with `make install`, so a
+# fresh machine needs nothing else (Go >= 1.26 and Python >= 3.11 are on the machine image).
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: install controlplane test lint typecheck unit demo demo-down crd clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+# Builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok and helm
+# from Go modules into ~/.cache/drs (keyed by versions; a second run builds nothing).
+controlplane: install
+	$(BIN)/drs dev build
+
+lint: install
+	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster tests bench
+	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster tests bench
+
+typecheck: install
+	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster
+
+test: install controlplane lint typecheck
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: install
+	$(BIN)/pytest -m "not cluster" $(PYTEST_ARGS)
+
+demo: install controlplane
+	$(BIN)/python examples/demo.py
+
+demo-down: install
+	$(BIN)/drs dev down
+
+crd: install
+	$(BIN)/drs crd > crds/disagg.dev_disaggreplicasets.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""The ``drs`` command line: one entry point, subcommands loaded on demand."""
