@@ -151,13 +151,17 @@ def _run_go(args: Sequence[str], cwd: Path, what: str, timeout: float) -> str:
 
 
 def _module_gomod(module: str, version: str, workdir: Path) -> str:
-    out = _run_go(["mod", "download", "-json", f"{module}@{version}"], workdir, f"download {module}", GO_DOWNLOAD_TIMEOUT_S)
+    out = _run_go(
+        ["mod", "download", "-json", f"{module}@{version}"], workdir, f"download {module}", GO_DOWNLOAD_TIMEOUT_S
+    )
     info = json.loads(out)
     return Path(info["GoMod"]).read_text()
 
 
 def _module_dir(module: str, version: str, workdir: Path) -> Path:
-    out = _run_go(["mod", "download", "-json", f"{module}@{version}"], workdir, f"download {module}", GO_DOWNLOAD_TIMEOUT_S)
+    out = _run_go(
+        ["mod", "download", "-json", f"{module}@{version}"], workdir, f"download {module}", GO_DOWNLOAD_TIMEOUT_S
+    )
     return Path(json.loads(out)["Dir"])
 
 
@@ -174,9 +178,16 @@ def _write_wrapper(target: GoTarget, root: Path, go: str) -> Path:
     wrapper = root / "wrappers" / target.name
     wrapper.mkdir(parents=True, exist_ok=True)
     go_line = ".".join(go.removeprefix("go").split(".")[:2])
-    lines = [f"module drs.local/controlplane/{target.name}", "", f"go {go_line}", "", f"require {target.module} {target.version}", ""]
+    lines = [
+        f"module drs.local/controlplane/{target.name}",
+        "",
+        f"go {go_line}",
+        "",
+        f"require {target.module} {target.version}",
+        "",
+    ]
     if target.name == "kubernetes":
-        lines += _kubernetes_replaces(_module_gomod(target.module, target.version, wrapper)) + [""]
+        lines += [*_kubernetes_replaces(_module_gomod(target.module, target.version, wrapper)), ""]
     (wrapper / "go.mod").write_text("\n".join(lines))
     imports = "\n".join(f'\t_ "{p}"' for p in target.packages)
     (wrapper / "tools.go").write_text(f"//go:build tools\n\npackage tools\n\nimport (\n{imports}\n)\n")
@@ -214,7 +225,9 @@ def _build_target(target: GoTarget, bins: Path, go: str) -> None:
     cmd = ["go", "build", "-v", "-trimpath", "-ldflags", _ldflags(target), "-o", str(tmp_out) + "/", *target.packages]
     _log(f"{target.name}: compiling {len(target.packages)} command(s), {total} packages in the graph")
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=wrapper, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        cmd, cwd=wrapper, env=_go_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     compiled = 0
     tail: list[str] = []
     stop = threading.Event()
@@ -232,7 +245,7 @@ def _build_target(target: GoTarget, bins: Path, go: str) -> None:
             if re.fullmatch(r"[\w.\-/~]+", line):
                 compiled += 1
             else:
-                tail = (tail + [line])[-20:]
+                tail = [*tail, line][-20:]
         rc = proc.wait(timeout=GO_BUILD_TIMEOUT_S)
     finally:
         stop.set()

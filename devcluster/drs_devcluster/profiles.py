@@ -45,22 +45,26 @@ def pod_cidr(index: int) -> str:
     return f"10.244.{index % 256}.0/24"
 
 
-def build_nodes(profile: str, count: int | None = None) -> list[dict[str, Any]]:
-    """Node manifests for ``profile`` (``count`` defaults per profile)."""
+def build_nodes(profile: str, count: int | None = None, first_index: int = 0) -> list[dict[str, Any]]:
+    """Node manifests for ``profile`` (``count`` defaults per profile).
+
+    ``first_index`` offsets the node addresses and pod CIDRs, so that nodes of a second call
+    (another profile added to the same cluster) get addresses of their own.
+    """
     if profile not in PROFILES:
         raise ProfileError(f"unknown profile {profile!r}: choose one of {', '.join(PROFILES)}")
     n = DEFAULT_NODE_COUNT[profile] if count is None else count
-    if not 1 <= n <= MAX_NODES:
+    if not 1 <= n <= MAX_NODES or first_index + n > MAX_NODES:
         raise ProfileError(f"--nodes must be between 1 and {MAX_NODES}, got {n}")
     nodes: list[dict[str, Any]] = []
     for i in range(n):
         kind = profile if profile != "mixed" else ("hgx" if i < (n + 1) // 2 else "gb200")
         if kind == "hgx":
-            nodes.append(_node(f"hgx-{i:03d}", i, _HGX, clique=None))
+            nodes.append(_node(f"hgx-{i:03d}", first_index + i, _HGX, clique=None))
         else:
             j = i if profile == "gb200" else i - (n + 1) // 2
             clique = f"nvl72-{j // GB200_NODES_PER_CLIQUE}"
-            nodes.append(_node(f"gb200-{j:03d}", i, _GB200, clique=clique))
+            nodes.append(_node(f"gb200-{j:03d}", first_index + i, _GB200, clique=clique))
     return nodes
 
 

@@ -1,0 +1,98 @@
+"""``drs dev``: build, start, inspect and stop the local control plane."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from . import build, profiles
+from .cluster import DevCluster, DevClusterError
+from .processes import PortInUseError
+
+_state_dir = click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Where the cluster keeps its files (default $DRS_DEV_STATE_DIR or ~/.cache/drs/dev).",
+)
+_port_base = click.option(
+    "--port-base", type=click.IntRange(1024, 65000), default=None, help="First of the 127.0.0.1 ports it uses."
+)
+
+
+@click.group()
+def dev() -> None:
+    """Build and run the local control plane with simulated GPU nodes."""
+
+
+@dev.command("build")
+@click.option("--force", is_flag=True, help="Rebuild even when the cached binaries exist.")
+def build_cmd(force: bool) -> None:
+    """Compile etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok and helm."""
+    try:
+        bins = build.ensure_built(force=force)
+    except build.BuildError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(str(bins))
+
+
+@dev.command("up")
+@click.option("--profile", default="hgx", show_default=True, help=f"Node profile: {', '.join(profiles.PROFILES)}.")
+@click.option("--nodes", "node_count", type=int, default=None, help="Number of simulated nodes (default per profile).")
+@_state_dir
+@_port_base
+def up(profile: str, node_count: int | None, state_dir: Path | None, port_base: int | None) -> None:
+    """Start etcd, apiserver, controller-manager, scheduler and kwok; create simulated GPU nodes."""
+    cluster = DevCluster.at(state_dir, port_base)
+    try:
+        cluster.up(profile, node_count)
+    except (profiles.ProfileError, DevClusterError, PortInUseError, build.BuildError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    lay = cluster.layout
+    click.echo(f"kubeconfig: {lay.kubeconfig}")
+    click.echo(f"export KUBECONFIG={lay.kubeconfig}")
+    click.echo(f"export PATH={lay.bin_dir}:$PATH   # kubectl {build.KUBERNETES_VERSION} and helm")
+
+
+@dev.command("down")
+@_state_dir
+def down(state_dir: Path | None) -> None:
+    """Stop every process of the dev cluster and remove its state."""
+    stopped = DevCluster.at(state_dir).down()
+    click.echo(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+@dev.command("status")
+@_state_dir
+@click.option("-o", "output", type=click.Choice(["text", "json"]), default="text")
+def status(state_dir: Path | None, output: str) -> None:
+    """Say what runs."""
+    info = DevCluster.at(state_dir).status()
+    if output == "json":
+        click.echo(json.dumps(info, indent=2))
+        return
+    comps = info["components"]
+    if not comps:
+        click.echo(f"no dev cluster in {info['stateDir']}")
+        sys.exit(1)
+    for name, c in comps.items():
+        click.echo(f"{name:<26} pid {c['pid']:<8} {'running' if c['running'] else 'NOT RUNNING'}  {c['log']}")
+    if "nodes" in info:
+        click.echo(f"nodes: {info['nodes']}")
+        click.echo(f"export KUBECONFIG={info['kubeconfig']}")
+    if not all(c["running"] for c in comps.values()):
+        sys.exit(1)
+
+
+@dev.command("kubectl", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@_state_dir
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def kubectl(state_dir: Path | None, args: tuple[str, ...]) -> None:
+    """Run the cluster's own kubectl (the apiserver's version) against the dev cluster."""
+    cluster = DevCluster.at(state_dir)
+    binary = build.bin_dir() / "kubectl"
+    os.execve(str(binary), [str(binary), *args], {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)})

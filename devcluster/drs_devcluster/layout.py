@@ -1,0 +1,211 @@
+"""Where a dev cluster keeps its files and which ports it uses, and the command line of each
+component. Pure: nothing here starts a process or touches the disk.
+
+Ports are ``port_base + offset`` on 127.0.0.1, so a second cluster (the test suite's, next to a
+person's ``drs dev up``) only needs another base and another state directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Final
+
+DEFAULT_PORT_BASE: Final = 17300
+SERVICE_CIDR: Final = "10.96.0.0/16"
+CLUSTER_CIDR: Final = "10.244.0.0/16"
+COMPONENTS: Final = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+#: Offsets from the port base, one per listening socket.
+PORT_OFFSETS: Final = {
+    "etcd-client": 0,
+    "etcd-peer": 1,
+    "kube-apiserver": 2,
+    "kube-controller-manager": 3,
+    "kube-scheduler": 4,
+    "kwok": 5,
+    "etcd-metrics": 6,
+}
+#: How fast the node lifecycle controller reacts (defaults 5s / 50s make node-loss tests slow).
+NODE_MONITOR_PERIOD: Final = "1s"
+NODE_MONITOR_GRACE_PERIOD: Final = "10s"
+NODE_LEASE_DURATION_S: Final = 10
+
+
+def default_state_dir() -> Path:
+    return Path(os.environ.get("DRS_DEV_STATE_DIR", Path.home() / ".cache" / "drs" / "dev")).expanduser()
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Files and ports of one dev cluster."""
+
+    state_dir: Path
+    bin_dir: Path
+    port_base: int = DEFAULT_PORT_BASE
+
+    def port(self, name: str) -> int:
+        return self.port_base + PORT_OFFSETS[name]
+
+    @property
+    def ports(self) -> dict[str, int]:
+        return {name: self.port(name) for name in PORT_OFFSETS}
+
+    @property
+    def pki_dir(self) -> Path:
+        return self.state_dir / "pki"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def etcd_dir(self) -> Path:
+        return self.state_dir / "etcd"
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def pids_file(self) -> Path:
+        return self.state_dir / "pids.json"
+
+    @property
+    def kwok_config(self) -> Path:
+        return self.state_dir / "kwok.yaml"
+
+    @property
+    def apiserver_url(self) -> str:
+        return f"https://127.0.0.1:{self.port('kube-apiserver')}"
+
+    def binary(self, name: str) -> Path:
+        return self.bin_dir / name
+
+    def log(self, component: str) -> Path:
+        return self.log_dir / f"{component}.log"
+
+
+def etcd_args(layout: Layout) -> list[str]:
+    client = f"http://127.0.0.1:{layout.port('etcd-client')}"
+    peer = f"http://127.0.0.1:{layout.port('etcd-peer')}"
+    return [
+        str(layout.binary("etcd")),
+        "--name=drs-dev",
+        f"--data-dir={layout.etcd_dir}",
+        f"--listen-client-urls={client}",
+        f"--advertise-client-urls={client}",
+        f"--listen-peer-urls={peer}",
+        f"--initial-advertise-peer-urls={peer}",
+        f"--initial-cluster=drs-dev={peer}",
+        f"--listen-metrics-urls=http://127.0.0.1:{layout.port('etcd-metrics')}",
+        "--unsafe-no-fsync",
+        "--log-level=warn",
+    ]
+
+
+def apiserver_args(layout: Layout) -> list[str]:
+    pki = layout.pki_dir
+    return [
+        str(layout.binary("kube-apiserver")),
+        f"--etcd-servers=http://127.0.0.1:{layout.port('etcd-client')}",
+        "--bind-address=127.0.0.1",
+        "--advertise-address=127.0.0.1",
+        f"--secure-port={layout.port('kube-apiserver')}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={pki / 'tokens.csv'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        "--authorization-mode=RBAC",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=none",
+        # Pods may be created before the controller-manager has made the `default` ServiceAccount.
+        "--disable-admission-plugins=ServiceAccount",
+        "--profiling=false",
+        "--v=1",
+    ]
+
+
+def controller_manager_args(layout: Layout) -> list[str]:
+    pki = layout.pki_dir
+    return [
+        str(layout.binary("kube-controller-manager")),
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--authentication-kubeconfig={layout.kubeconfig}",
+        f"--authorization-kubeconfig={layout.kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={layout.port('kube-controller-manager')}",
+        f"--service-account-private-key-file={pki / 'sa.key'}",
+        f"--root-ca-file={pki / 'ca.crt'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--cluster-cidr={CLUSTER_CIDR}",
+        "--allocate-node-cidrs=false",
+        f"--node-monitor-period={NODE_MONITOR_PERIOD}",
+        f"--node-monitor-grace-period={NODE_MONITOR_GRACE_PERIOD}",
+        "--concurrent-gc-syncs=5",
+        "--v=1",
+    ]
+
+
+def scheduler_args(layout: Layout) -> list[str]:
+    return [
+        str(layout.binary("kube-scheduler")),
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--authentication-kubeconfig={layout.kubeconfig}",
+        f"--authorization-kubeconfig={layout.kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={layout.port('kube-scheduler')}",
+        "--v=1",
+    ]
+
+
+def kwok_args(layout: Layout) -> list[str]:
+    return [
+        str(layout.binary("kwok")),
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--config={layout.kwok_config}",
+        "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        f"--node-lease-duration-seconds={NODE_LEASE_DURATION_S}",
+        f"--server-address=127.0.0.1:{layout.port('kwok')}",
+        f"--cidr={CLUSTER_CIDR}",
+    ]
+
+
+def component_args(layout: Layout, component: str) -> list[str]:
+    builders = {
+        "etcd": etcd_args,
+        "kube-apiserver": apiserver_args,
+        "kube-controller-manager": controller_manager_args,
+        "kube-scheduler": scheduler_args,
+        "kwok": kwok_args,
+    }
+    return builders[component](layout)
+
+
+def kubeconfig_yaml(layout: Layout, ca_pem: str, token: str) -> dict[str, object]:
+    """The admin kubeconfig (token auth, TLS verified against the dev CA)."""
+    import base64
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "drs-dev",
+                "cluster": {
+                    "server": layout.apiserver_url,
+                    "certificate-authority-data": base64.b64encode(ca_pem.encode()).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "drs-dev-admin", "user": {"token": token}}],
+        "contexts": [{"name": "drs-dev", "context": {"cluster": "drs-dev", "user": "drs-dev-admin"}}],
+        "current-context": "drs-dev",
+    }

@@ -1,0 +1,91 @@
+"""pytest support: one real control plane per test session, a fresh namespace per test.
+
+The session cluster lives in its own state directory and port range (``DRS_TEST_PORT_BASE``,
+default 27300), so it never collides with a person's ``drs dev up``. It is torn down at the end of
+the session whether tests passed or not; leftovers of a killed earlier run are stopped first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import build, profiles
+from .cluster import DevCluster
+
+TEST_PORT_BASE = int(os.environ.get("DRS_TEST_PORT_BASE", "27300"))
+TEST_STATE_DIR = Path(os.environ.get("DRS_TEST_STATE_DIR", Path.home() / ".cache" / "drs" / "test-cluster"))
+#: The session cluster: HGX nodes first, then two NVL72 cliques of GB200 nodes.
+TEST_HGX_NODES = 8
+TEST_GB200_NODES = 2 * profiles.GB200_NODES_PER_CLIQUE
+KUBECTL_TIMEOUT_S = 120.0
+
+
+@dataclasses.dataclass
+class RunningCluster:
+    """What a test gets from the ``devcluster`` fixture."""
+
+    cluster: DevCluster
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.cluster.layout.kubeconfig
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.cluster.layout.bin_dir
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
+
+    def kubectl(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = KUBECTL_TIMEOUT_S
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the cluster's kubectl; with ``check`` a non-zero exit raises with its stderr."""
+        proc = subprocess.run(
+            [str(self.bin_dir / "kubectl"), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc
+
+    def api_client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+
+def start_session_cluster() -> RunningCluster:
+    cluster = DevCluster.at(TEST_STATE_DIR, TEST_PORT_BASE, bin_dir=build.bin_dir())
+    cluster.down()  # a killed earlier run may have left processes behind
+    cluster = DevCluster.at(TEST_STATE_DIR, TEST_PORT_BASE, bin_dir=build.bin_dir())
+    cluster.up("hgx", TEST_HGX_NODES)
+    cluster.create_nodes(profiles.build_nodes("gb200", TEST_GB200_NODES, first_index=TEST_HGX_NODES))
+    return RunningCluster(cluster)
+
+
+def session_cluster() -> Iterator[RunningCluster]:
+    running = start_session_cluster()
+    try:
+        yield running
+    finally:
+        running.cluster.down()
+
+
+def namespace_for(test_name: str) -> str:
+    """A DNS-1123 namespace name unique to one test run."""
+    stem = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
+    return f"t-{stem}-{uuid.uuid4().hex[:6]}"
