@@ -153,9 +153,11 @@ class DevCluster:
         api = self.core_api()
         _say(f"creating {len(nodes)} simulated GPU nodes")
         for node in nodes:
-            status = node["status"]
-            api.create_node({k: v for k, v in node.items() if k != "status"})
-            api.patch_node_status(node["metadata"]["name"], {"status": status})
+            # Created with its status (capacity, addresses) in one request: a separate status
+            # patch would race kwok's node-initialize stage, which fills in missing addresses.
+            created = api.create_node(node)
+            if not (created.status and created.status.addresses):
+                api.patch_node_status(node["metadata"]["name"], {"status": node["status"]})
         deadline = time.monotonic() + NODES_READY_TIMEOUT_S
         names = {n["metadata"]["name"] for n in nodes}
         while True:
