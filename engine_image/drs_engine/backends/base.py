@@ -1,0 +1,137 @@
+"""The interface between the engine server and a backend (TensorRT-LLM, or the ``sim`` test double).
+
+The server does everything HTTP: parsing and validating requests, templating and tokenizing,
+admission (max batch size), sleep gating, metrics, and building OpenAI responses. A backend gets a
+:class:`LegRequest` with the prompt already as token ids and yields :class:`TokenStep` events,
+then exactly one :class:`LegFinished`. Control operations return a JSON-able dict describing what
+was done, or raise an :class:`~drs_engine.errors.EngineError` (``NotSupportedError`` → 501 for an
+op the backend does not offer).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from drs_engine.control_models import CollectiveInit, CollectiveUpdate, PrepareRefit
+from drs_engine.wire import EngineRequest, RequestType
+
+
+@dataclass(frozen=True, slots=True)
+class LegRequest:
+    """One leg of a turn, ready for a backend."""
+
+    request_type: RequestType
+    prompt_token_ids: list[int]
+    max_tokens: int
+    request: EngineRequest
+    logprobs: bool
+    top_logprobs: int
+    conversation_id: str | None
+    streaming: bool
+    #: The server's ``disagg_request_id``-aware id for a context-only leg (``ctx_request_id``).
+    ctx_request_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenStep:
+    """One generated token."""
+
+    token_id: int
+    logprob: float | None = None
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContextHandoff:
+    """What a context-only leg hands to the decode engine (the engine-made part of its
+    ``disaggregated_params``; the server adds the relayed fields)."""
+
+    ctx_request_id: int
+    first_gen_tokens: list[int]
+    encoded_opaque_state: str | None = None
+    first_gen_log_probs: list[Any] | None = None
+    ctx_dp_rank: int | None = None
+    ctx_info_endpoint: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LegFinished:
+    """The end of a leg. ``prefix_query_tokens`` is 0 when the leg did no prefix-cache lookup."""
+
+    finish_reason: str
+    prompt_tokens: int
+    cached_tokens: int
+    prefix_query_tokens: int
+    stop_reason: int | str | None = None
+    handoff: ContextHandoff | None = None
+
+
+LegEvent = TokenStep | LegFinished
+
+
+class EngineBackend(abc.ABC):
+    """A model behind the engine server."""
+
+    #: ``trtllm`` or ``sim``.
+    name: ClassVar[str]
+    #: True for the sim: it is a test and benchmark double, and says so everywhere.
+    test_double: ClassVar[bool]
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Load the model; the server reports healthy only after this returns."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release everything (idempotent)."""
+
+    @property
+    @abc.abstractmethod
+    def weights_version(self) -> str:
+        """The version of the weights being served."""
+
+    @property
+    @abc.abstractmethod
+    def tokens_per_block(self) -> int: ...
+
+    @abc.abstractmethod
+    def server_info(self) -> dict[str, Any]:
+        """Backend facts for ``GET /server_info`` (the server adds role, limits, versions)."""
+
+    @abc.abstractmethod
+    def generate(self, leg: LegRequest) -> AsyncGenerator[LegEvent, None]:
+        """Run one leg: token steps, then exactly one :class:`LegFinished`."""
+
+    @abc.abstractmethod
+    async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
+        """Hand over (and forget) a context state for ``GET /v1/disagg/kv/{ctx_request_id}``."""
+
+    @abc.abstractmethod
+    async def load_weights(self, path: str, version: str) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def init_collective(self, params: CollectiveInit) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def prepare_refit(self, params: PrepareRefit) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def reset_prefix_cache(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def release_memory(self, tags: list[str]) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def resume_memory(self, tags: list[str]) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def start_profile(self) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def stop_profile(self) -> dict[str, Any]: ...

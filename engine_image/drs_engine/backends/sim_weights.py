@@ -1,0 +1,74 @@
+"""The ``sim`` backend's "weights" (part of the test double): a version name and a content hash.
+
+A load names a path that must exist and be readable (a file, or a directory of files); its
+content hash and the version string seed the token function, so new weights give new tokens.
+Each file contributes its relative path, its size and at most :data:`MAX_HASHED_BYTES_PER_FILE`
+of its bytes (a multi-GB checkpoint is fingerprinted, not read whole).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from drs_engine.backends.sim_model import weights_seed
+from drs_engine.errors import WeightsLoadError
+
+MAX_HASHED_BYTES_PER_FILE: Final = 64 * 1024 * 1024
+_CHUNK: Final = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SimWeights:
+    version: str
+    content_hash: bytes
+    source: str
+
+    @property
+    def seed(self) -> bytes:
+        return weights_seed(self.version, self.content_hash)
+
+
+def initial_weights(model_path: str, version: str) -> SimWeights:
+    """The weights a sim engine starts with: keyed by the model label (the path need not exist)."""
+    return SimWeights(version=version, content_hash=hashlib.blake2b(model_path.encode()).digest(), source=model_path)
+
+
+def hash_weights_path(path: str) -> bytes:
+    """Content hash of a weights file or directory; raises :class:`WeightsLoadError` saying why not."""
+    root = Path(path)
+    if not root.exists():
+        raise WeightsLoadError(f"weights path {path!r} does not exist", param="path")
+    if not os.access(root, os.R_OK):
+        raise WeightsLoadError(f"weights path {path!r} is not readable", param="path")
+    digest = hashlib.blake2b()
+    if root.is_file():
+        _hash_file(digest, root, root.name)
+    elif root.is_dir():
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        if not files:
+            raise WeightsLoadError(f"weights directory {path!r} holds no files", param="path")
+        for file in files:
+            _hash_file(digest, file, file.relative_to(root).as_posix())
+    else:
+        raise WeightsLoadError(f"weights path {path!r} is neither a file nor a directory", param="path")
+    return digest.digest()
+
+
+def _hash_file(digest: hashlib.blake2b, file: Path, name: str) -> None:
+    try:
+        size = file.stat().st_size
+        digest.update(f"{name}\0{size}\0".encode())
+        remaining = MAX_HASHED_BYTES_PER_FILE
+        with file.open("rb") as fh:
+            while remaining > 0:
+                chunk = fh.read(min(_CHUNK, remaining))
+                if not chunk:
+                    break
+                digest.update(chunk)
+                remaining -= len(chunk)
+    except OSError as exc:
+        raise WeightsLoadError(f"cannot read weights file {str(file)!r}: {exc.strerror or exc}", param="path") from exc

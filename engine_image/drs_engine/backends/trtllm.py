@@ -1,0 +1,194 @@
+"""The ``trtllm`` backend: TensorRT-LLM's async LLM API on GPUs.
+
+``tensorrt_llm`` is imported only in :meth:`TrtllmBackend.start`, so importing this module (or
+running the ``sim`` backend) never imports it. Everything that can be checked without a GPU — the
+LLM kwargs, sampling and disaggregated params, reading result objects, the control RPCs — lives in
+:mod:`.trtllm_translate` and is unit-tested; this module only applies it to the real classes.
+NOT RUN on a GPU in this repository (see engine_image/README.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+from collections.abc import AsyncGenerator, AsyncIterator
+from dataclasses import replace
+from typing import Any, ClassVar
+
+from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
+from drs_engine.backends.trtllm_translate import (
+    LLM_CLASS,
+    build_control_rpc,
+    build_conversation_params_kwargs,
+    build_disaggregated_params_kwargs,
+    build_llm_kwargs,
+    build_sampling_params_kwargs,
+    finished_from_output,
+    token_steps_from_output,
+    tokens_per_block_of,
+)
+from drs_engine.config import EngineConfig
+from drs_engine.control_models import CollectiveInit, CollectiveUpdate, PrepareRefit
+from drs_engine.errors import EngineError, NotSupportedError, UnavailableError, WeightsLoadError
+from drs_engine.wire import RequestType
+
+#: Tags released/resumed when a call names none (TensorRT-LLM ``ExecutorMemoryType`` values).
+ALL_MEMORY_TAGS = ("model", "kv_cache")
+
+
+class TrtllmBackend(EngineBackend):
+    """TensorRT-LLM behind the engine server (a real GPU engine, not a test double)."""
+
+    name: ClassVar[str] = "trtllm"
+    test_double: ClassVar[bool] = False
+
+    def __init__(self, config: EngineConfig) -> None:
+        self._config = config
+        self._llm_kwargs = build_llm_kwargs(config)
+        self._version = config.weights_version
+        self._endpoint = config.resolved_advertise_url()
+        self._llm: Any = None
+        self._api: dict[str, Any] = {}
+
+    async def start(self) -> None:
+        module_name, class_name = LLM_CLASS.rsplit(".", 1)
+        llm_class = getattr(importlib.import_module(module_name), class_name)
+        llmapi = importlib.import_module("tensorrt_llm.llmapi")
+        self._api = {
+            "SamplingParams": llmapi.SamplingParams,
+            "DisaggregatedParams": llmapi.DisaggregatedParams,
+            "ConversationParams": llmapi.ConversationParams,
+            "DisaggScheduleStyle": llmapi.DisaggScheduleStyle,
+        }
+        self._llm = await asyncio.to_thread(lambda: llm_class(**self._llm_kwargs))
+        await self._llm.setup_async()
+
+    async def close(self) -> None:
+        if self._llm is not None:
+            await asyncio.to_thread(self._llm.shutdown)
+            self._llm = None
+
+    @property
+    def weights_version(self) -> str:
+        return self._version
+
+    @property
+    def tokens_per_block(self) -> int:
+        return tokens_per_block_of(self._llm_kwargs)
+
+    def server_info(self) -> dict[str, Any]:
+        return {
+            "kind": "gpu engine",
+            "llm_class": LLM_CLASS,
+            "cache_transceiver_config": self._llm_kwargs.get("cache_transceiver_config"),
+            "tensor_parallel_size": self._llm_kwargs.get("tensor_parallel_size"),
+            "moe_tensor_parallel_size": self._llm_kwargs.get("moe_tensor_parallel_size"),
+            "moe_expert_parallel_size": self._llm_kwargs.get("moe_expert_parallel_size"),
+        }
+
+    def _require_llm(self) -> Any:
+        if self._llm is None:
+            raise UnavailableError("the TensorRT-LLM engine is not loaded")
+        return self._llm
+
+    async def generate(self, leg: LegRequest) -> AsyncGenerator[LegEvent, None]:
+        llm = self._require_llm()
+        sampling = self._api["SamplingParams"](**build_sampling_params_kwargs(leg.request, leg.max_tokens))
+        dp_kwargs = build_disaggregated_params_kwargs(leg.request.disaggregated_params, ctx_request_id=None)
+        if dp_kwargs is not None and "schedule_style" in dp_kwargs:
+            dp_kwargs["schedule_style"] = self._api["DisaggScheduleStyle"](dp_kwargs["schedule_style"])
+        cp_kwargs = build_conversation_params_kwargs(leg.conversation_id)
+        promise = llm.generate_async(
+            inputs=leg.prompt_token_ids,
+            sampling_params=sampling,
+            streaming=leg.streaming,
+            disaggregated_params=None if dp_kwargs is None else self._api["DisaggregatedParams"](**dp_kwargs),
+            conversation_params=None if cp_kwargs is None else self._api["ConversationParams"](**cp_kwargs),
+        )
+        prefix_lookup = leg.request_type is not RequestType.GENERATION_ONLY
+        emitted = 0
+        outputs: AsyncIterator[Any] = promise if leg.streaming else _once(promise.aresult())
+        async for output in outputs:
+            for step in token_steps_from_output(output, emitted):
+                emitted += 1
+                yield step
+            finished = finished_from_output(
+                output, prompt_tokens=len(leg.prompt_token_ids), prefix_lookup=prefix_lookup
+            )
+            if finished is not None:
+                if finished.handoff is not None and not finished.handoff.ctx_info_endpoint:
+                    finished = replace(finished, handoff=replace(finished.handoff, ctx_info_endpoint=self._endpoint))
+                yield finished
+                return
+
+    async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
+        raise NotSupportedError(
+            "the trtllm backend moves KV with TensorRT-LLM's cache transceiver (cache_transceiver_config), "
+            "not over this route"
+        )
+
+    async def _rpc(
+        self, op: str, params: dict[str, Any] | None = None, *, error: type[EngineError] = EngineError
+    ) -> list[Any]:
+        method, kwargs = build_control_rpc(op, params)
+        llm = self._require_llm()
+        try:
+            result: list[Any] = await llm.collective_rpc(method, kwargs=kwargs)
+        except EngineError:
+            raise
+        except Exception as exc:  # a worker raised: report it and keep serving
+            raise error(f"{method} failed on the TensorRT-LLM workers: {type(exc).__name__}: {exc}") from exc
+        return result
+
+    async def load_weights(self, path: str, version: str) -> dict[str, Any]:
+        if not os.path.exists(path):
+            raise WeightsLoadError(f"weights path {path!r} does not exist", param="path")
+        await self._rpc("load_weights", {"path": path}, error=WeightsLoadError)
+        await self._rpc("reset_prefix_cache")
+        previous, self._version = self._version, version
+        return {"version": version, "previous_version": previous}
+
+    async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
+        await self._rpc("init_collective", params.model_dump())
+        return {"initialized": True, "world_size": params.world_size}
+
+    async def prepare_refit(self, params: PrepareRefit) -> dict[str, Any]:
+        await self._rpc("prepare_refit", {"state_dict_info": params.state_dict_info})
+        return {"prepared": True, "tensors": len(params.state_dict_info)}
+
+    async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]:
+        await self._rpc(
+            "update_weights_from_collective",
+            {"drain": params.drain, "recompute_kv": params.recompute_kv},
+            error=WeightsLoadError,
+        )
+        await self._rpc("reset_prefix_cache")
+        previous, self._version = self._version, params.version
+        return {"version": params.version, "previous_version": previous}
+
+    async def reset_prefix_cache(self) -> dict[str, Any]:
+        await self._rpc("reset_prefix_cache")
+        return {"reset": True}
+
+    async def release_memory(self, tags: list[str]) -> dict[str, Any]:
+        released = list(tags) or list(ALL_MEMORY_TAGS)
+        await self._require_llm().release(released)
+        return {"released": released}
+
+    async def resume_memory(self, tags: list[str]) -> dict[str, Any]:
+        resumed = list(tags) or list(ALL_MEMORY_TAGS)
+        await self._require_llm().resume(resumed)
+        return {"resumed": resumed}
+
+    async def start_profile(self) -> dict[str, Any]:
+        await self._rpc("start_profile")
+        return {"profiling": True}
+
+    async def stop_profile(self) -> dict[str, Any]:
+        await self._rpc("stop_profile")
+        return {"profiling": False}
+
+
+async def _once(awaitable: Any) -> AsyncIterator[Any]:
+    yield await awaitable

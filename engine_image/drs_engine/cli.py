@@ -1,0 +1,108 @@
+"""``drs engine``: run one engine server.
+
+Flags override the config file. The port is bound before the model loads; if it cannot be bound
+the command exits at once with status 1, naming the port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from drs_engine.config import build_config, load_config_file
+from drs_engine.server.control import TOKEN_ENV
+
+EXIT_BIND_FAILED = 1
+EXIT_STARTUP_FAILED = 3
+
+
+def read_control_token(token_file: str | None) -> str | None:
+    """The control token: the file's content (stripped) if given, else ``$DRS_CONTROL_TOKEN``."""
+    if token_file:
+        token = Path(token_file).read_text(encoding="utf-8").strip()
+        if not token:
+            raise click.ClickException(f"control token file {token_file} is empty")
+        return token
+    return os.environ.get(TOKEN_ENV, "").strip() or None
+
+
+@click.command(name="engine")
+@click.option(
+    "--backend", type=click.Choice(["trtllm", "sim"]), default=None, help="trtllm (GPU) or sim (test double)."
+)
+@click.option("--role", type=click.Choice(["prefill", "decode"]), default=None)
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Listening port (0: any free port).")
+@click.option("--host", default=None, help="Listening address (default 0.0.0.0).")
+@click.option("--advertise-url", default=None, help="URL peers use to reach this engine (default http://HOST:PORT).")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Engine config, YAML or JSON (drs_engine.config.EngineConfig).",
+)
+@click.option(
+    "--control-token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help=f"File holding the control-API bearer token (else ${TOKEN_ENV}; none: control API off).",
+)
+@click.option(
+    "--sim-speed",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="sim only: multiplier on simulated durations (0: no sleeping).",
+)
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]), default="info")
+def engine(
+    backend: str | None,
+    role: str | None,
+    port: int | None,
+    host: str | None,
+    advertise_url: str | None,
+    config_file: str | None,
+    control_token_file: str | None,
+    sim_speed: float | None,
+    log_level: str,
+) -> None:
+    """Run one engine server (TensorRT-LLM, or the sim test double)."""
+    from pydantic import ValidationError
+
+    from drs_engine.server.runner import BindError, bind_socket, uvicorn_server
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        config = build_config(
+            load_config_file(config_file) if config_file else None,
+            backend=backend,
+            role=role,
+            port=port,
+            host=host,
+            advertise_url=advertise_url,
+            sim_speed=sim_speed,
+        )
+    except (ValidationError, ValueError, OSError) as exc:
+        raise click.ClickException(f"invalid engine config: {exc}") from exc
+    token = read_control_token(control_token_file)
+    try:
+        sock = bind_socket(config.host, config.port)
+    except BindError as exc:
+        click.echo(f"drs engine: {exc.strerror}", err=True)
+        sys.exit(EXIT_BIND_FAILED)
+    config = config.model_copy(update={"port": sock.getsockname()[1]})
+    if token is None:
+        click.echo(
+            f"drs engine: no control token ({TOKEN_ENV} or --control-token-file): control API disabled", err=True
+        )
+    click.echo(
+        f"drs engine: {config.backend.value} {config.role.value} listening on {config.host}:{config.port}", err=True
+    )
+    server = uvicorn_server(config, token, log_level=log_level)
+    server.run(sockets=[sock])
+    if not server.started:
+        click.echo(f"drs engine: failed to start on port {config.port} (see the log above)", err=True)
+        sys.exit(EXIT_STARTUP_FAILED)

@@ -1,0 +1,49 @@
+"""Request bodies of the control API (see :mod:`drs_engine.server.control` for the routes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LoadWeights(_Strict):
+    """Load weights from a path (a checkpoint directory or file) and serve them as ``version``."""
+
+    path: str = Field(min_length=1)
+    version: str = Field(min_length=1, max_length=200)
+
+
+class CollectiveInit(_Strict):
+    """NeMo RL's ``init_collective``: join the trainer's NCCL group for weight broadcasts."""
+
+    rank_prefix: int = Field(ge=0)
+    ip: str = Field(min_length=1)
+    port: int = Field(ge=1, le=65535)
+    world_size: int = Field(ge=1)
+    train_world_size: int = Field(ge=1)
+
+
+class PrepareRefit(_Strict):
+    """NeMo RL's ``prepare_refit_info``: names, shapes and dtypes of the tensors to come."""
+
+    state_dict_info: dict[str, Any]
+
+
+class CollectiveUpdate(_Strict):
+    """NeMo RL's ``update_weights_from_collective``, then serve the result as ``version``."""
+
+    version: str = Field(min_length=1, max_length=200)
+    drain: bool = True
+    recompute_kv: bool = False
+
+
+class MemoryTags(_Strict):
+    """Memory to release (sleep) or resume (wake); empty means every tag (TensorRT-LLM's tags:
+    ``model``, ``kv_cache``, ``sampler``, ``drafter``, … — any string is accepted)."""
+
+    tags: list[str] = Field(default_factory=list)

@@ -1,0 +1,73 @@
+"""A block prefix cache: chained block hashes, LRU, capacity in tokens.
+
+Like TensorRT-LLM's KV block reuse: a prompt is cut into blocks of ``tokens_per_block`` ids; each
+full block is keyed by the chain hash of every block before it and itself (so a block is reused
+only after the same prefix, and — since the chain is seeded with the weights — only under the same
+weights). A lookup walks the prompt's blocks from the start and stops at the first miss; the hit
+length is capped at ``len(prompt) - 1`` because the last prompt token must always be computed to
+produce logits. Blocks are evicted least-recently-used once the cache holds more than
+``capacity_tokens``.
+
+Invariants: ``len(self) * tokens_per_block <= capacity_tokens``; ``query_tokens`` and
+``hit_tokens`` only grow (they back the two Prometheus counters), ``hit_tokens <= query_tokens``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    """One prompt's lookup: how many tokens were asked and how many were already cached."""
+
+    query_tokens: int
+    hit_tokens: int
+    hit_blocks: int
+
+
+class PrefixCache:
+    def __init__(self, *, tokens_per_block: int, capacity_tokens: int) -> None:
+        if tokens_per_block < 1:
+            raise ValueError("tokens_per_block must be >= 1")
+        self.tokens_per_block = tokens_per_block
+        self.capacity_blocks = max(0, capacity_tokens // tokens_per_block)
+        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        self.query_tokens = 0
+        self.hit_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def lookup(self, prompt_len: int, block_hashes: Sequence[bytes]) -> CacheLookup:
+        """Count the cached leading blocks of a prompt (``block_hashes``: its full blocks, in order)."""
+        hits = 0
+        for h in block_hashes:
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            hits += 1
+        hit_tokens = min(hits * self.tokens_per_block, max(prompt_len - 1, 0))
+        self.query_tokens += prompt_len
+        self.hit_tokens += hit_tokens
+        return CacheLookup(query_tokens=prompt_len, hit_tokens=hit_tokens, hit_blocks=hits)
+
+    def insert(self, block_hashes: Sequence[bytes]) -> None:
+        """Store (or refresh) the blocks of a computed sequence, evicting LRU blocks beyond capacity."""
+        if self.capacity_blocks == 0:
+            return
+        for h in block_hashes:
+            if h in self._blocks:
+                self._blocks.move_to_end(h)
+            else:
+                self._blocks[h] = None
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+
+    def reset(self) -> int:
+        """Drop every block; returns how many there were. The counters keep counting."""
+        count = len(self._blocks)
+        self._blocks.clear()
+        return count

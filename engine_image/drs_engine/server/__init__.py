@@ -1,0 +1,1 @@
+"""The engine's HTTP server (FastAPI + uvicorn), shared by every backend."""

@@ -1,0 +1,153 @@
+"""The engine HTTP server: one FastAPI app per engine, the same for every backend.
+
+Routes:
+
+- ``POST /v1/chat/completions``, ``POST /v1/completions`` — serving (:mod:`.serving`);
+- ``GET /health`` — 200 once the model is loaded, 503 before;
+- ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
+- ``GET /metrics`` — Prometheus text from this server's own registry (:mod:`drs_engine.metrics`);
+- ``GET /v1/disagg/kv/{ctx_request_id}`` — a prefill engine hands a context state to a decode
+  engine and forgets it (sim backend; trtllm moves KV with its cache transceiver: 501);
+- ``/control/...`` — the control API behind a bearer token (:mod:`.control`).
+
+Every error, including unknown routes and bugs, is a JSON body in the OpenAI error shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from drs_engine import __version__
+from drs_engine.config import EngineConfig
+from drs_engine.errors import EngineError, error_body
+from drs_engine.metrics import CONTENT_TYPE_LATEST
+from drs_engine.server import control, serving
+from drs_engine.server.state import EngineState
+
+log = logging.getLogger("drs_engine")
+
+
+def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
+    """The app of one engine; the model loads in the app's lifespan (startup)."""
+    state = EngineState(config, control_token=control_token)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await state.start()
+        log.info(
+            "engine ready: backend=%s role=%s url=%s",
+            config.backend.value,
+            config.role.value,
+            config.resolved_advertise_url(),
+        )
+        try:
+            yield
+        finally:
+            await state.close()
+
+    app = FastAPI(title="drs engine", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.engine = state
+    _register_errors(app)
+
+    async def chat(request: Request) -> Response:
+        return await serving.serve(state, request, chat=True)
+
+    async def completions(request: Request) -> Response:
+        return await serving.serve(state, request, chat=False)
+
+    async def health() -> Response:
+        if not state.ready:
+            return JSONResponse(error_body("the engine is still loading", "service_unavailable", 503), status_code=503)
+        return JSONResponse({"status": "ok", "asleep": bool(state.released_tags)})
+
+    async def server_info() -> Response:
+        try:
+            return JSONResponse(_server_info(state))
+        except EngineError as exc:
+            return JSONResponse(exc.to_body(), status_code=exc.status)
+
+    async def metrics() -> Response:
+        if state.metrics is None:
+            return Response(b"", media_type=CONTENT_TYPE_LATEST)
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def kv_export(ctx_request_id: int) -> Response:
+        try:
+            body = await state.require_backend().export_context(ctx_request_id)
+        except EngineError as exc:
+            if state.metrics is not None:
+                state.metrics.kv_exports.labels(status="error").inc()
+            return JSONResponse(exc.to_body(), status_code=exc.status)
+        state.require_metrics().kv_exports.labels(status="ok").inc()
+        return JSONResponse(body)
+
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/health", health, methods=["GET"])
+    app.add_api_route("/server_info", server_info, methods=["GET"])
+    app.add_api_route("/metrics", metrics, methods=["GET"])
+    app.add_api_route("/v1/disagg/kv/{ctx_request_id}", kv_export, methods=["GET"])
+    control.register(app, state)
+    return app
+
+
+def _server_info(state: EngineState) -> dict[str, Any]:
+    backend = state.require_backend()
+    config = state.config
+    return {
+        "disaggregated_params": {
+            "role": config.role.value,
+            "ctx_info_endpoint": config.resolved_advertise_url(),
+            "cache_transceiver": "http-kv-fetch (sim)" if backend.test_double else "trtllm cache transceiver",
+        },
+        "max_batch_size": config.max_batch_size,
+        "tokens_per_block": backend.tokens_per_block,
+        "max_num_tokens": config.max_num_tokens,
+        "max_model_len": config.model.max_model_len,
+        "model": config.served_model_name(),
+        "role": config.role.value,
+        "backend": backend.name,
+        "test_double": backend.test_double,
+        "weights_version": backend.weights_version,
+        "asleep": sorted(state.released_tags),
+        "engine": backend.server_info(),
+    }
+
+
+def _register_errors(app: FastAPI) -> None:
+    async def http_error(_: Request, exc: Exception) -> Response:
+        status = getattr(exc, "status_code", 500)
+        detail = getattr(exc, "detail", None) or "error"
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        return JSONResponse(error_body(str(detail), kind, status), status_code=status)
+
+    async def invalid_params(_: Request, exc: Exception) -> Response:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        first = errors[0] if errors else {}
+        loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("path", "query", "body"))
+        message = f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(first.get("msg", "invalid request"))
+        return JSONResponse(error_body(message, "invalid_request_error", 400, loc or None), status_code=400)
+
+    async def engine_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, EngineError)
+        return JSONResponse(exc.to_body(), status_code=exc.status)
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse(
+            error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error", 500), status_code=500
+        )
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, invalid_params)
+    app.add_exception_handler(EngineError, engine_error)
+    app.add_exception_handler(Exception, unexpected)

@@ -1,0 +1,179 @@
+"""The engine control API: refit, prefix-cache reset, sleep/wake and profiling, behind a bearer token.
+
+Called by the trainer-side sidecar on every engine (never through a frontend). Every route needs
+``Authorization: Bearer <token>``; the token comes from ``--control-token-file`` or the
+``DRS_CONTROL_TOKEN`` environment variable. No header → 401; a wrong token → 403; an engine
+started without a token refuses the whole control API (403 saying so). Calls are serialised: one
+``asyncio.Lock`` per server, so two overlapping updates run one after the other and both report.
+
+==========================================  ==================================================  =====
+route                                       body                                                notes
+==========================================  ==================================================  =====
+``GET  /control/weights``                   —                                                   the version served
+``POST /control/weights/load``              ``{"path": str, "version": str}``                   sim: path must be a readable file/dir
+``POST /control/collective/init``           ``{"rank_prefix", "ip", "port", "world_size",       trtllm only (sim: 501)
+                                            "train_world_size"}``
+``POST /control/collective/prepare``        ``{"state_dict_info": {...}}``                      trtllm only (sim: 501)
+``POST /control/collective/update``         ``{"version": str, "drain": bool,                   trtllm only (sim: 501)
+                                            "recompute_kv": bool}``
+``POST /control/prefix_cache/reset``        ``{}`` or empty                                     empties the prefix cache
+``POST /control/memory/release``            ``{"tags": [str, ...]}`` (empty: all)               sleep: serving gets 503
+``POST /control/memory/resume``             ``{"tags": [str, ...]}`` (empty: all)               wake
+``POST /control/profile/start``             ``{}`` or empty
+``POST /control/profile/stop``              ``{}`` or empty
+==========================================  ==================================================  =====
+
+A successful call answers ``{"op", "result", "weights_version", "waited_s", "elapsed_s"}``
+(``waited_s``: time spent queued behind other control calls). A failed call answers the OpenAI
+error shape; a weights load that fails leaves the previous weights serving and says why.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from drs_engine.control_models import CollectiveInit, CollectiveUpdate, LoadWeights, MemoryTags, PrepareRefit
+from drs_engine.errors import EngineError, ForbiddenError, UnauthorizedError
+from drs_engine.server.body import parse_json_object, read_body, validate
+from drs_engine.server.state import EngineState
+
+#: Control bodies are small; anything bigger is refused.
+MAX_CONTROL_BODY_BYTES: Final = 1024 * 1024
+#: Environment variable holding the control token (``--control-token-file`` wins).
+TOKEN_ENV: Final = "DRS_CONTROL_TOKEN"
+
+
+def check_token(state: EngineState, request: Request) -> None:
+    """401 without a bearer token, 403 with a wrong one or when the control API is disabled."""
+    if not state.control_token:
+        raise ForbiddenError(
+            f"the control API is disabled on this engine: start it with --control-token-file or {TOKEN_ENV}"
+        )
+    header = request.headers.get("authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not presented.strip():
+        raise UnauthorizedError("the control API needs 'Authorization: Bearer <token>'")
+    if not hmac.compare_digest(presented.strip().encode(), state.control_token.encode()):
+        raise ForbiddenError("wrong control token")
+
+
+async def _body(request: Request, model: type[BaseModel] | None) -> Any:
+    raw = await read_body(request, MAX_CONTROL_BODY_BYTES)
+    if model is None:  # no parameters: an empty body or any JSON object (checked, then ignored)
+        if raw.strip():
+            parse_json_object(raw)
+        return None
+    data = parse_json_object(raw) if raw.strip() else {}
+    return validate(model, data)
+
+
+async def run_op(
+    state: EngineState,
+    request: Request,
+    op: str,
+    model: type[BaseModel] | None,
+    action: Callable[[Any], Awaitable[dict[str, Any]]],
+) -> Response:
+    """Authenticate, parse, wait for the control lock, run ``action``, and report."""
+    metrics = state.metrics
+    try:
+        check_token(state, request)
+        params = await _body(request, model)
+        state.require_backend()
+        queued = time.monotonic()
+        async with state.control_lock:
+            started = time.monotonic()
+            result = await action(params)
+            done = time.monotonic()
+    except EngineError as exc:
+        if metrics is not None:
+            metrics.control_ops.labels(op=op, status="error").inc()
+        headers = {"www-authenticate": "Bearer"} if isinstance(exc, UnauthorizedError) else None
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+    backend = state.require_backend()
+    if metrics is not None:
+        metrics.control_ops.labels(op=op, status="ok").inc()
+    return JSONResponse(
+        {
+            "op": op,
+            "result": result,
+            "weights_version": backend.weights_version,
+            "waited_s": round(started - queued, 6),
+            "elapsed_s": round(done - started, 6),
+        }
+    )
+
+
+def register(app: Any, state: EngineState) -> None:
+    """Add the control routes to ``app`` (a FastAPI/Starlette app)."""
+
+    def backend_op(name: str) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+        async def call(params: Any) -> dict[str, Any]:
+            method: Callable[..., Awaitable[dict[str, Any]]] = getattr(state.require_backend(), name)
+            return await (method() if params is None else method(params))
+
+        return call
+
+    async def get_weights(request: Request) -> Response:
+        try:
+            check_token(state, request)
+            backend = state.require_backend()
+        except EngineError as exc:
+            return JSONResponse(exc.to_body(), status_code=exc.status)
+        return JSONResponse(
+            {"weights_version": backend.weights_version, "backend": backend.name, "test_double": backend.test_double}
+        )
+
+    async def load(params: LoadWeights) -> dict[str, Any]:
+        result = await state.require_backend().load_weights(params.path, params.version)
+        state.require_metrics().set_weights_version(params.version, loaded=True)
+        return result
+
+    async def update(params: CollectiveUpdate) -> dict[str, Any]:
+        result = await state.require_backend().update_weights_from_collective(params)
+        state.require_metrics().set_weights_version(params.version, loaded=True)
+        return result
+
+    async def release(params: MemoryTags) -> dict[str, Any]:
+        result = await state.require_backend().release_memory(params.tags)
+        state.released_tags.update(result.get("released", params.tags))
+        state.require_metrics().asleep.set(1 if state.released_tags else 0)
+        return result
+
+    async def resume(params: MemoryTags) -> dict[str, Any]:
+        result = await state.require_backend().resume_memory(params.tags)
+        state.released_tags.difference_update(result.get("resumed", params.tags))
+        state.require_metrics().asleep.set(1 if state.released_tags else 0)
+        return result
+
+    routes: list[tuple[str, str, type[BaseModel] | None, Callable[[Any], Awaitable[dict[str, Any]]]]] = [
+        ("/control/weights/load", "load_weights", LoadWeights, load),
+        ("/control/collective/init", "init_collective", CollectiveInit, backend_op("init_collective")),
+        ("/control/collective/prepare", "prepare_refit", PrepareRefit, backend_op("prepare_refit")),
+        ("/control/collective/update", "update_weights_from_collective", CollectiveUpdate, update),
+        ("/control/prefix_cache/reset", "reset_prefix_cache", None, backend_op("reset_prefix_cache")),
+        ("/control/memory/release", "release_memory", MemoryTags, release),
+        ("/control/memory/resume", "resume_memory", MemoryTags, resume),
+        ("/control/profile/start", "start_profile", None, backend_op("start_profile")),
+        ("/control/profile/stop", "stop_profile", None, backend_op("stop_profile")),
+    ]
+    for path, op, model, action in routes:
+        app.add_api_route(path, _endpoint(state, op, model, action), methods=["POST"], name=op)
+    app.add_api_route("/control/weights", get_weights, methods=["GET"], name="get_weights_version")
+
+
+def _endpoint(
+    state: EngineState, op: str, model: type[BaseModel] | None, action: Callable[[Any], Awaitable[dict[str, Any]]]
+) -> Callable[[Request], Awaitable[Response]]:
+    async def endpoint(request: Request) -> Response:
+        return await run_op(state, request, op, model, action)
+
+    endpoint.__name__ = op
+    return endpoint

@@ -1,0 +1,282 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions``, top to bottom.
+
+1. refuse while asleep (503); read the body under the size cap (413); parse JSON and validate it
+   as strictly as TensorRT-LLM (400 naming the field);
+2. prompt ids: ``prompt_token_ids_b64`` (int32-LE base64), else ``prompt_token_ids``, else render
+   the chat template and tokenize (:func:`drs_protocol.chat.render_prompt_ids`, the function the
+   frontend uses too) or tokenize the completion prompt; check the model length (400
+   ``context length exceeded: …``);
+3. the leg: its request type, ``ctx_request_id`` (the ``disagg_request_id`` when given, as
+   TensorRT-LLM does, else an engine-local id), the conversation id;
+4. wait for a batch slot, run the backend, and answer: one JSON body, or SSE chunks in the OpenAI
+   shape ending in ``data: [DONE]``. A generation leg's first event (the KV fetch) is awaited
+   before the stream starts, so a missing context state is still a 4xx, not a broken stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from drs_protocol import fields
+from drs_protocol.chat import ChatTemplateError, decode_token_ids, render_completion_ids, render_prompt_ids, token_text
+from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from drs_engine.backends.base import LegEvent, LegFinished, LegRequest, TokenStep
+from drs_engine.errors import BadRequestError, ContextLengthError, EngineError
+from drs_engine.server import responses
+from drs_engine.server.body import parse_json_object, read_body, validate
+from drs_engine.server.detok import IncrementalDetokenizer
+from drs_engine.server.state import EngineState
+from drs_engine.wire import ChatCompletionRequest, CompletionRequest, EngineRequest, RequestType
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+async def serve(state: EngineState, request: Request, *, chat: bool) -> Response:
+    leg_label = "unknown"
+    try:
+        state.check_awake()
+        backend = state.require_backend()
+        body = await read_body(request, state.config.max_request_bytes)
+        data = parse_json_object(body)
+        req: EngineRequest = validate(ChatCompletionRequest, data) if chat else validate(CompletionRequest, data)
+        leg_label = req.request_type().value
+        check_supported(req)
+        prompt = await resolve_prompt_ids(state, req)
+        leg = build_leg(state, req, prompt, data, request)
+        admission = state.require_admission()
+        await admission.acquire()
+        try:
+            events = backend.generate(leg)
+            first = await anext(events)
+        except BaseException:
+            admission.release()
+            raise
+    except EngineError as exc:
+        if state.metrics is not None:
+            state.metrics.requests.labels(leg=leg_label, status="error").inc()
+        return JSONResponse(exc.to_body(), status_code=exc.status)
+
+    meta = responses.ResponseMeta.new(state.config.served_model_name(), chat=chat)
+    if leg.streaming:
+        return StreamingResponse(
+            _stream(state, leg, meta, first, events),
+            media_type="text/event-stream",
+            headers={"cache-control": "no-cache"},
+        )
+    try:
+        steps, finished = await _collect(first, events)
+    except EngineError as exc:
+        state.require_metrics().requests.labels(leg=leg_label, status="error").inc()
+        return JSONResponse(exc.to_body(), status_code=exc.status)
+    finally:
+        await events.aclose()
+        admission.release()
+    _record(state, leg, finished, len(steps))
+    text = decode_token_ids(state.tokenizer, [s.token_id for s in steps], skip_special_tokens=req.skip_special_tokens)
+    return JSONResponse(_full_body(state, leg, meta, text, steps, finished))
+
+
+def check_supported(req: EngineRequest) -> None:
+    """Refuse what this engine does not do rather than silently doing something else."""
+    if req.n != 1:
+        raise BadRequestError("n > 1 is not supported by this engine", param="n")
+    if req.request_type() is RequestType.CONTEXT_ONLY and req.stream:
+        raise BadRequestError("a context_only request cannot stream (send stream: false)", param="stream")
+    if isinstance(req, CompletionRequest) and req.echo:
+        raise BadRequestError("echo is not supported by this engine", param="echo")
+    if isinstance(req, ChatCompletionRequest):
+        if req.chat_template is not None:
+            raise BadRequestError("chat_template cannot be supplied per request", param="chat_template")
+        if req.documents:
+            raise BadRequestError("documents are not supported by this engine", param="documents")
+
+
+async def resolve_prompt_ids(state: EngineState, req: EngineRequest) -> list[int]:
+    """The prompt as token ids: given ids win (no template is applied), else render + tokenize."""
+    if req.prompt_token_ids_b64 is not None:
+        try:
+            ids = decode_token_ids_b64(req.prompt_token_ids_b64, "prompt_token_ids_b64")
+        except TokenIdsError as exc:
+            raise BadRequestError(str(exc), param="prompt_token_ids_b64") from exc
+        field = "prompt_token_ids_b64"
+    elif req.prompt_token_ids is not None:
+        ids, field = list(req.prompt_token_ids), "prompt_token_ids"
+    elif isinstance(req, ChatCompletionRequest):
+        if not req.messages:
+            raise BadRequestError("messages: at least one message is required", param="messages")
+        try:
+            ids = await asyncio.to_thread(
+                render_prompt_ids,
+                state.tokenizer,
+                req.messages,
+                tools=req.tools,
+                chat_template_kwargs=req.chat_template_kwargs,
+                add_generation_prompt=req.add_generation_prompt,
+            )
+        except ChatTemplateError as exc:
+            raise BadRequestError(str(exc), param="messages") from exc
+        field = "messages"
+    elif isinstance(req.prompt, str):
+        ids = await asyncio.to_thread(
+            render_completion_ids, state.tokenizer, req.prompt, add_special_tokens=req.add_special_tokens
+        )
+        field = "prompt"
+    elif isinstance(req.prompt, list):
+        ids, field = list(req.prompt), "prompt"
+    else:
+        raise BadRequestError("prompt: required (a string or a list of token ids)", param="prompt")
+    check_prompt(state, ids, field)
+    return ids
+
+
+def check_prompt(state: EngineState, ids: list[int], field: str) -> None:
+    if not ids:
+        raise BadRequestError(f"{field}: the prompt is empty", param=field)
+    vocab = len(state.tokenizer)
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise BadRequestError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab})", param=field)
+    limit = state.config.model.max_model_len
+    if len(ids) >= limit:
+        raise ContextLengthError(
+            f"context length exceeded: the prompt has {len(ids)} tokens, the model's maximum length is {limit} "
+            "(prompt plus at least one generated token)",
+            param=field,
+        )
+
+
+def build_leg(
+    state: EngineState, req: EngineRequest, prompt: list[int], data: dict[str, Any], request: Request
+) -> LegRequest:
+    request_type = req.request_type()
+    room = state.config.model.max_model_len - len(prompt)
+    requested = req.requested_max_tokens()
+    max_tokens = room if requested is None else min(requested, room)
+    ctx_request_id = None
+    if request_type is RequestType.CONTEXT_ONLY:
+        dp = req.disaggregated_params
+        given = dp.disagg_request_id if dp is not None else None
+        ctx_request_id = given if given is not None else state.next_local_ctx_request_id()
+    conversation_id = req.conversation_id() or fields.conversation_id_from(data, request.headers)
+    return LegRequest(
+        request_type=request_type,
+        prompt_token_ids=prompt,
+        max_tokens=max_tokens,
+        request=req,
+        logprobs=req.wants_logprobs(),
+        top_logprobs=req.top_logprobs_count(),
+        conversation_id=conversation_id,
+        streaming=bool(req.stream),
+        ctx_request_id=ctx_request_id,
+    )
+
+
+async def _collect(first: LegEvent, events: AsyncIterator[LegEvent]) -> tuple[list[TokenStep], LegFinished]:
+    steps: list[TokenStep] = []
+    event = first
+    while True:
+        if isinstance(event, LegFinished):
+            return steps, event
+        steps.append(event)
+        event = await anext(events)
+
+
+def _record(state: EngineState, leg: LegRequest, finished: LegFinished, generated: int) -> None:
+    metrics = state.require_metrics()
+    label = leg.request_type.value
+    metrics.requests.labels(leg=label, status="ok").inc()
+    metrics.prompt_tokens.labels(leg=label).inc(finished.prompt_tokens)
+    metrics.generation_tokens.labels(leg=label).inc(generated)
+    if finished.prefix_query_tokens:
+        metrics.prefix_query_tokens.inc(finished.prefix_query_tokens)
+        metrics.prefix_hit_tokens.inc(finished.cached_tokens)
+
+
+def _full_body(
+    state: EngineState,
+    leg: LegRequest,
+    meta: responses.ResponseMeta,
+    text: str,
+    steps: list[TokenStep],
+    finished: LegFinished,
+) -> dict[str, Any]:
+    dp = leg.request.disaggregated_params
+    disagg = None
+    as_b64 = False
+    if leg.request_type is RequestType.CONTEXT_ONLY and finished.handoff is not None:
+        disagg = responses.disaggregated_params_out(dp, finished.handoff)
+        as_b64 = dp is not None and dp.return_prompt_token_ids_b64
+    tokenizer = state.tokenizer
+    return responses.full_response(
+        meta,
+        text=text,
+        steps=steps,
+        finished=finished,
+        logprobs=leg.logprobs,
+        top_logprobs=leg.top_logprobs,
+        token_text=lambda tid: token_text(tokenizer, tid),
+        prompt_token_ids=leg.prompt_token_ids,
+        prompt_ids_b64=as_b64,
+        disaggregated_params=disagg,
+    )
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _stream(
+    state: EngineState,
+    leg: LegRequest,
+    meta: responses.ResponseMeta,
+    first: LegEvent,
+    events: AsyncGenerator[LegEvent, None],
+) -> AsyncIterator[bytes]:
+    tokenizer = state.tokenizer
+    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=leg.request.skip_special_tokens)
+    stream_options = leg.request.stream_options
+    include_usage = bool(stream_options and stream_options.include_usage)
+    common: dict[str, Any] = {
+        "logprobs": leg.logprobs,
+        "top_logprobs": leg.top_logprobs,
+        "token_text": lambda tid: token_text(tokenizer, tid),
+    }
+    admission = state.require_admission()
+    generated = 0
+    try:
+        if meta.chat:
+            yield _sse(responses.stream_chunk(meta, text="", steps=[], role=True, **common))
+        event = first
+        while not isinstance(event, LegFinished):
+            generated += 1
+            text = detok.push([event.token_id])
+            yield _sse(responses.stream_chunk(meta, text=text, steps=[event], **common))
+            event = await anext(events)
+        finished = event
+        yield _sse(
+            responses.stream_chunk(
+                meta,
+                text=detok.flush(),
+                steps=[],
+                finish_reason=finished.finish_reason,
+                stop_reason=finished.stop_reason,
+                **common,
+            )
+        )
+        if include_usage:
+            yield _sse(responses.usage_chunk(meta, finished, generated))
+        _record(state, leg, finished, generated)
+        yield SSE_DONE
+    except EngineError as exc:
+        state.require_metrics().requests.labels(leg=leg.request_type.value, status="error").inc()
+        yield _sse(exc.to_body())
+        yield SSE_DONE
+    finally:
+        await events.aclose()
+        admission.release()
