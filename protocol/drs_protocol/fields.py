@@ -15,6 +15,8 @@ CONVERSATION_HEADERS: Final = ("x-session-id", "x-correlation-id", "x-session-af
 #: Response headers naming the engines that served a turn.
 HEADER_PREFILL_ENGINE: Final = "x-drs-prefill"
 HEADER_DECODE_ENGINE: Final = "x-drs-decode"
+#: Response header of an engine: the weights version that produced the response.
+HEADER_WEIGHTS_VERSION: Final = "x-drs-weights-version"
 
 CONTEXT_ONLY: Final = "context_only"
 GENERATION_ONLY: Final = "generation_only"

@@ -52,6 +52,7 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
         admission = state.require_admission()
         await admission.acquire()
         try:
+            weights_version = backend.weights_version  # the generator snapshots the same weights
             events = backend.generate(leg)
             first = await anext(events)
         except BaseException:
@@ -63,23 +64,24 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
         return JSONResponse(exc.to_body(), status_code=exc.status)
 
     meta = responses.ResponseMeta.new(state.config.served_model_name(), chat=chat)
+    headers = {fields.HEADER_WEIGHTS_VERSION: weights_version}
     if leg.streaming:
         return StreamingResponse(
             _stream(state, leg, meta, first, events),
             media_type="text/event-stream",
-            headers={"cache-control": "no-cache"},
+            headers={"cache-control": "no-cache", **headers},
         )
     try:
         steps, finished = await _collect(first, events)
     except EngineError as exc:
         state.require_metrics().requests.labels(leg=leg_label, status="error").inc()
-        return JSONResponse(exc.to_body(), status_code=exc.status)
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
     finally:
         await events.aclose()
         admission.release()
     _record(state, leg, finished, len(steps))
     text = decode_token_ids(state.tokenizer, [s.token_id for s in steps], skip_special_tokens=req.skip_special_tokens)
-    return JSONResponse(_full_body(state, leg, meta, text, steps, finished))
+    return JSONResponse(_full_body(state, leg, meta, text, steps, finished), headers=headers)
 
 
 def check_supported(req: EngineRequest) -> None:
