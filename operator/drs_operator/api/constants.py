@@ -1,0 +1,170 @@
+"""Named constants of the DisaggReplicaSet API: identity, label keys, conditions, phases, defaults.
+
+Every string that another component matches on (a label key, a condition type or reason, a role
+name) is defined here once.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+# --- identity of the resource ---------------------------------------------------------------
+GROUP: Final = "disagg.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "DisaggReplicaSet"
+LIST_KIND: Final = "DisaggReplicaSetList"
+PLURAL: Final = "disaggreplicasets"
+SINGULAR: Final = "disaggreplicaset"
+SHORT_NAMES: Final = ("drs",)
+CATEGORIES: Final = ("disagg",)
+CRD_NAME: Final = f"{PLURAL}.{GROUP}"
+
+# --- labels every child carries -------------------------------------------------------------
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_PART_OF: Final = "app.kubernetes.io/part-of"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+#: Value of ``app.kubernetes.io/name`` and ``app.kubernetes.io/part-of`` on every child.
+APP_NAME: Final = "disaggreplicaset"
+#: Value of ``app.kubernetes.io/managed-by`` on every child.
+MANAGER_NAME: Final = "drs-operator"
+#: The owning DisaggReplicaSet's name.
+LABEL_REPLICASET: Final = f"{GROUP}/replicaset"
+#: The replica index (decimal string).
+LABEL_REPLICA: Final = f"{GROUP}/replica"
+#: ``prefill``, ``decode`` or ``frontend`` (see :class:`Role` and :data:`ROLE_FRONTEND`).
+LABEL_ROLE: Final = f"{GROUP}/role"
+#: The engine's ordinal within its role and replica (decimal string).
+LABEL_ORDINAL: Final = f"{GROUP}/ordinal"
+#: The frontend index within its replica (decimal string).
+LABEL_FRONTEND: Final = f"{GROUP}/frontend"
+#: The rank of a pod inside an engine that spans nodes (``0`` serves HTTP).
+LABEL_RANK: Final = f"{GROUP}/rank"
+
+
+class Role(StrEnum):
+    """An engine role. TensorRT-LLM spells them ``ctx`` / ``gen`` on the wire."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @property
+    def wire_name(self) -> str:
+        """TensorRT-LLM's name for the role in a disaggregated server config."""
+        return "ctx" if self is Role.PREFILL else "gen"
+
+
+#: Engine roles in plan order: prefill engines come before decode engines in every replica.
+ROLES: Final = (Role.PREFILL, Role.DECODE)
+#: The ``disagg.dev/role`` value of frontend children.
+ROLE_FRONTEND: Final = "frontend"
+
+# --- scheduling -----------------------------------------------------------------------------
+GPU_RESOURCE: Final = "nvidia.com/gpu"
+DEFAULT_SEGMENT_LABEL: Final = "nvidia.com/gpu.clique"
+
+# --- limits ---------------------------------------------------------------------------------
+#: Frontend node ids are 8 bits (the snowflake request id), so N × F ≤ 256.
+MAX_FRONTENDS: Final = 256
+MAX_PORT: Final = 65535
+MIN_PORT: Final = 1
+#: Longest DisaggReplicaSet name: the longest child name (an engine pod's hostname, a DNS label)
+#: must stay within 63 characters. ``names.py`` holds the arithmetic; a test checks it.
+MAX_NAME_LENGTH: Final = 40
+MAX_ENGINES_PER_ROLE: Final = 64
+MAX_TENSOR_PARALLEL: Final = 256
+
+
+# --- status ---------------------------------------------------------------------------------
+class ConditionType(StrEnum):
+    """``status.conditions[].type`` values."""
+
+    VALID = "Valid"
+    PLACED = "Placed"
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Reason(StrEnum):
+    """``status.conditions[].reason`` values (UpperCamelCase, as metav1.Condition requires)."""
+
+    # Valid
+    SPEC_VALID = "SpecValid"
+    SPEC_INVALID = "SpecInvalid"
+    # Placed
+    ALL_REPLICAS_PLACED = "AllReplicasPlaced"
+    REPLICAS_SPLIT = "ReplicasSplitAcrossSegments"
+    REPLICAS_UNPLACED = "ReplicasUnplaced"
+    LAYOUT_DOES_NOT_TILE = "LayoutDoesNotTile"
+    NO_SCHEDULABLE_NODES = "NoSchedulableNodes"
+    REPLICA_MOVED = "ReplicaMoved"
+    # Ready
+    ALL_REPLICAS_READY = "AllReplicasReady"
+    REPLICAS_NOT_READY = "ReplicasNotReady"
+    # Progressing
+    CREATING = "Creating"
+    UPDATING = "Updating"
+    REFITTING = "Refitting"
+    RECONCILED = "Reconciled"
+    # Degraded
+    NODE_LOST = "NodeLost"
+    ENGINE_FAILED = "EngineFailed"
+    FRONTEND_FAILED = "FrontendFailed"
+    NOT_DEGRADED = "NotDegraded"
+
+
+class Phase(StrEnum):
+    """``status.phase``: a one-word summary for ``kubectl get drs`` (conditions hold the detail)."""
+
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    INVALID = "Invalid"
+
+
+class EngineBackend(StrEnum):
+    """``spec.engine.backend``: the real TensorRT-LLM engine, or the CPU ``sim`` test double."""
+
+    TRTLLM = "trtllm"
+    SIM = "sim"
+
+
+class CtxRouter(StrEnum):
+    CONVERSATION = "conversation"
+    LOAD_BALANCING = "load_balancing"
+    ROUND_ROBIN = "round_robin"
+
+
+class GenRouter(StrEnum):
+    LOAD_BALANCING = "load_balancing"
+    ROUND_ROBIN = "round_robin"
+
+
+class Precision(StrEnum):
+    """``spec.model.precision``: the engines' activation dtype (TensorRT-LLM ``dtype``)."""
+
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+# --- defaults -------------------------------------------------------------------------------
+DEFAULT_BASE_PORT: Final = 8300
+DEFAULT_ENGINE_PORT: Final = 8000
+DEFAULT_MAX_SESSIONS: Final = 100_000
+DEFAULT_MODEL_MOUNT_PATH: Final = "/models"
+#: The project's images (the engine image adds TensorRT-LLM to the same Python package).
+DEFAULT_ENGINE_IMAGE: Final = "ghcr.io/disagg-dev/drs-engine:0.1.0"
+DEFAULT_FRONTEND_IMAGE: Final = "ghcr.io/disagg-dev/drs:0.1.0"

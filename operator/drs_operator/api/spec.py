@@ -1,0 +1,283 @@
+"""``DisaggReplicaSet.spec``: the one schema source of the resource's desired state.
+
+Field names are snake_case in Python and camelCase on the wire (``inferenceGPUs`` is spelled out).
+Single-field rules (types, bounds, enums, defaults) live on the fields; cross-field rules live in
+``drs_operator.api.rules`` (CEL, attached here) and ``drs_operator.validation`` (Python, which
+also checks what CEL cannot express, such as tiling). ``dict[str, Any]`` fields are free-form:
+the CRD keeps their unknown fields and the operator merges them (TensorRT-LLM kwargs, pod-template
+overlays, volume sources, resource requirements).
+
+Every block except ``model`` has defaults, so ``{model: {path: ...}, replicas: 1}`` is a complete
+spec: one replica of one TP1 prefill engine, one TP1 decode engine and one frontend.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from drs_operator.api.constants import (
+    DEFAULT_BASE_PORT,
+    DEFAULT_ENGINE_IMAGE,
+    DEFAULT_ENGINE_PORT,
+    DEFAULT_FRONTEND_IMAGE,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MODEL_MOUNT_PATH,
+    DEFAULT_SEGMENT_LABEL,
+    MAX_ENGINES_PER_ROLE,
+    MAX_FRONTENDS,
+    MAX_PORT,
+    MAX_TENSOR_PARALLEL,
+    MIN_PORT,
+    CtxRouter,
+    EngineBackend,
+    GenRouter,
+    Precision,
+)
+from drs_operator.api.rules import ROLE_RULES, SPEC_RULES, schema_extra
+
+#: A free-form object (``x-kubernetes-preserve-unknown-fields`` in the CRD).
+FreeForm = dict[str, Any]
+
+
+class SpecModel(BaseModel):
+    """Base of the spec models: camelCase aliases, unknown fields rejected, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        frozen=True,
+    )
+
+
+class ParsersSpec(SpecModel):
+    """Output parsers applied by the engines (replica-wide)."""
+
+    reasoning: str | None = Field(None, max_length=64, description="Reasoning parser name (e.g. qwen3).")
+    tool: str | None = Field(None, max_length=64, description="Tool-call parser name (e.g. qwen3).")
+
+
+class ModelSpec(SpecModel):
+    """The model every engine of every replica serves."""
+
+    path: str = Field(min_length=1, max_length=4096, description="Model checkpoint path inside the engine pods.")
+    served_name: str | None = Field(
+        None, max_length=256, description="Model name clients send and responses report (default: the path)."
+    )
+    tokenizer: str | None = Field(
+        None, max_length=4096, description="Tokenizer path or name for frontend tokenization (default: the path)."
+    )
+    volume: FreeForm | None = Field(
+        None,
+        description="A Kubernetes volume source holding the model (e.g. persistentVolumeClaim), mounted read-only.",
+    )
+    mount_path: str = Field(
+        DEFAULT_MODEL_MOUNT_PATH, min_length=1, max_length=4096, description="Where the model volume is mounted."
+    )
+    precision: Precision = Field(Precision.AUTO, description="Activation dtype of every engine.")
+    max_model_len: int | None = Field(
+        None, ge=1, le=10_000_000, description="Longest context (prompt + output) in tokens; default: the model's."
+    )
+    parsers: ParsersSpec | None = Field(None, description="Reasoning and tool-call parsers.")
+
+
+class RoleSpec(SpecModel):
+    """One engine role (prefill or decode) of every replica.
+
+    A role may set only the knobs that legitimately differ between prefill and decode: the
+    parallelism, gpuMemoryUtilization, maxBatchSize, maxNumTokens and trtllmKwargs (deep-merged
+    over ``spec.trtllm.kwargs``). ``precision``, ``maxModelLen`` and ``parsers`` are replica-wide;
+    they appear here only so that the schema can reject them with a message saying where they go.
+    """
+
+    model_config = ConfigDict(json_schema_extra=schema_extra(*ROLE_RULES))
+
+    engines: int = Field(1, ge=1, le=MAX_ENGINES_PER_ROLE, description="Engines of this role per replica (M or K).")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=MAX_TENSOR_PARALLEL, description="GPUs per engine (the engine's width)."
+    )
+    moe_tensor_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description="MoE tensor parallelism; with the EP size it must multiply to TP.",
+    )
+    moe_expert_parallel_size: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TENSOR_PARALLEL,
+        description="MoE expert parallelism; with the MoE TP size it must multiply to TP.",
+    )
+    gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Fraction of free GPU memory for the KV cache (kv_cache_config.free_gpu_memory_fraction).",
+    )
+    max_batch_size: int | None = Field(None, ge=1, le=1_000_000, description="TensorRT-LLM max_batch_size.")
+    max_num_tokens: int | None = Field(None, ge=1, le=100_000_000, description="TensorRT-LLM max_num_tokens.")
+    trtllm_kwargs: FreeForm | None = Field(
+        None, description="TensorRT-LLM LLM arguments deep-merged over spec.trtllm.kwargs for this role."
+    )
+    template: FreeForm | None = Field(
+        None,
+        description="Pod-template overlay (metadata, spec) merged into this role's engine pods after spec.template.",
+    )
+    precision: Precision | None = Field(None, description="Not allowed here: set spec.model.precision.")
+    max_model_len: int | None = Field(None, description="Not allowed here: set spec.model.maxModelLen.")
+    parsers: ParsersSpec | None = Field(None, description="Not allowed here: set spec.model.parsers.")
+
+    @property
+    def width(self) -> int:
+        """GPUs per engine of this role."""
+        return self.tensor_parallel_size
+
+
+class EngineSpec(SpecModel):
+    """Which engine implementation runs in the engine pods."""
+
+    backend: EngineBackend = Field(
+        EngineBackend.TRTLLM,
+        description="trtllm: TensorRT-LLM on GPUs; sim: the CPU test double that speaks the same protocol.",
+    )
+    sim_options: FreeForm | None = Field(None, description="Options of the sim backend (latency model, …).")
+
+
+class FrontendSpec(SpecModel):
+    """The CPU-only relays in front of each replica (F per replica)."""
+
+    workers: int = Field(1, ge=1, le=MAX_FRONTENDS, description="Frontends per replica (F).")
+    tokenize: bool = Field(True, description="Render the chat template and tokenize on the frontends.")
+    tokenize_shadow_rate: float = Field(
+        0.0, ge=0, le=1, description="Fraction of requests whose token ids are re-derived prefill-side and compared."
+    )
+    base_port: int = Field(
+        DEFAULT_BASE_PORT,
+        ge=MIN_PORT,
+        le=MAX_PORT,
+        description="Frontend f of replica r listens on basePort + r*F + f.",
+    )
+    resources: FreeForm | None = Field(None, description="Kubernetes resource requirements of a frontend container.")
+    template: FreeForm | None = Field(None, description="Pod-template overlay merged into every frontend pod.")
+
+
+class RouterSpec(SpecModel):
+    """Routing inside a replica (each frontend holds its own router state)."""
+
+    ctx: CtxRouter = Field(CtxRouter.CONVERSATION, description="Prefill-engine router; conversation is stateful.")
+    gen: GenRouter = Field(GenRouter.LOAD_BALANCING, description="Decode-engine router.")
+    gen_tokids_ctxbytes: bool = Field(True, description="Relay prompt token ids as base64 int32 between the legs.")
+    gen_strip_message_history: bool = Field(True, description="Send only the last message on the generation leg.")
+    max_sessions: int = Field(
+        DEFAULT_MAX_SESSIONS, ge=1, le=100_000_000, description="Conversations the ctx router remembers (LRU)."
+    )
+
+
+class TrtllmSpec(SpecModel):
+    """Settings shared by every TensorRT-LLM engine."""
+
+    kwargs: FreeForm = Field(default_factory=dict, description="TensorRT-LLM LLM arguments shared by both roles.")
+    engine_port: int = Field(
+        DEFAULT_ENGINE_PORT,
+        ge=MIN_PORT,
+        le=MAX_PORT,
+        description="Engine HTTP port; with hostNetwork, engine i of the plan listens on enginePort + i.",
+    )
+
+
+class NetworkSpec(SpecModel):
+    """How engines and frontends are reached."""
+
+    host_network: bool = Field(
+        False, description="Run engines and frontends on the node's network; URLs then name node addresses."
+    )
+
+
+class Toleration(SpecModel):
+    """A Kubernetes toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(None, max_length=317)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class TopologySpec(SpecModel):
+    """Which nodes the fleet may use and how they group into NVLink segments."""
+
+    gpus_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="GPUs per node; when set, only nodes of that size are used and tiling is checked up front.",
+    )
+    segment_label: str = Field(
+        DEFAULT_SEGMENT_LABEL,
+        min_length=1,
+        max_length=317,
+        description="Node label naming a node's NVLink segment; a node without it is its own segment.",
+    )
+    node_selector: dict[str, str] | None = Field(
+        None, max_length=64, description="Labels a node must carry to be used."
+    )
+    tolerations: list[Toleration] | None = Field(
+        None, max_length=64, description="Taints the fleet tolerates (GPU nodes are usually tainted)."
+    )
+
+
+class ImagesSpec(SpecModel):
+    """Container images of the engines and the frontends."""
+
+    engine: str = Field(DEFAULT_ENGINE_IMAGE, min_length=1, max_length=512, description="Engine container image.")
+    frontend: str = Field(DEFAULT_FRONTEND_IMAGE, min_length=1, max_length=512, description="Frontend container image.")
+    pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(None, description="Image pull policy.")
+
+
+class DisaggReplicaSetSpec(SpecModel):
+    """Desired state: N replicas, each M prefill + K decode engines behind F frontends."""
+
+    model_config = ConfigDict(json_schema_extra=schema_extra(*SPEC_RULES))
+
+    replicas: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_FRONTENDS,
+        description="Number of replicas N (the scale subresource). Exclusive with inferenceGPUs.",
+    )
+    inference_gpus: int | None = Field(
+        None,
+        alias="inferenceGPUs",
+        ge=1,
+        le=1_000_000,
+        description="GPU budget; N = inferenceGPUs / replica width, which must divide it. Exclusive with replicas.",
+    )
+    model: ModelSpec
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    prefill: RoleSpec = Field(default_factory=RoleSpec, description="Prefill engines of each replica.")
+    decode: RoleSpec = Field(default_factory=RoleSpec, description="Decode engines of each replica.")
+    frontend: FrontendSpec = Field(default_factory=FrontendSpec)
+    router: RouterSpec = Field(default_factory=RouterSpec)
+    trtllm: TrtllmSpec = Field(default_factory=TrtllmSpec)
+    network: NetworkSpec = Field(default_factory=NetworkSpec)
+    topology: TopologySpec = Field(default_factory=TopologySpec)
+    images: ImagesSpec = Field(default_factory=ImagesSpec)
+    template: FreeForm | None = Field(None, description="Pod-template overlay merged into every engine pod.")
+
+    def role(self, role: str) -> RoleSpec:
+        """The block of ``role`` (``prefill`` or ``decode``)."""
+        if role == "prefill":
+            return self.prefill
+        if role == "decode":
+            return self.decode
+        raise ValueError(f"unknown role {role!r}")
+
+    @property
+    def replica_width(self) -> int:
+        """GPUs per replica: M * prefill width + K * decode width."""
+        return self.prefill.engines * self.prefill.width + self.decode.engines * self.decode.width

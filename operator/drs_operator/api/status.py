@@ -1,0 +1,110 @@
+"""``DisaggReplicaSet.status``: what the trainer, its sidecar and a person read.
+
+Written only by the operator. ``urls`` is the contract with the client: the N×F frontend URLs,
+replica-major (r0f0, r0f1, …, r1f0, …), stable for the life of the resource with pod networking.
+``replicaStatuses`` is also the operator's memory of the placement (``placement.previous_from_status``
+rebuilds the sticky input from it). Unknown fields are ignored when parsing, so an older or newer
+operator can read what another wrote.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from drs_operator.api.constants import MAX_FRONTENDS, ConditionStatus, Phase, Role
+
+
+class StatusModel(BaseModel):
+    """Base of the status models: camelCase aliases, unknown fields ignored, immutable."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="ignore",
+        frozen=True,
+    )
+
+
+class Condition(StatusModel):
+    """A condition in the metav1.Condition shape."""
+
+    type: str = Field(min_length=1, max_length=316, description="Condition type, e.g. Valid, Placed, Ready.")
+    status: ConditionStatus
+    reason: str = Field(min_length=1, max_length=1024, description="UpperCamelCase reason (see the Reason constants).")
+    message: str = Field("", max_length=32768, description="What a person needs to act on.")
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(None, ge=0, description="The spec generation this condition was set for.")
+
+
+class EngineStatus(StatusModel):
+    """One engine: where it runs, its address and readiness."""
+
+    name: str = Field(max_length=253)
+    role: Role = Field(description="prefill or decode.")
+    ordinal: int = Field(ge=0)
+    width: int = Field(ge=1, description="GPUs of the engine.")
+    nodes: list[str] = Field(default_factory=list, max_length=256, description="Nodes, one per pod (rank order).")
+    node: str | None = Field(None, max_length=253, description="The node of rank 0 (the pod serving HTTP).")
+    url: str | None = Field(None, max_length=512, description="The engine's base URL.")
+    ready: bool = False
+
+
+class FrontendStatus(StatusModel):
+    """One frontend of a replica."""
+
+    index: int = Field(ge=0, description="Frontend index f within the replica.")
+    url: str | None = Field(None, max_length=512)
+    port: int = Field(ge=1, le=65535)
+    node_id: int = Field(ge=0, le=255, description="Snowflake node id r*F + f.")
+    node: str | None = Field(None, max_length=253)
+    ready: bool = False
+
+
+class ReplicaStatus(StatusModel):
+    """One replica: its placement, engines and frontends."""
+
+    index: int = Field(ge=0)
+    placed: bool = False
+    nodes: list[str] = Field(default_factory=list, max_length=1024)
+    segment: str | None = Field(None, max_length=317, description="The segment holding the replica; absent when split.")
+    split: bool = Field(False, description="True when the replica spans more than one segment.")
+    reason: str | None = Field(None, max_length=4096, description="Why the replica is split or not placed.")
+    ready: bool = False
+    engines: list[EngineStatus] = Field(default_factory=list, max_length=128)
+    frontends: list[FrontendStatus] = Field(default_factory=list, max_length=MAX_FRONTENDS)
+
+
+class WeightsStatus(StatusModel):
+    """The weights the engines serve."""
+
+    version: str | None = Field(None, max_length=256, description="Weights version of the last completed refit.")
+    last_update_time: datetime | None = None
+
+
+class DisaggReplicaSetStatus(StatusModel):
+    """Observed state of a DisaggReplicaSet."""
+
+    observed_generation: int | None = Field(None, ge=0)
+    replicas: int = Field(0, ge=0, description="Replicas of the current plan (the scale subresource's status).")
+    ready_replicas: int = Field(0, ge=0)
+    selector: str | None = Field(
+        None, max_length=1024, description="Label selector of the children (scale subresource)."
+    )
+    phase: Phase | None = Field(None, description="One-word summary: Pending, Progressing, Ready, Degraded or Invalid.")
+    gpus: int = Field(0, ge=0, description="GPUs the plan uses (replicas × replica width).")
+    replica_width: int | None = Field(None, ge=1)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    urls: list[str] = Field(
+        default_factory=list, max_length=MAX_FRONTENDS, description="N×F frontend URLs, replica-major."
+    )
+    replica_statuses: list[ReplicaStatus] = Field(default_factory=list, max_length=MAX_FRONTENDS)
+    weights: WeightsStatus | None = Field(None, description="The weights the engines serve.")

@@ -1,0 +1,138 @@
+"""The node pool placement sees: :class:`~drs_operator.placement.NodeInfo` from Node and Pod manifests.
+
+Pure (manifests in, data out), so ``drs plan --nodes`` and the operator (which lists live Nodes
+and Pods) compute the same thing:
+
+* ``allocatable``: the node's ``status.allocatable["nvidia.com/gpu"]``;
+* ``free``: allocatable minus the GPUs requested by pods bound to the node that are not finished
+  and not ours; a pod's request is the larger of its containers' sum and its largest init
+  container;
+* ``segment``: the value of ``topology.segmentLabel``, else the node's own name;
+* ``schedulable``: not cordoned, Ready (a manifest without conditions counts as Ready), matching
+  ``topology.nodeSelector``, and every NoSchedule/NoExecute taint tolerated by
+  ``topology.tolerations``; otherwise ``unschedulable_reason`` says which;
+* ``address``: InternalIP, else ExternalIP, else Hostname.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from drs_operator.api.constants import GPU_RESOURCE, LABEL_REPLICASET
+from drs_operator.api.spec import Toleration, TopologySpec
+from drs_operator.placement import NodeInfo
+
+
+def nodes_from_manifests(
+    nodes: Iterable[Mapping[str, Any]],
+    pods: Iterable[Mapping[str, Any]] = (),
+    *,
+    topology: TopologySpec | None = None,
+    owner: tuple[str, str] | None = None,
+) -> list[NodeInfo]:
+    """:class:`NodeInfo` for Node manifests (as ``kubectl get nodes -o yaml`` prints them).
+
+    ``free`` subtracts the GPUs requested by ``pods`` bound to the node that are still running
+    and not ours (``owner`` is our (namespace, name): pods labelled ``disagg.dev/replicaset`` with
+    our name in our namespace are ours). A node without a Ready condition (a bare manifest) is
+    taken as Ready.
+    """
+    topo = topology or TopologySpec()
+    used: dict[str, int] = {}
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        node = (pod.get("spec") or {}).get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        if not node or phase in ("Succeeded", "Failed"):
+            continue
+        if (
+            owner is not None
+            and meta.get("namespace") == owner[0]
+            and (meta.get("labels") or {}).get(LABEL_REPLICASET) == owner[1]
+        ):
+            continue
+        used[node] = used.get(node, 0) + pod_gpus(pod)
+    out: list[NodeInfo] = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        labels = meta.get("labels") or {}
+        status = node.get("status") or {}
+        allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+        why = _unschedulable(node, labels, topo)
+        out.append(
+            NodeInfo(
+                name=name,
+                allocatable=allocatable,
+                free=max(0, allocatable - used.get(name, 0)),
+                segment=str(labels.get(topo.segment_label) or name),
+                schedulable=why is None,
+                unschedulable_reason=why,
+                address=_address(status),
+            )
+        )
+    return out
+
+
+def pod_gpus(pod: Mapping[str, Any]) -> int:
+    """GPUs a pod requests: the larger of its containers' sum and its largest init container."""
+    spec = pod.get("spec") or {}
+
+    def gpus(container: Mapping[str, Any]) -> int:
+        resources = container.get("resources") or {}
+        for key in ("requests", "limits"):
+            value = (resources.get(key) or {}).get(GPU_RESOURCE)
+            if value is not None:
+                return _quantity(value)
+        return 0
+
+    regular = sum(gpus(c) for c in spec.get("containers") or [])
+    init = max((gpus(c) for c in spec.get("initContainers") or []), default=0)
+    return max(regular, init)
+
+
+def _quantity(value: Any) -> int:
+    if value is None:
+        return 0
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+def _unschedulable(node: Mapping[str, Any], labels: Mapping[str, str], topo: TopologySpec) -> str | None:
+    spec = node.get("spec") or {}
+    if spec.get("unschedulable"):
+        return "cordoned (spec.unschedulable)"
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("status") != "True":
+            return f"not Ready ({cond.get('reason') or cond.get('status')})"
+    for key, value in (topo.node_selector or {}).items():
+        if labels.get(key) != value:
+            return f"does not match topology.nodeSelector {key}={value}"
+    for taint in spec.get("taints") or []:
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not _tolerated(taint, topo.tolerations or []):
+            return f"taint {taint.get('key')}={taint.get('value', '')}:{taint.get('effect')} is not tolerated"
+    return None
+
+
+def _tolerated(taint: Mapping[str, Any], tolerations: Sequence[Toleration]) -> bool:
+    for t in tolerations:
+        if t.effect is not None and t.effect != taint.get("effect"):
+            continue
+        if t.key is None and t.operator == "Exists":
+            return True
+        if t.key != taint.get("key"):
+            continue
+        if t.operator == "Exists" or (t.value or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+def _address(status: Mapping[str, Any]) -> str | None:
+    addresses = {a.get("type"): a.get("address") for a in status.get("addresses") or []}
+    for kind in ("InternalIP", "ExternalIP", "Hostname"):
+        if addresses.get(kind):
+            return str(addresses[kind])
+    return None

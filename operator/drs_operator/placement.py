@@ -1,0 +1,425 @@
+"""``place(plan, nodes, previous)``: which nodes every engine and frontend of a plan runs on.
+
+Pure: nodes come in as :class:`NodeInfo` (``nodepool.nodes_from_manifests`` builds them from Node
+and Pod manifests); the result is a :class:`Placement`. Nothing here talks to Kubernetes.
+
+Nodes
+    A node is *usable* when it is schedulable (Ready, not cordoned, matching
+    ``topology.nodeSelector``, its NoSchedule/NoExecute taints tolerated), has GPUs, has exactly
+    ``topology.gpusPerNode`` GPUs when that is set, and its size is tiled by the replica's engine
+    widths (``plan.tiling_problem``: packed node by node, no engine crosses a node boundary).
+    Others are listed in ``Placement.excluded`` with the reason. ``free`` GPUs are allocatable
+    minus what pods that are not ours request, so our own engines never count against us.
+
+Algorithm
+    1. Sticky: in replica order, a replica of ``previous`` keeps its nodes when its engines are
+       unchanged (names, widths), every node is still usable and the free GPUs still hold it.
+    2. The other replicas, in order, each placed whole (gang) in the first tier that works:
+       a. one node: the tightest fit (fewest free GPUs left, then name);
+       b. one segment: the segment whose packing uses the fewest nodes (then tightest, then name);
+       c. split across segments (``split=True``, with a reason).
+       Inside a node set, an engine wider than a node takes ``width / node size`` whole free
+       nodes of one segment (by name); the other engines are packed into the fewest nodes,
+       found exactly (the k nodes with the most free GPUs are tried for k = 1, 2, …, each by an
+       exhaustive search with best-fit order). A replica that fits nowhere gets no nodes and a
+       reason naming the shortfall (computed after every replica was placed, so placing twice
+       gives the same words).
+    3. Frontend ``f`` of a replica runs on ``nodes[f % len(nodes)]``, where ``nodes`` are the
+       replica's distinct engine nodes in slot order.
+
+Invariants (tested by hypothesis): no engine straddles a node (an engine is on one node, or on
+whole nodes of one segment); no node gets more GPUs than it has free; the output is a function
+of the input (candidates sorted by name); ``place(plan, nodes, place(plan, nodes, p))`` equals
+``place(plan, nodes, p)``, because kept replicas are kept and every tier's feasibility test is
+exact, so a replica that failed with more free GPUs fails again with fewer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from drs_operator.api.status import ReplicaStatus
+from drs_operator.plan import EngineSlot, Plan, ReplicaPlan, tiling_problem
+
+#: Upper bound on search steps for one packing (far above what real fleets need).
+SEARCH_BUDGET = 200_000
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What placement needs to know about a node."""
+
+    name: str
+    allocatable: int  #: GPUs
+    free: int  #: allocatable minus GPUs requested by pods that are not ours
+    segment: str  #: the value of ``topology.segmentLabel``, or the node's name without it
+    schedulable: bool = True
+    unschedulable_reason: str | None = None
+    address: str | None = None  #: InternalIP (host networking URLs)
+
+
+@dataclass(frozen=True)
+class EnginePlacement:
+    name: str
+    replica: int
+    role: str
+    ordinal: int
+    width: int
+    nodes: tuple[str, ...]  #: one node, or the whole nodes (rank order) of an engine wider than a node
+
+    @property
+    def node(self) -> str | None:
+        """The node of rank 0 (the pod serving HTTP)."""
+        return self.nodes[0] if self.nodes else None
+
+
+@dataclass(frozen=True)
+class FrontendPlacement:
+    replica: int
+    index: int
+    port: int
+    node_id: int
+    node: str | None
+
+
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    index: int
+    placed: bool
+    engines: tuple[EnginePlacement, ...]  #: with ``nodes=()`` when not placed
+    frontends: tuple[FrontendPlacement, ...]  #: with ``node=None`` when not placed
+    segments: tuple[str, ...] = ()  #: sorted
+    split: bool = False
+    reason: str | None = None  #: why split, or why not placed
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Distinct engine nodes in slot order (frontends go round-robin over these)."""
+        return tuple(dict.fromkeys(n for e in self.engines for n in e.nodes))
+
+    @property
+    def segment(self) -> str | None:
+        """The one segment holding the replica (``None`` when split or not placed)."""
+        return self.segments[0] if len(self.segments) == 1 else None
+
+
+@dataclass(frozen=True)
+class Placement:
+    replicas: tuple[ReplicaPlacement, ...]
+    excluded: tuple[tuple[str, str], ...] = ()  #: (node, why it is not used), by node name
+
+    @property
+    def complete(self) -> bool:
+        return all(r.placed for r in self.replicas)
+
+    @property
+    def unplaced(self) -> tuple[ReplicaPlacement, ...]:
+        return tuple(r for r in self.replicas if not r.placed)
+
+    @property
+    def split(self) -> tuple[ReplicaPlacement, ...]:
+        return tuple(r for r in self.replicas if r.split)
+
+    def replica(self, index: int) -> ReplicaPlacement:
+        return next(r for r in self.replicas if r.index == index)
+
+
+# --- the algorithm --------------------------------------------------------------------------
+Assignment = dict[str, tuple[str, ...]]  # engine name -> nodes
+
+
+@dataclass(frozen=True)
+class _Pool:
+    """The usable nodes, indexed."""
+
+    size: Mapping[str, int]
+    segment: Mapping[str, str]
+    names: tuple[str, ...]  # sorted
+    segments: Mapping[str, tuple[str, ...]]  # segment -> its nodes, sorted
+
+
+def place(plan: Plan, nodes: Iterable[NodeInfo], previous: Placement | None = None) -> Placement:
+    """Place every replica of ``plan`` on ``nodes``, keeping ``previous`` where it still holds."""
+    usable, excluded = _usable(plan, sorted(nodes, key=lambda n: n.name))
+    segments: dict[str, list[str]] = {}
+    for n in usable:
+        segments.setdefault(n.segment, []).append(n.name)
+    pool = _Pool(
+        size={n.name: n.allocatable for n in usable},
+        segment={n.name: n.segment for n in usable},
+        names=tuple(n.name for n in usable),
+        segments={s: tuple(v) for s, v in sorted(segments.items())},
+    )
+    free = {n.name: max(0, min(n.free, n.allocatable)) for n in usable}
+    chosen: dict[int, Assignment] = {}
+
+    kept = {r.index: r for r in previous.replicas if r.placed} if previous is not None else {}
+    for rep in plan.replicas:
+        old = kept.get(rep.index)
+        if old is not None:
+            assignment = {e.name: e.nodes for e in old.engines}
+            if _holds(rep, assignment, pool, free):
+                chosen[rep.index] = assignment
+                _take(rep, assignment, pool, free)
+    for rep in plan.replicas:
+        if rep.index not in chosen:
+            found = _place_replica(rep, pool, free)
+            if found is not None:
+                chosen[rep.index] = found
+                _take(rep, found, pool, free)
+
+    replicas = tuple(_result(rep, chosen.get(rep.index), pool, free, bool(usable), excluded) for rep in plan.replicas)
+    return Placement(replicas=replicas, excluded=tuple(excluded))
+
+
+def _usable(plan: Plan, nodes: Sequence[NodeInfo]) -> tuple[list[NodeInfo], list[tuple[str, str]]]:
+    usable: list[NodeInfo] = []
+    excluded: list[tuple[str, str]] = []
+    tiles: dict[int, str | None] = {}
+    widths = plan.replica_widths
+    for n in nodes:
+        if not n.schedulable:
+            excluded.append((n.name, n.unschedulable_reason or "not schedulable"))
+        elif n.allocatable <= 0:
+            excluded.append((n.name, "no allocatable GPUs"))
+        elif plan.gpus_per_node is not None and n.allocatable != plan.gpus_per_node:
+            excluded.append((n.name, f"{n.allocatable} GPUs, but topology.gpusPerNode is {plan.gpus_per_node}"))
+        else:
+            if n.allocatable not in tiles:
+                problem = tiling_problem(widths, n.allocatable)
+                tiles[n.allocatable] = None if problem is None else str(problem)
+            why = tiles[n.allocatable]
+            if why is None:
+                usable.append(n)
+            else:
+                excluded.append((n.name, why))
+    return usable, excluded
+
+
+def _demand(width: int, nodes: Sequence[str], pool: _Pool) -> dict[str, int] | None:
+    """GPUs an engine takes per node, or ``None`` if ``nodes`` cannot hold it."""
+    if not nodes or any(n not in pool.size for n in nodes) or len(set(nodes)) != len(nodes):
+        return None
+    if len(nodes) == 1 and width <= pool.size[nodes[0]]:
+        return {nodes[0]: width}
+    size = pool.size[nodes[0]]
+    if width <= size or width % size or len(nodes) != width // size:
+        return None
+    if any(pool.size[n] != size or pool.segment[n] != pool.segment[nodes[0]] for n in nodes):
+        return None
+    return dict.fromkeys(nodes, size)
+
+
+def _holds(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: Mapping[str, int]) -> bool:
+    """Whether ``assignment`` (from a previous placement) is still good for ``rep``."""
+    if set(assignment) != {e.name for e in rep.engines}:
+        return False
+    need: dict[str, int] = {}
+    for e in rep.engines:
+        demand = _demand(e.width, assignment[e.name], pool)
+        if demand is None:
+            return False
+        for n, g in demand.items():
+            need[n] = need.get(n, 0) + g
+    return all(free[n] >= g for n, g in need.items())
+
+
+def _take(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: dict[str, int]) -> None:
+    for e in rep.engines:
+        demand = _demand(e.width, assignment[e.name], pool)
+        assert demand is not None
+        for n, g in demand.items():
+            free[n] -= g
+
+
+def _place_replica(rep: ReplicaPlan, pool: _Pool, free: Mapping[str, int]) -> Assignment | None:
+    width = rep.width
+    widest = max((e.width for e in rep.engines), default=0)
+    # a. one node, tightest fit
+    fits = [n for n in pool.names if free[n] >= width and pool.size[n] >= widest]
+    if fits:
+        node = min(fits, key=lambda n: (free[n], n))
+        return {e.name: (node,) for e in rep.engines}
+    # b. one segment, fewest nodes, then tightest, then name
+    best: tuple[tuple[int, int, str], Assignment] | None = None
+    for segment, members in pool.segments.items():
+        if sum(free[n] for n in members) < width:
+            continue
+        found = _pack(rep.engines, members, pool, free)
+        if found is not None:
+            used = {n for ns in found.values() for n in ns}
+            key = (len(used), sum(free[n] for n in used), segment)
+            if best is None or key < best[0]:
+                best = (key, found)
+    if best is not None:
+        return best[1]
+    # c. split across segments
+    return _pack(rep.engines, pool.names, pool, free)
+
+
+def _pack(
+    engines: Sequence[EngineSlot], members: Sequence[str], pool: _Pool, free: Mapping[str, int]
+) -> Assignment | None:
+    """Engines into ``members``: wide ones on whole free nodes of one segment, the rest into the fewest nodes."""
+    local = {n: free[n] for n in members}
+    largest = max((pool.size[n] for n in members), default=0)
+    out: Assignment = {}
+    for e in engines:
+        if e.width <= largest:
+            continue
+        whole = _whole_nodes(e.width, members, pool, local)
+        if whole is None:
+            return None
+        out[e.name] = whole
+        for n in whole:
+            local[n] = 0
+    small = sorted((e for e in engines if e.width <= largest), key=lambda e: (-e.width, e.index))
+    if not small:
+        return out
+    candidates = sorted((n for n in members if local[n] > 0), key=lambda n: (-local[n], n))
+    if sum(local[n] for n in candidates) < sum(e.width for e in small):
+        return None
+    for k in range(1, min(len(small), len(candidates)) + 1):
+        bins = candidates[:k]
+        slots = _search([e.width for e in small], [local[n] for n in bins])
+        if slots is not None:
+            out.update({e.name: (bins[b],) for e, b in zip(small, slots, strict=True)})
+            return out
+    return None
+
+
+def _whole_nodes(width: int, members: Sequence[str], pool: _Pool, local: Mapping[str, int]) -> tuple[str, ...] | None:
+    """``width / size`` fully free nodes of one size and one segment (first segment by name)."""
+    groups: dict[tuple[str, int], list[str]] = {}
+    for n in members:
+        size = pool.size[n]
+        if width % size == 0 and local[n] == size:
+            groups.setdefault((pool.segment[n], size), []).append(n)
+    for (_, size), nodes in sorted(groups.items()):
+        if len(nodes) >= width // size:
+            return tuple(sorted(nodes)[: width // size])
+    return None
+
+
+def _search(widths: Sequence[int], caps: Sequence[int]) -> list[int] | None:
+    """Exact: a bin for every width (sorted descending) within ``caps``, or ``None``.
+
+    Depth-first, best fit first; bins with equal remaining capacity are tried once; failed
+    states are remembered. Gives up (``None``) after ``SEARCH_BUDGET`` steps.
+    """
+    remaining = list(caps)
+    slots = [0] * len(widths)
+    failed: set[tuple[int, tuple[int, ...]]] = set()
+    steps = 0
+
+    def go(i: int) -> bool:
+        nonlocal steps
+        if i == len(widths):
+            return True
+        state = (i, tuple(sorted(remaining)))
+        if state in failed:
+            return False
+        steps += 1
+        if steps > SEARCH_BUDGET:
+            return False
+        w = widths[i]
+        tried: set[int] = set()
+        for b in sorted(range(len(remaining)), key=lambda b: (remaining[b] - w, b)):
+            cap = remaining[b]
+            if cap < w or cap in tried:
+                continue
+            tried.add(cap)
+            remaining[b] -= w
+            slots[i] = b
+            if go(i + 1):
+                return True
+            remaining[b] += w
+        failed.add(state)
+        return False
+
+    return slots if go(0) else None
+
+
+def _result(
+    rep: ReplicaPlan,
+    assignment: Assignment | None,
+    pool: _Pool,
+    free: Mapping[str, int],
+    any_usable: bool,
+    excluded: Sequence[tuple[str, str]],
+) -> ReplicaPlacement:
+    if assignment is None:
+        engines = tuple(EnginePlacement(e.name, e.replica, str(e.role), e.ordinal, e.width, ()) for e in rep.engines)
+        frontends = tuple(FrontendPlacement(f.replica, f.index, f.port, f.node_id, None) for f in rep.frontends)
+        why = _shortfall(rep, pool, free) if any_usable else _no_nodes(rep, excluded)
+        return ReplicaPlacement(rep.index, False, engines, frontends, reason=why)
+    engines = tuple(
+        EnginePlacement(e.name, e.replica, str(e.role), e.ordinal, e.width, assignment[e.name]) for e in rep.engines
+    )
+    nodes = tuple(dict.fromkeys(n for e in engines for n in e.nodes))
+    frontends = tuple(
+        FrontendPlacement(f.replica, f.index, f.port, f.node_id, nodes[f.index % len(nodes)]) for f in rep.frontends
+    )
+    segments = tuple(sorted({pool.segment[n] for n in nodes}))
+    if len(segments) == 1:
+        return ReplicaPlacement(rep.index, True, engines, frontends, segments)
+    why = (
+        f"replica {rep.index} is split across {len(segments)} segments ({', '.join(segments)}): no single node or "
+        f"segment had {rep.width} free GPUs for it, so its KV transfers cross a segment boundary"
+    )
+    return ReplicaPlacement(rep.index, True, engines, frontends, segments, split=True, reason=why)
+
+
+def _widths(rep: ReplicaPlan) -> str:
+    return "+".join(str(e.width) for e in rep.engines)
+
+
+def _no_nodes(rep: ReplicaPlan, excluded: Sequence[tuple[str, str]]) -> str:
+    if not excluded:
+        return f"replica {rep.index} needs {rep.width} GPUs (engines {_widths(rep)}); there are no nodes"
+    reasons = sorted({why for _, why in excluded})
+    return f"replica {rep.index} needs {rep.width} GPUs (engines {_widths(rep)}); no node is usable: " + "; ".join(
+        reasons
+    )
+
+
+def _shortfall(rep: ReplicaPlan, pool: _Pool, free: Mapping[str, int]) -> str:
+    """Why ``rep`` does not fit, against the free GPUs left after every placement."""
+    largest = max(pool.size.values())
+    for e in rep.engines:
+        if e.width > largest:
+            counts: dict[tuple[str, int], int] = {}
+            for n in pool.names:
+                if e.width % pool.size[n] == 0 and free[n] == pool.size[n]:
+                    key = (pool.segment[n], pool.size[n])
+                    counts[key] = counts.get(key, 0) + 1
+            best = max(sorted(counts.items()), key=lambda kv: kv[1], default=None)
+            have = (
+                f"most in one segment: {best[1]} free {best[0][1]}-GPU nodes in {best[0][0]}"
+                if best
+                else "no node is wholly free"
+            )
+            return (
+                f"replica {rep.index} cannot be placed: engine {e.name} (width {e.width}) needs whole free nodes "
+                f"of one segment, {e.width} GPUs in all; {have}"
+            )
+    top = min(pool.names, key=lambda n: (-free[n], n))
+    total = sum(free.values())
+    return (
+        f"replica {rep.index} needs {rep.width} GPUs in one node or segment (engines {_widths(rep)}) and cannot be "
+        f"split either; largest free: {free[top]} on node {top}; {total} free on {len(pool.names)} usable nodes"
+    )
+
+
+# --- the sticky input from status -----------------------------------------------------------
+def previous_from_status(statuses: Iterable[ReplicaStatus]) -> Placement:
+    """The sticky input for :func:`place`, rebuilt from ``status.replicaStatuses``."""
+    replicas = []
+    for rs in statuses:
+        engines = tuple(
+            EnginePlacement(e.name, rs.index, str(e.role), e.ordinal, e.width, tuple(e.nodes)) for e in rs.engines
+        )
+        placed = rs.placed and all(e.nodes for e in engines)
+        replicas.append(ReplicaPlacement(rs.index, placed, engines, ()))
+    return Placement(replicas=tuple(replicas))
