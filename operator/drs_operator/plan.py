@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drs_operator.api import names
-from drs_operator.api.constants import ROLES, Precision, Role
+from drs_operator.api.constants import ROLES, Role
 from drs_operator.api.spec import DisaggReplicaSetSpec
 
 
@@ -226,8 +226,8 @@ def llm_kwargs(spec: DisaggReplicaSetSpec, role: Role) -> dict[str, Any]:
         }
     if spec.model.max_model_len is not None:
         out["max_seq_len"] = spec.model.max_model_len
-    if spec.model.precision is not Precision.AUTO:
-        out["dtype"] = str(spec.model.precision)
+    if spec.model.precision.dtype is not None:
+        out["dtype"] = spec.model.precision.dtype
     return out
 
 

@@ -152,12 +152,20 @@ class GenRouter(StrEnum):
 
 
 class Precision(StrEnum):
-    """``spec.model.precision``: the engines' activation dtype (TensorRT-LLM ``dtype``)."""
+    """``spec.model.precision``: ``auto`` or an activation dtype (TensorRT-LLM ``dtype``), or
+    ``fp8`` / ``nvfp4`` for a pre-quantized checkpoint (the dtype is then the checkpoint's)."""
 
     AUTO = "auto"
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
     FLOAT32 = "float32"
+    FP8 = "fp8"
+    NVFP4 = "nvfp4"
+
+    @property
+    def dtype(self) -> str | None:
+        """TensorRT-LLM's ``dtype`` argument for this precision (``None``: leave it to the checkpoint)."""
+        return self.value if self in (Precision.BFLOAT16, Precision.FLOAT16, Precision.FLOAT32) else None
 
 
 # --- defaults -------------------------------------------------------------------------------
