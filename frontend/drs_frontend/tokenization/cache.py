@@ -1,0 +1,305 @@
+"""Render + tokenize a chat turn at a cost in proportion to what is new, bit-identical to a full run.
+
+NeMo RL's path re-renders and re-tokenizes the whole conversation every turn. Here a bounded
+LRU (by conversation id, capped in entries and bytes) keeps, per conversation, the last turn's
+messages, rendered text, ids and cut points. A new turn then
+
+1. compares its messages with the cached ones (a client may rewrite history: only the common
+   leading messages count);
+2. re-renders only a window at the end (:mod:`.window`) when the template passed the window
+   probe, else renders the whole conversation;
+3. checks the rendered text against the cached text: everything up to the last added token
+   inside the common text keeps its cached ids (:mod:`.splice`); the rest is tokenized anew.
+
+Every check that fails falls back to the full path, :func:`drs_protocol.chat.render_prompt_ids`,
+the function the engine itself uses. A configurable share of turns (the shadow rate) is also run
+in full and compared; a mismatch is counted, logged, and the full ids are used.
+"""
+
+from __future__ import annotations
+
+import logging
+from array import array
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from drs_protocol.chat import ChatTemplateError, render_prompt_ids, render_prompt_text
+
+from drs_frontend.tokenization.splice import SpliceTokenizer, Tokenized, common_prefix_length
+from drs_frontend.tokenization.window import Window, message_view, plan_window, same_message, skeleton_for
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+Message = Mapping[str, Any]
+
+
+class Path(StrEnum):
+    """How a turn's ids were made (the ``path`` label of the tokenization metrics)."""
+
+    FULL = "full"  #: no usable cache entry
+    INCREMENTAL = "incremental"  #: cached ids reused, a window re-rendered
+    RERENDERED = "rerendered"  #: cached ids reused, the whole conversation re-rendered
+    SHADOW_MISMATCH = "shadow_mismatch"  #: the incremental ids differed from the full ones
+
+
+@dataclass(frozen=True, slots=True)
+class TurnIds:
+    ids: array[int]
+    path: Path
+    new_ids: int  #: ids tokenized this turn (the rest came from the cache)
+    shadowed: bool = False
+
+
+@dataclass(slots=True)
+class _Entry:
+    messages: list[dict[str, Any]]
+    tools: Any
+    kwargs: Any
+    add_generation_prompt: bool
+    tokenized: Tokenized
+    nbytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Render:
+    text: str
+    anchor: int | None  #: the window start j, whose block starts at ``anchor_pos``
+    anchor_pos: int
+
+
+class ChatTokenizer:
+    """One tokenizer + chat template, with the per-conversation cache."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_entries: int = 4096,
+        max_bytes: int = 512 * 1024 * 1024,
+        windowed: bool | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self._splicer = SpliceTokenizer(tokenizer)
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._bytes = 0
+        self.windowed = probe_windowing(self) if windowed is None else windowed
+
+    # -- the one entry point ---------------------------------------------------------------------
+
+    def prompt_ids(
+        self,
+        conversation_id: str | None,
+        messages: Sequence[Message],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+        shadow: bool = False,
+    ) -> TurnIds:
+        """The prompt ids of a chat turn; ``shadow`` also runs the full path and compares."""
+        entry = self._entries.get(conversation_id) if conversation_id is not None else None
+        result: TurnIds | None = None
+        if entry is not None and entry.tools == tools and entry.kwargs == chat_template_kwargs:
+            result = self._incremental(conversation_id, entry, messages, tools, chat_template_kwargs, add_generation_prompt)
+        if result is None:
+            tokenized = self._full_tokenized(messages, tools, chat_template_kwargs, add_generation_prompt)
+            self._store(conversation_id, messages, tools, chat_template_kwargs, add_generation_prompt, tokenized)
+            result = TurnIds(tokenized.ids, Path.FULL, len(tokenized.ids))
+        if shadow:
+            full = render_prompt_ids(
+                self.tokenizer,
+                messages,
+                tools=tools,
+                chat_template_kwargs=chat_template_kwargs,
+                add_generation_prompt=add_generation_prompt,
+            )
+            if result.ids.tolist() != full:
+                log.warning(
+                    "tokenization shadow mismatch (conversation %s, path %s): %d ids vs %d in full; using the full ids",
+                    conversation_id,
+                    result.path,
+                    len(result.ids),
+                    len(full),
+                )
+                self.forget(conversation_id)
+                return TurnIds(array("i", full), Path.SHADOW_MISMATCH, len(full), shadowed=True)
+            return TurnIds(result.ids, result.path, result.new_ids, shadowed=True)
+        return result
+
+    def forget(self, conversation_id: str | None) -> None:
+        if conversation_id is None:
+            return
+        entry = self._entries.pop(conversation_id, None)
+        if entry is not None:
+            self._bytes -= entry.nbytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
+    # -- full ------------------------------------------------------------------------------------
+
+    def _render(self, messages: Sequence[Message], tools: Any, kwargs: Any, agp: bool) -> str:
+        # Gym's token-id lists are dropped first: templates ignore them, but transformers walks
+        # every value of every message before rendering (O(n^2) ints over a conversation).
+        views = [message_view(m) for m in messages]
+        return render_prompt_text(self.tokenizer, views, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp)
+
+    def _full_tokenized(self, messages: Sequence[Message], tools: Any, kwargs: Any, agp: bool) -> Tokenized:
+        text = self._render(messages, tools, kwargs, agp)
+        return self._splicer.encode(text)
+
+    # -- incremental -----------------------------------------------------------------------------
+
+    def _incremental(
+        self, cid: str | None, entry: _Entry, messages: Sequence[Message], tools: Any, kwargs: Any, agp: bool
+    ) -> TurnIds | None:
+        cached = entry.messages
+        kept = 0
+        for a, b in zip(messages, cached, strict=False):
+            if not same_message(a, b):
+                break
+            kept += 1
+        try:
+            rendered = self._render_windowed(entry, messages, kept, tools, kwargs, agp) if self.windowed else None
+            windowed = rendered is not None
+            if rendered is None:
+                rendered = _Render(self._render(messages, tools, kwargs, agp), None, 0)
+        except ChatTemplateError:
+            return None  # the full path raises the same error with its own message
+        known = entry.tokenized
+        start = rendered.anchor_pos if rendered.anchor is not None else 0
+        common = start + common_prefix_length(known.text[start:], rendered.text[start:])
+        tokenized, new_ids = self._splicer.extend(known, rendered.text, common)
+        self._store(cid, messages, tools, kwargs, agp, tokenized, reuse=(cached, kept))
+        return TurnIds(tokenized.ids, Path.INCREMENTAL if windowed else Path.RERENDERED, new_ids)
+
+    def _render_windowed(
+        self, entry: _Entry, messages: Sequence[Message], kept: int, tools: Any, kwargs: Any, agp: bool
+    ) -> _Render | None:
+        j = plan_window(entry.messages, messages, kept)
+        if j is None:
+            return None
+        pos = self._block_start(entry, j, tools, kwargs)
+        if pos is None:
+            return None
+        tail = self._window_tail(messages, j, tools, kwargs, agp)
+        if tail is None:
+            return None
+        return _Render(entry.tokenized.text[:pos] + tail, j, pos)
+
+    def _window_tail(self, messages: Sequence[Message], j: int, tools: Any, kwargs: Any, agp: bool) -> str | None:
+        head, window = Window(j, skeleton_for(messages, j)).messages(messages)
+        head_text = self._render(head, tools, kwargs, False)
+        text = self._render(window, tools, kwargs, agp)
+        return text[len(head_text) :] if text.startswith(head_text) else None
+
+    def _block_start(self, entry: _Entry, j: int, tools: Any, kwargs: Any) -> int | None:
+        """Where message ``j``'s block starts in the cached text. The cached conversation's own
+        window is rendered and must reproduce the end of the cached text exactly: a template
+        whose blocks depend on more than the window rules allow fails this check."""
+        tail = self._window_tail(entry.messages, j, tools, kwargs, entry.add_generation_prompt)
+        text = entry.tokenized.text
+        if tail is None or len(tail) > len(text) or not text.endswith(tail):
+            return None
+        return len(text) - len(tail)
+
+    # -- the LRU ---------------------------------------------------------------------------------
+
+    def _store(
+        self,
+        cid: str | None,
+        messages: Sequence[Message],
+        tools: Any,
+        kwargs: Any,
+        agp: bool,
+        tokenized: Tokenized,
+        reuse: tuple[list[dict[str, Any]], int] | None = None,
+    ) -> None:
+        if cid is None or self.max_entries == 0:
+            return
+        if reuse is not None:
+            cached, kept = reuse
+            views = cached[:kept] + [message_view(m) for m in messages[kept:]]
+        else:
+            views = [message_view(m) for m in messages]
+        nbytes = tokenized.nbytes * 2 + 64 * len(views)  # the messages hold about the text again
+        self.forget(cid)
+        if nbytes > self.max_bytes:
+            return
+        self._entries[cid] = _Entry(views, tools, kwargs, agp, tokenized, nbytes)
+        self._bytes += nbytes
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= old.nbytes
+
+
+# -- the window probe ----------------------------------------------------------------------------
+
+ProbeConversation = list[dict[str, Any]]
+
+
+def probe_conversations() -> list[tuple[ProbeConversation, list[dict[str, Any]] | None]]:
+    """Conversations that exercise what ChatML-family templates special-case: system prompts,
+    tools, reasoning, tool calls and grouped tool results, several queries, a lone user turn."""
+    tool = {"type": "function", "function": {"name": "lookup", "description": "d", "parameters": {"type": "object"}}}
+    call = [{"type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
+    convs: list[tuple[ProbeConversation, list[dict[str, Any]] | None]] = []
+    for system in (True, False):
+        for tools in (None, [tool]):
+            msgs: ProbeConversation = [{"role": "system", "content": "You are terse."}] if system else []
+            msgs.append({"role": "user", "content": "First question?"})
+            msgs.append({"role": "assistant", "content": "Answer one.", "reasoning_content": "think one"})
+            msgs.append({"role": "user", "content": "Use the tool."})
+            msgs.append({"role": "assistant", "content": "", "reasoning_content": "plan", "tool_calls": call})
+            msgs.append({"role": "tool", "content": "result a"})
+            msgs.append({"role": "tool", "content": "result b"})
+            msgs.append({"role": "assistant", "content": "<think>\nmore\n</think>\n\nCalling.", "tool_calls": call})
+            msgs.append({"role": "tool", "content": "result c"})
+            msgs.append({"role": "assistant", "content": "Done.", "reasoning_content": "wrap up"})
+            msgs.append({"role": "user", "content": "<tool_response>\nwrapped\n</tool_response>"})
+            msgs.append({"role": "assistant", "content": "Noted."})
+            msgs.append({"role": "user", "content": "Last one."})
+            convs.append((msgs, tools))
+    return convs
+
+
+def probe_windowing(
+    chat: ChatTokenizer, kwargs_variants: Sequence[Mapping[str, Any] | None] = (None, {"enable_thinking": False})
+) -> bool:
+    """Does windowed rendering reproduce full rendering for this template? Every prefix of every
+    probe conversation is rendered both ways (the cache of a scratch instance carries the turns)."""
+    scratch = ChatTokenizer(chat.tokenizer, max_entries=4, max_bytes=chat.max_bytes or 1, windowed=True)
+    try:
+        for kwargs in kwargs_variants:
+            for n, (conversation, tools) in enumerate(probe_conversations()):
+                cid = f"probe-{n}"
+                scratch.forget(cid)
+                for end in range(1, len(conversation) + 1):
+                    prefix = conversation[:end]
+                    for agp in (True, False):
+                        got = scratch.prompt_ids(
+                            cid, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
+                        )
+                        want = render_prompt_ids(
+                            chat.tokenizer, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
+                        )
+                        if got.ids.tolist() != want:
+                            log.warning("chat template failed the window probe; rendering whole conversations")
+                            return False
+    except ChatTemplateError as exc:
+        log.warning("chat template failed the window probe (%s); rendering whole conversations", exc)
+        return False
+    return True
+
