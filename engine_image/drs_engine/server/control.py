@@ -95,8 +95,7 @@ async def run_op(
     except EngineError as exc:
         if metrics is not None:
             metrics.control_ops.labels(op=op, status="error").inc()
-        headers = {"www-authenticate": "Bearer"} if isinstance(exc, UnauthorizedError) else None
-        return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+        return _error(exc)
     backend = state.require_backend()
     if metrics is not None:
         metrics.control_ops.labels(op=op, status="ok").inc()
@@ -109,6 +108,11 @@ async def run_op(
             "elapsed_s": round(done - started, 6),
         }
     )
+
+
+def _error(exc: EngineError) -> Response:
+    headers = {"www-authenticate": "Bearer"} if isinstance(exc, UnauthorizedError) else None
+    return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 
 def register(app: Any, state: EngineState) -> None:
@@ -126,7 +130,7 @@ def register(app: Any, state: EngineState) -> None:
             check_token(state, request)
             backend = state.require_backend()
         except EngineError as exc:
-            return JSONResponse(exc.to_body(), status_code=exc.status)
+            return _error(exc)
         return JSONResponse(
             {"weights_version": backend.weights_version, "backend": backend.name, "test_double": backend.test_double}
         )
