@@ -96,3 +96,33 @@ def kubectl(state_dir: Path | None, args: tuple[str, ...]) -> None:
     cluster = DevCluster.at(state_dir)
     binary = build.bin_dir() / "kubectl"
     os.execve(str(binary), [str(binary), *args], {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)})
+
+
+@dev.command("run-pods")
+@_state_dir
+@click.option("--foreground", is_flag=True, help="Run in this terminal; Ctrl-C stops it and its processes.")
+def run_pods(state_dir: Path | None, foreground: bool) -> None:
+    """Run the `drs` containers of hostNetwork pods on simulated nodes as local processes."""
+    from . import runner
+
+    cluster = DevCluster.at(state_dir)
+    try:
+        if foreground:
+            sys.exit(runner.run_foreground(cluster))
+        tracked = runner.start_runner(cluster)
+    except DevClusterError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"pod runner watching (pid {tracked.pid}); log: {tracked.log}")
+
+
+@dev.command("echo-server", hidden=True)
+@click.option("--host", required=True, help="Address to bind (a node's loopback address).")
+@click.option("--port", type=click.IntRange(1, 65535), required=True)
+@click.option("--health-status", type=int, default=200, show_default=True, help="What GET /health answers.")
+@click.option("--exit-after", type=float, default=None, help="Exit on its own after this many seconds.")
+@click.option("--exit-code", type=int, default=3, show_default=True, help="The exit code of --exit-after.")
+def echo_server(host: str, port: int, health_status: int, exit_after: float | None, exit_code: int) -> None:
+    """A tiny HTTP server for tests of the pod runner (a test double)."""
+    from .echo_server import serve
+
+    sys.exit(serve(host, port, health_status, exit_after, exit_code))

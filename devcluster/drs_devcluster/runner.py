@@ -1,0 +1,677 @@
+"""``drs dev run-pods``: run, as local processes, the pods that kwok only pretends to run.
+
+kwok marks every pod on a simulated node Running and Ready. For our own pods (first container's
+``command[0]`` is ``drs``, bound to a ``disagg.dev/dev-node=true`` node, ``hostNetwork: true``) this
+runner makes that true: it runs the container's command line, with the environment a kubelet would
+build (``runner_env``), as a process of this machine that binds its node's loopback address.
+
+One asyncio loop:
+
+1. list pods bound to a node, then watch them from the list's resourceVersion; a watch that ends
+   resumes from the last resourceVersion it saw, a ``410 Gone`` or an error re-lists (pods that
+   vanished in between are stopped);
+2. each pod event is classified (``runner_policy.classify``): RUN starts a supervisor for the pod's
+   UID, anything else stops it; a refused pod (not hostNetwork) gets one Warning Event;
+3. a supervisor resolves env and argv (reading the Secrets and ConfigMaps it names), starts the
+   process in its own session under ``<state>/pods/<ns>_<name>_<uid8>/`` (``log`` there), probes
+   its readiness, and writes the truth to the pod's status; when the process exits on its own it
+   is restarted after CrashLoopBackOff (1 s doubling to 30 s) with an Event and a restart count;
+4. on SIGTERM/SIGINT, or when the control plane's processes are gone, every process is stopped.
+
+Invariants: processes are keyed by pod UID; a process is stopped with SIGTERM to its process group,
+SIGKILL after the pod's grace period (capped at 8 s); a new process never starts on a node while a
+stopped process of that node is still exiting (a replacement binds the same address and port);
+every live process, and the runner itself as ``pod-runner``, is in ``<state>/runner-pids.json``
+(the format of ``processes.save``) so that ``drs dev down`` stops them. The runner never deletes a
+pod: kwok's pod-delete stage does. Process memory holds only what is safe to lose: a restarted
+runner stops the processes its predecessor left and starts them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from . import processes
+from .cluster import DevCluster, DevClusterError
+from .runner_env import NODE_IP_ENV, EnvResolutionError, first_container, local_argv, referenced_objects, resolve
+from .runner_policy import (
+    NOT_HOST_NETWORK_MESSAGE,
+    Action,
+    ContainerRun,
+    LastExit,
+    Probe,
+    ProbeSpecError,
+    Readiness,
+    Reason,
+    classify,
+    event_body,
+    next_consecutive_exits,
+    probe_succeeded,
+    readiness_probe,
+    restart_delay_s,
+    status_patch,
+    stop_grace_s,
+    workdir_name,
+)
+
+RUNNER_NAME: Final = "pod-runner"
+PIDS_FILE: Final = "runner-pids.json"
+READY_FILE: Final = "pod-runner.ready"
+DEV_NODE_SELECTOR: Final = "disagg.dev/dev-node=true"
+BOUND_PODS: Final = "spec.nodeName!="
+
+LIST_TIMEOUT_S: Final = 30.0
+API_CALL_TIMEOUT_S: Final = 10.0
+#: The apiserver ends each watch after this long; the runner resumes from the last resourceVersion.
+WATCH_SERVER_TIMEOUT_S: Final = 240
+#: No byte on the watch for this long (bookmarks come about every minute) → reconnect.
+WATCH_READ_TIMEOUT_S: Final = 150.0
+RETRY_DELAY_S: Final = 1.0
+NODE_CACHE_TTL_S: Final = 30.0
+CONTROL_PLANE_CHECK_S: Final = 2.0
+ENV_RETRY_S: Final = 5.0
+NODE_QUIET_POLL_S: Final = 0.1
+START_TIMEOUT_S: Final = 30.0
+START_POLL_S: Final = 0.1
+#: Variables of the runner's own environment a pod process inherits (a container would get its image's).
+INHERITED_ENV: Final = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
+
+log = logging.getLogger("drs.pod-runner")
+
+
+class Gone(Exception):
+    """The watch's resourceVersion is too old (410): re-list."""
+
+
+class ApiError(Exception):
+    """The apiserver answered a raw request with an error status."""
+
+    def __init__(self, status: int, body: str) -> None:
+        self.status = status
+        super().__init__(f"HTTP {status}: {body[:300]}")
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclasses.dataclass(eq=False)  # compared and hashed by identity
+class PodProcess:
+    """One pod's local process across its restarts (memory only)."""
+
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    pod: dict[str, Any]
+    workdir: Path
+    proc: asyncio.subprocess.Process | None = None
+    started_at: str | None = None
+    started_mono: float = 0.0
+    restarts: int = 0
+    consecutive_exits: int = 0
+    last_exit: LastExit | None = None
+    waiting: tuple[str, str] | None = None
+    readiness: Readiness = dataclasses.field(default_factory=Readiness)
+    probe: Probe | None = None
+    supervisor: asyncio.Task[None] | None = None
+    stopping: bool = False
+    reported_problem: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+
+class PodRunner:
+    """The watch loop and the supervisors of one dev cluster's pods."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self.layout = cluster.layout
+        self.python = sys.executable
+        self.drs_script = str(Path(sys.executable).parent / "drs")
+        self.pods_dir = self.layout.state_dir / "pods"
+        self.pids_file = self.layout.state_dir / PIDS_FILE
+        self.ready_file = self.layout.state_dir / READY_FILE
+        self.by_uid: dict[str, PodProcess] = {}
+        self.stopping: set[PodProcess] = set()
+        self.refused: set[str] = set()
+        self.waiting_logged: set[str] = set()
+        self.node_cache: dict[str, tuple[bool, float]] = {}
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.shutdown = asyncio.Event()
+        self.core: Any = None
+        self.http: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def run(self) -> None:
+        import httpx
+        from kubernetes_asyncio import client, config
+
+        self._take_over_pid_file()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.shutdown.set)
+        api = await config.new_client_from_config(config_file=str(self.layout.kubeconfig))
+        self.core = client.CoreV1Api(api)
+        self.http = httpx.AsyncClient(verify=False, follow_redirects=False, trust_env=False)
+        watcher = asyncio.create_task(self._watch_pods(), name="watch-pods")
+        guard = asyncio.create_task(self._watch_control_plane(), name="control-plane")
+        try:
+            await self.shutdown.wait()
+        finally:
+            await self._stop_everything(watcher, guard)
+            await self.http.aclose()
+            await api.close()
+
+    async def _stop_everything(self, *loops: asyncio.Task[None]) -> None:
+        """Stop the loops, then every process (in parallel, each within its grace); never raises."""
+        log.info("shutting down: stopping %d processes", len(self.by_uid))
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        stops = [self._stop(pp, "the runner is stopping") for pp in list(self.by_uid.values())]
+        for failure in await asyncio.gather(*stops, return_exceptions=True):
+            if isinstance(failure, BaseException):
+                log.error("stopping a process failed: %r", failure)
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        for pp in list(self.stopping):  # only after a failure above
+            if pp.proc is not None:
+                _kill_group(pp.proc.pid, signal.SIGKILL)
+        self.ready_file.unlink(missing_ok=True)
+        self.pids_file.unlink(missing_ok=True)
+        log.info("stopped")
+
+    def _take_over_pid_file(self) -> None:
+        """Refuse when another runner is alive; stop what a dead one left; record this one."""
+        previous = processes.load(self.pids_file)
+        other = [t for t in previous if t.name == RUNNER_NAME and t.pid != os.getpid() and processes.is_running(t)]
+        if other:
+            raise DevClusterError(f"a pod runner already runs for {self.layout.state_dir} (pid {other[0].pid})")
+        leftovers = [t for t in previous if t.name != RUNNER_NAME]
+        stopped = processes.stop(leftovers)
+        if stopped:
+            log.info("stopped %d processes left by an earlier runner: %s", len(stopped), ", ".join(stopped))
+        self._save_pids()
+
+    def _save_pids(self) -> None:
+        me = processes.Tracked(RUNNER_NAME, os.getpid(), self.python, str(self.layout.log(RUNNER_NAME)))
+        live = [pp for pp in [*self.by_uid.values(), *self.stopping] if pp.alive and pp.proc is not None]
+        children = [
+            processes.Tracked(f"pod {pp.label}", pp.proc.pid, self.python, str(pp.workdir / "log"))
+            for pp in live
+            if pp.proc
+        ]
+        processes.save(self.pids_file, [me, *children])
+
+    async def _watch_control_plane(self) -> None:
+        """Stop everything when the cluster's own processes are gone (``drs dev down``)."""
+        while True:
+            await asyncio.sleep(CONTROL_PLANE_CHECK_S)
+            components = processes.load(self.layout.pids_file)
+            if not components or not all(processes.is_running(t) for t in components):
+                log.warning("the control plane of %s is not running: stopping", self.layout.state_dir)
+                self.shutdown.set()
+                return
+
+    # ------------------------------------------------------------------ list + watch
+    async def _watch_pods(self) -> None:
+        while True:
+            try:
+                version = await self._relist()
+                if not self.ready_file.exists():
+                    self.ready_file.write_text(str(os.getpid()))
+                    log.info("watching pods (resourceVersion %s)", version)
+                while True:
+                    version = await self._watch_from(version)
+            except Gone:
+                log.info("watch expired (410 Gone): re-listing")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the apiserver restarts, times out, refuses: retry from a list
+                log.warning("pod watch failed (%s: %s); re-listing in %.0fs", type(exc).__name__, exc, RETRY_DELAY_S)
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _relist(self) -> str:
+        resp = await self.core.list_pod_for_all_namespaces(
+            field_selector=BOUND_PODS, _preload_content=False, _request_timeout=LIST_TIMEOUT_S
+        )
+        body = await _read_json(resp)
+        pods = body.get("items") or []
+        seen = {p["metadata"]["uid"] for p in pods}
+        for uid in [u for u in self.by_uid if u not in seen]:
+            await self._stop(self.by_uid[uid], "the pod is gone")
+        for pod in pods:
+            await self._on_pod(pod)
+        return str(body["metadata"]["resourceVersion"])
+
+    async def _watch_from(self, version: str) -> str:
+        import aiohttp
+
+        resp = await self.core.list_pod_for_all_namespaces(
+            field_selector=BOUND_PODS,
+            watch=True,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_SERVER_TIMEOUT_S,
+            _preload_content=False,
+            _request_timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=API_CALL_TIMEOUT_S, sock_read=WATCH_READ_TIMEOUT_S
+            ),
+        )
+        try:
+            if resp.status == 410:
+                raise Gone()
+            if resp.status >= 300:
+                raise ApiError(resp.status, (await resp.read()).decode(errors="replace"))
+            async for line in _lines(resp):
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        raise Gone()
+                    raise ApiError(int(obj.get("code") or 0), str(obj.get("message")))
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind == "DELETED":
+                    uid = obj["metadata"]["uid"]
+                    self.refused.discard(uid)
+                    self.waiting_logged.discard(uid)
+                    pp = self.by_uid.get(uid)
+                    if pp is not None:
+                        await self._stop(pp, "the pod was deleted")
+                elif kind in ("ADDED", "MODIFIED"):
+                    await self._on_pod(obj)
+        finally:
+            resp.release()
+        return version
+
+    async def _on_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        uid = str(meta["uid"])
+        decision = classify(pod, await self._is_dev_node(str(pod["spec"].get("nodeName", ""))))
+        pp = self.by_uid.get(uid)
+        if decision.action is Action.RUN:
+            if pp is None:
+                self._start_supervisor(pod)
+            else:
+                pp.pod = pod
+            return
+        if pp is not None:
+            await self._stop(pp, decision.why)
+        if decision.action is Action.REFUSE and uid not in self.refused:
+            self.refused.add(uid)
+            log.warning("%s/%s: %s", meta.get("namespace"), meta.get("name"), NOT_HOST_NETWORK_MESSAGE)
+            await self._event(pod, Reason.NOT_HOST_NETWORK, NOT_HOST_NETWORK_MESSAGE, warning=True)
+        elif decision.action is Action.WAIT and uid not in self.waiting_logged:
+            self.waiting_logged.add(uid)
+            log.info("%s/%s: waiting: %s", meta.get("namespace"), meta.get("name"), decision.why)
+
+    async def _is_dev_node(self, name: str) -> bool:
+        if not name:
+            return False
+        cached = self.node_cache.get(name)
+        if cached is not None and time.monotonic() - cached[1] < NODE_CACHE_TTL_S:
+            return cached[0]
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            node = await self.core.read_node(name, _request_timeout=API_CALL_TIMEOUT_S)
+            key, _, value = DEV_NODE_SELECTOR.partition("=")
+            is_dev = (node.metadata.labels or {}).get(key) == value
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            is_dev = False
+        self.node_cache[name] = (is_dev, time.monotonic())
+        return is_dev
+
+    # ------------------------------------------------------------------ supervision
+    def _start_supervisor(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        pp = PodProcess(
+            uid=str(meta["uid"]),
+            namespace=str(meta["namespace"]),
+            name=str(meta["name"]),
+            node=str(pod["spec"]["nodeName"]),
+            pod=pod,
+            workdir=self.pods_dir / workdir_name(pod),
+        )
+        self.by_uid[pp.uid] = pp
+        pp.supervisor = asyncio.create_task(self._supervise(pp), name=f"supervise {pp.label}")
+
+    async def _supervise(self, pp: PodProcess) -> None:
+        while True:
+            try:
+                await self._supervise_once(pp)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not leave a pod unsupervised
+                log.exception("%s: supervisor failed; retrying in %.0fs", pp.label, RETRY_DELAY_S)
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _supervise_once(self, pp: PodProcess) -> None:
+        """One start of the process and, after it exits on its own, the back-off before the next."""
+        await self._wait_node_quiet(pp)
+        try:
+            argv, env = await self._command_line(pp)
+            pp.probe = readiness_probe(first_container(pp.pod))
+        except (EnvResolutionError, ProbeSpecError) as exc:
+            await self._report_problem(pp, str(exc))
+            await asyncio.sleep(ENV_RETRY_S)
+            return
+        pp.reported_problem = None
+        exit_code = await self._run_once(pp, argv, env)
+        pp.restarts += 1
+        ran_for = time.monotonic() - pp.started_mono
+        pp.consecutive_exits = next_consecutive_exits(pp.consecutive_exits, ran_for)
+        delay = restart_delay_s(pp.consecutive_exits)
+        message = f"runner: process exited with code {exit_code}; restarting in {delay:.0f}s"
+        log.warning("%s: %s", pp.label, message)
+        pp.waiting = (Reason.CRASH_LOOP.value, message)
+        self._save_pids()
+        await self._event(pp.pod, Reason.BACK_OFF, message, warning=True)
+        await self._sync_status(pp)
+        await asyncio.sleep(delay)
+
+    async def _command_line(self, pp: PodProcess) -> tuple[list[str], dict[str, str]]:
+        container = first_container(pp.pod)
+        refs = referenced_objects(container)
+        secrets = {n: o for n in refs.secrets if (o := await self._read_object("secret", pp.namespace, n)) is not None}
+        config_maps = {
+            n: o for n in refs.config_maps if (o := await self._read_object("configmap", pp.namespace, n)) is not None
+        }
+        host_ip = str((pp.pod.get("status") or {}).get("hostIP", ""))
+        resolved = resolve(pp.pod, secrets, config_maps, extra_env={NODE_IP_ENV: host_ip})
+        base = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+        env = {**base, "PYTHONUNBUFFERED": "1", **resolved.env}
+        return local_argv(resolved.argv, self.python, self.drs_script), env
+
+    async def _read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        read = self.core.read_namespaced_secret if kind == "secret" else self.core.read_namespaced_config_map
+        resp = await read(name, namespace, _preload_content=False, _request_timeout=API_CALL_TIMEOUT_S)
+        if resp.status == 404:
+            resp.release()
+            return None
+        return await _read_json(resp)
+
+    async def _run_once(self, pp: PodProcess, argv: list[str], env: dict[str, str]) -> int:
+        """Start the process, probe it while it runs, return its exit code."""
+        pp.workdir.mkdir(parents=True, exist_ok=True)
+        logfile = pp.workdir / "log"
+        with logfile.open("ab") as out:
+            out.write(f"--- {_now()} runner: starting (restart {pp.restarts}): {' '.join(argv)}\n".encode())
+            out.flush()
+            spawn = asyncio.create_task(
+                asyncio.create_subprocess_exec(
+                    *argv,
+                    cwd=pp.workdir,
+                    env=env,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
+            try:
+                # Shielded: a stop that arrives mid-spawn must still find the process to stop it.
+                pp.proc = await asyncio.shield(spawn)
+            except asyncio.CancelledError:
+                with contextlib.suppress(OSError):
+                    pp.proc = await spawn
+                raise
+            except OSError as exc:
+                out.write(f"--- runner: cannot start: {exc}\n".encode())
+                pp.started_mono = time.monotonic()
+                return 127
+        pp.started_at, pp.started_mono, pp.waiting = _now(), time.monotonic(), None
+        pp.readiness = Readiness()
+        self._save_pids()
+        log.info("%s: started pid %d on %s", pp.label, pp.proc.pid, pp.node)
+        await self._event(pp.pod, Reason.STARTED, f"runner: started pid {pp.proc.pid}: drs {' '.join(argv[2:])}")
+        await self._sync_status(pp)
+        probing = asyncio.create_task(self._probe_loop(pp, pp.probe)) if pp.probe else None
+        try:
+            code = await pp.proc.wait()
+        finally:
+            if probing is not None:
+                probing.cancel()
+                await asyncio.gather(probing, return_exceptions=True)
+        _kill_group(pp.proc.pid, signal.SIGKILL)  # what the exited process left behind in its group
+        started = pp.started_at or _now()
+        pp.last_exit, pp.started_at = LastExit(code, started, _now()), None
+        pp.readiness = Readiness()
+        return code
+
+    async def _wait_node_quiet(self, pp: PodProcess) -> None:
+        """Wait while a stopped process on the same node is still exiting (it may hold our port)."""
+        while any(other.node == pp.node and other.alive for other in self.stopping):
+            await asyncio.sleep(NODE_QUIET_POLL_S)
+
+    async def _stop(self, pp: PodProcess, why: str) -> None:
+        """Stop the supervisor, then the process group: SIGTERM, SIGKILL after the grace period."""
+        if pp.stopping:
+            return
+        pp.stopping = True
+        self.by_uid.pop(pp.uid, None)
+        self.stopping.add(pp)
+        if pp.supervisor is not None:
+            pp.supervisor.cancel()
+            await asyncio.gather(pp.supervisor, return_exceptions=True)
+        task = asyncio.create_task(self._terminate(pp, why), name=f"stop {pp.label}")
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _terminate(self, pp: PodProcess, why: str) -> None:
+        try:
+            if pp.proc is not None and pp.proc.returncode is None:
+                grace = stop_grace_s(pp.pod)
+                log.info("%s: stopping pid %d (%s; grace %.0fs)", pp.label, pp.proc.pid, why, grace)
+                _kill_group(pp.proc.pid, signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(pp.proc.wait(), grace)
+                except TimeoutError:
+                    log.warning("%s: pid %d ignored SIGTERM for %.0fs: SIGKILL", pp.label, pp.proc.pid, grace)
+                    _kill_group(pp.proc.pid, signal.SIGKILL)
+                    await pp.proc.wait()
+                _kill_group(pp.proc.pid, signal.SIGKILL)
+        finally:
+            self.stopping.discard(pp)
+            self._save_pids()
+
+    # ------------------------------------------------------------------ readiness and status
+    async def _probe_loop(self, pp: PodProcess, probe: Probe) -> None:
+        await asyncio.sleep(probe.initial_delay_s)
+        while True:
+            ok, detail = await self._probe_once(pp, probe)
+            before = pp.readiness.ready
+            pp.readiness = pp.readiness.observe(ok, probe)
+            if pp.readiness.ready != before:
+                log.info("%s: %s (%s)", pp.label, "ready" if pp.readiness.ready else "not ready", detail)
+                if not pp.readiness.ready:
+                    await self._event(pp.pod, Reason.UNHEALTHY, f"runner: readiness probe failed: {detail}", True)
+                await self._sync_status(pp)
+            await asyncio.sleep(probe.period_s)
+
+    async def _probe_once(self, pp: PodProcess, probe: Probe) -> tuple[bool, str]:
+        pod_ip = str((pp.pod.get("status") or {}).get("podIP") or (pp.pod.get("status") or {}).get("hostIP"))
+        if probe.kind == "tcp":
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(probe.host or pod_ip, probe.port), probe.timeout_s
+                )
+                writer.close()
+                return True, f"tcp {probe.host or pod_ip}:{probe.port} open"
+            except (OSError, TimeoutError) as exc:
+                return False, f"tcp {probe.host or pod_ip}:{probe.port}: {exc or type(exc).__name__}"
+        url = probe.url(pod_ip)
+        try:
+            resp = await self.http.get(url, headers=dict(probe.headers), timeout=probe.timeout_s)
+        except Exception as exc:  # httpx.HTTPError and friends: a failed probe, never a crash
+            return False, f"GET {url}: {type(exc).__name__}: {exc}"
+        return probe_succeeded(resp.status_code), f"GET {url}: HTTP {resp.status_code}"
+
+    def _container_run(self, pp: PodProcess) -> ContainerRun:
+        running = pp.alive and pp.started_at is not None
+        ready = running and (pp.probe is None or pp.readiness.ready)
+        reason, message = pp.waiting or (Reason.CRASH_LOOP.value, "")
+        return ContainerRun(
+            ready=ready,
+            restart_count=pp.restarts,
+            container_id=f"drs-runner://{pp.proc.pid}" if pp.proc is not None else "",
+            started_at=pp.started_at if running else None,
+            waiting_reason=None if running else reason,
+            waiting_message=None if running or not message else message,
+            last_exit=pp.last_exit,
+        )
+
+    async def _sync_status(self, pp: PodProcess) -> None:
+        """Patch the pod's status when it does not already tell the process's truth."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        patch = status_patch(pp.pod, self._container_run(pp), _now())
+        if patch is None:
+            return
+        try:
+            resp = await self.core.patch_namespaced_pod_status(
+                pp.name, pp.namespace, patch, _preload_content=False, _request_timeout=API_CALL_TIMEOUT_S
+            )
+            pp.pod = await _read_json(resp)
+        except (ApiError, ApiException) as exc:
+            if exc.status not in (404, 409):  # gone or replaced: nothing to tell
+                log.warning("%s: status patch failed: %s", pp.label, exc)
+        except Exception as exc:
+            log.warning("%s: status patch failed: %s: %s", pp.label, type(exc).__name__, exc)
+
+    async def _report_problem(self, pp: PodProcess, problem: str) -> None:
+        if problem != pp.reported_problem:
+            pp.reported_problem = problem
+            log.warning("%s: cannot start: %s", pp.label, problem)
+            await self._event(pp.pod, Reason.CONFIG_ERROR, f"runner: {problem}", warning=True)
+
+    async def _event(self, pod: Mapping[str, Any], reason: str, message: str, warning: bool = False) -> None:
+        """Record an Event on the pod; a failure to record is logged, never raised."""
+        namespace = str(pod["metadata"]["namespace"])
+        try:
+            await self.core.create_namespaced_event(
+                namespace, event_body(pod, reason, message, warning, _now()), _request_timeout=API_CALL_TIMEOUT_S
+            )
+        except Exception as exc:
+            log.warning("event %s on %s/%s not recorded: %s", reason, namespace, pod["metadata"]["name"], exc)
+
+
+async def _lines(resp: Any) -> AsyncIterator[bytes]:
+    """The newline-delimited JSON of a watch, without a limit on line length."""
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer
+
+
+async def _read_json(resp: Any) -> dict[str, Any]:
+    try:
+        body = await resp.read()
+    finally:
+        resp.release()
+    if not 200 <= resp.status < 300:
+        raise ApiError(resp.status, body.decode(errors="replace"))
+    data: dict[str, Any] = json.loads(body)
+    return data
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def run_foreground(cluster: DevCluster) -> int:
+    """Run the runner in this process until SIGTERM/SIGINT or the control plane stops; return an exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness probe otherwise
+    if not cluster.layout.kubeconfig.is_file():
+        raise DevClusterError(f"no dev cluster in {cluster.layout.state_dir}: run `drs dev up` first")
+    asyncio.run(PodRunner(cluster).run())
+    return 0
+
+
+def running_runner(cluster: DevCluster) -> processes.Tracked | None:
+    """The live pod runner of this cluster, if any."""
+    tracked = processes.load(cluster.layout.state_dir / PIDS_FILE)
+    return next((t for t in tracked if t.name == RUNNER_NAME and processes.is_running(t)), None)
+
+
+def start_runner(cluster: DevCluster, timeout_s: float = START_TIMEOUT_S) -> processes.Tracked:
+    """Start the runner detached (log ``<state>/logs/pod-runner.log``); return once it watches pods."""
+    lay = cluster.layout
+    if not lay.kubeconfig.is_file():
+        raise DevClusterError(f"no dev cluster in {lay.state_dir}: run `drs dev up` first")
+    existing = running_runner(cluster)
+    if existing is not None:
+        raise DevClusterError(f"a pod runner already runs for {lay.state_dir} (pid {existing.pid}, log {existing.log})")
+    ready = lay.state_dir / READY_FILE
+    ready.unlink(missing_ok=True)
+    argv = [sys.executable, "-m", "drs_devcluster.runner", "--state-dir", str(lay.state_dir)]
+    tracked = processes.start(RUNNER_NAME, argv, lay.log(RUNNER_NAME))
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError):
+            if ready.read_text().strip() == str(tracked.pid):
+                return tracked
+        if not processes.is_running(tracked):
+            raise DevClusterError(
+                f"the pod runner exited during start-up; last lines of {tracked.log}:\n{processes.log_tail(tracked.log)}"
+            )
+        if time.monotonic() > deadline:
+            processes.stop([tracked])
+            raise DevClusterError(
+                f"the pod runner did not start watching within {timeout_s:.0f}s; last lines of {tracked.log}:\n"
+                f"{processes.log_tail(tracked.log)}"
+            )
+        time.sleep(START_POLL_S)
+
+
+def stop_runner(cluster: DevCluster) -> list[str]:
+    """Stop the runner and every process it recorded; return the names stopped."""
+    pids_file = cluster.layout.state_dir / PIDS_FILE
+    stopped = processes.stop(processes.load(pids_file))
+    pids_file.unlink(missing_ok=True)
+    return stopped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m drs_devcluster.runner", description=__doc__.split("\n")[0])
+    parser.add_argument("--state-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    try:
+        return run_foreground(DevCluster.at(args.state_dir))
+    except DevClusterError as exc:
+        print(f"pod runner: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
