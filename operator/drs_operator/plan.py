@@ -242,16 +242,16 @@ class TilingProblem:
     engine: int  #: the engine's position in the replica
     width: int
     offset: int  #: first GPU of the engine when packed
-    boundary: int  #: the node boundary (a GPU index) it would cross or start off
+    boundary: int  #: the node boundary (a GPU index) it would cross, or fall short of
 
     def __str__(self) -> str:
         seq = "+".join(map(str, self.widths))
         last = self.offset + self.width - 1
         who = f"engine {self.engine} (width {self.width}) of replica copy {self.copy}, at GPUs {self.offset}-{last},"
-        if self.width > self.node_size and self.width % self.node_size:
-            what = f"is wider than a node but not a whole number of {self.node_size}-GPU nodes"
+        if self.width > self.node_size and self.offset % self.node_size == 0:
+            what = f"is wider than a node but not whole nodes: it would end short of the node boundary at GPU {self.boundary}"
         elif self.width > self.node_size:
-            what = f"spans whole nodes but starts mid-node, after the node boundary at GPU {self.boundary}"
+            what = f"is wider than a node but would start mid-node, across the node boundary at GPU {self.boundary}"
         else:
             what = f"would cross the node boundary at GPU {self.boundary}"
         return (
@@ -278,12 +278,14 @@ def tiling_problem(widths: Sequence[int], node_size: int) -> TilingProblem | Non
     for c in range(copies):
         for i, w in enumerate(widths):
             start_node = offset // node_size
-            if w > node_size:
-                if w % node_size or offset % node_size:
-                    boundary = start_node * node_size
-                    return TilingProblem(node_size, tuple(widths), c, i, w, offset, boundary)
-            elif (offset + w - 1) // node_size != start_node:
+            if w > node_size and offset % node_size:
                 boundary = (start_node + 1) * node_size
-                return TilingProblem(node_size, tuple(widths), c, i, w, offset, boundary)
-            offset += w
+            elif w > node_size and w % node_size:
+                boundary = -(-(offset + w) // node_size) * node_size
+            elif w <= node_size and (offset + w - 1) // node_size != start_node:
+                boundary = (start_node + 1) * node_size
+            else:
+                offset += w
+                continue
+            return TilingProblem(node_size, tuple(widths), c, i, w, offset, boundary)
     return None

@@ -184,19 +184,14 @@ class _Parts:
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> _Parts:
-        """Parse each block on its own (beside a stand-in model), keeping those that validate."""
+        """Parse each block on its own, keeping those that validate (see :func:`_parse_block`)."""
         parsed: dict[str, Any] = {}
         failed: set[str] = set()
-        for name, info in DisaggReplicaSetSpec.model_fields.items():
-            key = info.alias or name
-            if name == "model":
-                continue
-            alone = {key: data[key]} if key in data else {}
-            try:
-                parsed[name] = getattr(DisaggReplicaSetSpec.model_validate({"model": {"path": "-"}, **alone}), name)
-            except ValidationError:
-                parsed[name] = None
-                failed.add(name)
+        for name in DisaggReplicaSetSpec.model_fields:
+            if name != "model":
+                parsed[name], ok = _parse_block(name, data)
+                if not ok:
+                    failed.add(name)
         return cls(
             parsed["replicas"],
             parsed["inference_gpus"],
@@ -208,6 +203,47 @@ class _Parts:
             parsed["network"],
             parsed["topology"],
         )
+
+
+#: Fields inside a block that cross-field rules read: a block failing on one of them sits out.
+_RULE_INPUTS = frozenset(
+    {
+        "engines",
+        "tensorParallelSize",
+        "moeTensorParallelSize",
+        "moeExpertParallelSize",
+        "precision",
+        "maxModelLen",
+        "parsers",
+        "workers",
+        "basePort",
+        "enginePort",
+        "hostNetwork",
+        "gpusPerNode",
+    }
+)
+
+
+def _parse_block(name: str, data: Mapping[str, Any]) -> tuple[Any, bool]:
+    """``(value, parsed)`` of spec field ``name`` validated alone (beside a stand-in model).
+
+    A block whose only invalid fields are ones no cross-field rule reads is parsed again without
+    them, so its other rules still run (pydantic has already reported those fields).
+    """
+    key = DisaggReplicaSetSpec.model_fields[name].alias or name
+    if key not in data:
+        return getattr(DisaggReplicaSetSpec.model_validate({"model": {"path": "-"}}), name), True
+    value = data[key]
+    for attempt in range(2):
+        try:
+            return getattr(DisaggReplicaSetSpec.model_validate({"model": {"path": "-"}, key: value}), name), True
+        except ValidationError as exc:
+            locs = [err["loc"] for err in exc.errors()]
+            bad = {loc[1] for loc in locs if len(loc) >= 2}
+            if attempt or not isinstance(value, Mapping) or any(len(loc) < 2 for loc in locs) or bad & _RULE_INPUTS:
+                return None, False
+            value = {k: v for k, v in value.items() if k not in bad}
+    return None, False
 
 
 def _cross_field(p: _Parts, path: str) -> list[Problem]:
