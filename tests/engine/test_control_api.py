@@ -131,7 +131,9 @@ async def test_two_overlapping_loads_run_one_after_the_other_and_both_report(
     assert final == later["result"]["version"]
 
 
-async def test_released_memory_makes_serving_503_until_resumed(client: httpx.AsyncClient, prefill: RunningEngine) -> None:
+async def test_released_memory_makes_serving_503_until_resumed(
+    client: httpx.AsyncClient, prefill: RunningEngine
+) -> None:
     released = await client.post(prefill.url + "/control/memory/release", headers=auth(), json={"tags": []})
     assert released.status_code == 200, released.text
     assert released.json()["result"]["released"] == ["model", "kv_cache"]

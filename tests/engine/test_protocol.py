@@ -77,10 +77,18 @@ async def two_legs(
             False,
             id="chat-with-token-ids-and-logprobs",
         ),
-        pytest.param("/v1/completions", {"model": "sim", "prompt": "Once upon a time", "max_tokens": 9}, True,
-                     id="completions-with-a-text-prompt"),
-        pytest.param("/v1/completions", {"model": "sim", "prompt": PROMPT_IDS, "max_tokens": 40, "logprobs": 2},
-                     False, id="completions-with-ids-crossing-a-block-boundary"),
+        pytest.param(
+            "/v1/completions",
+            {"model": "sim", "prompt": "Once upon a time", "max_tokens": 9},
+            True,
+            id="completions-with-a-text-prompt",
+        ),
+        pytest.param(
+            "/v1/completions",
+            {"model": "sim", "prompt": PROMPT_IDS, "max_tokens": 40, "logprobs": 2},
+            False,
+            id="completions-with-ids-crossing-a-block-boundary",
+        ),
     ],
 )
 async def test_context_then_generation_legs_give_exactly_the_tokens_of_one_combined_call(
@@ -212,7 +220,9 @@ async def test_streaming_sends_openai_chunks_with_the_same_tokens_and_ends_with_
     assert text == full["message"]["content"]
     assert with_choices[-1]["choices"][0]["finish_reason"] == "length"
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 20
-    logprob_entries = [e for c in with_choices if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+    logprob_entries = [
+        e for c in with_choices if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]
+    ]
     assert [e["logprob"] for e in logprob_entries] == [e["logprob"] for e in full["logprobs"]["content"]]
 
 

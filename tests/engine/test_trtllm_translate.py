@@ -84,7 +84,11 @@ def test_llm_kwargs_carry_parallelism_limits_memory_and_the_kv_transceiver() -> 
     )
     assert kwargs["model"] == kwargs["tokenizer"] == "/models/qwen3"
     assert kwargs["backend"] == "pytorch"
-    assert (kwargs["tensor_parallel_size"], kwargs["moe_tensor_parallel_size"], kwargs["moe_expert_parallel_size"]) == (4, 2, 2)
+    assert (kwargs["tensor_parallel_size"], kwargs["moe_tensor_parallel_size"], kwargs["moe_expert_parallel_size"]) == (
+        4,
+        2,
+        2,
+    )
     assert kwargs["kv_cache_config"] == {"enable_block_reuse": True, "free_gpu_memory_fraction": 0.85}
     assert (kwargs["max_batch_size"], kwargs["max_num_tokens"], kwargs["max_seq_len"]) == (128, 4096, 16384)
     assert kwargs["cache_transceiver_config"] == {"backend": "NIXL", "max_tokens_in_buffer": 8192}
@@ -109,7 +113,11 @@ def test_merged_trtllm_kwargs_win_and_nested_blocks_merge_key_by_key() -> None:
             },
         )
     )
-    assert kwargs["kv_cache_config"] == {"enable_block_reuse": False, "free_gpu_memory_fraction": 0.5, "tokens_per_block": 64}
+    assert kwargs["kv_cache_config"] == {
+        "enable_block_reuse": False,
+        "free_gpu_memory_fraction": 0.5,
+        "tokens_per_block": 64,
+    }
     assert kwargs["enable_attention_dp"] is True
     assert kwargs["max_batch_size"] == 7
     assert tokens_per_block_of(kwargs) == 64
@@ -226,7 +234,10 @@ def test_top_logprob_dicts_become_ranked_alternatives() -> None:
 
 
 def test_a_running_output_is_not_finished() -> None:
-    assert finished_from_output(RequestOutput(outputs=[CompletionOutput([1])]), prompt_tokens=3, prefix_lookup=True) is None
+    assert (
+        finished_from_output(RequestOutput(outputs=[CompletionOutput([1])]), prompt_tokens=3, prefix_lookup=True)
+        is None
+    )
 
 
 def test_a_finished_context_output_becomes_a_handoff_with_base64_opaque_state() -> None:
@@ -239,7 +250,9 @@ def test_a_finished_context_output_becomes_a_handoff_with_base64_opaque_state() 
         ctx_info_endpoint=None,
     )
     output = RequestOutput(
-        outputs=[CompletionOutput([42], finish_reason="length", disaggregated_params=params)], finished=True, cached_tokens=64
+        outputs=[CompletionOutput([42], finish_reason="length", disaggregated_params=params)],
+        finished=True,
+        cached_tokens=64,
     )
     finished = finished_from_output(output, prompt_tokens=100, prefix_lookup=True)
     assert finished is not None
@@ -255,7 +268,12 @@ def test_a_finished_generation_output_did_no_prefix_lookup() -> None:
     output = RequestOutput(outputs=[CompletionOutput([1, 2], finish_reason="stop", stop_reason=2)], finished=True)
     finished = finished_from_output(output, prompt_tokens=10, prefix_lookup=False)
     assert finished is not None
-    assert (finished.finish_reason, finished.stop_reason, finished.prefix_query_tokens, finished.handoff) == ("stop", 2, 0, None)
+    assert (finished.finish_reason, finished.stop_reason, finished.prefix_query_tokens, finished.handoff) == (
+        "stop",
+        2,
+        0,
+        None,
+    )
 
 
 @pytest.mark.parametrize(
