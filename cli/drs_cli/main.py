@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "dev": "drs_devcluster.cli:dev",
     "crd": "drs_operator.cli:crd",
     "plan": "drs_operator.cli:plan",
-    "operator": "drs_operator.cli:operator",
+    "operator": "drs_operator.run:operator",
     "engine": "drs_engine.cli:engine",
     "frontend": "drs_frontend.cli:frontend",
 }

@@ -1,0 +1,120 @@
+"""kopf wiring. Handlers are thin: watches only *enqueue* the key of the DisaggReplicaSet an
+event concerns; a pool of workers reconciles keys from scratch (``reconcile.py``).
+
+Why not kopf's create/update handlers: those reconcile from the diff that triggered them and
+store progress in annotations (writes on every change). A keyed queue gives level-based,
+deduplicated, per-object serialised reconciles with zero writes at steady state, and no finalizer
+on the resource, so deleting it never waits for the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from drs_operator.api.constants import GROUP, LABEL_REPLICASET, PLURAL, VERSION
+from drs_operator.kube.apply import Applier
+from drs_operator.kube.client import REQUEST_TIMEOUT_S, make_api_client
+from drs_operator.leader import LeaderElector
+from drs_operator.reconcile import Context, reconcile
+from drs_operator.workqueue import WorkQueue, run_workers
+
+log = logging.getLogger(__name__)
+WATCH_SERVER_TIMEOUT_S = 300
+BACKOFF_S = 5.0
+
+
+def _key(namespace: str | None, name: str) -> str:
+    return f"{namespace}/{name}"
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf, win the leader lease, start the workers and the periodic resync."""
+    opts = memo.options
+    settings.peering.standalone = True  # leadership comes from our Lease (leader.py)
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = opts.watch_timeout_s
+    settings.watching.client_timeout = opts.watch_timeout_s + 30
+    settings.networking.request_timeout = REQUEST_TIMEOUT_S
+    settings.execution.max_workers = 4
+    memo.api = await make_api_client()
+    if opts.leader_election:
+        memo.elector = LeaderElector(memo.api, opts.lease_namespace)
+        await memo.elector.acquire()
+        memo.lost = asyncio.Event()
+        memo.hold_task = asyncio.create_task(memo.elector.hold(memo.lost))
+        memo.lost_task = asyncio.create_task(_stop_when_lost(memo))
+    memo.metrics.is_leader.set(1)
+    memo.queue = WorkQueue()
+    memo.stop = asyncio.Event()
+    ctx = Context(api=memo.api, applier=Applier(memo.api, memo.metrics), metrics=memo.metrics)
+
+    async def work(key: str) -> float | None:
+        namespace, name = key.split("/", 1)
+        return await reconcile(ctx, namespace, name)
+
+    memo.workers_task = asyncio.create_task(run_workers(memo.queue, opts.workers, work, memo.stop))
+    memo.resync_task = asyncio.create_task(_resync(memo.queue, opts.resync_s))
+
+
+async def _resync(queue: WorkQueue, every: float) -> None:
+    while True:
+        await asyncio.sleep(every)
+        for key in queue.known:
+            queue.add(key)
+
+
+async def _stop_when_lost(memo: kopf.Memo) -> None:
+    await memo.lost.wait()
+    memo.metrics.is_leader.set(0)
+    memo.options.stop_flag.set()
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the workers, give the lease up, close the client."""
+    if hasattr(memo, "stop"):
+        memo.stop.set()
+        memo.queue.shutdown()
+    for name in ("workers_task", "resync_task", "hold_task", "lost_task"):
+        task = getattr(memo, name, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if getattr(memo, "elector", None) is not None and not memo.lost.is_set():
+        await memo.elector.release()
+    if getattr(memo, "api", None) is not None:
+        await memo.api.close()
+    # kopf waits for a threading stop flag in an executor thread: release it so the process exits.
+    memo.options.stop_flag.set()
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_disaggreplicaset(event: kopf.RawEvent, namespace: str | None, name: str, memo: Any, **_: Any) -> None:
+    """Any change of a DisaggReplicaSet: reconcile it (or forget it when it is gone)."""
+    if event.get("type") == "DELETED":
+        memo.queue.forget(_key(namespace, name))
+    else:
+        memo.queue.add(_key(namespace, name))
+
+
+@kopf.on.event("v1", "pods", labels={LABEL_REPLICASET: kopf.PRESENT})
+@kopf.on.event("apps", "v1", "deployments", labels={LABEL_REPLICASET: kopf.PRESENT})
+@kopf.on.event("v1", "services", labels={LABEL_REPLICASET: kopf.PRESENT})
+def on_child(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
+    """A child changed (deleted, failed, became ready): reconcile its owner."""
+    memo.queue.add(_key(namespace, labels[LABEL_REPLICASET]))
+
+
+@kopf.on.event("v1", "nodes")
+def on_node(memo: Any, **_: Any) -> None:
+    """Nodes decide placement: reconcile everything (reads only when nothing changes)."""
+    for key in memo.queue.known:
+        memo.queue.add(key)

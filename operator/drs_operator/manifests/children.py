@@ -1,0 +1,89 @@
+"""``desired_children``: every object a placed plan needs, grouped the way the reconcile applies them.
+
+Only placed replicas get children (gang semantics: a replica that could not be placed whole
+creates nothing). ConfigMaps and Services come first, engine pods next, frontends last: a
+frontend is useless before its engines exist, and engines read their ConfigMap at start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from drs_operator.api.constants import ROLES
+from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.manifests.common import SPEC_HASH_ANNOTATION, Owner
+from drs_operator.manifests.engines import build_engine_configmap, build_engine_pods, build_engines_service
+from drs_operator.manifests.frontends import (
+    build_frontend_config,
+    build_frontend_configmap,
+    build_frontend_deployment,
+    build_frontend_service,
+)
+from drs_operator.placement import Placement
+from drs_operator.plan import Plan
+
+Manifest = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaChildren:
+    index: int
+    engine_pods: tuple[Manifest, ...]
+    frontend_config: Manifest
+    frontend_deployments: tuple[Manifest, ...]
+    frontend_services: tuple[Manifest, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Children:
+    """Desired children of one DisaggReplicaSet, keyed by kind then name where it matters."""
+
+    configmaps: tuple[Manifest, ...]  #: per-role engine configs (per-replica frontend configs live in replicas)
+    services: tuple[Manifest, ...]  #: the headless engines Service (pod networking)
+    replicas: tuple[ReplicaChildren, ...]  #: placed replicas only
+
+    def all_of(self, kind: str) -> dict[str, Manifest]:
+        """Every desired object of ``kind`` by name."""
+        out: dict[str, Manifest] = {}
+        items: list[Manifest] = [*self.configmaps, *self.services]
+        for r in self.replicas:
+            items += [*r.engine_pods, r.frontend_config, *r.frontend_deployments, *r.frontend_services]
+        for m in items:
+            if m["kind"] == kind:
+                out[m["metadata"]["name"]] = m
+        return out
+
+
+def hash_of(manifest: Mapping[str, Any]) -> str | None:
+    annotations: Mapping[str, str] = (manifest.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(SPEC_HASH_ANNOTATION)
+
+
+def desired_children(
+    owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, placement: Placement, addresses: Mapping[str, str]
+) -> Children:
+    role_configs = {role: build_engine_configmap(owner, spec, plan, role) for role in ROLES}
+    services = () if plan.host_network else (build_engines_service(owner, spec.trtllm.engine_port),)
+    replicas: list[ReplicaChildren] = []
+    for rp in plan.replicas:
+        placed = placement.replica(rp.index)
+        if not placed.placed:
+            continue
+        by_name = {e.name: e for e in placed.engines}
+        pods: list[Manifest] = []
+        for slot in rp.engines:
+            config_hash = hash_of(role_configs[slot.role]) or ""
+            pods += build_engine_pods(owner, spec, plan, slot, by_name[slot.name], addresses, config_hash)
+        fe_config = build_frontend_configmap(
+            owner, rp.index, build_frontend_config(spec, plan, rp, placed, owner.namespace, addresses)
+        )
+        fe_nodes = {f.index: f.node for f in placed.frontends}
+        deployments = tuple(
+            build_frontend_deployment(owner, spec, plan, f, fe_nodes[f.index] or "", hash_of(fe_config) or "")
+            for f in rp.frontends
+        )
+        fe_services = tuple(build_frontend_service(owner, f) for f in rp.frontends)
+        replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services))
+    return Children(configmaps=tuple(role_configs.values()), services=services, replicas=tuple(replicas))

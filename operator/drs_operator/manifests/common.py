@@ -1,0 +1,148 @@
+"""Shared pieces of the child manifests: ownership, the spec hash, node pinning, overlays.
+
+The spec hash (``disagg.dev/spec-hash``) is a SHA-256 of the canonical JSON of a child's desired
+manifest (without the annotation itself). The reconcile compares hashes, never whole objects, so
+fields the apiserver defaults never look like drift and a converged fleet needs zero writes.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from drs_operator.api.constants import API_VERSION, KIND
+
+SPEC_HASH_ANNOTATION: Final = "disagg.dev/spec-hash"
+#: Node a child was placed on (for a person reading ``kubectl get -o yaml``).
+NODE_ANNOTATION: Final = "disagg.dev/node"
+#: Environment variables the containers read their rendered configuration from.
+ENGINE_CONFIG_ENV: Final = "DRS_ENGINE_CONFIG_JSON"
+FRONTEND_CONFIG_ENV: Final = "DRS_FRONTEND_CONFIG_JSON"
+CONTROL_TOKEN_ENV: Final = "DRS_CONTROL_TOKEN"
+CONFIG_KEY: Final = "config.json"
+TOKEN_KEY: Final = "token"
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """The DisaggReplicaSet that owns the children."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def metadata(
+        self, name: str, labels: Mapping[str, str], annotations: Mapping[str, str] | None = None
+    ) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": dict(labels),
+            "ownerReferences": [self.reference()],
+        }
+        if annotations:
+            meta["annotations"] = dict(annotations)
+        return meta
+
+
+def spec_hash(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 (hex, 16 chars) of the canonical JSON of ``manifest`` without the hash annotation."""
+    body = copy.deepcopy(dict(manifest))
+    annotations = body.get("metadata", {}).get("annotations", {})
+    annotations.pop(SPEC_HASH_ANNOTATION, None)
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` with its spec hash annotation set (in place; returned for chaining)."""
+    h = spec_hash(manifest)
+    manifest["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = h
+    return manifest
+
+
+def node_affinity(node: str) -> dict[str, Any]:
+    """Required node affinity to exactly ``node`` (by name, not by a label a person may change)."""
+    return {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            }
+        }
+    }
+
+
+def field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def overlay_pod_template(base: dict[str, Any], *overlays: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Merge user pod-template overlays (``{metadata, spec}``) into ``base``, then re-assert ``base``.
+
+    Lists of named things (containers, env, volumes, volumeMounts) merge by name; other values
+    deep-merge. What the operator must decide (node affinity, GPU count, ports, probes, labels,
+    owner references, command) is taken from ``base`` again afterwards, so an overlay cannot
+    break placement or the protocol.
+    """
+    merged = copy.deepcopy(base)
+    for overlay in overlays:
+        if overlay:
+            merged = _merge(merged, dict(overlay))
+    # Re-assert the operator-owned fields.
+    merged["metadata"]["name"] = base["metadata"]["name"]
+    merged["metadata"]["namespace"] = base["metadata"]["namespace"]
+    merged["metadata"]["labels"] = {**merged["metadata"].get("labels", {}), **base["metadata"]["labels"]}
+    merged["metadata"]["ownerReferences"] = base["metadata"].get("ownerReferences", [])
+    spec, bspec = merged["spec"], base["spec"]
+    for key in ("affinity", "hostNetwork", "hostname", "subdomain", "restartPolicy"):
+        if key in bspec:
+            spec[key] = copy.deepcopy(bspec[key])
+    own = bspec["containers"][0]
+    for c in spec["containers"]:
+        if c["name"] == own["name"]:
+            for key in ("image", "command", "args", "ports", "readinessProbe"):
+                if key in own:
+                    c[key] = copy.deepcopy(own[key])
+            limits = c.setdefault("resources", {}).setdefault("limits", {})
+            limits.update(own.get("resources", {}).get("limits", {}))
+            requests = c["resources"].setdefault("requests", {})
+            requests.update(own.get("resources", {}).get("requests", {}))
+    return merged
+
+
+_NAMED_LISTS: Final = ("containers", "initContainers", "env", "volumes", "volumeMounts", "ports", "imagePullSecrets")
+
+
+def _merge(base: Any, overlay: Any, key: str | None = None) -> Any:
+    if isinstance(base, dict) and isinstance(overlay, dict):
+        out = dict(base)
+        for k, v in overlay.items():
+            out[k] = _merge(base[k], v, k) if k in base else copy.deepcopy(v)
+        return out
+    if isinstance(base, list) and isinstance(overlay, list) and key in _NAMED_LISTS:
+        by_name = {item.get("name"): i for i, item in enumerate(base) if isinstance(item, dict)}
+        out_list = list(base)
+        for item in overlay:
+            name = item.get("name") if isinstance(item, dict) else None
+            if name is not None and name in by_name:
+                out_list[by_name[name]] = _merge(base[by_name[name]], item)
+            else:
+                out_list.append(copy.deepcopy(item))
+        return out_list
+    if isinstance(base, list) and isinstance(overlay, list):
+        return [*base, *(copy.deepcopy(i) for i in overlay if i not in base)]
+    return copy.deepcopy(overlay)

@@ -1,0 +1,238 @@
+"""Engine pods, their per-role ConfigMaps, the headless Service and the control-token Secret.
+
+One pod per engine, named after the engine; an engine wider than a node is a group of pods, one
+per node, rank 0 named after the engine (it serves HTTP) and rank k named ``<engine>-w<k>``, each
+with ``DRS_RANK``, ``DRS_WORLD_SIZE`` and ``DRS_LEADER_ADDRESS``. Every pod:
+
+* is pinned to its placed node by required node affinity (``matchFields metadata.name``) and asks
+  for exactly its GPUs (``nvidia.com/gpu``);
+* reads its role's rendered engine configuration (merged TensorRT-LLM kwargs, model, cache
+  transceiver) from the role's ConfigMap through ``DRS_ENGINE_CONFIG_JSON``, and the control-API
+  token from the Secret through ``DRS_CONTROL_TOKEN``;
+* has a readiness probe on ``/health``, a memory-backed ``/dev/shm`` (NCCL), the model volume when
+  the spec names one, and the user's pod-template overlays (``spec.template`` then the role's);
+* has a stable address: hostname + subdomain under the headless Service (pod networking), or the
+  node's address and the plan's per-engine port (host networking).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping
+from typing import Any, Final
+
+from drs_operator.api import names
+from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
+from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.layout import engine_url
+from drs_operator.manifests.common import (
+    CONFIG_KEY,
+    CONTROL_TOKEN_ENV,
+    ENGINE_CONFIG_ENV,
+    NODE_ANNOTATION,
+    TOKEN_KEY,
+    Owner,
+    field_env,
+    node_affinity,
+    overlay_pod_template,
+    with_hash,
+)
+from drs_operator.placement import EnginePlacement
+from drs_operator.plan import EngineSlot, Plan
+
+ENGINE_CONTAINER: Final = "engine"
+SHM_VOLUME: Final = "dshm"
+MODEL_VOLUME: Final = "model"
+READINESS_PERIOD_S: Final = 5
+TERMINATION_GRACE_S: Final = 30
+TOKEN_BYTES: Final = 32
+
+
+def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> dict[str, Any]:
+    """The engine configuration of ``role`` (drs_engine.config.EngineConfig, camelCase)."""
+    block = spec.role(role)
+    role_plan = plan.role(role)
+    kwargs = dict(role_plan.llm_kwargs)
+    transceiver = kwargs.pop("cache_transceiver_config", None)
+    model: dict[str, Any] = {"path": spec.model.path, "precision": str(spec.model.precision)}
+    if spec.model.tokenizer:
+        model["tokenizer"] = spec.model.tokenizer
+    if spec.model.max_model_len:
+        model["maxModelLen"] = spec.model.max_model_len
+    if spec.model.served_name:
+        model["servedName"] = spec.model.served_name
+    config: dict[str, Any] = {
+        "role": str(role),
+        "backend": str(spec.engine.backend),
+        "model": model,
+        "tensorParallelSize": block.tensor_parallel_size,
+        "trtllmKwargs": kwargs,
+    }
+    for key, value in (
+        ("moeTensorParallelSize", block.moe_tensor_parallel_size),
+        ("moeExpertParallelSize", block.moe_expert_parallel_size),
+        ("gpuMemoryUtilization", block.gpu_memory_utilization),
+        ("maxBatchSize", block.max_batch_size),
+        ("maxNumTokens", block.max_num_tokens),
+    ):
+        if value is not None:
+            config[key] = value
+    if isinstance(transceiver, Mapping):
+        config["cacheTransceiver"] = dict(transceiver)
+    if spec.engine.sim_options:
+        config["sim"] = dict(spec.engine.sim_options)
+    return config
+
+
+def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> dict[str, Any]:
+    config = build_engine_config(spec, plan, role)
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": owner.metadata(names.engine_config_name(owner.name, role), names.labels(owner.name, str(role))),
+            "data": {CONFIG_KEY: json.dumps(config, sort_keys=True, indent=1)},
+        }
+    )
+
+
+def build_control_secret(owner: Owner, token: str | None = None) -> dict[str, Any]:
+    """The Secret holding the engines' control-API token (created once, never rotated by the operator)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": owner.metadata(names.control_secret_name(owner.name), names.labels(owner.name)),
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token or secrets.token_hex(TOKEN_BYTES)},
+    }
+
+
+def build_engines_service(owner: Owner, port: int) -> dict[str, Any]:
+    """The headless Service that gives every engine pod a DNS name (pod networking)."""
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": owner.metadata(names.engines_service_name(owner.name), names.labels(owner.name)),
+            "spec": {
+                "clusterIP": "None",
+                "selector": {LABEL_REPLICASET: owner.name, LABEL_RANK: "0"},
+                "publishNotReadyAddresses": True,
+                "ports": [{"name": "http", "port": port, "targetPort": port}],
+            },
+        }
+    )
+
+
+def build_engine_pods(
+    owner: Owner,
+    spec: DisaggReplicaSetSpec,
+    plan: Plan,
+    slot: EngineSlot,
+    placed: EnginePlacement,
+    addresses: Mapping[str, str],
+    config_hash: str,
+) -> list[dict[str, Any]]:
+    """The pods of one placed engine (one, or one per node for an engine wider than a node)."""
+    world = len(placed.nodes)
+    url = engine_url(plan, slot, placed.node, owner.namespace, addresses)
+    leader = names.engine_host(owner.name, owner.namespace, slot.name)
+    if plan.host_network and placed.node is not None and placed.node in addresses:
+        leader = addresses[placed.node]
+    pods = []
+    for rank, node in enumerate(placed.nodes):
+        gpus = slot.width // world
+        pods.append(_engine_pod(owner, spec, plan, slot, node, rank, world, gpus, url or "", leader, config_hash))
+    return pods
+
+
+def _engine_pod(
+    owner: Owner,
+    spec: DisaggReplicaSetSpec,
+    plan: Plan,
+    slot: EngineSlot,
+    node: str,
+    rank: int,
+    world: int,
+    gpus: int,
+    url: str,
+    leader: str,
+    config_hash: str,
+) -> dict[str, Any]:
+    name = names.engine_pod_name(owner.name, slot.replica, slot.role, slot.ordinal, rank)
+    labels = {
+        **names.labels(owner.name, str(slot.role), slot.replica),
+        LABEL_ORDINAL: str(slot.ordinal),
+        LABEL_RANK: str(rank),
+    }
+    env: list[dict[str, Any]] = [
+        field_env("POD_IP", "status.podIP"),
+        field_env("POD_NAME", "metadata.name"),
+        {
+            "name": ENGINE_CONFIG_ENV,
+            "valueFrom": {
+                "configMapKeyRef": {"name": names.engine_config_name(owner.name, slot.role), "key": CONFIG_KEY}
+            },
+        },
+        {
+            "name": CONTROL_TOKEN_ENV,
+            "valueFrom": {"secretKeyRef": {"name": names.control_secret_name(owner.name), "key": TOKEN_KEY}},
+        },
+        {"name": "DRS_RANK", "value": str(rank)},
+        {"name": "DRS_WORLD_SIZE", "value": str(world)},
+        {"name": "DRS_LEADER_ADDRESS", "value": leader},
+    ]
+    args = [
+        "--backend",
+        str(spec.engine.backend),
+        "--role",
+        str(slot.role),
+        "--host",
+        "$(POD_IP)",
+        "--port",
+        str(slot.port),
+    ]
+    if url:
+        args += ["--advertise-url", url]
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    if spec.model.volume:
+        volumes.append({"name": MODEL_VOLUME, **dict(spec.model.volume)})
+        mounts.append({"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True})
+    container: dict[str, Any] = {
+        "name": ENGINE_CONTAINER,
+        "image": spec.images.engine,
+        "command": ["drs", "engine"],
+        "args": args,
+        "env": env,
+        "ports": [{"name": "http", "containerPort": slot.port}],
+        "resources": {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}},
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": slot.port},
+            "periodSeconds": READINESS_PERIOD_S,
+            "failureThreshold": 3,
+        },
+        "volumeMounts": mounts,
+    }
+    if spec.images.pull_policy:
+        container["imagePullPolicy"] = spec.images.pull_policy
+    pod_spec: dict[str, Any] = {
+        "affinity": node_affinity(node),
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if plan.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    else:
+        pod_spec["hostname"] = name
+        pod_spec["subdomain"] = names.engines_service_name(owner.name)
+    if spec.topology.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.topology.tolerations]
+    annotations = {NODE_ANNOTATION: node, "disagg.dev/config-hash": config_hash}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": owner.metadata(name, labels, annotations), "spec": pod_spec}
+    pod = overlay_pod_template(pod, spec.template, spec.role(slot.role).template)
+    return with_hash(pod)

@@ -1,0 +1,166 @@
+"""Frontend Deployments, their Services and the per-replica frontend ConfigMap.
+
+Frontend ``f`` of replica ``r`` is a Deployment of one pod (``Recreate``: never two processes
+asking for the same port) pinned to its placed node, listening on ``basePort + r·F + f`` with
+snowflake node id ``r·F + f``, and a Service of its own on that port. Every frontend of a replica
+reads the same ConfigMap: the replica's prefill pool and decode pool URLs and the router settings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any, Final
+
+from drs_operator.api import names
+from drs_operator.api.constants import LABEL_FRONTEND, LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, Role
+from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.layout import engine_url
+from drs_operator.manifests.common import (
+    CONFIG_KEY,
+    FRONTEND_CONFIG_ENV,
+    NODE_ANNOTATION,
+    Owner,
+    field_env,
+    node_affinity,
+    overlay_pod_template,
+    with_hash,
+)
+from drs_operator.placement import ReplicaPlacement
+from drs_operator.plan import FrontendSlot, Plan, ReplicaPlan
+
+FRONTEND_CONTAINER: Final = "frontend"
+READINESS_PERIOD_S: Final = 5
+LIVENESS_PERIOD_S: Final = 10
+
+
+def build_frontend_config(
+    spec: DisaggReplicaSetSpec,
+    plan: Plan,
+    replica: ReplicaPlan,
+    placed: ReplicaPlacement,
+    namespace: str,
+    addresses: Mapping[str, str],
+) -> dict[str, Any]:
+    """drs_frontend.config.FrontendConfig of one replica (node id and port come as flags)."""
+    nodes = {e.name: e.node for e in placed.engines}
+
+    def pool(role: Role) -> list[str]:
+        urls = [engine_url(plan, e, nodes.get(e.name), namespace, addresses) for e in replica.role_engines(role)]
+        return [u for u in urls if u]
+
+    config: dict[str, Any] = {
+        "prefill": pool(Role.PREFILL),
+        "decode": pool(Role.DECODE),
+        "ctx_router": str(spec.router.ctx),
+        "gen_router": str(spec.router.gen),
+        "gen_tokids_ctxbytes": spec.router.gen_tokids_ctxbytes,
+        "gen_strip_message_history": spec.router.gen_strip_message_history,
+        "max_sessions": spec.router.max_sessions,
+        "tokenize": spec.frontend.tokenize,
+        "tokenize_shadow_rate": spec.frontend.tokenize_shadow_rate,
+    }
+    if spec.model.tokenizer:
+        config["tokenizer"] = spec.model.tokenizer
+    return config
+
+
+def build_frontend_configmap(owner: Owner, replica: int, config: Mapping[str, Any]) -> dict[str, Any]:
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": owner.metadata(
+                names.frontend_config_name(owner.name, replica), names.labels(owner.name, ROLE_FRONTEND, replica)
+            ),
+            "data": {CONFIG_KEY: json.dumps(dict(config), sort_keys=True, indent=1)},
+        }
+    )
+
+
+def _selector(owner: Owner, slot: FrontendSlot) -> dict[str, str]:
+    return {
+        LABEL_REPLICASET: owner.name,
+        LABEL_ROLE: ROLE_FRONTEND,
+        LABEL_REPLICA: str(slot.replica),
+        LABEL_FRONTEND: str(slot.index),
+    }
+
+
+def build_frontend_deployment(
+    owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, slot: FrontendSlot, node: str, config_hash: str
+) -> dict[str, Any]:
+    labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
+    container: dict[str, Any] = {
+        "name": FRONTEND_CONTAINER,
+        "image": spec.images.frontend,
+        "command": ["drs", "frontend"],
+        "args": ["--host", "$(POD_IP)", "--port", str(slot.port), "--node-id", str(slot.node_id)],
+        "env": [
+            field_env("POD_IP", "status.podIP"),
+            {
+                "name": FRONTEND_CONFIG_ENV,
+                "valueFrom": {
+                    "configMapKeyRef": {"name": names.frontend_config_name(owner.name, slot.replica), "key": CONFIG_KEY}
+                },
+            },
+        ],
+        "ports": [{"name": "http", "containerPort": slot.port}],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": slot.port}, "periodSeconds": READINESS_PERIOD_S},
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": slot.port},
+            "periodSeconds": LIVENESS_PERIOD_S,
+            "failureThreshold": 3,
+        },
+    }
+    if spec.frontend.resources:
+        container["resources"] = dict(spec.frontend.resources)
+    if spec.images.pull_policy:
+        container["imagePullPolicy"] = spec.images.pull_policy
+    pod_spec: dict[str, Any] = {"affinity": node_affinity(node), "containers": [container]}
+    if plan.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    if spec.topology.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.topology.tolerations]
+    template = {
+        "metadata": {
+            "name": slot.name,
+            "namespace": owner.namespace,
+            "labels": labels,
+            "annotations": {NODE_ANNOTATION: node, "disagg.dev/config-hash": config_hash},
+        },
+        "spec": pod_spec,
+    }
+    template = overlay_pod_template(template, spec.frontend.template)
+    template["metadata"].pop("name", None)
+    template["metadata"].pop("namespace", None)
+    template["metadata"].pop("ownerReferences", None)
+    return with_hash(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": owner.metadata(slot.name, labels, {NODE_ANNOTATION: node}),
+            "spec": {
+                "replicas": 1,
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": _selector(owner, slot)},
+                "template": template,
+            },
+        }
+    )
+
+
+def build_frontend_service(owner: Owner, slot: FrontendSlot) -> dict[str, Any]:
+    labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": owner.metadata(slot.name, labels),
+            "spec": {
+                "selector": _selector(owner, slot),
+                "ports": [{"name": "http", "port": slot.port, "targetPort": slot.port}],
+            },
+        }
+    )

@@ -1,0 +1,45 @@
+"""The operator's Prometheus metrics, on a registry of its own (served by ``drs operator``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorMetrics:
+    registry: CollectorRegistry
+    reconciles: Counter
+    reconcile_errors: Counter
+    reconcile_seconds: Histogram
+    api_writes: Counter
+    replicas_desired: Gauge
+    replicas_ready: Gauge
+    placement_failures: Counter
+    is_leader: Gauge
+
+    @classmethod
+    def create(cls) -> OperatorMetrics:
+        r = CollectorRegistry()
+        labels = ("namespace", "name")
+        return cls(
+            registry=r,
+            reconciles=Counter("drs_operator_reconciles", "Reconciles run", ["result"], registry=r),
+            reconcile_errors=Counter("drs_operator_reconcile_errors", "Reconciles that failed", ["kind"], registry=r),
+            reconcile_seconds=Histogram(
+                "drs_operator_reconcile_duration_seconds",
+                "Time to reconcile one DisaggReplicaSet",
+                buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+                registry=r,
+            ),
+            api_writes=Counter(
+                "drs_operator_api_writes", "Write requests sent to the apiserver", ["verb", "kind"], registry=r
+            ),
+            replicas_desired=Gauge("drs_operator_replicas_desired", "Replicas asked for", labels, registry=r),
+            replicas_ready=Gauge("drs_operator_replicas_ready", "Replicas ready", labels, registry=r),
+            placement_failures=Counter(
+                "drs_operator_placement_failures", "Reconciles that could not place every replica", labels, registry=r
+            ),
+            is_leader=Gauge("drs_operator_leader", "1 while this process holds the leader lease", registry=r),
+        )

@@ -1,0 +1,218 @@
+"""Reconcile one DisaggReplicaSet: a script of named steps, from the spec plus what exists.
+
+1. read the resource (gone → stop);
+2. validate the spec (invalid → ``Valid=False``, an Event, no child touched);
+3. plan (pure) and read the children, the nodes and the GPUs other pods use;
+4. place (pure, sticky: the previous placement comes from status, the operator's memory);
+5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
+   frontend updates after their engines);
+6. apply the actions;
+7. compute the status (pure) and write it only if it changed; post Events for transitions.
+
+Returns the delay before the next look (sooner while something is in flight), or None when the
+periodic resync is enough. A converged fleet makes no write at all: every step compares before
+it writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import json
+import logging
+import time
+from typing import Any, Final
+
+from kubernetes_asyncio import client
+
+from drs_operator.api.status import DisaggReplicaSetStatus
+from drs_operator.conditions import EventNote, Observed, compute_status, status_dict
+from drs_operator.kube.apply import Applier
+from drs_operator.kube.observe import read_children, read_cluster, read_drs
+from drs_operator.layout import frontend_urls, replica_statuses
+from drs_operator.manifests import Owner, desired_children
+from drs_operator.manifests.engines import build_control_secret
+from drs_operator.metrics import OperatorMetrics
+from drs_operator.nodepool import nodes_from_manifests
+from drs_operator.placement import Placement, place, previous_from_status
+from drs_operator.plan import plan as make_plan
+from drs_operator.rollout import Action, compute_actions
+from drs_operator.validation import Problem, validate_name, validate_spec_data
+
+log = logging.getLogger(__name__)
+
+#: Next look while children are being created or rolled (pods becoming ready are not events we
+#: always see in time through the watches).
+IN_FLIGHT_REQUEUE_S: Final = 2.0
+#: Next look when replicas cannot be placed (node events also trigger a reconcile).
+UNPLACED_REQUEUE_S: Final = 15.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    api: client.ApiClient
+    applier: Applier
+    metrics: OperatorMetrics
+
+
+async def reconcile(ctx: Context, namespace: str, name: str) -> float | None:
+    started = time.monotonic()
+    try:
+        delay = await _reconcile(ctx, namespace, name)
+    except Exception:
+        ctx.metrics.reconciles.labels(result="error").inc()
+        ctx.metrics.reconcile_errors.labels(kind="exception").inc()
+        raise
+    finally:
+        ctx.metrics.reconcile_seconds.observe(time.monotonic() - started)
+    ctx.metrics.reconciles.labels(result="requeue" if delay else "done").inc()
+    return delay
+
+
+async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
+    # 1. read
+    body = await read_drs(ctx.api, namespace, name)
+    if body is None or body["metadata"].get("deletionTimestamp"):
+        _forget(ctx, namespace, name)  # children go with it, by garbage collection
+        return None
+    meta = body["metadata"]
+    generation = int(meta.get("generation", 0))
+    previous = _parse_status(body.get("status"))
+    now = datetime.datetime.now(datetime.UTC)
+
+    # 2. validate
+    spec, problems = validate_spec_data(body.get("spec") or {})
+    problems = [*validate_name(name), *problems]
+    if spec is None or problems:
+        status, notes = compute_status(
+            name, previous, Observed(generation=generation, problems=problems or _unknown()), now
+        )
+        await _write_status(ctx, body, status, notes)
+        return None
+
+    # 3. plan, and read what exists
+    plan = make_plan(spec, name)
+    owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
+    live = await read_children(ctx.api, namespace, name, owner.uid)
+    cluster = await read_cluster(ctx.api)
+    nodes = nodes_from_manifests(cluster.nodes, cluster.pods, topology=spec.topology, owner=(namespace, name))
+    addresses = {n.name: n.address for n in nodes if n.address}
+
+    # 4. place (sticky on the placement recorded in status)
+    prior = previous_from_status(previous.replica_statuses) if previous.replica_statuses else None
+    placement = place(plan, nodes, prior)
+    usable = {n.name for n in nodes if n.schedulable}
+    lost = {n for rs in previous.replica_statuses for n in rs.nodes if n not in usable}
+    moved = _moved(prior, placement)
+
+    # 5. desired children and the actions that reach them
+    desired = desired_children(owner, spec, plan, placement, addresses)
+    live_by_kind = {kind: live.of(kind) for kind in ("Pod", "Deployment", "Service", "ConfigMap", "Secret")}
+    rollout = compute_actions(desired, live_by_kind, lost, [r.index for r in plan.replicas])
+
+    # 6. apply
+    if not live.of("Secret") and any(r.placed for r in placement.replicas):
+        await ctx.applier.create(build_control_secret(owner))
+    for action in rollout.actions:
+        await _apply(ctx.applier, namespace, action)
+
+    # 7. status and events
+    observed = Observed(
+        generation=generation,
+        replica_statuses=replica_statuses(plan, placement, namespace, addresses),
+        urls=frontend_urls(plan, placement, namespace, addresses),
+        replica_width=plan.replica_width,
+        gpus=plan.gpus,
+        desired=desired,
+        live=live_by_kind,
+        rollout=rollout,
+        moved=moved,
+        excluded=placement.excluded,
+    )
+    status, notes = compute_status(name, previous, observed, now)
+    notes += _action_notes(rollout.actions, moved, placement)
+    await _write_status(ctx, body, status, notes)
+    _export(ctx, namespace, name, status, placement)
+    if rollout.actions or rollout.waiting or status.ready_replicas < sum(r.placed for r in placement.replicas):
+        return IN_FLIGHT_REQUEUE_S
+    if not placement.complete:
+        return UNPLACED_REQUEUE_S
+    return None
+
+
+def _forget(ctx: Context, namespace: str, name: str) -> None:
+    for gauge in (ctx.metrics.replicas_desired, ctx.metrics.replicas_ready):
+        with contextlib.suppress(KeyError):
+            gauge.remove(namespace, name)
+
+
+def _unknown() -> list[Problem]:
+    return [Problem("spec", "the spec could not be read")]
+
+
+def _parse_status(raw: Any) -> DisaggReplicaSetStatus:
+    try:
+        return DisaggReplicaSetStatus.model_validate(raw or {})
+    except ValueError:
+        log.warning("ignoring an unreadable status; placement starts afresh")
+        return DisaggReplicaSetStatus()
+
+
+def _moved(prior: Placement | None, placement: Placement) -> list[int]:
+    """Replicas that were placed before and now sit on other nodes."""
+    if prior is None:
+        return []
+    before = {r.index: r.nodes for r in prior.replicas if r.placed}
+    return [r.index for r in placement.replicas if r.placed and r.index in before and r.nodes != before[r.index]]
+
+
+async def _apply(applier: Applier, namespace: str, action: Action) -> None:
+    log.info("%s %s/%s (%s)", action.verb, action.kind, action.name, action.reason)
+    if action.verb == "create":
+        assert action.manifest is not None
+        await applier.create(action.manifest)
+    elif action.verb == "replace":
+        assert action.manifest is not None and action.live is not None
+        await applier.replace(action.manifest, action.live)
+    else:
+        await applier.delete(action.kind, namespace, action.name, action.grace_seconds)
+
+
+def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Placement) -> list[EventNote]:
+    notes: list[EventNote] = []
+    created = [a for a in actions if a.verb == "create" and a.kind == "Pod"]
+    if created:
+        notes.append(EventNote("Normal", "EnginesCreated", f"created engine pods {', '.join(a.name for a in created)}"))
+    rolled = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == "outdated"]
+    if rolled:
+        notes.append(
+            EventNote(
+                "Normal", "EnginesRecreated", f"replacing outdated engine pods {', '.join(a.name for a in rolled)}"
+            )
+        )
+    for r in moved:
+        nodes = ", ".join(placement.replica(r).nodes)
+        notes.append(EventNote("Warning", "ReplicaMoved", f"replica {r} moved to {nodes}"))
+    fronts = [a for a in actions if a.kind == "Deployment" and a.verb in ("create", "replace")]
+    if fronts:
+        notes.append(EventNote("Normal", "FrontendsApplied", f"{', '.join(f'{a.verb}d {a.name}' for a in fronts)}"))
+    return notes
+
+
+async def _write_status(
+    ctx: Context, body: dict[str, Any], status: DisaggReplicaSetStatus, notes: list[EventNote]
+) -> None:
+    new = status_dict(status)
+    old = status_dict(_parse_status(body.get("status")))
+    if json.dumps(new, sort_keys=True) != json.dumps(old, sort_keys=True):
+        await ctx.applier.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], new)
+    for note in notes:
+        await ctx.applier.event(body, note.type, note.reason, note.message)
+
+
+def _export(ctx: Context, namespace: str, name: str, status: DisaggReplicaSetStatus, placement: Placement) -> None:
+    ctx.metrics.replicas_desired.labels(namespace, name).set(status.replicas)
+    ctx.metrics.replicas_ready.labels(namespace, name).set(status.ready_replicas)
+    if not placement.complete:
+        ctx.metrics.placement_failures.labels(namespace, name).inc()

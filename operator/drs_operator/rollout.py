@@ -1,0 +1,205 @@
+"""``compute_actions``: what to create, replace and delete to move the live children to the desired ones.
+
+Pure: desired children (with spec hashes), live children and the set of lost nodes in; a list of
+:class:`Action` and a description of the roll out. Rules:
+
+* Shared objects (role ConfigMaps, the headless Service, the control Secret) are created when
+  missing and replaced when their hash differs (the Secret never: its token is not ours to rotate).
+* A missing engine pod is created at once: that restores availability, it is not a roll. This is
+  how a deleted or failed engine pod comes back, with the same name, on the same placed node.
+* Engine pods whose hash differs are *outdated*. Pods are immutable, so rolling one means deleting
+  it (the next pass creates the new one). Replicas roll one at a time, lowest index first: a
+  replica may roll when it is already unavailable, or when every other replica is available. So
+  at most one replica is ever unavailable because of a roll.
+* An outdated pod on a lost node (NotReady or gone) is deleted at once with grace 0: nothing will
+  ever confirm a graceful stop there, and its replica is already unavailable.
+* A replica's frontends (ConfigMap, Deployment) follow its engines: they are updated only once
+  every engine pod of the replica is current and ready ("engines before their frontends").
+  Missing frontends and Services are created at once.
+* Children nobody desires any more (replicas scaled away, pods of a replica that can no longer
+  be placed) are deleted.
+* Nothing else is written: equal hashes mean no action, so a converged fleet yields none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping
+from typing import Any, Literal
+
+from drs_operator.api.constants import LABEL_REPLICA
+from drs_operator.manifests.children import Children, ReplicaChildren, hash_of
+
+Manifest = dict[str, Any]
+Verb = Literal["create", "replace", "delete"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Action:
+    verb: Verb
+    kind: str
+    name: str
+    manifest: Manifest | None = None  #: the desired object (create, replace)
+    live: Manifest | None = None  #: the live object (replace, delete)
+    grace_seconds: int | None = None  #: delete only
+    replica: int | None = None
+    reason: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    actions: tuple[Action, ...]
+    rolling: tuple[int, ...]  #: replicas whose engine pods are being replaced in this pass
+    waiting: tuple[int, ...]  #: replicas with outdated engines waiting for their turn
+    message: str  #: for the Progressing condition ("" when nothing is in flight)
+
+
+def pod_ready(pod: Mapping[str, Any]) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def deployment_ready(dep: Mapping[str, Any]) -> bool:
+    status = dep.get("status") or {}
+    generation = (dep.get("metadata") or {}).get("generation", 0)
+    return bool(
+        status.get("observedGeneration", 0) >= generation
+        and status.get("readyReplicas", 0) >= 1
+        and status.get("updatedReplicas", 0) >= 1
+    )
+
+
+def _current(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
+    return live is not None and hash_of(live) == hash_of(desired)
+
+
+def _node_of(pod: Mapping[str, Any]) -> str | None:
+    spec = pod.get("spec") or {}
+    node: str | None = spec.get("nodeName")
+    return node
+
+
+def replica_engines_ready(rc: ReplicaChildren, pods: Mapping[str, Manifest]) -> bool:
+    """Every engine pod of the replica exists, is current and is ready."""
+    return all(
+        _current(pods.get(p["metadata"]["name"]), p) and pod_ready(pods[p["metadata"]["name"]]) for p in rc.engine_pods
+    )
+
+
+def replica_available(rc: ReplicaChildren, live: Mapping[str, Mapping[str, Manifest]]) -> bool:
+    """Engines ready (current or not) and every frontend Deployment ready."""
+    pods, deps = live.get("Pod", {}), live.get("Deployment", {})
+    engines_up = all(p["metadata"]["name"] in pods and pod_ready(pods[p["metadata"]["name"]]) for p in rc.engine_pods)
+    fronts_up = all(
+        d["metadata"]["name"] in deps and deployment_ready(deps[d["metadata"]["name"]]) for d in rc.frontend_deployments
+    )
+    return engines_up and fronts_up
+
+
+def compute_actions(
+    desired: Children,
+    live: Mapping[str, Mapping[str, Manifest]],
+    lost_nodes: Collection[str],
+    placed_replicas: Collection[int],
+) -> Rollout:
+    """See the module docstring. ``placed_replicas`` are the replica indices the plan wants running
+    (placed or not): an index in it without desired children is unplaced, and counts as unavailable."""
+    actions: list[Action] = []
+    pods, deps = live.get("Pod", {}), live.get("Deployment", {})
+
+    def sync(kind: str, obj: Manifest, replica: int | None = None, replace_ok: bool = True) -> None:
+        name = obj["metadata"]["name"]
+        current = live.get(kind, {}).get(name)
+        if current is None:
+            actions.append(Action("create", kind, name, manifest=obj, replica=replica, reason="missing"))
+        elif replace_ok and hash_of(current) != hash_of(obj):
+            actions.append(
+                Action("replace", kind, name, manifest=obj, live=current, replica=replica, reason="outdated")
+            )
+
+    for obj in (*desired.configmaps, *desired.services):
+        sync(obj["kind"], obj)
+
+    available = {rc.index: replica_available(rc, live) for rc in desired.replicas}
+    down = {r for r in placed_replicas if not available.get(r, False)}
+    rolling: list[int] = []
+    waiting: list[int] = []
+    for rc in desired.replicas:
+        outdated: list[Manifest] = []
+        for want in rc.engine_pods:
+            have = pods.get(want["metadata"]["name"])
+            if have is None:
+                actions.append(
+                    Action("create", "Pod", want["metadata"]["name"], manifest=want, replica=rc.index, reason="missing")
+                )
+            elif not _current(have, want):
+                if _node_of(have) in lost_nodes:
+                    actions.append(
+                        Action(
+                            "delete",
+                            "Pod",
+                            want["metadata"]["name"],
+                            live=have,
+                            grace_seconds=0,
+                            replica=rc.index,
+                            reason="node lost",
+                        )
+                    )
+                else:
+                    outdated.append(have)
+        if outdated:
+            if rc.index in down or not (down - {rc.index}):
+                down.add(rc.index)
+                rolling.append(rc.index)
+                actions += [
+                    Action("delete", "Pod", p["metadata"]["name"], live=p, replica=rc.index, reason="outdated")
+                    for p in outdated
+                    if not (p.get("metadata") or {}).get("deletionTimestamp")
+                ]
+            else:
+                waiting.append(rc.index)
+        engines_done = not outdated and replica_engines_ready(rc, pods)
+        sync("ConfigMap", rc.frontend_config, rc.index, replace_ok=engines_done)
+        for dep in rc.frontend_deployments:
+            sync("Deployment", dep, rc.index, replace_ok=engines_done)
+        for svc in rc.frontend_services:
+            sync("Service", svc, rc.index)
+
+    wanted = {kind: desired.all_of(kind) for kind in ("Pod", "Deployment", "Service", "ConfigMap")}
+    for kind, names in wanted.items():
+        for name, obj in sorted(live.get(kind, {}).items()):
+            if name in names or (obj.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            replica = (obj.get("metadata") or {}).get("labels", {}).get(LABEL_REPLICA)
+            grace = 0 if kind == "Pod" and _node_of(obj) in lost_nodes else None
+            actions.append(
+                Action(
+                    "delete",
+                    kind,
+                    name,
+                    live=obj,
+                    grace_seconds=grace,
+                    replica=int(replica) if replica else None,
+                    reason="not desired",
+                )
+            )
+
+    message = _message(desired, rolling, waiting, down, deps)
+    return Rollout(tuple(actions), tuple(rolling), tuple(waiting), message)
+
+
+def _message(
+    desired: Children, rolling: list[int], waiting: list[int], down: set[int], deps: Mapping[str, Manifest]
+) -> str:
+    parts = []
+    if rolling:
+        parts.append(f"rolling replica {', '.join(map(str, rolling))}: replacing outdated engine pods")
+    if waiting:
+        blockers = sorted(down - set(waiting))
+        parts.append(
+            f"replica {', '.join(map(str, waiting))} waiting to roll until replica "
+            f"{', '.join(map(str, blockers))} is available"
+        )
+    return "; ".join(parts)
