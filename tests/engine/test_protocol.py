@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine
+from drs_protocol.chat import load_tokenizer
 from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
 from .conftest import EngineFactory
@@ -283,3 +284,27 @@ async def test_health_and_server_info_describe_the_engine_as_a_test_double(
     assert info["engine"]["kind"] == "test double"
     metrics = (await client.get(prefill.url + "/metrics")).text
     assert 'drs_engine_info{backend="sim",kind="test double",role="prefill"} 1.0' in metrics
+
+
+async def test_a_stop_string_ends_generation_with_it_as_the_stop_reason(
+    client: httpx.AsyncClient, decode: RunningEngine
+) -> None:
+    tokenizer = load_tokenizer(None)
+    body = {**CHAT_BODY, "prompt_token_ids": PROMPT_IDS, "max_tokens": 30}
+    free = (await client.post(decode.url + "/v1/chat/completions", json=body)).json()["choices"][0]
+    stop_ids = free["token_ids"][4:5]  # the 5th token, as text, is the stop string
+    stop = tokenizer.decode(stop_ids)
+    assert tokenizer.encode(stop, add_special_tokens=False) == stop_ids  # holds for these fixed ids
+
+    response = await client.post(decode.url + "/v1/chat/completions", json={**body, "stop": [stop]})
+    stopped = response.json()["choices"][0]
+
+    assert stopped["finish_reason"] == "stop"
+    assert stopped["stop_reason"] == stop
+    assert stopped["token_ids"] == free["token_ids"][: free["token_ids"].index(stop_ids[0]) + 1]
+    assert free["message"]["content"].startswith(stopped["message"]["content"])
+
+
+async def test_the_models_route_lists_the_served_model(client: httpx.AsyncClient, decode: RunningEngine) -> None:
+    response = await client.get(decode.url + "/v1/models")
+    assert response.json()["data"][0]["id"] == "sim-qwen3"

@@ -33,6 +33,8 @@ class LegRequest:
     streaming: bool
     #: The server's ``disagg_request_id``-aware id for a context-only leg (``ctx_request_id``).
     ctx_request_id: int | None = None
+    #: ``stop`` strings with their token ids (matched on ids, as TensorRT-LLM's stop words).
+    stop_sequences: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

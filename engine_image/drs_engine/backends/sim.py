@@ -143,7 +143,7 @@ class SimBackend(EngineBackend):
 
         # context_only: prefill plus the first token, then leave the state for the decode engine.
         yield _step(first, leg)
-        finish, stop_reason = self._finish_after(leg, first, produced=1)
+        finish, stop_reason = self._finish_after(leg, [first.token_id])
         if finish == "stop":  # the turn ended on the prefill engine: nothing to hand over
             handoff = ContextHandoff(
                 ctx_request_id=_ctx_request_id(leg), first_gen_tokens=[first.token_id], ctx_info_endpoint=self._endpoint
@@ -171,22 +171,23 @@ class SimBackend(EngineBackend):
         prefix_query_tokens: int,
     ) -> AsyncGenerator[LegEvent, None]:
         prompt_len = len(leg.prompt_token_ids)
-        produced = 1
+        generated = [first.token_id]
         choice = first
         new_blocks: list[bytes] = []
         self._decodes_in_flight += 1
         try:
             while True:
                 yield _step(choice, leg)
-                finish, stop_reason = self._finish_after(leg, choice, produced)
+                finish, stop_reason = self._finish_after(leg, generated)
                 if finish is not None:
                     break
                 closed = fn.advance(state, choice.token_id)
                 if closed is not None:
                     new_blocks.append(closed)
                 await self._latency.sleep(self._latency.decode_step_seconds(self._decodes_in_flight))
-                choice = fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=_eos_allowed(leg, produced))
-                produced += 1
+                allow_eos = _eos_allowed(leg, len(generated))
+                choice = fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=allow_eos)
+                generated.append(choice.token_id)
         finally:
             self._decodes_in_flight -= 1
         if leg.request_type is RequestType.CONTEXT_AND_GENERATION:
@@ -233,14 +234,22 @@ class SimBackend(EngineBackend):
             ctx_info_endpoint=self._endpoint,
         )
 
-    def _finish_after(self, leg: LegRequest, choice: TokenChoice, produced: int) -> tuple[str | None, int | None]:
-        """``(finish_reason, stop_reason)`` once ``produced`` tokens ending in ``choice`` exist, else Nones."""
+    def _finish_after(self, leg: LegRequest, generated: list[int]) -> tuple[str | None, int | str | None]:
+        """``(finish_reason, stop_reason)`` once ``generated`` exist, else ``(None, None)``: a stop
+        token id, EOS, a stop string (matched on its token ids, as TensorRT-LLM's stop words are),
+        or ``max_tokens``."""
         request = leg.request
-        if choice.token_id in (request.stop_token_ids or []) and produced >= request.min_tokens:
-            return "stop", choice.token_id
-        if choice.token_id == self._eos_token_id and not request.ignore_eos and produced >= request.min_tokens:
+        token = generated[-1]
+        may_stop = len(generated) >= request.min_tokens
+        if may_stop and token in (request.stop_token_ids or []):
+            return "stop", token
+        if may_stop and token == self._eos_token_id and not request.ignore_eos:
             return "stop", None
-        if produced >= leg.max_tokens:
+        if may_stop:
+            for text, ids in leg.stop_sequences:
+                if ids and generated[-len(ids) :] == list(ids):
+                    return "stop", text
+        if len(generated) >= leg.max_tokens:
             return "length", None
         return None, None
 

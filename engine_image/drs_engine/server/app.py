@@ -3,6 +3,7 @@
 Routes:
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` — serving (:mod:`.serving`);
+- ``GET /v1/models`` — the one model served;
 - ``GET /health`` — 200 once the model is loaded, 503 before;
 - ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
 - ``GET /metrics`` — Prometheus text from this server's own registry (:mod:`drs_engine.metrics`);
@@ -75,6 +76,10 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
         except EngineError as exc:
             return JSONResponse(exc.to_body(), status_code=exc.status)
 
+    async def models() -> Response:
+        model = {"id": config.served_model_name(), "object": "model", "owned_by": "drs"}
+        return JSONResponse({"object": "list", "data": [model]})
+
     async def metrics() -> Response:
         if state.metrics is None:
             return Response(b"", media_type=CONTENT_TYPE_LATEST)
@@ -92,6 +97,7 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
 
     app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
     app.add_api_route("/v1/completions", completions, methods=["POST"])
+    app.add_api_route("/v1/models", models, methods=["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/server_info", server_info, methods=["GET"])
     app.add_api_route("/metrics", metrics, methods=["GET"])

@@ -166,6 +166,10 @@ def build_leg(
         given = dp.disagg_request_id if dp is not None else None
         ctx_request_id = given if given is not None else state.next_local_ctx_request_id()
     conversation_id = req.conversation_id() or fields.conversation_id_from(data, request.headers)
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    stop_sequences = tuple(
+        (text, tuple(int(t) for t in state.tokenizer.encode(text, add_special_tokens=False))) for text in stops if text
+    )
     return LegRequest(
         request_type=request_type,
         prompt_token_ids=prompt,
@@ -176,6 +180,7 @@ def build_leg(
         conversation_id=conversation_id,
         streaming=bool(req.stream),
         ctx_request_id=ctx_request_id,
+        stop_sequences=stop_sequences,
     )
 
 
