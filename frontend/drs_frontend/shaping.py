@@ -3,7 +3,8 @@
 In the order a turn uses them:
 
 1. :func:`parse_request` — the client's JSON body, checked just enough to relay it (the engines
-   validate the rest and their 4xx passes through); raises :class:`RequestError`.
+   validate the rest and their 4xx passes through); raises
+   :class:`~drs_frontend.errors.RequestError`.
 2. :func:`strip_client_fields` — drop NeMo-Gym's three client-only fields.
 3. :func:`build_context_request` — the context leg.
 4. :func:`check_context_response` — is the turn already finished?
@@ -25,26 +26,14 @@ from typing import Any
 from drs_protocol import fields
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 
+from drs_frontend.errors import RequestError, UpstreamProtocolError
+
 Body = dict[str, Any]
 
 
 class Endpoint(StrEnum):
     CHAT = "/v1/chat/completions"
     COMPLETIONS = "/v1/completions"
-
-
-class RequestError(ValueError):
-    """The client's request is unusable: answered with ``status`` and an OpenAI-shaped error."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-
-class UpstreamProtocolError(ValueError):
-    """An engine answered 2xx with a body that breaks the protocol (answered 502)."""
 
 
 # -- 1. the client's request ---------------------------------------------------------------------
@@ -73,7 +62,9 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Body:
         cid = params.get("conversation_id") if isinstance(params, dict) else None
         if not isinstance(cid, str) or not cid.strip():
             raise RequestError(
-                400, "conversation_params: must be an object with a non-empty string conversation_id", "conversation_params"
+                400,
+                "conversation_params: must be an object with a non-empty string conversation_id",
+                "conversation_params",
             )
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
@@ -245,7 +236,9 @@ def shape_response(response: Body, *, prompt_ids: list[int] | None = None) -> Bo
 
 def error_body(status: int, message: str, *, param: str | None = None, role: str | None = None) -> Body:
     """An OpenAI-shaped error (what the ``openai`` client parses); ``role`` names an engine role."""
-    kind = "invalid_request_error" if 400 <= status < 500 else "service_unavailable" if status == 503 else "upstream_error"
+    kind = (
+        "invalid_request_error" if 400 <= status < 500 else "service_unavailable" if status == 503 else "upstream_error"
+    )
     error: Body = {"message": message, "type": kind, "param": param, "code": status}
     if role is not None:
         error["role"] = role

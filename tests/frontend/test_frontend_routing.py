@@ -171,7 +171,9 @@ def test_round_robin_visits_every_engine_in_turn() -> None:
 
 @settings(max_examples=50)
 @given(
-    ops=st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.sets(st.integers(0, 3), min_size=1)), max_size=30)
+    ops=st.lists(
+        st.tuples(st.sampled_from(["a", "b", "c", "d", "e"]), st.sets(st.integers(0, 3), min_size=1)), max_size=30
+    )
 )
 def test_the_conversation_router_only_returns_offered_candidates(ops: list[tuple[str, set[int]]]) -> None:
     router = ConversationRouter(max_sessions=3)

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from drs_frontend.errors import RequestError, UpstreamProtocolError
 from drs_frontend.shaping import (
     Endpoint,
-    RequestError,
-    UpstreamProtocolError,
     build_context_request,
     build_generation_request,
     check_context_response,
@@ -98,7 +97,9 @@ def ctx_response(finish_reason: str = "length", **params: object) -> dict[str, o
         ),
     ],
 )
-def test_bad_requests_are_refused_with_a_named_reason(raw: bytes, endpoint: Endpoint, status: int, fragment: str) -> None:
+def test_bad_requests_are_refused_with_a_named_reason(
+    raw: bytes, endpoint: Endpoint, status: int, fragment: str
+) -> None:
     with pytest.raises(RequestError) as info:
         parse_request(raw, endpoint)
     assert info.value.status == status
@@ -108,14 +109,22 @@ def test_bad_requests_are_refused_with_a_named_reason(raw: bytes, endpoint: Endp
 def test_the_gym_only_fields_are_stripped_and_nothing_else() -> None:
     stripped = strip_client_fields(GYM_BODY)
     assert not {"return_tokens_as_token_ids", "return_token_ids", "required_prefix_token_ids"} & set(stripped)
-    assert set(GYM_BODY) - set(stripped) == {"return_tokens_as_token_ids", "return_token_ids", "required_prefix_token_ids"}
+    assert set(GYM_BODY) - set(stripped) == {
+        "return_tokens_as_token_ids",
+        "return_token_ids",
+        "required_prefix_token_ids",
+    }
     assert "return_token_ids" in GYM_BODY  # the caller's dict is untouched
 
 
 def test_the_context_leg_is_a_non_streamed_context_only_copy() -> None:
     body = strip_client_fields(GYM_BODY)
     ctx = build_context_request(
-        body, disagg_request_id=2**41 + 5, conversation_id="traj-1", tokids_ctxbytes=True, prompt_token_ids_b64="AQAAAA=="
+        body,
+        disagg_request_id=2**41 + 5,
+        conversation_id="traj-1",
+        tokids_ctxbytes=True,
+        prompt_token_ids_b64="AQAAAA==",
     )
     assert ctx["stream"] is False
     assert ctx["stream_options"] is None
@@ -152,7 +161,9 @@ def test_a_finished_context_response_is_the_answer_without_disaggregated_params(
         pytest.param(ctx_response("length", ctx_request_id=None), "ctx_request_id", id="no ctx request id"),
     ],
 )
-def test_a_context_response_that_breaks_the_protocol_is_an_upstream_error(response: dict[str, object], fragment: str) -> None:
+def test_a_context_response_that_breaks_the_protocol_is_an_upstream_error(
+    response: dict[str, object], fragment: str
+) -> None:
     with pytest.raises(UpstreamProtocolError, match=fragment):
         check_context_response(response)
 
@@ -207,7 +218,9 @@ def test_generated_ids_are_read_from_token_id_logprob_tokens_when_token_ids_are_
         "choices": [
             {
                 "message": {"role": "assistant", "content": "ab"},
-                "logprobs": {"content": [{"token": "token_id:5", "logprob": -0.1}, {"token": "token_id:6", "logprob": -0.2}]},
+                "logprobs": {
+                    "content": [{"token": "token_id:5", "logprob": -0.1}, {"token": "token_id:6", "logprob": -0.2}]
+                },
             }
         ],
         "prompt_token_ids": [1],

@@ -28,7 +28,26 @@ TOOLS = [
         },
     }
 ]
-WORDS = "the quick brown fox jumps over a lazy dog — naïve café 数学 😀 \t tabs  spaces\n\nnewlines".split(" ")
+WORDS = [
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "a",
+    "lazy",
+    "dog",
+    "—",
+    "naïve",
+    "café",
+    "数学",
+    "😀",
+    "\t",
+    "tabs",
+    "",
+    "spaces\n\nnewlines",
+]
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +81,9 @@ def grow(rng: random.Random, turns: int, *, system: bool, style: str) -> Iterato
         if style == "think_in_content":
             reply["content"] = f"<think>\n{words(rng, 10)}\n</think>\n\n{reply['content']}"
         if style == "agent" and rng.random() < 0.8:
-            reply["tool_calls"] = [{"type": "function", "function": {"name": "search", "arguments": {"q": words(rng, 3)}}}]
+            reply["tool_calls"] = [
+                {"type": "function", "function": {"name": "search", "arguments": {"q": words(rng, 3)}}}
+            ]
         reply["prompt_token_ids"] = list(range(turn * 5))  # Gym's annotations ride along
         reply["generation_token_ids"] = [1, 2, 3]
         messages = [*messages, reply]
@@ -119,7 +140,11 @@ def test_a_new_query_after_tool_rounds_rerenders_the_changed_reasoning(chat: Cha
     ]
     first = chat.prompt_ids("think-drop", messages, tools=TOOLS)
     assert "I should search" in tokenizer.decode(first.ids.tolist())
-    messages = [*messages, {"role": "assistant", "content": "done", "reasoning_content": "ok"}, {"role": "user", "content": "next"}]
+    messages = [
+        *messages,
+        {"role": "assistant", "content": "done", "reasoning_content": "ok"},
+        {"role": "user", "content": "next"},
+    ]
     second = chat.prompt_ids("think-drop", messages, tools=TOOLS)
     assert second.ids.tolist() == render_prompt_ids(tokenizer, messages, tools=TOOLS)
     assert "I should search" not in tokenizer.decode(second.ids.tolist())
@@ -161,7 +186,9 @@ def conversations(draw: st.DrawFn) -> list[dict[str, Any]]:
     return messages
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(conversation=conversations(), agp=st.booleans())
 def test_hypothesis_conversations_with_unicode_and_whitespace_edges_tokenize_exactly(
     chat: ChatTokenizer, tokenizer: Any, conversation: list[dict[str, Any]], agp: bool
@@ -217,10 +244,15 @@ COUNT = "{{ messages|length }} messages\n"
 @pytest.mark.parametrize(
     "template",
     [
-        pytest.param(COUNT + "{% for m in messages %}" + BLOCK + "{% endfor %}" + GEN, id="a message count in the head"),
-        pytest.param("{% for m in messages %}" + BLOCK + "{% endfor %}" + COUNT + GEN, id="a message count in the tail"),
         pytest.param(
-            "{% for m in messages %}<|im_start|>{{ loop.index }} {{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}" + GEN,
+            COUNT + "{% for m in messages %}" + BLOCK + "{% endfor %}" + GEN, id="a message count in the head"
+        ),
+        pytest.param(
+            "{% for m in messages %}" + BLOCK + "{% endfor %}" + COUNT + GEN, id="a message count in the tail"
+        ),
+        pytest.param(
+            "{% for m in messages %}<|im_start|>{{ loop.index }} {{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+            + GEN,
             id="numbered messages",
         ),
     ],

@@ -108,7 +108,9 @@ class ChatTokenizer:
         entry = self._entries.get(conversation_id) if conversation_id is not None else None
         result: TurnIds | None = None
         if entry is not None and entry.tools == tools and entry.kwargs == chat_template_kwargs:
-            result = self._incremental(conversation_id, entry, messages, tools, chat_template_kwargs, add_generation_prompt)
+            result = self._incremental(
+                conversation_id, entry, messages, tools, chat_template_kwargs, add_generation_prompt
+            )
         if result is None:
             tokenized = self._full_tokenized(messages, tools, chat_template_kwargs, add_generation_prompt)
             self._store(conversation_id, messages, tools, chat_template_kwargs, add_generation_prompt, tokenized)
@@ -154,7 +156,9 @@ class ChatTokenizer:
         # Gym's token-id lists are dropped first: templates ignore them, but transformers walks
         # every value of every message before rendering (O(n^2) ints over a conversation).
         views = [message_view(m) for m in messages]
-        return render_prompt_text(self.tokenizer, views, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp)
+        return render_prompt_text(
+            self.tokenizer, views, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
+        )
 
     def _full_tokenized(self, messages: Sequence[Message], tools: Any, kwargs: Any, agp: bool) -> Tokenized:
         text = self._render(messages, tools, kwargs, agp)
@@ -302,4 +306,3 @@ def probe_windowing(
         log.warning("chat template failed the window probe (%s); rendering whole conversations", exc)
         return False
     return True
-

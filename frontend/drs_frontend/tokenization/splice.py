@@ -97,7 +97,9 @@ class SpliceTokenizer:
         k = bisect.bisect_right(known.cut_chars, chars)
         ids = known.ids[:n_ids]
         ids.extend(tail.ids)
-        return Tokenized(text, ids, known.cut_chars[:k] + tail.cut_chars, known.cut_ids[:k] + tail.cut_ids), len(tail.ids)
+        return Tokenized(text, ids, known.cut_chars[:k] + tail.cut_chars, known.cut_ids[:k] + tail.cut_ids), len(
+            tail.ids
+        )
 
 
 def common_prefix_length(a: str, b: str) -> int:

