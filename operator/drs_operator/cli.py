@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 import click
 import yaml
+from drs_devcluster.profiles import PROFILES, ProfileError, build_nodes
 
 from drs_operator.api.constants import KIND
 from drs_operator.crd import render_crd
@@ -36,7 +37,6 @@ from drs_operator.validation import validate_manifest
 
 EXIT_UNPLACED = 1
 EXIT_INVALID = 2
-PROFILES = ("hgx", "gb200", "mixed")
 
 
 @click.command(name="crd", help="Print the CustomResourceDefinition generated from the API models.")
@@ -44,7 +44,16 @@ def crd() -> None:
     click.echo(render_crd(), nl=False)
 
 
-@click.command(name="plan", help=__doc__.split("\n\n")[1] if __doc__ else None)
+PLAN_HELP = """Show the engine and frontend layout of a DisaggReplicaSet before applying it.
+
+Validates the manifest (every problem at once, each with its field path), plans it and, given
+nodes (--nodes or --profile), places it.
+
+Exit codes: 0 complete layout; 1 some replica could not be placed; 2 invalid input.
+"""
+
+
+@click.command(name="plan", help=PLAN_HELP)
 @click.option(
     "-f",
     "--file",
@@ -80,8 +89,6 @@ def plan(
     if nodes_path:
         nodes = nodes_from_manifests(_load_nodes(nodes_path), topology=resource.spec.topology)
     elif profile:
-        from drs_devcluster.profiles import ProfileError, build_nodes
-
         try:
             manifests = build_nodes(profile, node_count)
         except ProfileError as exc:

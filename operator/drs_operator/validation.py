@@ -23,6 +23,7 @@ Rules (paths are reported under ``spec.``; the CEL twins of the first ones live 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,8 +85,6 @@ def validate_spec(spec: DisaggReplicaSetSpec, path: str = "spec") -> list[Proble
 
 def validate_name(name: str, path: str = "metadata.name") -> list[Problem]:
     """The name rule (a DNS label of at most ``MAX_NAME_LENGTH`` characters)."""
-    import re
-
     if len(name) > MAX_NAME_LENGTH or not re.fullmatch(rules.NAME_PATTERN, name):
         return [Problem(path, f"{rules.MSG_NAME} (got {name!r}, {len(name)} characters)")]
     return []

@@ -81,7 +81,7 @@ def test_a_minimal_object_gets_every_block_defaulted(devcluster: RunningCluster,
 
 
 def mutate(changes: Callable[[dict[str, Any]], None], name: str = "reference") -> dict[str, Any]:
-    obj = copy.deepcopy(REFERENCE)
+    obj: dict[str, Any] = copy.deepcopy(REFERENCE)
     obj["metadata"]["name"] = name
     changes(obj["spec"])
     return obj

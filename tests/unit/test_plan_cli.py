@@ -100,7 +100,7 @@ def test_without_nodes_the_plan_is_shown_unplaced() -> None:
 
 
 def invalid_manifest() -> dict[str, Any]:
-    data = yaml.safe_load((EXAMPLES / "reference.yaml").read_text())
+    data: dict[str, Any] = yaml.safe_load((EXAMPLES / "reference.yaml").read_text())
     data["metadata"]["name"] = "Reference"
     spec = data["spec"]
     spec["prefill"]["moeExpertParallelSize"] = 1  # MoE split 2 * 1 != 4
