@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from drs_operator.api import names
-from drs_operator.api.constants import Role
 from drs_operator.api.status import EngineStatus, FrontendStatus, ReplicaStatus
 from drs_operator.placement import Placement
 from drs_operator.plan import EngineSlot, Plan
@@ -69,7 +68,7 @@ def replica_statuses(
         engines = [
             EngineStatus(
                 name=e.name,
-                role=Role(e.role),
+                role=e.role,
                 ordinal=e.ordinal,
                 width=e.width,
                 nodes=list(e.nodes),

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from drs_operator.api.constants import Role
 from drs_operator.api.status import ReplicaStatus
 from drs_operator.plan import EngineSlot, Plan, ReplicaPlan, tiling_problem
 
@@ -63,7 +64,7 @@ class NodeInfo:
 class EnginePlacement:
     name: str
     replica: int
-    role: str
+    role: Role
     ordinal: int
     width: int
     nodes: tuple[str, ...]  #: one node, or the whole nodes (rank order) of an engine wider than a node
@@ -350,12 +351,12 @@ def _result(
     excluded: Sequence[tuple[str, str]],
 ) -> ReplicaPlacement:
     if assignment is None:
-        engines = tuple(EnginePlacement(e.name, e.replica, str(e.role), e.ordinal, e.width, ()) for e in rep.engines)
+        engines = tuple(EnginePlacement(e.name, e.replica, e.role, e.ordinal, e.width, ()) for e in rep.engines)
         frontends = tuple(FrontendPlacement(f.replica, f.index, f.port, f.node_id, None) for f in rep.frontends)
         why = _shortfall(rep, pool, free) if any_usable else _no_nodes(rep, excluded)
         return ReplicaPlacement(rep.index, False, engines, frontends, reason=why)
     engines = tuple(
-        EnginePlacement(e.name, e.replica, str(e.role), e.ordinal, e.width, assignment[e.name]) for e in rep.engines
+        EnginePlacement(e.name, e.replica, e.role, e.ordinal, e.width, assignment[e.name]) for e in rep.engines
     )
     nodes = tuple(dict.fromkeys(n for e in engines for n in e.nodes))
     frontends = tuple(
@@ -418,7 +419,7 @@ def previous_from_status(statuses: Iterable[ReplicaStatus]) -> Placement:
     replicas = []
     for rs in statuses:
         engines = tuple(
-            EnginePlacement(e.name, rs.index, str(e.role), e.ordinal, e.width, tuple(e.nodes)) for e in rs.engines
+            EnginePlacement(e.name, rs.index, e.role, e.ordinal, e.width, tuple(e.nodes)) for e in rs.engines
         )
         placed = rs.placed and all(e.nodes for e in engines)
         replicas.append(ReplicaPlacement(rs.index, placed, engines, ()))

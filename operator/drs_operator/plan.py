@@ -238,7 +238,7 @@ class TilingProblem:
 
     node_size: int
     widths: tuple[int, ...]
-    copy: int  #: which back-to-back copy of the replica (0-based) hits the problem
+    repeat: int  #: which back-to-back copy of the replica (0-based) hits the problem
     engine: int  #: the engine's position in the replica
     width: int
     offset: int  #: first GPU of the engine when packed
@@ -247,7 +247,7 @@ class TilingProblem:
     def __str__(self) -> str:
         seq = "+".join(map(str, self.widths))
         last = self.offset + self.width - 1
-        who = f"engine {self.engine} (width {self.width}) of replica copy {self.copy}, at GPUs {self.offset}-{last},"
+        who = f"engine {self.engine} (width {self.width}) of replica copy {self.repeat}, at GPUs {self.offset}-{last},"
         if self.width > self.node_size and self.offset % self.node_size == 0:
             what = f"is wider than a node but not whole nodes: it would end short of the node boundary at GPU {self.boundary}"
         elif self.width > self.node_size:

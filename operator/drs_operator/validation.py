@@ -24,7 +24,7 @@ Rules (paths are reported under ``spec.``; the CEL twins of the first ones live 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,14 +53,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
-
-
-class InvalidSpecError(ValueError):
-    """Raised by callers that need a valid spec; carries every problem."""
-
-    def __init__(self, problems: Sequence[Problem]) -> None:
-        self.problems = tuple(problems)
-        super().__init__("; ".join(map(str, self.problems)))
 
 
 #: TensorRT-LLM arguments that typed fields own: kwargs key -> where to set it instead.

@@ -248,7 +248,7 @@ class DisaggReplicaSetSpec(SpecModel):
         None,
         ge=0,
         le=MAX_FRONTENDS,
-        description="Number of replicas N (the scale subresource). Exclusive with inferenceGPUs.",
+        description="Number of replicas N (the scale subresource, so `kubectl scale` needs this form). Exclusive with inferenceGPUs.",
     )
     inference_gpus: int | None = Field(
         None,
