@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ from drs_engine.prefix_cache import PrefixCache
 from drs_engine.server.runner import RunningEngine
 from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
-from .conftest import auth, metric_value
+from .conftest import EngineFactory, auth, metric_value
 from .test_protocol import context_leg
 
 SEED = weights_seed("v1", b"content")
@@ -154,3 +155,21 @@ async def test_a_weights_update_changes_the_tokens_the_version_and_empties_the_c
     assert reload.status_code == 200
     third = await client.post(prefill.url + "/v1/chat/completions", json=body)
     assert third.json()["choices"][0]["token_ids"] != after.json()["choices"][0]["token_ids"]
+
+
+async def test_prefill_time_counts_only_uncached_tokens(
+    client: httpx.AsyncClient, engine_factory: EngineFactory
+) -> None:
+    sim = {"speed": 1.0, "prefillSecondsPerToken": 0.001, "decodeSecondsPerToken": 0.0}
+    body = {"model": "sim", "messages": [], "prompt_token_ids": list(range(100, 300)), "max_tokens": 1}
+    async with engine_factory("prefill", sim=sim) as engine:
+        started = time.monotonic()
+        cold = await client.post(engine.url + "/v1/chat/completions", json=body)
+        cold_s = time.monotonic() - started
+        started = time.monotonic()
+        warm = await client.post(engine.url + "/v1/chat/completions", json=body)
+        warm_s = time.monotonic() - started
+    assert cold.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert warm.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 192
+    assert cold_s >= 0.2  # 200 uncached tokens at 1 ms
+    assert warm_s < 0.15  # 8 uncached tokens at 1 ms, plus HTTP

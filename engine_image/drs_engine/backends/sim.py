@@ -74,6 +74,7 @@ class SimBackend(EngineBackend):
         self._endpoint = config.resolved_advertise_url()
         self._client: httpx.AsyncClient | None = None
         self._decodes_in_flight = 0
+        self._prefill_lock = asyncio.Lock()
         self._profile_started: float | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class SimBackend(EngineBackend):
         prompt = leg.prompt_token_ids
         hashes = block_hashes(fn.seed, prompt, fn.tokens_per_block)
         lookup = self._cache.lookup(len(prompt), hashes)
-        await self._latency.sleep(self._latency.prefill_seconds(len(prompt) - lookup.hit_tokens))
+        await self._prefill_compute(len(prompt) - lookup.hit_tokens)
         self._cache.insert(hashes)
         state = fn.start(prompt, hashes)
         first = fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=_eos_allowed(leg, 0))
@@ -233,6 +234,15 @@ class SimBackend(EngineBackend):
             ctx_dp_rank=0,
             ctx_info_endpoint=self._endpoint,
         )
+
+    async def _prefill_compute(self, uncached_tokens: int) -> None:
+        """Prefill takes time for uncached tokens only, and prefills share the engine: concurrent
+        prompts queue behind each other, so prefill throughput (tokens/s) is bounded."""
+        seconds = self._latency.prefill_seconds(uncached_tokens)
+        if seconds <= 0:
+            return
+        async with self._prefill_lock:
+            await self._latency.sleep(seconds)
 
     def _finish_after(self, leg: LegRequest, generated: list[int]) -> tuple[str | None, int | str | None]:
         """``(finish_reason, stop_reason)`` once ``generated`` exist, else ``(None, None)``: a stop
