@@ -102,7 +102,14 @@ def engine(
         f"drs engine: {config.backend.value} {config.role.value} listening on {config.host}:{config.port}", err=True
     )
     server = uvicorn_server(config, token, log_level=log_level)
-    server.run(sockets=[sock])
-    if not server.started:
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits this way when the app's startup (model load) fails
+        if exc.code in (0, None):
+            raise
+        started = False
+    else:
+        started = server.started
+    if not started:
         click.echo(f"drs engine: failed to start on port {config.port} (see the log above)", err=True)
         sys.exit(EXIT_STARTUP_FAILED)

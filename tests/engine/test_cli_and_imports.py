@@ -14,6 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from drs_engine.config import build_config
+from drs_engine.server.runner import start_engine
+from drs_protocol.chat import default_tokenizer_dir
 
 DRS = Path(sys.executable).parent / "drs"
 
@@ -133,3 +136,30 @@ def test_drs_engine_serves_from_a_config_file_with_flags_overriding_it(tmp_path:
         except subprocess.TimeoutExpired:  # pragma: no cover - only if shutdown hangs
             process.kill()
             pytest.fail("the engine did not stop on SIGTERM")
+
+
+def test_a_trtllm_engine_that_cannot_load_exits_non_zero_saying_why(tmp_path: Path) -> None:
+    """No GPU and no tensorrt_llm here: the trtllm backend fails at startup, and the process ends."""
+    config = tmp_path / "engine.yaml"
+    config.write_text(
+        f"backend: trtllm\nmodel: {{path: /models/none, tokenizer: {default_tokenizer_dir()}}}\n"
+        "host: 127.0.0.1\nport: 0\n"
+    )
+    result = subprocess.run([str(DRS), "engine", "--config", str(config)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3
+    assert "tensorrt_llm" in result.stderr
+    assert "failed to start" in result.stderr
+
+
+async def test_an_in_process_engine_that_cannot_load_raises_instead_of_exiting_the_process() -> None:
+    config = build_config(
+        {
+            "backend": "trtllm",
+            "host": "127.0.0.1",
+            "port": 0,
+            "model": {"path": "/models/none", "tokenizer": str(default_tokenizer_dir())},
+        }
+    )
+    with pytest.raises(RuntimeError, match="failed to start"):
+        async with start_engine(config):
+            pass  # pragma: no cover - never reached

@@ -61,6 +61,13 @@ class RunningEngine:
     task: asyncio.Task[None]
 
 
+async def _serve(server: uvicorn.Server, sock: socket.socket, port: int) -> None:
+    try:
+        await server.serve(sockets=[sock])
+    except SystemExit as exc:  # uvicorn's way of reporting a failed startup; keep it in this task
+        raise RuntimeError(f"engine on port {port} failed to start (exit status {exc.code})") from exc
+
+
 @contextlib.asynccontextmanager
 async def start_engine(
     config: EngineConfig, *, control_token: str | None = None, log_level: str = "warning"
@@ -70,7 +77,7 @@ async def start_engine(
     port = sock.getsockname()[1]
     config = config.model_copy(update={"port": port})
     server = uvicorn_server(config, control_token, log_level=log_level)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
+    task = asyncio.create_task(_serve(server, sock, port))
     try:
         async with asyncio.timeout(STARTUP_TIMEOUT_S):
             while not server.started:
