@@ -246,7 +246,7 @@ class PodRunner:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the apiserver restarts, times out, refuses: retry from a list
-                log.warning("pod watch failed (%s: %s); re-listing in %.0fs", type(exc).__name__, exc, RETRY_DELAY_S)
+                log.warning("pod watch failed (%s); re-listing in %.0fs", _describe(exc), RETRY_DELAY_S)
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def _relist(self) -> str:
@@ -378,6 +378,8 @@ class PodRunner:
             return
         pp.reported_problem = None
         exit_code = await self._run_once(pp, argv, env)
+        if self.shutdown.is_set():  # killed with the runner: not a crash
+            return
         pp.restarts += 1
         ran_for = time.monotonic() - pp.started_mono
         pp.consecutive_exits = next_consecutive_exits(pp.consecutive_exits, ran_for)
@@ -555,9 +557,9 @@ class PodRunner:
             pp.pod = await _read_json(resp)
         except (ApiError, ApiException) as exc:
             if exc.status not in (404, 409):  # gone or replaced: nothing to tell
-                log.warning("%s: status patch failed: %s", pp.label, exc)
+                log.warning("%s: status patch failed: %s", pp.label, _describe(exc))
         except Exception as exc:
-            log.warning("%s: status patch failed: %s: %s", pp.label, type(exc).__name__, exc)
+            log.warning("%s: status patch failed: %s", pp.label, _describe(exc))
 
     async def _report_problem(self, pp: PodProcess, problem: str) -> None:
         if problem != pp.reported_problem:
@@ -573,7 +575,9 @@ class PodRunner:
                 namespace, event_body(pod, reason, message, warning, _now()), _request_timeout=API_CALL_TIMEOUT_S
             )
         except Exception as exc:
-            log.warning("event %s on %s/%s not recorded: %s", reason, namespace, pod["metadata"]["name"], exc)
+            log.warning(
+                "event %s on %s/%s not recorded: %s", reason, namespace, pod["metadata"]["name"], _describe(exc)
+            )
 
 
 async def _lines(resp: Any) -> AsyncIterator[bytes]:
@@ -598,6 +602,20 @@ async def _read_json(resp: Any) -> dict[str, Any]:
         raise ApiError(resp.status, body.decode(errors="replace"))
     data: dict[str, Any] = json.loads(body)
     return data
+
+
+def _describe(exc: BaseException) -> str:
+    """One line about an API or I/O failure (ApiException's str carries every response header)."""
+    if isinstance(exc, ApiError):
+        return str(exc)
+    status = getattr(exc, "status", None)
+    if status is None:
+        return f"{type(exc).__name__}: {exc}"
+    body = getattr(exc, "body", None)
+    message = str(getattr(exc, "reason", ""))
+    with contextlib.suppress(TypeError, ValueError, KeyError):
+        message = json.loads(body or "")["message"]
+    return f"HTTP {status}: {message}"
 
 
 def _kill_group(pgid: int, sig: signal.Signals) -> None:
