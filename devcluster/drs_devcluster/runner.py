@@ -209,34 +209,40 @@ class PodRunner:
         stopped = processes.stop(leftovers)
         if stopped:
             log.info("stopped %d processes left by an earlier runner: %s", len(stopped), ", ".join(stopped))
+        self.ready_file.unlink(missing_ok=True)
         self._save_pids()
 
     def _save_pids(self) -> None:
+        if not self.layout.state_dir.is_dir():  # removed by `drs dev down`: never create it again
+            return
         me = processes.Tracked(RUNNER_NAME, os.getpid(), self.python, str(self.layout.log(RUNNER_NAME)))
-        live = [pp for pp in [*self.by_uid.values(), *self.stopping] if pp.alive and pp.proc is not None]
         children = [
             processes.Tracked(f"pod {pp.label}", pp.proc.pid, self.python, str(pp.workdir / "log"))
-            for pp in live
-            if pp.proc
+            for pp in [*self.by_uid.values(), *self.stopping]
+            if pp.proc is not None and pp.proc.returncode is None
         ]
         processes.save(self.pids_file, [me, *children])
 
     async def _watch_control_plane(self) -> None:
         """Stop everything when the cluster's own processes are gone (``drs dev down``)."""
-        while True:
+        while self._control_plane_running():
             await asyncio.sleep(CONTROL_PLANE_CHECK_S)
-            components = processes.load(self.layout.pids_file)
-            if not components or not all(processes.is_running(t) for t in components):
-                log.warning("the control plane of %s is not running: stopping", self.layout.state_dir)
-                self.shutdown.set()
-                return
+
+    def _control_plane_running(self) -> bool:
+        components = processes.load(self.layout.pids_file)
+        if components and all(processes.is_running(t) for t in components):
+            return True
+        if not self.shutdown.is_set():
+            log.warning("the control plane of %s is not running: stopping", self.layout.state_dir)
+            self.shutdown.set()
+        return False
 
     # ------------------------------------------------------------------ list + watch
     async def _watch_pods(self) -> None:
         while True:
             try:
                 version = await self._relist()
-                if not self.ready_file.exists():
+                if not self.ready_file.exists():  # the first list is done: start_runner may return
                     self.ready_file.write_text(str(os.getpid()))
                     log.info("watching pods (resourceVersion %s)", version)
                 while True:
@@ -369,6 +375,8 @@ class PodRunner:
     async def _supervise_once(self, pp: PodProcess) -> None:
         """One start of the process and, after it exits on its own, the back-off before the next."""
         await self._wait_node_quiet(pp)
+        if not self._control_plane_running():  # a process killed by `drs dev down` is not restarted
+            await asyncio.Event().wait()  # until the shutdown cancels this supervisor
         try:
             argv, env = await self._command_line(pp)
             pp.probe = readiness_probe(first_container(pp.pod))
