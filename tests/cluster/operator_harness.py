@@ -1,0 +1,208 @@
+"""Running the real operator (``drs operator`` as a subprocess) against the session control plane,
+and the reading helpers the operator tests share."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+from drs_devcluster.testing import RunningCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+DRS = str(Path(sys.executable).parent / "drs")
+WAIT_S = 90.0
+POLL_S = 0.3
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class OperatorProcess:
+    """One ``drs operator`` process; its metrics are read from its /metrics endpoint."""
+
+    def __init__(self, cluster: RunningCluster, log: Path, resync_s: float = 3.0, leader_election: bool = True) -> None:
+        self.cluster = cluster
+        self.log = log
+        self.metrics_port = free_port()
+        self.health_port = free_port()
+        self.args = [
+            DRS,
+            "operator",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--health-port",
+            str(self.health_port),
+            "--resync-seconds",
+            str(resync_s),
+            "--watch-timeout",
+            "30",
+            "--lease-namespace",
+            "default",
+            "--leader-election" if leader_election else "--no-leader-election",
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen(
+            self.args, env=self.cluster.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        wait_for("the operator's metrics endpoint", lambda: self.metrics() is not None, timeout=60)
+        return self
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def metrics(self) -> dict[str, float] | None:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def writes(self) -> float:
+        m = self.metrics() or {}
+        return sum(v for k, v in m.items() if k.startswith("drs_operator_api_writes_total"))
+
+    def reconciles(self) -> float:
+        m = self.metrics() or {}
+        return sum(v for k, v in m.items() if k.startswith("drs_operator_reconciles_total"))
+
+
+@contextlib.contextmanager
+def running_operator(cluster: RunningCluster, log: Path, **kw: Any) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(cluster, log, **kw).start()
+    try:
+        yield op
+    finally:
+        op.kill(signal.SIGTERM)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(POLL_S)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {str(last)[:2000]}")
+
+
+def get_json(cluster: RunningCluster, *args: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+    return out
+
+
+def load_example(name: str, **overrides: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load((ROOT / "examples" / name).read_text())
+    return copy.deepcopy(doc)
+
+
+def apply(cluster: RunningCluster, namespace: str, obj: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(obj))
+
+
+def drs_status(cluster: RunningCluster, namespace: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = get_json(cluster, "drs", "-n", namespace, name).get("status") or {}
+    return status
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def wait_ready(
+    cluster: RunningCluster, namespace: str, name: str, replicas: int, timeout: float = WAIT_S
+) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        st = drs_status(cluster, namespace, name)
+        gen = get_json(cluster, "drs", "-n", namespace, name)["metadata"]["generation"]
+        ok = (
+            st.get("observedGeneration") == gen
+            and st.get("readyReplicas") == replicas
+            and st.get("replicas") == replicas
+            and condition(st, "Progressing").get("status") == "False"
+        )
+        return st if ok else None
+
+    result: dict[str, Any] = wait_for(f"{name} to be Ready with {replicas} replicas", ready, timeout)
+    return result
+
+
+def pods(cluster: RunningCluster, namespace: str, selector: str = "disagg.dev/replicaset") -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
+    return items
+
+
+def engine_pods(cluster: RunningCluster, namespace: str) -> dict[str, dict[str, Any]]:
+    return {
+        p["metadata"]["name"]: p
+        for p in pods(cluster, namespace, "disagg.dev/role in (prefill,decode)")
+        if not p["metadata"].get("deletionTimestamp")
+    }
+
+
+def models_volume(cluster: RunningCluster, namespace: str) -> None:
+    """A bound PVC named ``models`` (the examples mount one), backed by a static hostPath PV."""
+    pv = re.sub(r"[^a-z0-9-]", "-", f"models-{namespace}")[:63]
+    cluster.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadOnlyMany"],
+                    "hostPath": {"path": "/tmp/drs-models"},
+                    "claimRef": {"namespace": namespace, "name": "models"},
+                    "persistentVolumeReclaimPolicy": "Delete",
+                },
+            }
+        ),
+    )
+    apply(
+        cluster,
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "models"},
+            "spec": {
+                "accessModes": ["ReadOnlyMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    )
