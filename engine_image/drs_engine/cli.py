@@ -6,18 +6,32 @@ the command exits at once with status 1, naming the port.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from drs_engine.config import build_config, load_config_file
 from drs_engine.server.control import TOKEN_ENV
 
+#: Environment variable holding the engine config as JSON (rendered by the operator).
+CONFIG_JSON_ENV = "DRS_ENGINE_CONFIG_JSON"
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
+
+
+def parse_config_json(text: str | None) -> dict[str, Any] | None:
+    """The engine config given as JSON text (``--config-json`` / ``$DRS_ENGINE_CONFIG_JSON``)."""
+    if not text:
+        return None
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{CONFIG_JSON_ENV}: the engine config must be a JSON object")
+    return data
 
 
 def read_control_token(token_file: str | None) -> str | None:
@@ -46,6 +60,12 @@ def read_control_token(token_file: str | None) -> str | None:
     help="Engine config, YAML or JSON (drs_engine.config.EngineConfig).",
 )
 @click.option(
+    "--config-json",
+    envvar=CONFIG_JSON_ENV,
+    default=None,
+    help=f"Engine config as JSON text (else ${CONFIG_JSON_ENV}; the operator sets it from the role's ConfigMap).",
+)
+@click.option(
     "--control-token-file",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
@@ -65,6 +85,7 @@ def engine(
     host: str | None,
     advertise_url: str | None,
     config_file: str | None,
+    config_json: str | None,
     control_token_file: str | None,
     sim_speed: float | None,
     log_level: str,
@@ -77,7 +98,7 @@ def engine(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(
-            load_config_file(config_file) if config_file else None,
+            load_config_file(config_file) if config_file else parse_config_json(config_json),
             backend=backend,
             role=role,
             port=port,
