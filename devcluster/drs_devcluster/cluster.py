@@ -182,9 +182,10 @@ class DevCluster:
     def down(self) -> list[str]:
         """Stop every process this cluster started (by pid) and remove its state directory."""
         tracked = processes.load(self.layout.pids_file)
-        # The runner of simulated pods (if any) records its processes in the same directory.
-        extra = self.layout.state_dir / "runner-pids.json"
-        tracked = processes.load(extra) + list(reversed(tracked))
+        # What runs on top of the control plane (the pod runner and its pods, a demo's operator)
+        # records its processes in ``*-pids.json`` files of the same directory: stopped first.
+        extra = [t for f in sorted(self.layout.state_dir.glob("*-pids.json")) for t in processes.load(f)]
+        tracked = extra + list(reversed(tracked))
         stopped = processes.stop(tracked)
         if self.layout.state_dir.exists():
             shutil.rmtree(self.layout.state_dir)

@@ -16,6 +16,7 @@ it writes.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime
@@ -47,6 +48,10 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_REQUEUE_S: Final = 2.0
 #: Next look when replicas cannot be placed (node events also trigger a reconcile).
 UNPLACED_REQUEUE_S: Final = 15.0
+#: Write requests in flight at once within one reconcile.
+APPLY_CONCURRENCY: Final = 16
+#: The order children are applied in: what others read first, frontends last.
+APPLY_PHASES: Final = (("ConfigMap", "Service", "Secret"), ("Pod",), ("Deployment",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,8 +119,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     # 6. apply
     if not live.of("Secret") and any(r.placed for r in placement.replicas):
         await ctx.applier.create(build_control_secret(owner))
-    for action in rollout.actions:
-        await _apply(ctx.applier, namespace, action)
+    await _apply_all(ctx.applier, namespace, rollout.actions)
 
     # 7. status and events
     observed = Observed(
@@ -165,6 +169,19 @@ def _moved(prior: Placement | None, placement: Placement) -> list[int]:
         return []
     before = {r.index: r.nodes for r in prior.replicas if r.placed}
     return [r.index for r in placement.replicas if r.placed and r.index in before and r.nodes != before[r.index]]
+
+
+async def _apply_all(applier: Applier, namespace: str, actions: tuple[Action, ...]) -> None:
+    """Apply in phases by kind (configs and Services, then engine pods, then frontends), each phase
+    with at most APPLY_CONCURRENCY requests in flight."""
+    limit = asyncio.Semaphore(APPLY_CONCURRENCY)
+
+    async def one(action: Action) -> None:
+        async with limit:
+            await _apply(applier, namespace, action)
+
+    for kinds in APPLY_PHASES:
+        await asyncio.gather(*(one(a) for a in actions if a.kind in kinds))
 
 
 async def _apply(applier: Applier, namespace: str, action: Action) -> None:

@@ -1,0 +1,162 @@
+"""`make demo`: the main job, end to end, on the local control plane.
+
+1. bring up the dev control plane with simulated HGX GPU nodes (reused when already up);
+2. install the CRD, start the operator and the local pod runner (which runs our pods' commands as
+   processes bound to their nodes' loopback addresses);
+3. apply examples/local-sim.yaml (sim engines: the CPU test double of a GPU engine) and wait,
+   showing progress, until the DisaggReplicaSet is Ready;
+4. read `status.urls` and drive multi-turn conversations through them with the official `openai`
+   client, exactly as NeMo-Gym does (sha256(session) % len(urls)), printing which prefill and
+   decode engines served each turn and how many prompt tokens the prefill engine's cache held.
+
+Everything keeps running afterwards; `make demo-down` (`drs dev down`) stops all of it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from drs_devcluster import build, processes, runner
+from drs_devcluster.cluster import DevCluster
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "local-sim.yaml"
+NAME = "local-sim"
+READY_TIMEOUT_S = 180.0
+TURNS = 3
+CONVERSATIONS = 4
+
+
+def say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def kubectl(cluster: DevCluster, *args: str, input: str | None = None) -> str:
+    out = subprocess.run(
+        [str(cluster.layout.bin_dir / "kubectl"), *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)},
+        timeout=120,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout
+
+
+def ensure_cluster() -> DevCluster:
+    cluster = DevCluster.at()
+    status = cluster.status()
+    if status["components"] and all(c["running"] for c in status["components"].values()):
+        say(f"reusing the running dev cluster ({status.get('nodes')})")
+        return DevCluster.at(bin_dir=build.bin_dir())
+    cluster.down()
+    cluster = DevCluster.at()
+    cluster.up("hgx", 4)
+    return cluster
+
+
+def ensure_operator(cluster: DevCluster) -> None:
+    pids = cluster.layout.state_dir / "operator-pids.json"
+    if any(processes.is_running(t) for t in processes.load(pids)):
+        say("operator already running")
+        return
+    log = cluster.layout.log("operator")
+    drs = str(Path(sys.executable).parent / "drs")
+    env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)}
+    argv = [drs, "operator", "--metrics-port", "19090", "--health-port", "18080", "--lease-namespace", "default"]
+    tracked = processes.start("operator", argv, log, env=env)
+    processes.save(pids, [tracked])
+    say(f"operator started (pid {tracked.pid}, log {log}, metrics http://127.0.0.1:19090/metrics)")
+
+
+def wait_ready(cluster: DevCluster) -> dict[str, Any]:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    last = ""
+    while time.monotonic() < deadline:
+        body = json.loads(kubectl(cluster, "get", "drs", NAME, "-o", "json"))
+        st = body.get("status") or {}
+        progress = next((c["message"] for c in st.get("conditions", []) if c["type"] == "Progressing"), "")
+        line = f"phase={st.get('phase')} ready={st.get('readyReplicas', 0)}/{st.get('replicas', '?')} {progress}"
+        if line != last:
+            say(line)
+            last = line
+        if st.get("phase") == "Ready" and st.get("observedGeneration") == body["metadata"]["generation"]:
+            return st
+        time.sleep(1)
+    raise SystemExit(f"{NAME} not Ready after {READY_TIMEOUT_S:.0f}s; see `kubectl describe drs {NAME}` and the logs")
+
+
+def prefix_cache_hits(engine_urls: list[str]) -> tuple[float, float]:
+    query = hit = 0.0
+    for url in engine_urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            for line in resp.read().decode().splitlines():
+                if line.startswith("drs_engine_prefix_cache_query_tokens_total"):
+                    query += float(line.split()[-1])
+                elif line.startswith("drs_engine_prefix_cache_hit_tokens_total"):
+                    hit += float(line.split()[-1])
+    return query, hit
+
+
+def drive(status: dict[str, Any]) -> None:
+    import openai
+
+    urls: list[str] = status["urls"]
+    prefills = [e["url"] for r in status["replicaStatuses"] for e in r["engines"] if e["role"] == "prefill"]
+    say(f"status.urls ({len(urls)} frontends, replica-major): {urls}")
+    for c in range(CONVERSATIONS):
+        session = f"demo-session-{c}"
+        url = urls[int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)]
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=2, timeout=60)
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a terse assistant."}]
+        for turn in range(TURNS):
+            messages.append({"role": "user", "content": f"Turn {turn} of conversation {c}: say something."})
+            q0, h0 = prefix_cache_hits(prefills)
+            raw = client.chat.completions.with_raw_response.create(
+                model="sim-qwen3",
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=12,
+                extra_body={"conversation_params": {"conversation_id": session}},
+            )
+            reply = raw.parse()
+            q1, h1 = prefix_cache_hits(prefills)
+            text = reply.choices[0].message.content or ""
+            messages.append({"role": "assistant", "content": text})
+            say(
+                f"{session} turn {turn} via {url}: prefill={raw.headers.get('x-drs-prefill')} "
+                f"decode={raw.headers.get('x-drs-decode')} prompt={reply.usage.prompt_tokens if reply.usage else '?'} "
+                f"tokens, prefix-cache hits {h1 - h0:.0f}/{q1 - q0:.0f}"
+            )
+
+
+def main() -> None:
+    cluster = ensure_cluster()
+    kubectl(cluster, "apply", "-f", str(ROOT / "crds"))
+    kubectl(cluster, "wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
+    ensure_operator(cluster)
+    if runner.running_runner(cluster) is None:
+        runner.start_runner(cluster)
+    say("pod runner started (runs pods whose command is `drs` as local processes on their node's address)")
+    kubectl(cluster, "apply", "-f", str(EXAMPLE))
+    say(f"applied {EXAMPLE.relative_to(ROOT)}; waiting for Ready")
+    status = wait_ready(cluster)
+    print(kubectl(cluster, "get", "drs", "-o", "wide"), flush=True)
+    drive(status)
+    say(
+        f"done. The fleet keeps running: export KUBECONFIG={cluster.layout.kubeconfig}; `make demo-down` stops everything."
+    )
+
+
+if __name__ == "__main__":
+    main()
