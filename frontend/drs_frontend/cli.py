@@ -7,6 +7,7 @@ bound the command exits at once with status 1, naming the port.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from pathlib import Path
@@ -18,8 +19,18 @@ EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
 
 
+#: Environment variable holding the config as JSON (the operator sets it from the replica's ConfigMap).
+CONFIG_JSON_ENV = "DRS_FRONTEND_CONFIG_JSON"
+
+
 @click.command(name="frontend")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option(
+    "--config-json",
+    envvar=CONFIG_JSON_ENV,
+    default=None,
+    help=f"The config as JSON text (else ${CONFIG_JSON_ENV}); --config wins when both are given.",
+)
 @click.option("--prefill", multiple=True, help="Prefill engine base URL (repeat for each engine).")
 @click.option("--decode", multiple=True, help="Decode engine base URL (repeat for each engine).")
 @click.option("--host", default=None, help="Listening address (default 0.0.0.0).")
@@ -31,12 +42,14 @@ EXIT_STARTUP_FAILED = 3
 @click.option("--tokenize/--no-tokenize", default=None, help="Render and tokenize on the frontend.")
 @click.option("--upstream-client", type=click.Choice(["aiohttp", "httpx"]), default=None)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
-def frontend(config_file: Path | None, prefill: tuple[str, ...], decode: tuple[str, ...], **flags: Any) -> None:
+def frontend(
+    config_file: Path | None, config_json: str | None, prefill: tuple[str, ...], decode: tuple[str, ...], **flags: Any
+) -> None:
     """Run one frontend relay (OpenAI-compatible) in front of a replica's engines."""
     from pydantic import ValidationError
 
     from drs_frontend.asgi import FrontendApp
-    from drs_frontend.config import load_config
+    from drs_frontend.config import FrontendConfig, load_config
     from drs_frontend.server import BindError, bind_socket, uvicorn_server
 
     overrides: dict[str, Any] = dict(flags)
@@ -45,7 +58,13 @@ def frontend(config_file: Path | None, prefill: tuple[str, ...], decode: tuple[s
     if decode:
         overrides["decode"] = list(decode)
     try:
-        config = load_config(config_file, overrides)
+        if config_file is None and config_json:
+            base = json.loads(config_json)
+            if not isinstance(base, dict):
+                raise ValueError(f"{CONFIG_JSON_ENV}: the frontend config must be a JSON object")
+            config = FrontendConfig.model_validate({**base, **{k: v for k, v in overrides.items() if v is not None}})
+        else:
+            config = load_config(config_file, overrides)
     except (ValidationError, ValueError, OSError) as exc:
         raise click.ClickException(f"invalid frontend config: {exc}") from exc
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
