@@ -33,6 +33,13 @@ NAME = "local-sim"
 READY_TIMEOUT_S = 180.0
 TURNS = 3
 CONVERSATIONS = 4
+#: Long enough to fill several 32-token cache blocks, as a real agent's system prompt does.
+SYSTEM_PROMPT = (
+    "You are a careful assistant inside a reinforcement-learning rollout. Answer briefly, keep the "
+    "conversation's earlier turns in mind, never invent tool results, and when a question is "
+    "ambiguous say what you assumed. Prefer short sentences. Use plain text without markdown. "
+    "If the user asks for code, give the smallest example that runs."
+)
 
 
 def say(msg: str) -> None:
@@ -119,7 +126,7 @@ def drive(status: dict[str, Any]) -> None:
         session = f"demo-session-{c}"
         url = urls[int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)]
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=2, timeout=60)
-        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a terse assistant."}]
+        messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
         for turn in range(TURNS):
             messages.append({"role": "user", "content": f"Turn {turn} of conversation {c}: say something."})
             q0, h0 = prefix_cache_hits(prefills)
