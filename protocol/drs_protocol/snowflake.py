@@ -70,4 +70,4 @@ def rotate_into_range(raw: int) -> int:
 def node_id_of(request_id: int) -> int:
     """The node id field of an id minted by :class:`SnowflakeMinter` (ids minted after rotation)."""
     raw = request_id - MIN_ID
-    return (raw >> (PROCESS_ID_BITS + COUNTER_BITS)) & (2**NODE_ID_BITS - 1)
+    return (raw >> (PROCESS_ID_BITS + COUNTER_BITS)) & ((1 << NODE_ID_BITS) - 1)
