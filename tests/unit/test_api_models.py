@@ -190,6 +190,9 @@ PURE_MODULES = [
     "drs_operator.nodepool",
     "drs_operator.layout",
     "drs_operator.crd",
+    "drs_operator.manifests",
+    "drs_operator.rollout",
+    "drs_operator.conditions",
 ]
 
 
