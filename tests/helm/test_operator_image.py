@@ -14,8 +14,6 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-import pytest
-
 from .chart import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -98,7 +96,6 @@ def test_the_dockerignore_keeps_caches_out_but_nothing_the_dockerfiles_copy() ->
         assert top not in ignored, source
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="lists the build context with git ls-files")
 def test_the_wheel_builds_from_exactly_the_copied_paths(tmp_path: Path) -> None:
     """What `pip install .` does in the build stage, on a context holding only what COPY copies
     (tracked files, as a clean checkout has them). Needs hatchling from the package index, like
