@@ -33,8 +33,9 @@ class RequestError(FrontendError, ValueError):
 class EngineRejected(FrontendError):
     """An engine answered with a client error; the client gets the same status and body."""
 
-    def __init__(self, url: str, status: int, body: bytes, content_type: str) -> None:
-        super().__init__(f"{url} answered {status}")
+    def __init__(self, role: str, url: str, status: int, body: bytes, content_type: str) -> None:
+        super().__init__(f"{role} engine {url} answered {status}")
+        self.role = role
         self.url = url
         self.status = status
         self.body = body

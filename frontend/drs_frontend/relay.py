@@ -145,6 +145,10 @@ class Relay:
             reply = Reply(exc.status, JSON, dumps(error_body(exc.status, exc.message, param=exc.param)))
         except EngineRejected as exc:
             reply = Reply(exc.status, exc.content_type or JSON, exc.body)
+            if exc.role == self.prefill.role:
+                turn.prefill = exc.url
+            else:
+                turn.decode = exc.url
         except NoEngineAvailable as exc:
             reply = Reply(503, JSON, dumps(error_body(503, str(exc), role=exc.role)))
         except UpstreamProtocolError as exc:
@@ -292,7 +296,7 @@ class Relay:
     def _rejected(self, pool: EnginePool, url: str, response: UpstreamResponse) -> EngineRejected:
         kind = "status_4xx" if response.status < 500 else "status_5xx"
         self.metrics.upstream_errors.labels(role=pool.role, kind=kind).inc()
-        return EngineRejected(url, response.status, response.body, response.content_type)
+        return EngineRejected(pool.role, url, response.status, response.body, response.content_type)
 
     async def _post_leg(
         self,

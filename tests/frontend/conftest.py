@@ -6,6 +6,7 @@ never emit EOS unless asked, so no test sleeps and every generation runs to ``ma
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -106,6 +107,23 @@ def metric_value(text: str, name: str, labels: str = "") -> float:
         if line.startswith(prefix):
             return float(line[len(prefix) :])
     return 0.0
+
+
+async def wait_for_status(client: httpx.AsyncClient, url: str, status: int, deadline: float = 10.0) -> httpx.Response:
+    """GET ``url`` until it answers ``status`` (the health prober runs in the background)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline
+    while True:
+        resp = await client.get(url)
+        if resp.status_code == status or loop.time() > end:
+            return resp
+        await asyncio.sleep(0.05)
+
+
+async def stop_engine(engine: RunningEngine) -> None:
+    """Stop a running engine server: its port refuses connections from now on."""
+    engine.server.should_exit = True
+    await engine.task
 
 
 def chat_body(content: str = "Hello there", **extra: Any) -> dict[str, Any]:
