@@ -35,7 +35,7 @@ def _key(namespace: str | None, name: str) -> str:
 
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Configure kopf, win the leader lease, start the workers and the periodic resync."""
+    """Configure kopf; start winning the leader Lease, after which the workers run (``_lead``)."""
     opts = memo.options
     settings.peering.standalone = True  # leadership comes from our Lease (leader.py)
     settings.posting.level = logging.WARNING
@@ -44,23 +44,32 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
     settings.execution.max_workers = 4
     memo.api = await make_api_client()
-    if opts.leader_election:
-        memo.elector = LeaderElector(memo.api, opts.lease_namespace)
+    memo.queue = WorkQueue()  # watches enqueue from now on; nothing is reconciled before leadership
+    memo.stop = asyncio.Event()
+    memo.lost = asyncio.Event()
+    memo.elector = LeaderElector(memo.api, opts.lease_namespace) if opts.leader_election else None
+    memo.metrics.is_leader.set(0)
+    # Not awaited here: kopf serves /healthz only once startup handlers return, and a follower
+    # waiting for the Lease must answer its liveness probe.
+    memo.lead_task = asyncio.create_task(_lead(memo))
+
+
+async def _lead(memo: kopf.Memo) -> None:
+    """Win the Lease (when electing), then run the workers and the periodic resync."""
+    opts = memo.options
+    if memo.elector is not None:
         await memo.elector.acquire()
-        memo.lost = asyncio.Event()
         memo.hold_task = asyncio.create_task(memo.elector.hold(memo.lost))
         memo.lost_task = asyncio.create_task(_stop_when_lost(memo))
     memo.metrics.is_leader.set(1)
-    memo.queue = WorkQueue()
-    memo.stop = asyncio.Event()
     ctx = Context(api=memo.api, applier=Applier(memo.api, memo.metrics), metrics=memo.metrics)
 
     async def work(key: str) -> float | None:
         namespace, name = key.split("/", 1)
         return await reconcile(ctx, namespace, name)
 
-    memo.workers_task = asyncio.create_task(run_workers(memo.queue, opts.workers, work, memo.stop))
     memo.resync_task = asyncio.create_task(_resync(memo.queue, opts.resync_s))
+    await run_workers(memo.queue, opts.workers, work, memo.stop)
 
 
 async def _resync(queue: WorkQueue, every: float) -> None:
@@ -82,13 +91,13 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     if hasattr(memo, "stop"):
         memo.stop.set()
         memo.queue.shutdown()
-    for name in ("workers_task", "resync_task", "hold_task", "lost_task"):
+    for name in ("lead_task", "resync_task", "hold_task", "lost_task"):
         task = getattr(memo, name, None)
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-    if getattr(memo, "elector", None) is not None and not memo.lost.is_set():
+    if getattr(memo, "elector", None) is not None and not memo.lost.is_set() and memo.elector.last_renewed:
         await memo.elector.release()
     if getattr(memo, "api", None) is not None:
         await memo.api.close()

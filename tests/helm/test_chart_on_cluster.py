@@ -440,11 +440,6 @@ def test_the_operator_under_the_service_account_token_reconciles_an_example_and_
     assert not first.errors() + second.errors()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="drs operator serves /healthz only once its kopf startup handler has the Lease (handlers.py start), "
-    "so the chart's liveness probe restarts every follower; see helm/README.md",
-)
 def test_a_follower_answers_healthz_so_the_liveness_probe_keeps_it(
     devcluster: RunningCluster, scoped_release: Release, tmp_path: Path
 ) -> None:
