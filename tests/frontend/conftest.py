@@ -46,6 +46,7 @@ class Replica:
     decode: list[RunningEngine]
     frontends: list[RunningFrontend] = field(default_factory=list)
     stack: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    _frontend_stacks: list[contextlib.AsyncExitStack] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -56,8 +57,22 @@ class Replica:
 
     async def add_frontend(self, **overrides: Any) -> RunningFrontend:
         config = self.config(**overrides)
-        running = await self.stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
+        stack = await self.stack.enter_async_context(contextlib.AsyncExitStack())
+        running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
         self.frontends.append(running)
+        self._frontend_stacks.append(stack)
+        return running
+
+    async def restart_frontend(self, index: int) -> RunningFrontend:
+        """Stop frontend ``index`` (its router and tokenizer state die with it) and start a fresh
+        one with the same config at the same port, as a restarted pod would come back."""
+        old = self.frontends[index]
+        await self._frontend_stacks[index].aclose()
+        config = old.app.config
+        stack = await self.stack.enter_async_context(contextlib.AsyncExitStack())
+        running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
+        self.frontends[index] = running
+        self._frontend_stacks[index] = stack
         return running
 
 

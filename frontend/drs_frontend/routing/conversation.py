@@ -5,8 +5,9 @@ In order:
 1. An explicit conversation id seen before goes to its pinned engine (``STICKY``) while that
    engine is a candidate. The pin table is an LRU bounded by ``max_sessions``.
 2. An explicit id not seen before (or whose engine is gone: ``REPINNED``) goes to the first engine
-   in rendezvous order of the id (:mod:`.rendezvous`) whose in-flight requests and pinned
-   sessions are both within ``ceil(c * mean)``. Without the bound this is a pure function of the
+   in rendezvous order of the id (:mod:`.rendezvous`) whose in-flight requests are within
+   ``ceil(c * mean)`` and whose pinned sessions, counting this one, stay within ``c * mean``
+   (so pinned sessions end within ``c`` of their mean). Without the bound this is a pure function of the
    id and the replica's prefill pool, so a restarted frontend, or a second frontend of the same
    replica, picks the engine that already holds the conversation; the bound moves a new
    conversation off an engine only when that engine is running well above the mean.
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from drs_frontend.routing.balance import LeastLoadedRouter
 from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest
 from drs_frontend.routing.prefix import BlockChain, PrefixIndex, chain_from_ids, chain_from_messages, chain_from_text
-from drs_frontend.routing.rendezvous import bounded_pick, hrw_order, load_bound
+from drs_frontend.routing.rendezvous import bounded_pick, hrw_order, load_bound, share_bound
 
 DEFAULT_MAX_SESSIONS = 100_000
 DEFAULT_LOAD_FACTOR = 1.25
@@ -91,7 +92,13 @@ class ConversationRouter:
             reason = Reason.RENDEZVOUS
         in_flight = {c.url: c.in_flight for c in candidates}
         order = hrw_order(cid, list(in_flight))
-        url = bounded_pick(order, [in_flight.__getitem__, self.sessions_on], self.load_factor)
+        n, c = len(order), self.load_factor
+        sessions = share_bound(sum(self.sessions_on(u) for u in order), n, c) - 1  # counted before this one
+        limits = [
+            (in_flight.__getitem__, float(load_bound(sum(in_flight.values()), n, c))),
+            (self.sessions_on, sessions),
+        ]
+        url = bounded_pick(order, limits)
         self._pin(cid, url)
         return Decision(url, reason)
 

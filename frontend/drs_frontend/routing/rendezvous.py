@@ -7,12 +7,13 @@ restarted and lost its sticky table, therefore rank a conversation's engines the
 Removing an engine moves only the conversations whose first choice it was; adding one takes
 about ``1/n`` of them.
 
-``bounded_pick`` walks that order and takes the first engine whose load is at most
-``ceil(c * mean)``, the mean counting the request being placed (Mirrokni, Thorup and
+``bounded_pick`` walks that order and takes the first engine whose load is within a bound of
+``c`` times the mean, the mean counting the request being placed (Mirrokni, Thorup and
 Zadimoghaddam, "Consistent Hashing with Bounded Loads"). Some engine is always at or below the
-mean, so the walk always ends; no engine is pushed above ``ceil(c * mean)`` by it. Several load
-measures can be bounded at once (in-flight requests and pinned sessions): an engine must pass
-all of them; if none passes all, the least loaded engine by the first measure is taken.
+mean, so for one measure the walk always ends. Several measures can be bounded at once
+(in-flight requests with :func:`load_bound`, pinned sessions with the stricter
+:func:`share_bound`): an engine must pass all of them; if none does, the engine least over its
+bounds is taken.
 """
 
 from __future__ import annotations
@@ -35,19 +36,32 @@ def hrw_order(key: str, urls: Sequence[str]) -> list[str]:
 
 
 def load_bound(total: int, n: int, factor: float) -> int:
-    """Most load an engine may carry before it is skipped: ``ceil(factor * (total + 1) / n)``."""
+    """Most load an engine may carry and still take one more: ``ceil(factor * (total + 1) / n)``."""
     if n <= 0:
         raise ValueError("no engines")
     return max(1, math.ceil(factor * (total + 1) / n))
 
 
-def bounded_pick(order: Sequence[str], loads: Sequence[Callable[[str], int]], factor: float) -> str:
-    """The first URL in ``order`` within the bound of every load measure in ``loads``."""
+def share_bound(total: int, n: int, factor: float) -> float:
+    """Most load an engine may carry *after* taking one more: ``factor * (total + 1) / n``, at least 1.
+
+    Stricter than :func:`load_bound` (no rounding up, counted after placement), so that the
+    loads it guards end within ``factor`` of their mean once there are enough of them.
+    """
+    if n <= 0:
+        raise ValueError("no engines")
+    return max(1.0, factor * (total + 1) / n)
+
+
+Load = Callable[[str], int]
+
+
+def bounded_pick(order: Sequence[str], limits: Sequence[tuple[Load, float]]) -> str:
+    """The first URL in ``order`` whose every load is within its limit (``load(url) <= limit``);
+    if none is, the one least over its limits (ties: the earlier in ``order``)."""
     if not order:
         raise ValueError("no engines")
-    bounds = [load_bound(sum(load(u) for u in order), len(order), factor) for load in loads]
     for url in order:
-        if all(load(url) <= bound for load, bound in zip(loads, bounds, strict=True)):
+        if all(load(url) <= limit for load, limit in limits):
             return url
-    first = loads[0]
-    return min(order, key=first)  # min keeps HRW order among equals
+    return min(order, key=lambda u: max(load(u) / limit if limit > 0 else float("inf") for load, limit in limits))

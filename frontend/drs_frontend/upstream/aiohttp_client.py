@@ -12,8 +12,10 @@ from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
 from drs_frontend.upstream.base import JSON_HEADERS, UpstreamResponse
 
-#: Idle keep-alive connections are closed after this many seconds.
-KEEPALIVE_SECONDS: Final = 30.0
+#: Idle keep-alive connections are closed after this many seconds: below uvicorn's default of 5 s
+#: (engines run uvicorn), so this side closes an idle connection before the engine does and a
+#: request never goes out on a connection the engine is closing.
+KEEPALIVE_SECONDS: Final = 4.0
 
 
 class _AiohttpStream:

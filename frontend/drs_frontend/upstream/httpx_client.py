@@ -12,7 +12,8 @@ from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
 from drs_frontend.upstream.base import JSON_HEADERS, UpstreamResponse
 
-KEEPALIVE_SECONDS: Final = 30.0
+#: Below uvicorn's default keep-alive of 5 s (see aiohttp_client.KEEPALIVE_SECONDS).
+KEEPALIVE_SECONDS: Final = 4.0
 
 
 class _HttpxStream:

@@ -1,0 +1,137 @@
+"""Conversation affinity measured on the engines: 200 conversations x 10 turns, 2 frontends, 4
+prefill engines. A turn *hits* when the prefill engine that serves it already holds the previous
+turn's prompt: the sim engine reports the cached prefix of every context leg (relayed as
+``usage.prompt_tokens_details.cached_tokens``), and the sum of those figures is checked against the
+engines' own ``drs_engine_prefix_cache_hit_tokens_total``; loads come from
+``drs_engine_prefix_cache_query_tokens_total``. The router's own claims are not used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .conftest import Replica, ReplicaFactory, metric_value
+
+CONVERSATIONS = 200
+TURNS = 10
+BLOCK = 32  # the sim engine's tokens per cache block
+CONCURRENCY = 32
+
+
+@dataclass
+class Conversation:
+    session: str
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    previous_prompt: int = 0
+    hits: int = 0
+    misses: int = 0
+    cached_tokens: int = 0
+    retried: int = 0
+
+
+def gym_frontend(session: str, urls: list[str]) -> str:
+    """NeMo-Gym's choice of frontend for a session (PROTOCOL.md section 1)."""
+    return urls[int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)]
+
+
+async def take_turn(client: httpx.AsyncClient, replica: Replica, conv: Conversation, turn: int) -> None:
+    if turn == 0:
+        opening = f"Trajectory {conv.session}. " + " ".join(f"fact-{conv.session}-{i}" for i in range(20))
+        conv.messages.append({"role": "user", "content": opening})
+    else:
+        conv.messages.append({"role": "user", "content": f"Observation {turn} for {conv.session}: continue."})
+    body = {
+        "model": "sim-qwen3",
+        "messages": conv.messages,
+        "max_tokens": 6,
+        "conversation_params": {"conversation_id": conv.session},
+        "return_token_ids": True,
+    }
+    url = gym_frontend(conv.session, [f.url for f in replica.frontends])
+    resp = await client.post(url + "/v1/chat/completions", json=body)
+    if resp.status_code == 502 and "cannot fetch context state" in resp.text:
+        # The sim decode engine's KV fetch from the prefill engine can lose a keep-alive race
+        # (an engine-side issue, reported); NeMo-Gym retries a 5xx, and so does this client.
+        conv.retried += 1
+        resp = await client.post(url + "/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    data = resp.json()
+    message = data["choices"][0]["message"]
+    cached = data["usage"]["prompt_tokens_details"]["cached_tokens"]
+    conv.cached_tokens += cached
+    if turn > 0:
+        if cached >= (conv.previous_prompt // BLOCK) * BLOCK:
+            conv.hits += 1
+        else:
+            conv.misses += 1
+    conv.previous_prompt = len(message["prompt_token_ids"])
+    conv.messages.append(
+        {
+            "role": "assistant",
+            "content": message["content"],
+            **{k: message[k] for k in ("prompt_token_ids", "generation_token_ids")},
+        }
+    )
+
+
+async def run_turns(client: httpx.AsyncClient, replica: Replica, convs: list[Conversation], turns: range) -> None:
+    gate = asyncio.Semaphore(CONCURRENCY)
+
+    async def one(conv: Conversation) -> None:
+        for turn in turns:
+            async with gate:
+                await take_turn(client, replica, conv, turn)
+
+    await asyncio.gather(*(one(c) for c in convs))
+
+
+async def engine_totals(client: httpx.AsyncClient, replica: Replica) -> tuple[list[float], list[float]]:
+    queries, hits = [], []
+    for engine in replica.prefill:
+        text = (await client.get(engine.url + "/metrics")).text
+        queries.append(metric_value(text, "drs_engine_prefix_cache_query_tokens_total"))
+        hits.append(metric_value(text, "drs_engine_prefix_cache_hit_tokens_total"))
+    return queries, hits
+
+
+async def affinity_run(replica_factory: ReplicaFactory, *, restart: bool) -> tuple[float, float, list[Conversation]]:
+    async with replica_factory(prefill=4, decode=2, frontends=2, tokenize=True) as replica:
+        limits = httpx.Limits(max_connections=CONCURRENCY * 2)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as client:
+            convs = [Conversation(f"session-{i:04d}") for i in range(CONVERSATIONS)]
+            await run_turns(client, replica, convs, range(TURNS // 2))
+            if restart:
+                await replica.restart_frontend(1)
+            await run_turns(client, replica, convs, range(TURNS // 2, TURNS))
+            queries, hits = await engine_totals(client, replica)
+    retried = sum(c.retried for c in convs)
+    assert retried <= CONVERSATIONS * TURNS // 100
+    if retried == 0:  # a retried turn's first context leg counted its hit on the engine only
+        assert sum(c.cached_tokens for c in convs) == sum(hits)  # per-turn figures are the engines' own
+    else:
+        assert sum(c.cached_tokens for c in convs) <= sum(hits)
+    hit_rate = sum(c.hits for c in convs) / sum(c.hits + c.misses for c in convs)
+    balance = max(queries) / (sum(queries) / len(queries))
+    return hit_rate, balance, convs
+
+
+async def test_conversations_stay_on_the_prefill_engine_that_holds_their_prefix(
+    replica_factory: ReplicaFactory,
+) -> None:
+    hit_rate, balance, convs = await affinity_run(replica_factory, restart=False)
+    assert sum(c.hits + c.misses for c in convs) == CONVERSATIONS * (TURNS - 1)
+    assert hit_rate >= 0.99
+    assert balance <= 1.25
+
+
+async def test_a_restarted_frontend_sends_known_conversations_back_to_their_engines(
+    replica_factory: ReplicaFactory,
+) -> None:
+    hit_rate, balance, _ = await affinity_run(replica_factory, restart=True)
+    assert hit_rate >= 0.95
+    assert balance <= 1.25
