@@ -64,6 +64,8 @@ class _Entry:
     add_generation_prompt: bool
     tokenized: Tokenized
     nbytes: int
+    #: rendered heads (first message + skeleton, by skeleton indices); valid while those messages are kept
+    heads: dict[tuple[int, ...], str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +188,8 @@ class ChatTokenizer:
         start = rendered.anchor_pos if rendered.anchor is not None else 0
         common = start + common_prefix_length(known.text[start:], rendered.text[start:])
         tokenized, new_ids = self._splicer.extend(known, rendered.text, common)
-        self._store(cid, messages, tools, kwargs, agp, tokenized, reuse=(cached, kept))
+        heads = {k: v for k, v in entry.heads.items() if max(k, default=0) < kept}
+        self._store(cid, messages, tools, kwargs, agp, tokenized, reuse=(cached, kept), heads=heads)
         return TurnIds(tokenized.ids, Path.INCREMENTAL if windowed else Path.RERENDERED, new_ids)
 
     def _render_windowed(
@@ -198,22 +201,29 @@ class ChatTokenizer:
         pos = self._block_start(entry, j, tools, kwargs)
         if pos is None:
             return None
-        tail = self._window_tail(messages, j, tools, kwargs, agp)
+        tail = self._window_tail(entry, messages, j, tools, kwargs, agp)
         if tail is None:
             return None
         return _Render(entry.tokenized.text[:pos] + tail, j, pos)
 
-    def _window_tail(self, messages: Sequence[Message], j: int, tools: Any, kwargs: Any, agp: bool) -> str | None:
-        head, window = Window(j, skeleton_for(messages, j)).messages(messages)
-        head_text = self._render(head, tools, kwargs, False)
-        text = self._render(window, tools, kwargs, agp)
+    def _window_tail(
+        self, entry: _Entry, messages: Sequence[Message], j: int, tools: Any, kwargs: Any, agp: bool
+    ) -> str | None:
+        """The rendering of ``messages[j:]`` in context, without the head. ``messages[:j]`` equal
+        the entry's, so the head (first message + skeleton, all before ``j``) is the entry's too."""
+        window = Window(j, skeleton_for(messages, j))
+        head, msgs = window.messages(messages)
+        head_text = entry.heads.get(window.skeleton)
+        if head_text is None:
+            head_text = entry.heads[window.skeleton] = self._render(head, tools, kwargs, False)
+        text = self._render(msgs, tools, kwargs, agp)
         return text[len(head_text) :] if text.startswith(head_text) else None
 
     def _block_start(self, entry: _Entry, j: int, tools: Any, kwargs: Any) -> int | None:
         """Where message ``j``'s block starts in the cached text. The cached conversation's own
         window is rendered and must reproduce the end of the cached text exactly: a template
         whose blocks depend on more than the window rules allow fails this check."""
-        tail = self._window_tail(entry.messages, j, tools, kwargs, entry.add_generation_prompt)
+        tail = self._window_tail(entry, entry.messages, j, tools, kwargs, entry.add_generation_prompt)
         text = entry.tokenized.text
         if tail is None or len(tail) > len(text) or not text.endswith(tail):
             return None
@@ -230,6 +240,7 @@ class ChatTokenizer:
         agp: bool,
         tokenized: Tokenized,
         reuse: tuple[list[dict[str, Any]], int] | None = None,
+        heads: dict[tuple[int, ...], str] | None = None,
     ) -> None:
         if cid is None or self.max_entries == 0:
             return
@@ -242,7 +253,7 @@ class ChatTokenizer:
         self.forget(cid)
         if nbytes > self.max_bytes:
             return
-        self._entries[cid] = _Entry(views, tools, kwargs, agp, tokenized, nbytes)
+        self._entries[cid] = _Entry(views, tools, kwargs, agp, tokenized, nbytes, heads or {})
         self._bytes += nbytes
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
