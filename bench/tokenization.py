@@ -15,29 +15,26 @@ Each figure is the median of ``--repeats`` runs. The last line is one JSON objec
 ``{"bench": "tokenize", "turns": {k: {"full_us", "incremental_us", "speedup", "new_tokens",
 "prompt_tokens"}}, "incremental_turn100_over_turn1": …}``.
 
-    .venv/bin/python bench/tokenize.py [--repeats 15]
+    .venv/bin/python bench/tokenization.py [--repeats 15]
+
+(Not ``bench/tokenize.py``: run as a script, any file in ``bench/`` puts that folder first on
+``sys.path``, where a ``tokenize.py`` shadows the standard library module that ``logging`` imports.)
 """
 
 from __future__ import annotations
 
-import sys
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import time
+from typing import Any
 
-# This file is named like the standard library's ``tokenize``, which ``logging`` and ``inspect``
-# import: run as a script, its folder would come first on sys.path and shadow it.
-sys.path[:] = [p for p in sys.path if p not in ("", __file__.rsplit("/", 1)[0])]
-
-import argparse  # noqa: E402
-import gc  # noqa: E402
-import json  # noqa: E402
-import os  # noqa: E402
-import platform  # noqa: E402
-import random  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from typing import Any  # noqa: E402
-
-from drs_frontend.tokenization import ChatTokenizer  # noqa: E402
-from drs_protocol.chat import load_tokenizer, render_prompt_ids  # noqa: E402
+from drs_frontend.tokenization import ChatTokenizer
+from drs_protocol.chat import load_tokenizer, render_prompt_ids
 
 TURN_POINTS = (1, 10, 30, 100)
 WORDS = [
