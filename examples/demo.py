@@ -104,6 +104,24 @@ def wait_ready(cluster: DevCluster) -> dict[str, Any]:
     raise SystemExit(f"{NAME} not Ready after {READY_TIMEOUT_S:.0f}s; see `kubectl describe drs {NAME}` and the logs")
 
 
+def wait_serving(urls: list[str]) -> None:
+    """Until every frontend answers /ready (kwok reports a pod Ready the instant it starts it; the
+    pod runner corrects that from the real probe within milliseconds, so check the real thing)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    pending = list(urls)
+    while pending and time.monotonic() < deadline:
+        for url in list(pending):
+            try:
+                with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+                    if resp.status == 200:
+                        pending.remove(url)
+            except OSError:
+                pass
+        time.sleep(0.5)
+    if pending:
+        raise SystemExit(f"frontends not serving after {READY_TIMEOUT_S:.0f}s: {pending}")
+
+
 def prefix_cache_hits(engine_urls: list[str]) -> tuple[float, float]:
     query = hit = 0.0
     for url in engine_urls:
@@ -159,6 +177,7 @@ def main() -> None:
     say(f"applied {EXAMPLE.relative_to(ROOT)}; waiting for Ready")
     status = wait_ready(cluster)
     print(kubectl(cluster, "get", "drs", "-o", "wide"), flush=True)
+    wait_serving(status["urls"])
     drive(status)
     say(
         f"done. The fleet keeps running: export KUBECONFIG={cluster.layout.kubeconfig}; `make demo-down` stops everything."

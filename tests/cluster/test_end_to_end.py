@@ -14,7 +14,7 @@ import openai
 import pytest
 from drs_devcluster import runner
 from drs_devcluster.testing import RunningCluster
-from operator_harness import ROOT, OperatorProcess, apply, wait_ready
+from operator_harness import ROOT, OperatorProcess, apply, wait_for, wait_ready
 
 pytestmark = pytest.mark.cluster
 
@@ -72,6 +72,13 @@ def test_a_chat_turn_sent_to_a_status_url_is_served_by_that_replicas_engines(
     assert len(urls) == 4 and all(u.startswith("http://127.0.") for u in urls)
     assert [u.rsplit(":", 1)[1] for u in urls] == ["18300", "18301", "18302", "18303"]
 
+    def serving() -> bool:  # the frontends' own /ready: both of their engines answer
+        try:
+            return all(urllib.request.urlopen(f"{u}/ready", timeout=2).status == 200 for u in urls)
+        except OSError:
+            return False
+
+    wait_for("every frontend to serve", serving, timeout=60)
     session = "trajectory-42"
     index = int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)
     replica = status["replicaStatuses"][index // 2]
