@@ -1,0 +1,136 @@
+"""``drs frontend``: flags over the config file, serving at start, and a port that cannot be bound."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from drs_cli.main import main as drs
+from drs_frontend.config import FrontendConfig, load_config
+
+DRS = str(Path(sys.executable).parent / "drs")
+
+
+def test_flags_override_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "frontend.yaml"
+    path.write_text(
+        "prefill: [http://a:1, http://b:2]\ndecode: [http://c:3]\nnode_id: 4\nport: 8304\ntokenize: true\nctx_router: round_robin\n"
+    )
+    config = load_config(path, {"port": 9000, "node_id": None, "decode": ["http://d:4"], "tokenize": False})
+    assert config.port == 9000
+    assert config.node_id == 4
+    assert config.decode == ["http://d:4"]
+    assert config.prefill == ["http://a:1", "http://b:2"]
+    assert config.tokenize is False
+    assert config.ctx_router == "round_robin"
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        pytest.param({"prefill": [], "decode": ["http://d:1"]}, "prefill", id="an empty prefill pool"),
+        pytest.param({"prefill": ["a:1"], "decode": ["http://d:1"]}, "http://", id="a URL without a scheme"),
+        pytest.param(
+            {"prefill": ["http://a:1"], "decode": ["http://d:1"], "node_id": 256}, "node_id", id="a node id over 8 bits"
+        ),
+        pytest.param(
+            {"prefill": ["http://a:1"], "decode": ["http://d:1"], "ctx_rooter": "x"}, "ctx_rooter", id="a misspelt key"
+        ),
+    ],
+)
+def test_invalid_configs_are_refused_naming_the_field(data: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        FrontendConfig.model_validate(data)
+
+
+def test_the_drs_cli_offers_the_frontend_command_with_its_flags() -> None:
+    result = CliRunner().invoke(drs, ["frontend", "--help"])
+    assert result.exit_code == 0
+    for flag in (
+        "--config",
+        "--prefill",
+        "--decode",
+        "--host",
+        "--port",
+        "--node-id",
+        "--ctx-router",
+        "--gen-router",
+        "--tokenizer",
+        "--tokenize / --no-tokenize",
+    ):
+        assert flag in result.output
+
+
+def test_a_port_that_cannot_be_bound_exits_non_zero_at_once_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [
+                DRS,
+                "frontend",
+                "--prefill",
+                "http://127.0.0.1:1",
+                "--decode",
+                "http://127.0.0.1:2",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        )
+    assert proc.returncode == 1
+    assert f"127.0.0.1:{port}" in proc.stderr
+
+
+async def test_the_command_serves_as_soon_as_it_starts() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        DRS,
+        "frontend",
+        "--prefill",
+        "http://127.0.0.1:1",
+        "--decode",
+        "http://127.0.0.1:2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--node-id",
+        "7",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with httpx.AsyncClient() as client:
+            for _ in range(300):
+                try:
+                    health = await client.get(f"http://127.0.0.1:{port}/health")
+                    break
+                except httpx.TransportError:
+                    await asyncio.sleep(0.05)
+            assert health.status_code == 200
+            ready = await client.get(f"http://127.0.0.1:{port}/ready")
+            assert ready.status_code == 503  # nothing answers on the engine ports
+            turn = await client.post(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            )
+            assert turn.status_code == 503
+            assert turn.json()["error"]["role"] == "prefill"
+    finally:
+        proc.terminate()
+        await proc.wait()
