@@ -269,7 +269,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.framework == "asgi":
         uvicorn_server(app, log_level="warning").run(sockets=[sock])
         return
-    uvicorn_server(fastapi_wrapper(app), log_level="warning").run(sockets=[sock])  # type: ignore[arg-type]
+    uvicorn_server(fastapi_wrapper(app), log_level="warning").run(sockets=[sock])
 
 
 def fastapi_wrapper(app: Any) -> Any:
