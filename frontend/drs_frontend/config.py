@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 CtxRouterName = Literal["conversation", "load_balancing", "round_robin"]
 GenRouterName = Literal["load_balancing", "round_robin"]
-UpstreamClientName = Literal["aiohttp", "httpx"]
+UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
 
 MIB = 1024 * 1024
 

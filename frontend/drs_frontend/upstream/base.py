@@ -59,6 +59,10 @@ JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
 
 
 def build_upstream(name: UpstreamClientName, *, connect_timeout: float, limits: Limits) -> UpstreamClient:
+    if name == "raw":
+        from drs_frontend.upstream.raw_client import RawUpstream
+
+        return RawUpstream(connect_timeout=connect_timeout, limits=limits)
     if name == "httpx":
         from drs_frontend.upstream.httpx_client import HttpxUpstream
 

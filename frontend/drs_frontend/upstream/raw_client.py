@@ -1,0 +1,218 @@
+"""A minimal HTTP/1.1 keep-alive client for the hot path: JSON POSTs on asyncio protocols + httptools.
+
+Each leg of a turn is one ``POST`` of a JSON body to an engine whose answer is one JSON body. A
+general client spends most of its time on features this never uses (redirects, cookies, auth,
+proxies, decompression, multipart); this one writes a fixed request head and parses the answer
+with httptools, the parser uvicorn uses. Streaming and health probes go through aiohttp (the
+``aiohttp`` client, held inside).
+
+Connections: at most ``connections_per_engine`` per engine (callers beyond that wait, within
+their timeout) and ``connections_total`` overall; idle ones are kept for ``KEEPALIVE_SECONDS``,
+below uvicorn's 5 s, so a request is not written on a connection the engine is closing. If a
+reused connection is closed before any byte of the answer arrives, the request is sent once more
+on a new connection. A timeout or a cancellation (the client went away) closes the connection,
+which the engine sees as its client going away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from typing import Final, cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from drs_frontend.config import Limits
+from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
+from drs_frontend.upstream.aiohttp_client import AiohttpUpstream
+from drs_frontend.upstream.base import UpstreamResponse, UpstreamStream
+
+KEEPALIVE_SECONDS: Final = 4.0
+
+
+class _Gone(Exception):
+    """The connection closed before the answer was complete (``early``: before any byte of it)."""
+
+    def __init__(self, early: bool) -> None:
+        super().__init__("connection closed by the engine")
+        self.early = early
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP connection and its response parser; one request at a time."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        self.idle_since = 0.0
+        self.body: list[bytes] = []
+        self.content_type = b""
+        self.got_bytes = False
+
+    # asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not subclasses
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(UpstreamConnectError(f"malformed HTTP answer: {exc}"))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(_Gone(early=not self.got_bytes))
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"content-type":
+            self.content_type = value
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(exc)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+    async def exchange(self, request: bytes) -> UpstreamResponse:
+        assert self.transport is not None
+        self.body = []
+        self.content_type = b""
+        self.got_bytes = False
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        await self.waiter
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        status = self.parser.get_status_code()
+        if not self.parser.should_keep_alive():
+            self.close()
+        return UpstreamResponse(status, self.content_type.decode("latin-1") or "application/json", body)
+
+
+@dataclass
+class _Engine:
+    """The connections to one engine (``host:port``)."""
+
+    host: str
+    port: int
+    slots: asyncio.Semaphore
+    idle: list[_Connection] = field(default_factory=list)
+
+
+class RawUpstream:
+    def __init__(self, *, connect_timeout: float, limits: Limits) -> None:
+        self.connect_timeout = connect_timeout
+        self.limits = limits
+        self._engines: dict[str, _Engine] = {}
+        self._targets: dict[str, tuple[_Engine, bytes]] = {}
+        self._total = asyncio.Semaphore(limits.connections_total)
+        self._other = AiohttpUpstream(connect_timeout=connect_timeout, limits=limits)
+
+    async def start(self) -> None:
+        await self._other.start()
+
+    async def close(self) -> None:
+        for engine in self._engines.values():
+            for conn in engine.idle:
+                conn.close()
+            engine.idle.clear()
+        await self._other.close()
+
+    def _target(self, url: str) -> tuple[_Engine, bytes]:
+        """The engine of ``url`` and the request head up to the Content-Length value (cached)."""
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or parts.hostname is None:
+                raise UpstreamConnectError(f"{url}: the raw client speaks plain http only")
+            port = parts.port or 80
+            key = f"{parts.hostname}:{port}"
+            engine = self._engines.get(key)
+            if engine is None:
+                slots = asyncio.Semaphore(self.limits.connections_per_engine)
+                engine = self._engines[key] = _Engine(parts.hostname, port, slots)
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            head = f"POST {path} HTTP/1.1\r\nHost: {key}\r\nContent-Type: application/json\r\nContent-Length: "
+            target = self._targets[url] = (engine, head.encode("latin-1"))
+        return target
+
+    async def _connect(self, engine: _Engine) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, conn = await loop.create_connection(_Connection, engine.host, engine.port)
+        except TimeoutError as exc:
+            raise UpstreamTimeout(
+                f"{engine.host}:{engine.port}: no connection within {self.connect_timeout:g}s"
+            ) from exc
+        except OSError as exc:
+            raise UpstreamConnectError(f"{engine.host}:{engine.port}: {exc}") from exc
+        return conn
+
+    def _idle_connection(self, engine: _Engine) -> _Connection | None:
+        now = time.monotonic()
+        while engine.idle:
+            conn = engine.idle.pop()
+            if not conn.closed and now - conn.idle_since < KEEPALIVE_SECONDS:
+                return conn
+            conn.close()
+        return None
+
+    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
+        engine, head = self._target(url)
+        request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        try:
+            async with asyncio.timeout(timeout), engine.slots, self._total:
+                conn = self._idle_connection(engine)
+                if conn is not None:
+                    try:
+                        response = await _exchange(conn, request)
+                    except _Gone as gone:
+                        if not gone.early:
+                            raise UpstreamConnectError(f"{url}: connection closed mid-answer") from None
+                        conn = None  # a stale keep-alive connection: once more on a new one
+                if conn is None:
+                    conn = await self._connect(engine)
+                    try:
+                        response = await _exchange(conn, request)
+                    except _Gone:
+                        raise UpstreamConnectError(f"{url}: connection closed before the answer was complete") from None
+        except TimeoutError as exc:
+            raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
+        if not conn.closed:
+            conn.idle_since = time.monotonic()
+            engine.idle.append(conn)
+        return response
+
+    def stream_json(self, url: str, body: bytes, timeout: float) -> AbstractAsyncContextManager[UpstreamStream]:
+        return self._other.stream_json(url, body, timeout)
+
+    async def get(self, url: str, timeout: float) -> UpstreamResponse:
+        return await self._other.get(url, timeout)
+
+
+async def _exchange(conn: _Connection, request: bytes) -> UpstreamResponse:
+    try:
+        return await conn.exchange(request)
+    except _Gone:
+        raise
+    except BaseException:
+        conn.close()  # mid-request (timeout, cancellation): the engine sees its client leave
+        raise
