@@ -5,17 +5,17 @@ measures, for each variant, one frontend process pinned to one core (``taskset``
 
 * ``direct``: the load generator itself makes the two legs (context, then generation) against
   the same engines, shaping the bodies with the frontend's own pure functions: the baseline;
-* ``asgi+aiohttp`` (the default), ``asgi+httpx``, ``fastapi+aiohttp``: a frontend process with
-  that HTTP surface and upstream client.
+* ``asgi+aiohttp`` (the default), ``asgi+raw``, ``asgi+httpx``, ``fastapi+raw``: a frontend
+  process with that HTTP surface and upstream client.
 
 Figures per variant: ``rps`` (two-leg turns per second at ``--concurrency``, wall clock: on a
 shared 2-core machine this is mostly the engines' and load generator's limit),
 ``frontend_cpu_ms_per_turn`` and ``rps_per_frontend_core`` (= 1000 / that: what one core of
 frontend sustains, independent of the engines), ``p50_ms``/``p99_ms`` at concurrency 1 and
-``added_p50_ms`` over ``direct``. The last line is one JSON object with all of them and the
-ratios. ``python bench/relay.py serve …`` is the frontend process the benchmark starts.
+``added_p50_ms`` over ``direct``, each the median over ``--rounds`` interleaved rounds. The last
+line is one JSON object with all of them and the ratios. ``python bench/relay.py serve …`` is the frontend process the benchmark starts.
 
-    .venv/bin/python bench/relay.py [--requests 3000] [--concurrency 32]
+    .venv/bin/python bench/relay.py [--requests 3000] [--concurrency 32] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DRS = str(Path(PYTHON).parent / "drs")
 CHAT = "/v1/chat/completions"
-VARIANTS = (("asgi", "raw"), ("asgi", "aiohttp"), ("asgi", "httpx"), ("fastapi", "aiohttp"))
+VARIANTS = (("asgi", "raw"), ("asgi", "aiohttp"), ("asgi", "httpx"), ("fastapi", "raw"))
 
 
 def free_port() -> int:
@@ -189,38 +189,45 @@ async def engines(
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Every variant once per round, rounds interleaved (machine noise hits all alike); the
+    figures of a variant are the medians over rounds."""
     connector = aiohttp.TCPConnector(limit=args.concurrency * 2)
+    rounds: dict[str, list[dict[str, float]]] = {}
     async with aiohttp.ClientSession(connector=connector) as session, engines(session, args.engines, 0) as (pre, dec):
-        results: dict[str, Any] = {}
-        print("direct ...", file=sys.stderr)
-        results["direct"] = await measure(
-            lambda i: direct_turn(session, pre[i % len(pre)], dec[i % len(dec)], i),
-            args.requests,
-            args.concurrency,
-            args.latency_requests,
-            None,
-        )
-        for framework, client in VARIANTS:
-            name = f"{framework}+{client}"
-            print(f"{name} ...", file=sys.stderr)
-            port = free_port()
-            cmd = [PYTHON, __file__, "serve", "--framework", framework, "--upstream", client, "--port", str(port)]
-            for url in pre:
-                cmd += ["--prefill", url]
-            for url in dec:
-                cmd += ["--decode", url]
-            with process(pinned(cmd, 1)) as proc:
-                url = f"http://127.0.0.1:{port}"
-                await wait_ready(session, url + "/ready", proc)
-                results[name] = await measure(
-                    lambda i, u=url: frontend_turn(session, u, i),
+        for number in range(args.rounds):
+            print(f"round {number + 1}/{args.rounds}: direct", file=sys.stderr)
+            rounds.setdefault("direct", []).append(
+                await measure(
+                    lambda i: direct_turn(session, pre[i % len(pre)], dec[i % len(dec)], i),
                     args.requests,
                     args.concurrency,
                     args.latency_requests,
-                    proc.pid,
+                    None,
                 )
-            print(f"  {results[name]}", file=sys.stderr)
-        return results
+            )
+            for framework, client in VARIANTS:
+                name = f"{framework}+{client}"
+                port = free_port()
+                cmd = [PYTHON, __file__, "serve", "--framework", framework, "--upstream", client, "--port", str(port)]
+                for url in pre:
+                    cmd += ["--prefill", url]
+                for url in dec:
+                    cmd += ["--decode", url]
+                with process(pinned(cmd, 1)) as proc:
+                    url = f"http://127.0.0.1:{port}"
+                    await wait_ready(session, url + "/ready", proc)
+                    figures = await measure(
+                        lambda i, u=url: frontend_turn(session, u, i),
+                        args.requests,
+                        args.concurrency,
+                        args.latency_requests,
+                        proc.pid,
+                    )
+                rounds.setdefault(name, []).append(figures)
+                print(f"  {name}: {figures}", file=sys.stderr)
+    return {
+        name: {k: round(statistics.median(r[k] for r in runs), 4) for k in runs[0]} for name, runs in rounds.items()
+    }
 
 
 def summarize(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -230,8 +237,7 @@ def summarize(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
             continue
         figures["rps_over_direct"] = round(figures["rps"] / direct["rps"], 3)
         figures["added_p50_ms"] = round(figures["p50_ms"] - direct["p50_ms"], 3)
-    aio, hx = results["asgi+aiohttp"], results["asgi+httpx"]
-    fa = results["fastapi+aiohttp"]
+    raw, aio, hx, fa = (results[k] for k in ("asgi+raw", "asgi+aiohttp", "asgi+httpx", "fastapi+raw"))
     return {
         "bench": "relay",
         "cpu": _cpu_model(),
@@ -239,9 +245,11 @@ def summarize(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         "engines_per_role": args.engines,
         "concurrency": args.concurrency,
         "requests": args.requests,
+        "rounds": args.rounds,
         "results": results,
+        "raw_over_aiohttp_per_core": round(raw["rps_per_frontend_core"] / aio["rps_per_frontend_core"], 2),
         "aiohttp_over_httpx_per_core": round(aio["rps_per_frontend_core"] / hx["rps_per_frontend_core"], 2),
-        "asgi_over_fastapi_per_core": round(aio["rps_per_frontend_core"] / fa["rps_per_frontend_core"], 2),
+        "asgi_over_fastapi_per_core": round(raw["rps_per_frontend_core"] / fa["rps_per_frontend_core"], 2),
     }
 
 
@@ -311,6 +319,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--latency-requests", type=int, default=300)
     parser.add_argument("--engines", type=int, default=2, help="sim engines per role")
+    parser.add_argument("--rounds", type=int, default=3, help="measurements of each variant (medians reported)")
     args = parser.parse_args()
     if args.command == "serve":
         serve(args)

@@ -1,7 +1,9 @@
 """The HTTP surface: a plain ASGI app (no framework) in front of :class:`~drs_frontend.relay.Relay`.
 
-Chosen over FastAPI by measurement (``bench/relay.py``): the relay has five routes and no
-request model worth validating twice (the engines validate), so routing is a dict lookup.
+Chosen over FastAPI by measurement (``bench/relay.py``: the same relay behind FastAPI routes
+used up to ~15% more frontend CPU per turn, within the noise of the shared machine at best) and
+because it has nothing FastAPI would add: five routes, and no request model worth validating
+twice (the engines validate), so routing is a dict lookup.
 
 =========================  =====================================================================
 ``POST /v1/chat/completions``  one turn (JSON or SSE)
