@@ -87,9 +87,10 @@ class Reply:
     stream: AsyncIterator[bytes] | None = None
     prefill: str | None = None
     decode: str | None = None
+    routed: bool = False  #: engines were chosen for this turn: name them (or "none") in headers
 
     def engine_headers(self) -> list[tuple[bytes, bytes]]:
-        if self.prefill is None and self.decode is None:
+        if not self.routed:
             return []
         return [
             (fields.HEADER_PREFILL_ENGINE.encode(), (self.prefill or NO_ENGINE).encode()),
@@ -103,6 +104,7 @@ class _Turn:
 
     prefill: str | None = None
     decode: str | None = None
+    routed: bool = False
     ids: array[int] | None = field(default=None)
 
 
@@ -156,6 +158,7 @@ class Relay:
             reply = Reply(502, JSON, dumps(error_body(502, f"engine response: {exc}")))
         reply.prefill = reply.prefill or turn.prefill
         reply.decode = reply.decode or turn.decode
+        reply.routed = turn.routed
         self.metrics.requests.labels(endpoint=endpoint.value, status=str(reply.status)).inc()
         return reply
 
@@ -176,6 +179,7 @@ class Relay:
             prompt_token_ids_b64=encode_token_ids_b64(turn.ids) if turn.ids is not None else None,
         )
         route = self._route_request(endpoint, body, conversation_id, turn.ids)
+        turn.routed = True
         turn.prefill, ctx_raw = await self._post_leg(
             self.prefill,
             "context",

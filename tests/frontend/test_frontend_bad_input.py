@@ -43,6 +43,10 @@ async def test_bad_requests_get_a_json_4xx_and_the_frontend_keeps_serving(
     assert resp.status_code == status
     assert fragment in resp.text
     assert isinstance(resp.json(), dict)
+    if b"frobnicate" in content or b'"max_tokens": -3' in content:  # refused by the engine: after routing
+        assert resp.headers["x-drs-prefill"] == replica.prefill[0].url
+    else:  # refused by the frontend: no engine was chosen
+        assert "x-drs-prefill" not in resp.headers
     after = await client.post(replica.url + CHAT, json=chat_body())
     assert after.status_code == 200
 

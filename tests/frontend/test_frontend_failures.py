@@ -58,6 +58,9 @@ async def test_with_every_engine_of_a_role_down_the_answer_is_503_naming_the_rol
             assert f"no {role} engine available" in error["message"]
         if role == "decode":
             assert resp.headers["x-drs-prefill"] in {e.url for e in replica.prefill}
+        else:
+            assert resp.headers["x-drs-prefill"] == "none"
+        assert resp.headers["x-drs-decode"] == "none"
         assert (await client.get(replica.url + "/health")).status_code == 200
 
 
