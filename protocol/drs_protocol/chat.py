@@ -141,13 +141,19 @@ def token_text(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
     return str(tokenizer.decode([token_id], skip_special_tokens=False))
 
 
+#: Per-message fields NeMo-Gym adds (token ids and log-probs of earlier turns).
+GYM_MESSAGE_FIELDS: Final = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+
+
 def _normalise_message(index: int, message: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(message, Mapping):
         raise ChatTemplateError(f"messages[{index}]: must be an object")
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise ChatTemplateError(f"messages[{index}].role: must be a non-empty string")
-    out = dict(message)
+    # Token ids NeMo-Gym attaches to earlier turns are not template input; leaving them in makes
+    # jinja walk every id of every turn (rendering cost quadratic in the turn count).
+    out = {k: v for k, v in message.items() if k not in GYM_MESSAGE_FIELDS}
     content = message.get("content")
     if content is None:
         out["content"] = ""

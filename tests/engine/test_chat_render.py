@@ -122,3 +122,17 @@ def test_streamed_text_pieces_add_up_to_the_whole_text(ids: list[int]) -> None:
     pieces = [detok.push([token]) for token in ids]
     pieces.append(detok.flush())
     assert "".join(pieces) == decode_token_ids(tokenizer, ids)
+
+
+def test_gym_token_id_fields_on_earlier_turns_do_not_change_the_rendering() -> None:
+    from drs_protocol.chat import load_tokenizer, render_prompt_ids
+
+    tok = load_tokenizer(None)
+    plain = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"},
+    ]
+    gym = [dict(m) for m in plain]
+    gym[1].update(prompt_token_ids=list(range(5000)), generation_token_ids=[1, 2, 3], generation_log_probs=[-0.1] * 3)
+    assert render_prompt_ids(tok, gym) == render_prompt_ids(tok, plain)

@@ -50,7 +50,11 @@ from drs_engine.wire import RequestType
 KV_FETCH_PATH: Final = "/v1/disagg/kv/{ctx_request_id}"
 #: Timeouts of the decode engine's KV fetch from a prefill engine.
 KV_FETCH_TIMEOUT: Final = httpx.Timeout(connect=2.0, read=30.0, write=30.0, pool=5.0)
-KV_FETCH_LIMITS: Final = httpx.Limits(max_connections=64, max_keepalive_connections=32)
+#: Idle connections expire before the peer's uvicorn keep-alive timeout (5 s) closes them, so a
+#: fetch never goes out on a connection the prefill engine is closing.
+KV_FETCH_LIMITS: Final = httpx.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=2.0)
+#: A fetch that failed before the prefill engine answered (a closed idle connection) is sent once more.
+KV_FETCH_RETRYABLE: Final = (httpx.RemoteProtocolError, httpx.ReadError, httpx.ConnectError)
 #: Tags a release without tags covers.
 ALL_MEMORY_TAGS: Final = ("model", "kv_cache")
 OPAQUE_STATE_KIND: Final = "drs-sim-kv/1"
@@ -315,7 +319,10 @@ class SimBackend(EngineBackend):
             raise KvTransferError("the sim backend is not started")
         url = endpoint + KV_FETCH_PATH.format(ctx_request_id=ctx_request_id)
         try:
-            response = await self._client.get(url)
+            try:
+                response = await self._client.get(url)
+            except KV_FETCH_RETRYABLE:
+                response = await self._client.get(url)
         except httpx.HTTPError as exc:
             raise KvTransferError(
                 f"cannot fetch context state for ctx_request_id {ctx_request_id} from {endpoint}: "
