@@ -91,9 +91,10 @@ def engine(
     log_level: str,
 ) -> None:
     """Run one engine server (TensorRT-LLM, or the sim test double)."""
+    from drs_protocol.listen import BindError
     from pydantic import ValidationError
 
-    from drs_engine.server.runner import BindError, bind_socket, uvicorn_server
+    from drs_engine.server.runner import bind_socket, uvicorn_server
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

@@ -46,11 +46,12 @@ def frontend(
     config_file: Path | None, config_json: str | None, prefill: tuple[str, ...], decode: tuple[str, ...], **flags: Any
 ) -> None:
     """Run one frontend relay (OpenAI-compatible) in front of a replica's engines."""
+    from drs_protocol.listen import BindError
     from pydantic import ValidationError
 
     from drs_frontend.asgi import FrontendApp
     from drs_frontend.config import FrontendConfig, load_config
-    from drs_frontend.server import BindError, bind_socket, uvicorn_server
+    from drs_frontend.server import bind_socket, uvicorn_server
 
     overrides: dict[str, Any] = dict(flags)
     if prefill:

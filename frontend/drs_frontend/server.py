@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Final
 
 import uvicorn
+from drs_protocol import listen
 
 from drs_frontend.asgi import FrontendApp
 from drs_frontend.config import FrontendConfig
@@ -25,23 +26,9 @@ STARTUP_TIMEOUT_S: Final = 60.0
 BACKLOG: Final = 4096
 
 
-class BindError(OSError):
-    """The frontend's port cannot be bound; the message names host and port."""
-
-
 def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on ``host:port`` (``port`` 0: any free port), or :class:`BindError`."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(BACKLOG)
-    except OSError as exc:
-        sock.close()
-        raise BindError(exc.errno, f"cannot bind the frontend port {host}:{port}: {exc.strerror or exc}") from exc
-    sock.set_inheritable(True)
-    return sock
+    """A listening TCP socket on ``host:port`` for this server (``port`` 0: any free port), or :class:`BindError`."""
+    return listen.bind_socket(host, port, what="frontend", backlog=BACKLOG)
 
 
 def uvicorn_server(app: FrontendApp, *, log_level: str = "info", fast: bool = True) -> uvicorn.Server:
