@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install controlplane test lint typecheck unit demo demo-down crd clean
+.PHONY: install controlplane test lint typecheck unit demo demo-down bench crd clean
 
 install: $(STAMP)
 
@@ -23,8 +23,8 @@ controlplane: install
 	$(BIN)/drs dev build
 
 lint: install
-	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster tests bench
-	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster tests bench
+	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster tests bench examples
+	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster tests bench examples
 
 typecheck: install
 	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster
@@ -40,6 +40,12 @@ demo: install controlplane
 
 demo-down: install
 	$(BIN)/drs dev down
+
+# Benchmarks (not tests): each prints one JSON line; results and the machine go in the README.
+bench: install controlplane
+	$(BIN)/python bench/relay.py
+	$(BIN)/python bench/tokenization.py
+	$(BIN)/python bench/operator_scale.py
 
 crd: install
 	$(BIN)/drs crd > crds/disagg.dev_disaggreplicasets.yaml
