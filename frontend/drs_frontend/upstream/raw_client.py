@@ -12,12 +12,20 @@ below uvicorn's 5 s, so a request is not written on a connection the engine is c
 reused connection is closed before any byte of the answer arrives, the request is sent once more
 on a new connection. A timeout or a cancellation (the client went away) closes the connection,
 which the engine sees as its client going away.
+
+The uncontended path costs no suspension besides the answer itself: a free slot is taken without
+awaiting (:class:`_Slots`), and the leg's timeout is one timer on the answer's future rather
+than an ``asyncio.timeout`` block (which is used only when the call must wait for a slot or a new
+connection). Whether the engine keeps the connection open is read when the answer completes:
+httptools' ``should_keep_alive()`` is False once the parser has moved past the message, which
+made every call open a new connection before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Final, cast
@@ -53,6 +61,7 @@ class _Connection(asyncio.Protocol):
         self.body: list[bytes] = []
         self.content_type = b""
         self.got_bytes = False
+        self.keep_alive = False
 
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -79,8 +88,13 @@ class _Connection(asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()  # False once the parser moves on
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+
+    def _timed_out(self) -> None:
+        self._fail(TimeoutError())
+        self.close()
 
     def _fail(self, exc: BaseException) -> None:
         if self.waiter is not None and not self.waiter.done():
@@ -91,19 +105,64 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    async def exchange(self, request: bytes) -> UpstreamResponse:
+    async def exchange(self, request: bytes, deadline: float) -> UpstreamResponse:
+        """Write ``request`` and wait for the whole answer until ``deadline`` (loop time: then
+        TimeoutError, and the connection is closed)."""
         assert self.transport is not None
         self.body = []
         self.content_type = b""
         self.got_bytes = False
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        await self.waiter
+        self.keep_alive = False
+        loop = asyncio.get_running_loop()
+        self.waiter = loop.create_future()
+        timer = loop.call_at(deadline, self._timed_out)
+        try:
+            self.transport.write(request)
+            await self.waiter
+        finally:
+            timer.cancel()
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         status = self.parser.get_status_code()
-        if not self.parser.should_keep_alive():
+        if not self.keep_alive:
             self.close()
         return UpstreamResponse(status, self.content_type.decode("latin-1") or "application/json", body)
+
+
+class _Slots:
+    """A counting semaphore whose uncontended :meth:`take` never suspends (``asyncio.Semaphore``
+    on 3.11 builds a generator in ``locked()`` on every acquire). Waiters are served in order."""
+
+    __slots__ = ("free", "waiters")
+
+    def __init__(self, size: int) -> None:
+        self.free = size
+        self.waiters: deque[asyncio.Future[None]] = deque()
+
+    def try_take(self) -> bool:
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self.give()  # handed a slot, then cancelled: pass it on
+            raise
+
+    def give(self) -> None:
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self.free += 1
 
 
 @dataclass
@@ -112,7 +171,7 @@ class _Engine:
 
     host: str
     port: int
-    slots: asyncio.Semaphore
+    slots: _Slots
     idle: list[_Connection] = field(default_factory=list)
 
 
@@ -122,7 +181,7 @@ class RawUpstream:
         self.limits = limits
         self._engines: dict[str, _Engine] = {}
         self._targets: dict[str, tuple[_Engine, bytes]] = {}
-        self._total = asyncio.Semaphore(limits.connections_total)
+        self._total = _Slots(limits.connections_total)
         self._other = AiohttpUpstream(connect_timeout=connect_timeout, limits=limits)
 
     async def start(self) -> None:
@@ -146,7 +205,7 @@ class RawUpstream:
             key = f"{parts.hostname}:{port}"
             engine = self._engines.get(key)
             if engine is None:
-                slots = asyncio.Semaphore(self.limits.connections_per_engine)
+                slots = _Slots(self.limits.connections_per_engine)
                 engine = self._engines[key] = _Engine(parts.hostname, port, slots)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             head = f"POST {path} HTTP/1.1\r\nHost: {key}\r\nContent-Type: application/json\r\nContent-Length: "
@@ -175,25 +234,51 @@ class RawUpstream:
             conn.close()
         return None
 
+    async def _take_slots(self, engine: _Engine, deadline: float) -> None:
+        """One of the engine's connection slots and one of the total, waiting at most until ``deadline``."""
+        if engine.slots.try_take():
+            if self._total.try_take():
+                return
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self._total.take()
+            except BaseException:
+                engine.slots.give()
+                raise
+            return
+        async with asyncio.timeout_at(deadline):
+            await engine.slots.take()
+            try:
+                await self._total.take()
+            except BaseException:
+                engine.slots.give()
+                raise
+
     async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
         engine, head = self._target(url)
         request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        deadline = asyncio.get_running_loop().time() + timeout
         try:
-            async with asyncio.timeout(timeout), engine.slots, self._total:
+            await self._take_slots(engine, deadline)
+            try:
                 conn = self._idle_connection(engine)
                 if conn is not None:
                     try:
-                        response = await _exchange(conn, request)
+                        response = await _exchange(conn, request, deadline)
                     except _Gone as gone:
                         if not gone.early:
                             raise UpstreamConnectError(f"{url}: connection closed mid-answer") from None
                         conn = None  # a stale keep-alive connection: once more on a new one
                 if conn is None:
-                    conn = await self._connect(engine)
+                    async with asyncio.timeout_at(deadline):
+                        conn = await self._connect(engine)
                     try:
-                        response = await _exchange(conn, request)
+                        response = await _exchange(conn, request, deadline)
                     except _Gone:
                         raise UpstreamConnectError(f"{url}: connection closed before the answer was complete") from None
+            finally:
+                engine.slots.give()
+                self._total.give()
         except TimeoutError as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         if not conn.closed:
@@ -208,9 +293,9 @@ class RawUpstream:
         return await self._other.get(url, timeout)
 
 
-async def _exchange(conn: _Connection, request: bytes) -> UpstreamResponse:
+async def _exchange(conn: _Connection, request: bytes, deadline: float) -> UpstreamResponse:
     try:
-        return await conn.exchange(request)
+        return await conn.exchange(request, deadline)
     except _Gone:
         raise
     except BaseException:
