@@ -15,7 +15,12 @@ frontend sustains, independent of the engines), ``p50_ms``/``p99_ms`` at concurr
 ``added_p50_ms`` over ``direct``, each the median over ``--rounds`` interleaved rounds. The last
 line is one JSON object with all of them and the ratios. ``python bench/relay.py serve …`` is the frontend process the benchmark starts.
 
+``--variants`` picks some of them; ``--baseline DIR`` adds ``before+<client>`` variants that run
+the frontend from another source tree (e.g. ``git archive HEAD~3 frontend protocol | tar -x -C
+DIR``), interleaved with the others, for before/after comparisons in one run.
+
     .venv/bin/python bench/relay.py [--requests 3000] [--concurrency 32] [--rounds 3]
+    .venv/bin/python bench/relay.py --variants asgi+aiohttp,asgi+raw --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -66,8 +71,8 @@ def pinned(cmd: list[str], core: int | None) -> list[str]:
 
 
 @contextlib.contextmanager
-def process(cmd: list[str]) -> Iterator[subprocess.Popen[bytes]]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def process(cmd: list[str], env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     try:
         yield proc
     finally:
@@ -205,15 +210,20 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     None,
                 )
             )
-            for framework, client in VARIANTS:
-                name = f"{framework}+{client}"
+            for name in args.variant_names:
+                framework, client = name.split("+")
+                env = None
+                if framework == "before":
+                    framework = "asgi"
+                    tree = Path(args.baseline)
+                    env = {**os.environ, "PYTHONPATH": f"{tree / 'frontend'}:{tree / 'protocol'}"}
                 port = free_port()
                 cmd = [PYTHON, __file__, "serve", "--framework", framework, "--upstream", client, "--port", str(port)]
                 for url in pre:
                     cmd += ["--prefill", url]
                 for url in dec:
                     cmd += ["--decode", url]
-                with process(pinned(cmd, 1)) as proc:
+                with process(pinned(cmd, 1), env) as proc:
                     url = f"http://127.0.0.1:{port}"
                     await wait_ready(session, url + "/ready", proc)
                     figures = await measure(
@@ -237,8 +247,7 @@ def summarize(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
             continue
         figures["rps_over_direct"] = round(figures["rps"] / direct["rps"], 3)
         figures["added_p50_ms"] = round(figures["p50_ms"] - direct["p50_ms"], 3)
-    raw, aio, hx, fa = (results[k] for k in ("asgi+raw", "asgi+aiohttp", "asgi+httpx", "fastapi+raw"))
-    return {
+    out: dict[str, Any] = {
         "bench": "relay",
         "cpu": _cpu_model(),
         "nproc": os.cpu_count(),
@@ -247,10 +256,18 @@ def summarize(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         "requests": args.requests,
         "rounds": args.rounds,
         "results": results,
-        "raw_over_aiohttp_per_core": round(raw["rps_per_frontend_core"] / aio["rps_per_frontend_core"], 2),
-        "aiohttp_over_httpx_per_core": round(aio["rps_per_frontend_core"] / hx["rps_per_frontend_core"], 2),
-        "asgi_over_fastapi_per_core": round(raw["rps_per_frontend_core"] / fa["rps_per_frontend_core"], 2),
     }
+    ratios = {
+        "raw_over_aiohttp_per_core": ("asgi+raw", "asgi+aiohttp"),
+        "aiohttp_over_httpx_per_core": ("asgi+aiohttp", "asgi+httpx"),
+        "asgi_over_fastapi_per_core": ("asgi+raw", "fastapi+raw"),
+        "after_over_before_aiohttp_per_core": ("asgi+aiohttp", "before+aiohttp"),
+        "after_over_before_raw_per_core": ("asgi+raw", "before+raw"),
+    }
+    for key, (a, b) in ratios.items():
+        if a in results and b in results:
+            out[key] = round(results[a]["rps_per_frontend_core"] / results[b]["rps_per_frontend_core"], 2)
+    return out
 
 
 def _cpu_model() -> str:
@@ -320,10 +337,18 @@ def main() -> None:
     parser.add_argument("--latency-requests", type=int, default=300)
     parser.add_argument("--engines", type=int, default=2, help="sim engines per role")
     parser.add_argument("--rounds", type=int, default=3, help="measurements of each variant (medians reported)")
+    parser.add_argument(
+        "--variants", default=",".join(f"{f}+{c}" for f, c in VARIANTS), help="comma-separated framework+client"
+    )
+    parser.add_argument("--baseline", help="source tree (frontend/, protocol/) for before+<client> variants")
     args = parser.parse_args()
     if args.command == "serve":
         serve(args)
         return
+    args.variant_names = [v for v in args.variants.split(",") if v]
+    if args.baseline:
+        clients = dict.fromkeys(v.split("+")[1] for v in args.variant_names if not v.startswith("before+"))
+        args.variant_names += [f"before+{c}" for c in clients if f"before+{c}" not in args.variant_names]
     results = asyncio.run(run(args))
     print(json.dumps(summarize(results, args)))
 

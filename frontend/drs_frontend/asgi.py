@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Final
 
 from drs_protocol import fields
 
+from drs_frontend import wire_json
 from drs_frontend.config import FrontendConfig
 from drs_frontend.health import HealthProber
 from drs_frontend.metrics import CONTENT_TYPE_LATEST, FrontendMetrics
@@ -192,10 +192,8 @@ class FrontendApp:
                 reply = await self.relay.handle(endpoint, raw, headers)
             except Exception:
                 log.exception("unexpected error serving %s", endpoint.value)
-                reply = Reply(500, JSON, json.dumps(error_body(500, "internal error in the frontend")).encode())
-            self.metrics.request_seconds.labels(endpoint=endpoint.value).observe(
-                asyncio.get_running_loop().time() - started
-            )
+                reply = Reply(500, JSON, wire_json.dumps(error_body(500, "internal error in the frontend")))
+            self.metrics.request_seconds_of(endpoint.value).observe(asyncio.get_running_loop().time() - started)
             await _send_reply(send, reply)
         except asyncio.CancelledError:
             if not gone:
@@ -234,7 +232,7 @@ async def _send(
 
 
 async def _send_json(send: Send, status: int, payload: Any) -> None:
-    await _send(send, status, JSON.encode(), json.dumps(payload, separators=(",", ":")).encode())
+    await _send(send, status, JSON.encode(), wire_json.dumps(payload))
 
 
 async def _send_reply(send: Send, reply: Reply) -> None:

@@ -19,15 +19,21 @@ drs_frontend_tokenize_shadow_total{result}      counter    shadow comparisons: m
 drs_frontend_tokenize_errors_total              counter    turns left to the engine because tokenizing failed
 drs_frontend_client_disconnects_total           counter    turns cancelled because the client went away
 ==============================================  =========  ============================================
+
+The request path reaches labelled series through :class:`Children` (``metrics.requests_of(endpoint,
+status)``), which looks each label tuple up in prometheus_client once: its ``.labels()`` validates
+and takes a lock on every call, several per turn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 __all__ = ["CONTENT_TYPE_LATEST", "FrontendMetrics"]
@@ -35,6 +41,26 @@ __all__ = ["CONTENT_TYPE_LATEST", "FrontendMetrics"]
 #: Seconds: from sub-millisecond relay overhead to long generations.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 TOKENIZE_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+
+
+M = TypeVar("M", bound=MetricWrapperBase)
+
+
+class Children(Generic[M]):
+    """``children(*values)`` is ``metric.labels(*values)``, looked up once per label tuple (label
+    values here come from small sets: endpoints, statuses, roles, reasons, legs, paths)."""
+
+    __slots__ = ("_cache", "_metric")
+
+    def __init__(self, metric: M) -> None:
+        self._metric = metric
+        self._cache: dict[tuple[str, ...], M] = {}
+
+    def __call__(self, *values: str) -> M:
+        child = self._cache.get(values)
+        if child is None:
+            child = self._cache[values] = self._metric.labels(*values)
+        return child
 
 
 class FrontendMetrics:
@@ -64,6 +90,15 @@ class FrontendMetrics:
         self.tokenize_shadow = Counter("drs_frontend_tokenize_shadow", "Shadow comparisons.", ["result"], registry=r)
         self.tokenize_errors = Counter("drs_frontend_tokenize_errors", "Tokenization failures.", registry=r)
         self.disconnects = Counter("drs_frontend_client_disconnects", "Turns cancelled by the client.", registry=r)
+        # the same series, looked up once per label tuple, for the request path
+        self.requests_of = Children(self.requests)  # (endpoint, status)
+        self.request_seconds_of = Children(self.request_seconds)  # (endpoint,)
+        self.leg_seconds_of = Children(self.leg_seconds)  # (leg,)
+        self.routes_of = Children(self.routes)  # (role, reason)
+        self.affinity_of = Children(self.affinity)  # (outcome,)
+        self.retries_of = Children(self.retries)  # (role,)
+        self.tokenize_seconds_of = Children(self.tokenize_seconds)  # (path,)
+        self.tokenize_new_tokens_of = Children(self.tokenize_new_tokens)  # (path,)
 
     def watch_in_flight(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
         """Export ``drs_frontend_engine_in_flight`` from ``read()`` -> (role, engine, count) at

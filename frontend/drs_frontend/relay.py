@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import random
 import time
@@ -37,6 +36,7 @@ from drs_protocol.chat import ChatTemplateError, render_completion_ids
 from drs_protocol.snowflake import SnowflakeMinter
 from drs_protocol.token_ids import encode_token_ids_b64
 
+from drs_frontend import wire_json
 from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
 from drs_frontend.errors import (
@@ -108,8 +108,7 @@ class _Turn:
     ids: array[int] | None = field(default=None)
 
 
-def dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
+dumps: Final = wire_json.dumps
 
 
 class Relay:
@@ -159,7 +158,7 @@ class Relay:
         reply.prefill = reply.prefill or turn.prefill
         reply.decode = reply.decode or turn.decode
         reply.routed = turn.routed
-        self.metrics.requests.labels(endpoint=endpoint.value, status=str(reply.status)).inc()
+        self.metrics.requests_of(endpoint.value, str(reply.status)).inc()
         return reply
 
     async def _turn(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str], turn: _Turn) -> Reply:
@@ -253,8 +252,8 @@ class Relay:
             log.exception("frontend tokenization failed; leaving it to the engine")
             self.metrics.tokenize_errors.inc()
             return None
-        self.metrics.tokenize_seconds.labels(path=path).observe(time.perf_counter() - started)
-        self.metrics.tokenize_new_tokens.labels(path=path).inc(new)
+        self.metrics.tokenize_seconds_of(path).observe(time.perf_counter() - started)
+        self.metrics.tokenize_new_tokens_of(path).inc(new)
         return ids
 
     def _route_request(
@@ -284,11 +283,11 @@ class Relay:
         if not candidates:
             return None
         decision = pick(candidates)
-        self.metrics.routes.labels(role=pool.role, reason=decision.reason.value).inc()
+        self.metrics.routes_of(pool.role, decision.reason.value).inc()
         if affinity and decision.reason in AFFINITY_OUTCOME:
-            self.metrics.affinity.labels(outcome=AFFINITY_OUTCOME[decision.reason]).inc()
+            self.metrics.affinity_of(AFFINITY_OUTCOME[decision.reason]).inc()
         if tried:
-            self.metrics.retries.labels(role=pool.role).inc()
+            self.metrics.retries_of(pool.role).inc()
         tried.append(decision.url)
         return decision.url
 
@@ -315,17 +314,19 @@ class Relay:
         affinity: bool = False,
     ) -> tuple[str, UpstreamResponse]:
         tried: list[str] = []
-        histogram = self.metrics.leg_seconds.labels(leg=leg)
+        histogram = self.metrics.leg_seconds_of(leg)
         while (url := self._pick(pool, pick, exclude, tried, affinity=affinity)) is not None:
             started = time.perf_counter()
-            with pool.track(url):
-                try:
-                    response = await self.upstream.post_json(url + endpoint.value, body, timeout)
-                except UpstreamUnavailable as exc:
-                    self._failed(pool, url, exc)
-                    continue
-                finally:
-                    histogram.observe(time.perf_counter() - started)
+            engine = pool.engines[url]
+            engine.in_flight += 1  # pool.track(url), without a generator per call
+            try:
+                response = await self.upstream.post_json(url + endpoint.value, body, timeout)
+            except UpstreamUnavailable as exc:
+                self._failed(pool, url, exc)
+                continue
+            finally:
+                engine.in_flight -= 1
+                histogram.observe(time.perf_counter() - started)
             if response.status == 200:
                 return url, response
             if response.status == 503:  # the engine says it cannot serve now (asleep, draining)
@@ -377,7 +378,7 @@ class Relay:
             log.warning("decode engine %s failed mid-stream: %s", url, exc)
             yield b"data: " + dumps(error_body(502, f"decode engine failed mid-stream: {exc}")) + b"\n\n"
         finally:
-            self.metrics.leg_seconds.labels(leg="generation").observe(time.perf_counter() - started)
+            self.metrics.leg_seconds_of("generation").observe(time.perf_counter() - started)
             await asyncio.shield(stack.aclose())
 
     # -- step 7 ----------------------------------------------------------------------------------
@@ -391,7 +392,7 @@ class Relay:
 
 def _loads(raw: bytes, leg: str) -> Body:
     try:
-        data = json.loads(raw)
+        data = wire_json.loads(raw)
     except ValueError as exc:
         raise UpstreamProtocolError(f"{leg} leg answered invalid JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -18,7 +18,6 @@ Bodies are shallow-copied, never mutated: the caller's dict stays the client's r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from enum import StrEnum
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from drs_protocol import fields
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 
+from drs_frontend import wire_json
 from drs_frontend.errors import RequestError, UpstreamProtocolError
 
 Body = dict[str, Any]
@@ -43,7 +43,7 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Body:
     """The request body as a dict; 400 for malformed JSON, missing ``messages``/``prompt``, or a
     ``conversation_params`` without a non-empty string ``conversation_id``."""
     try:
-        body = json.loads(raw)
+        body = wire_json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(400, f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -277,4 +277,4 @@ _DELTA_FIELDS = ("content", "reasoning_content", "tool_calls", "refusal")
 
 
 def _sse(chunk: Mapping[str, Any]) -> bytes:
-    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + wire_json.dumps(chunk) + b"\n\n"
