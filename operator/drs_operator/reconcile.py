@@ -201,6 +201,11 @@ def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Plac
     created = [a for a in actions if a.verb == "create" and a.kind == "Pod"]
     if created:
         notes.append(EventNote("Normal", "EnginesCreated", f"created engine pods {', '.join(a.name for a in created)}"))
+    failed = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == "failed"]
+    if failed:
+        notes.append(
+            EventNote("Warning", "EngineFailed", f"replacing failed engine pods {', '.join(a.name for a in failed)}")
+        )
     rolled = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == "outdated"]
     if rolled:
         notes.append(

@@ -5,8 +5,9 @@ Pure: desired children (with spec hashes), live children and the set of lost nod
 
 * Shared objects (role ConfigMaps, the headless Service, the control Secret) are created when
   missing and replaced when their hash differs (the Secret never: its token is not ours to rotate).
-* A missing engine pod is created at once: that restores availability, it is not a roll. This is
-  how a deleted or failed engine pod comes back, with the same name, on the same placed node.
+* A missing engine pod is created at once: that restores availability, it is not a roll. A pod
+  that failed for good (phase Failed or Succeeded) is deleted with grace 0 first. This is how a
+  deleted or failed engine pod comes back, with the same name, on the same placed node.
 * Engine pods whose hash differs are *outdated*. Pods are immutable, so rolling one means deleting
   it (the next pass creates the new one). Replicas roll one at a time, lowest index first: a
   replica may roll when it is already unavailable, or when every other replica is available. So
@@ -75,6 +76,11 @@ def _current(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool
     return live is not None and hash_of(live) == hash_of(desired)
 
 
+def _finished(pod: Mapping[str, Any]) -> bool:
+    """A pod that will never run again (Failed, e.g. evicted, or Succeeded): replace it."""
+    return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+
+
 def _node_of(pod: Mapping[str, Any]) -> str | None:
     spec = pod.get("spec") or {}
     node: str | None = spec.get("nodeName")
@@ -134,6 +140,19 @@ def compute_actions(
                 actions.append(
                     Action("create", "Pod", want["metadata"]["name"], manifest=want, replica=rc.index, reason="missing")
                 )
+            elif _finished(have):
+                if not (have.get("metadata") or {}).get("deletionTimestamp"):
+                    actions.append(
+                        Action(
+                            "delete",
+                            "Pod",
+                            want["metadata"]["name"],
+                            live=have,
+                            grace_seconds=0,
+                            replica=rc.index,
+                            reason="failed",
+                        )
+                    )
             elif not _current(have, want):
                 if _node_of(have) in lost_nodes:
                     actions.append(

@@ -149,6 +149,30 @@ def test_a_deleted_engine_pod_comes_back_with_its_name_on_its_node_and_urls_do_n
     assert pod["metadata"]["name"] == victim["name"]
 
 
+def test_a_failed_engine_pod_is_replaced_with_its_name_on_its_node(
+    devcluster: RunningCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(devcluster, namespace, small("fail", replicas=1))
+    before = wait_ready(devcluster, namespace, "fail", 1)
+    victim = before["replicaStatuses"][0]["engines"][1]
+    old_uid = engine_pods(devcluster, namespace)[victim["name"]]["metadata"]["uid"]
+    # kwok's chaos stage turns the pod Failed, as an eviction or a crashed container would
+    devcluster.kubectl(
+        "label", "pod", victim["name"], "-n", namespace, "pod-container-running-failed.stage.kwok.x-k8s.io=true"
+    )
+
+    def replaced() -> dict[str, Any] | None:
+        pod = engine_pods(devcluster, namespace).get(victim["name"])
+        ok = pod and pod["metadata"]["uid"] != old_uid and pod["spec"].get("nodeName")
+        return pod if ok else None
+
+    pod = wait_for("the failed pod to be replaced", replaced)
+    assert node_of(pod) == victim["node"]
+    wait_ready(devcluster, namespace, "fail", 1)
+    events = devcluster.kubectl("get", "events", "-n", namespace, "--field-selector", "reason=EngineFailed").stdout
+    assert victim["name"] in events
+
+
 @pytest.mark.parametrize("how", ["node marked NotReady", "node deleted"])
 def test_losing_a_node_moves_only_the_replica_on_it(
     devcluster: RunningCluster, namespace: str, operator: OperatorProcess, how: str

@@ -37,6 +37,18 @@ def test_a_missing_engine_pod_is_recreated_and_nothing_else_is_touched() -> None
     assert verbs(r.actions) == [("create", "Pod", "fleet-r1-decode-0")]
 
 
+def test_a_failed_engine_pod_is_deleted_at_once_so_it_comes_back() -> None:
+    _, _, desired = build(spec())
+    live = as_live(desired)
+    live["Pod"]["fleet-r0-prefill-0"]["status"]["phase"] = "Failed"
+    r = compute_actions(desired, live, set(), [0, 1])
+    assert [(a.verb, a.name, a.grace_seconds, a.reason) for a in r.actions] == [
+        ("delete", "fleet-r0-prefill-0", 0, "failed")
+    ]
+    del live["Pod"]["fleet-r0-prefill-0"]
+    assert verbs(compute_actions(desired, live, set(), [0, 1]).actions) == [("create", "Pod", "fleet-r0-prefill-0")]
+
+
 def changed_decode(replicas: int = 3) -> tuple[Any, Any]:
     _, _, old = build(spec(replicas=replicas))
     _, _, new = build(
