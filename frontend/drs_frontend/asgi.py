@@ -13,9 +13,11 @@ twice (the engines validate), so routing is a dict lookup.
 ``GET /metrics``               Prometheus text (:mod:`drs_frontend.metrics`)
 =========================  =====================================================================
 
-A request body over ``limits.max_request_bytes`` gets 413 before it is read in full. While a turn
-runs, a watcher waits for the client's ``http.disconnect`` and cancels the turn, which closes the
-engine connection in use (the engine sees its client go away).
+A request body over ``limits.max_request_bytes`` gets 413 before it is read in full. Once a turn
+has run for ``WATCH_AFTER_S``, a watcher waits for the client's ``http.disconnect`` and cancels
+the turn, which closes the engine connection in use (the engine sees its client go away). Turns
+that end sooner (most, against fast engines) never start the watcher task: it was a task, an
+event wait and a cancellation per turn.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ Send = Callable[[Message], Awaitable[None]]
 
 ENDPOINTS: Final = {e.value: e for e in Endpoint}
 CONVERSATION_HEADERS: Final = frozenset(h.encode() for h in fields.CONVERSATION_HEADERS)
+#: Seconds a turn runs before a watcher task starts waiting for the client to disconnect (a
+#: client gone sooner is noticed then: uvicorn remembers the disconnect).
+WATCH_AFTER_S: Final = 0.02
 
 
 class ClientGone(Exception):
@@ -174,9 +179,11 @@ class FrontendApp:
     async def _serve_turn(
         self, endpoint: Endpoint, raw: bytes, headers: dict[str, str], receive: Receive, send: Send
     ) -> None:
+        loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         assert task is not None
         gone = False
+        watcher: asyncio.Task[None] | None = None
 
         async def watch() -> None:
             nonlocal gone
@@ -185,15 +192,19 @@ class FrontendApp:
             gone = True
             task.cancel()
 
-        watcher = asyncio.create_task(watch())
-        started = asyncio.get_running_loop().time()
+        def start_watching() -> None:
+            nonlocal watcher
+            watcher = loop.create_task(watch())
+
+        timer = loop.call_later(WATCH_AFTER_S, start_watching)
+        started = loop.time()
         try:
             try:
                 reply = await self.relay.handle(endpoint, raw, headers)
             except Exception:
                 log.exception("unexpected error serving %s", endpoint.value)
                 reply = Reply(500, JSON, wire_json.dumps(error_body(500, "internal error in the frontend")))
-            self.metrics.request_seconds_of(endpoint.value).observe(asyncio.get_running_loop().time() - started)
+            self.metrics.request_seconds_of(endpoint.value).observe(loop.time() - started)
             await _send_reply(send, reply)
         except asyncio.CancelledError:
             if not gone:
@@ -201,7 +212,9 @@ class FrontendApp:
             task.uncancel()
             self.metrics.disconnects.inc()
         finally:
-            watcher.cancel()
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

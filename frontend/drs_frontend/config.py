@@ -100,7 +100,7 @@ class FrontendConfig(_Model):
     )
     prefix_block_tokens: int = Field(default=32, ge=1, description="tokens per hashed block (prefix matching)")
     upstream_client: UpstreamClientName = Field(
-        default="aiohttp", description="HTTP client to the engines (bench/relay.py)"
+        default="raw", description="HTTP client to the engines (bench/relay.py)"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

@@ -3,7 +3,9 @@
 The listening socket is bound before anything else (before the tokenizer loads, before uvicorn
 starts). If the port is taken the process exits non-zero at once naming it: a frontend that
 cannot bind must not look alive while another process answers its health checks (the reference
-system hit exactly that). uvicorn runs with uvloop and httptools, without access logs.
+system hit exactly that). uvicorn runs with uvloop and httptools, without access logs, and without
+its proxy-headers middleware (a per-request header scan for ``X-Forwarded-*``: the frontend never
+reads the client's address).
 :func:`start_frontend` runs one inside the current event loop, for tests and benchmarks.
 """
 
@@ -38,6 +40,7 @@ def uvicorn_server(app: FrontendApp, *, log_level: str = "info", fast: bool = Tr
         lifespan="on",
         log_level=log_level,
         access_log=False,
+        proxy_headers=False,
         loop="uvloop" if fast else "asyncio",
         http="httptools",
         timeout_graceful_shutdown=5,

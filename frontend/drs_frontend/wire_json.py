@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any, Final
 
 import orjson
 
-_LONG_DIGITS: Final = re.compile(rb"\d{20}")
+#: Every digit to ``0``, so that a run of 20 digits is a plain substring search (a ``\d{20}``
+#: regex costs ten times as much as parsing the body with orjson: ~30 µs for 3 kB).
+_DIGITS_TO_ZERO: Final = bytes.maketrans(b"123456789", b"000000000")
+_LONG_DIGITS: Final = b"0" * 20
 
 
 class NonFinite(float):
@@ -49,7 +51,7 @@ def _stdlib_loads(raw: bytes | str) -> Any:
 
 def loads(raw: bytes) -> Any:
     """``json.loads(raw)``, faster: raises ``ValueError`` (or ``UnicodeDecodeError``) as it does."""
-    if _LONG_DIGITS.search(raw) is not None:
+    if _LONG_DIGITS in raw.translate(_DIGITS_TO_ZERO):
         return _stdlib_loads(raw)
     try:
         return orjson.loads(raw)

@@ -1,4 +1,4 @@
-"""The aiohttp upstream client (the default: see ``bench/relay.py`` for the measurement)."""
+"""The aiohttp upstream client (streams and probes of the ``raw`` client; see ``bench/relay.py``)."""
 
 from __future__ import annotations
 
