@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
+from drs_frontend.upstream.raw_client import _Slots
 
 from .conftest import ReplicaFactory, chat_body, metric_value, stop_engine
 
@@ -42,3 +45,26 @@ async def test_each_upstream_client_reports_a_refused_engine_as_a_connect_error(
             assert resp.headers["x-drs-prefill"] == replica.prefill[1].url
         metrics = (await client.get(replica.url + "/metrics")).text
         assert metric_value(metrics, "drs_frontend_upstream_errors_total", '{kind="connect",role="prefill"}') == 1
+
+
+async def test_connection_slots_are_taken_without_waiting_until_full_then_handed_on_in_order() -> None:
+    slots = _Slots(2)
+    await slots.take()
+    await slots.take()
+    order: list[int] = []
+
+    async def wait(i: int) -> None:
+        await slots.take()
+        order.append(i)
+
+    waiters = [asyncio.create_task(wait(i)) for i in range(3)]
+    await asyncio.sleep(0)
+    waiters[0].cancel()  # a waiter that gives up is skipped
+    slots.give()
+    slots.give()
+    await asyncio.gather(*waiters, return_exceptions=True)
+    assert order == [1, 2]
+    assert slots.free == 0
+    slots.give()
+    slots.give()
+    assert slots.free == 2
