@@ -45,6 +45,7 @@ class AiohttpUpstream:
         self.connect_timeout = connect_timeout
         self.limits = limits
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[float | None, float | None], aiohttp.ClientTimeout] = {}
 
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(
@@ -69,7 +70,12 @@ class AiohttpUpstream:
         return self._session
 
     def _timeout(self, total: float | None, read: float | None = None) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(total=total, connect=self.connect_timeout, sock_read=read)
+        """One ``ClientTimeout`` per (total, read) pair (they come from the config: a few), not one per call."""
+        timeout = self._timeouts.get((total, read))
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=total, connect=self.connect_timeout, sock_read=read)
+            self._timeouts[total, read] = timeout
+        return timeout
 
     async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
         try:
