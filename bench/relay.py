@@ -5,13 +5,15 @@ measures, for each variant, one frontend process pinned to one core (``taskset``
 
 * ``direct``: the load generator itself makes the two legs (context, then generation) against
   the same engines, shaping the bodies with the frontend's own pure functions: the baseline;
-* ``asgi+aiohttp`` (the default), ``asgi+raw``, ``asgi+httpx``, ``fastapi+raw``: a frontend
+* ``asgi+raw`` (the default), ``asgi+aiohttp``, ``asgi+httpx``, ``fastapi+raw``: a frontend
   process with that HTTP surface and upstream client.
 
 Figures per variant: ``rps`` (two-leg turns per second at ``--concurrency``, wall clock: on a
 shared 2-core machine this is mostly the engines' and load generator's limit),
 ``frontend_cpu_ms_per_turn`` and ``rps_per_frontend_core`` (= 1000 / that: what one core of
-frontend sustains, independent of the engines), ``p50_ms``/``p99_ms`` at concurrency 1 and
+frontend sustains, independent of the engines; measured with the frontend ~15% busy, since the sim
+engines cap the rate near 300 turns/s here, so a wake-up per event and its context switch, ~25%
+of the frontend's CPU in ``perf``, are counted in it), ``p50_ms``/``p99_ms`` at concurrency 1 and
 ``added_p50_ms`` over ``direct``, each the median over ``--rounds`` interleaved rounds. The last
 line is one JSON object with all of them and the ratios. ``python bench/relay.py serve …`` is the frontend process the benchmark starts.
 
@@ -328,7 +330,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command")
     s = sub.add_parser("serve")
     s.add_argument("--framework", choices=["asgi", "fastapi"], default="asgi")
-    s.add_argument("--upstream", choices=["raw", "aiohttp", "httpx"], default="aiohttp")
+    s.add_argument("--upstream", choices=["raw", "aiohttp", "httpx"], default="raw")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--prefill", action="append", required=True)
     s.add_argument("--decode", action="append", required=True)
