@@ -81,7 +81,10 @@ def ensure_operator(cluster: DevCluster) -> None:
     log = cluster.layout.log("operator")
     drs = str(Path(sys.executable).parent / "drs")
     env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)}
-    argv = [drs, "operator", "--metrics-port", "19090", "--health-port", "18080", "--lease-namespace", "default"]
+    # argv[0] is the interpreter, so the pid file names the executable /proc shows for it and
+    # `drs dev down` recognises (and stops) the process.
+    argv = [sys.executable, drs, "operator", "--metrics-port", "19090", "--health-port", "18080"]
+    argv += ["--lease-namespace", "default"]
     tracked = processes.start("operator", argv, log, env=env)
     processes.save(pids, [tracked])
     say(f"operator started (pid {tracked.pid}, log {log}, metrics http://127.0.0.1:19090/metrics)")
