@@ -48,7 +48,6 @@ class Observed:
     live: Mapping[str, Mapping[str, Manifest]] = dataclasses.field(default_factory=dict)
     rollout: Rollout | None = None
     moved: Sequence[int] = ()  #: replicas moved off lost nodes in this pass
-    excluded: Sequence[tuple[str, str]] = ()
 
 
 def _cond(

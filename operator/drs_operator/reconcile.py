@@ -132,7 +132,6 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         live=live_by_kind,
         rollout=rollout,
         moved=moved,
-        excluded=placement.excluded,
     )
     status, notes = compute_status(name, previous, observed, now)
     notes += _action_notes(rollout.actions, moved, placement)

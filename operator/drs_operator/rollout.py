@@ -113,7 +113,7 @@ def compute_actions(
     """See the module docstring. ``placed_replicas`` are the replica indices the plan wants running
     (placed or not): an index in it without desired children is unplaced, and counts as unavailable."""
     actions: list[Action] = []
-    pods, deps = live.get("Pod", {}), live.get("Deployment", {})
+    pods = live.get("Pod", {})
 
     def sync(kind: str, obj: Manifest, replica: int | None = None, replace_ok: bool = True) -> None:
         name = obj["metadata"]["name"]
@@ -205,13 +205,11 @@ def compute_actions(
                 )
             )
 
-    message = _message(desired, rolling, waiting, down, deps)
+    message = _message(rolling, waiting, down)
     return Rollout(tuple(actions), tuple(rolling), tuple(waiting), message)
 
 
-def _message(
-    desired: Children, rolling: list[int], waiting: list[int], down: set[int], deps: Mapping[str, Manifest]
-) -> str:
+def _message(rolling: list[int], waiting: list[int], down: set[int]) -> str:
     parts = []
     if rolling:
         parts.append(f"rolling replica {', '.join(map(str, rolling))}: replacing outdated engine pods")
