@@ -5,24 +5,24 @@ measures, for each variant, one frontend process pinned to one core (``taskset``
 
 * ``direct``: the load generator itself makes the two legs (context, then generation) against
   the same engines, shaping the bodies with the frontend's own pure functions: the baseline;
-* ``asgi+raw`` (the default), ``asgi+aiohttp``, ``asgi+httpx``, ``fastapi+raw``: a frontend
-  process with that HTTP surface and upstream client.
+* ``server+raw`` (the default), ``server+aiohttp``, ``server+httpx``: a frontend process (the
+  project's HTTP server, :mod:`drs_frontend.httpserver`) with that upstream client;
+* ``uvicorn+raw``: the same app and client behind uvicorn through a plain ASGI adapter (the
+  frontend's HTTP surface before its own server), and ``fastapi+raw`` (behind FastAPI routes;
+  not run by default).
 
 Figures per variant: ``rps`` (two-leg turns per second at ``--concurrency``, wall clock: on a
 shared 2-core machine this is mostly the engines' and load generator's limit),
 ``frontend_cpu_ms_per_turn`` and ``rps_per_frontend_core`` (= 1000 / that: what one core of
 frontend sustains, independent of the engines; measured with the frontend ~15% busy, since the sim
-engines cap the rate near 300 turns/s here, so a wake-up per event and its context switch, ~25%
-of the frontend's CPU in ``perf``, are counted in it), ``p50_ms``/``p99_ms`` at concurrency 1 and
+engines cap the rate near 300 turns/s here, so a wake-up per event and its context switch are
+counted in every turn: a pessimistic figure), ``p50_ms``/``p99_ms`` at concurrency 1 and
 ``added_p50_ms`` over ``direct``, each the median over ``--rounds`` interleaved rounds. The last
-line is one JSON object with all of them and the ratios. ``python bench/relay.py serve …`` is the frontend process the benchmark starts.
-
-``--variants`` picks some of them; ``--baseline DIR`` adds ``before+<client>`` variants that run
-the frontend from another source tree (e.g. ``git archive HEAD~3 frontend protocol | tar -x -C
-DIR``), interleaved with the others, for before/after comparisons in one run.
+line is one JSON object with all of them and the ratios. ``python bench/relay.py serve …`` is the
+frontend process the benchmark starts.
 
     .venv/bin/python bench/relay.py [--requests 3000] [--concurrency 32] [--rounds 3]
-    .venv/bin/python bench/relay.py --variants asgi+aiohttp,asgi+raw --baseline /tmp/base
+    .venv/bin/python bench/relay.py --variants server+raw,uvicorn+raw
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DRS = str(Path(PYTHON).parent / "drs")
 CHAT = "/v1/chat/completions"
-VARIANTS = (("asgi", "raw"), ("asgi", "aiohttp"), ("asgi", "httpx"), ("fastapi", "raw"))
+VARIANTS = (("server", "raw"), ("server", "aiohttp"), ("server", "httpx"), ("uvicorn", "raw"))
 
 
 def free_port() -> int:
@@ -214,18 +214,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             for name in args.variant_names:
                 framework, client = name.split("+")
-                env = None
-                if framework == "before":
-                    framework = "asgi"
-                    tree = Path(args.baseline)
-                    env = {**os.environ, "PYTHONPATH": f"{tree / 'frontend'}:{tree / 'protocol'}"}
                 port = free_port()
                 cmd = [PYTHON, __file__, "serve", "--framework", framework, "--upstream", client, "--port", str(port)]
                 for url in pre:
                     cmd += ["--prefill", url]
                 for url in dec:
                     cmd += ["--decode", url]
-                with process(pinned(cmd, 1), env) as proc:
+                with process(pinned(cmd, 1)) as proc:
                     url = f"http://127.0.0.1:{port}"
                     await wait_ready(session, url + "/ready", proc)
                     figures = await measure(
@@ -260,11 +255,10 @@ def summarize(results: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         "results": results,
     }
     ratios = {
-        "raw_over_aiohttp_per_core": ("asgi+raw", "asgi+aiohttp"),
-        "aiohttp_over_httpx_per_core": ("asgi+aiohttp", "asgi+httpx"),
-        "asgi_over_fastapi_per_core": ("asgi+raw", "fastapi+raw"),
-        "after_over_before_aiohttp_per_core": ("asgi+aiohttp", "before+aiohttp"),
-        "after_over_before_raw_per_core": ("asgi+raw", "before+raw"),
+        "raw_over_aiohttp_per_core": ("server+raw", "server+aiohttp"),
+        "aiohttp_over_httpx_per_core": ("server+aiohttp", "server+httpx"),
+        "server_over_uvicorn_per_core": ("server+raw", "uvicorn+raw"),
+        "uvicorn_over_fastapi_per_core": ("uvicorn+raw", "fastapi+raw"),
     }
     for key, (a, b) in ratios.items():
         if a in results and b in results:
@@ -284,23 +278,67 @@ def _cpu_model() -> str:
 
 
 def serve(args: argparse.Namespace) -> None:
-    from drs_frontend.asgi import FrontendApp
+    from drs_frontend.app import FrontendApp
     from drs_frontend.config import FrontendConfig
-    from drs_frontend.server import bind_socket, uvicorn_server
+    from drs_frontend.server import bind_socket, serve_forever
 
     config = FrontendConfig(
         prefill=args.prefill, decode=args.decode, host="127.0.0.1", port=args.port, upstream_client=args.upstream
     )
     app = FrontendApp(config)
     sock = bind_socket(config.host, config.port)
-    if args.framework == "asgi":
-        uvicorn_server(app, log_level="warning").run(sockets=[sock])
+    if args.framework == "server":
+        serve_forever(app, sock)
         return
-    uvicorn_server(fastapi_wrapper(app), log_level="warning").run(sockets=[sock])
+    import uvicorn
+
+    wrapped = asgi_wrapper(app) if args.framework == "uvicorn" else fastapi_wrapper(app)
+    uvicorn.Server(
+        uvicorn.Config(
+            wrapped,
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,
+            loop="uvloop",
+            http="httptools",
+        )
+    ).run(sockets=[sock])
+
+
+def asgi_wrapper(app: Any) -> Any:
+    """The same routes as a plain ASGI app for uvicorn (the frontend's HTTP surface until the
+    project's own server replaced it): the baseline of ``server_over_uvicorn_per_core``."""
+    from drs_frontend.httpserver import Request
+
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await app.startup()
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    await app.shutdown()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        request = Request(scope["method"], scope["path"], scope["headers"], b"".join(chunks))
+        response = await app.handle(request)
+        headers = [(b"content-type", response.content_type), (b"content-length", b"%d" % len(response.body))]
+        await send({"type": "http.response.start", "status": response.status, "headers": [*headers, *response.headers]})
+        await send({"type": "http.response.body", "body": response.body})
+
+    return asgi
 
 
 def fastapi_wrapper(app: Any) -> Any:
-    """The same relay behind FastAPI routes (the alternative the raw ASGI app was measured against)."""
+    """The same relay behind FastAPI routes (the first HTTP surface the frontend was measured with)."""
     from drs_frontend.shaping import Endpoint
 
     @contextlib.asynccontextmanager
@@ -329,7 +367,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
     s = sub.add_parser("serve")
-    s.add_argument("--framework", choices=["asgi", "fastapi"], default="asgi")
+    s.add_argument("--framework", choices=["server", "uvicorn", "fastapi"], default="server")
     s.add_argument("--upstream", choices=["raw", "aiohttp", "httpx"], default="raw")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--prefill", action="append", required=True)
@@ -342,15 +380,11 @@ def main() -> None:
     parser.add_argument(
         "--variants", default=",".join(f"{f}+{c}" for f, c in VARIANTS), help="comma-separated framework+client"
     )
-    parser.add_argument("--baseline", help="source tree (frontend/, protocol/) for before+<client> variants")
     args = parser.parse_args()
     if args.command == "serve":
         serve(args)
         return
     args.variant_names = [v for v in args.variants.split(",") if v]
-    if args.baseline:
-        clients = dict.fromkeys(v.split("+")[1] for v in args.variant_names if not v.startswith("before+"))
-        args.variant_names += [f"before+{c}" for c in clients if f"before+{c}" not in args.variant_names]
     results = asyncio.run(run(args))
     print(json.dumps(summarize(results, args)))
 

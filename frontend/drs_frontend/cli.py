@@ -49,9 +49,9 @@ def frontend(
     from drs_protocol.listen import BindError
     from pydantic import ValidationError
 
-    from drs_frontend.asgi import FrontendApp
+    from drs_frontend.app import FrontendApp
     from drs_frontend.config import FrontendConfig, load_config
-    from drs_frontend.server import bind_socket, uvicorn_server
+    from drs_frontend.server import bind_socket, serve_forever
 
     overrides: dict[str, Any] = dict(flags)
     if prefill:
@@ -80,8 +80,6 @@ def frontend(
         f"({len(config.prefill)} prefill, {len(config.decode)} decode, ctx {config.ctx_router}, gen {config.gen_router})",
         err=True,
     )
-    server = uvicorn_server(FrontendApp(config), log_level=config.log_level)
-    server.run(sockets=[sock])
-    if not server.started:
+    if not serve_forever(FrontendApp(config), sock):
         click.echo(f"drs frontend: failed to start on port {config.port} (see the log above)", err=True)
         sys.exit(EXIT_STARTUP_FAILED)

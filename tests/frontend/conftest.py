@@ -16,7 +16,7 @@ import httpx
 import pytest
 from drs_engine.config import EngineConfig, build_config
 from drs_engine.server.runner import RunningEngine, start_engine
-from drs_frontend.asgi import FrontendApp
+from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
 
