@@ -5,7 +5,7 @@ process, as in the tests).
 name                                               type     meaning
 =================================================  =======  ==========================================
 drs_engine_info{backend,role,kind}                 gauge    1; ``kind`` is "test double" for sim
-drs_engine_requests_total{leg,status}              counter  serving requests by leg and outcome
+drs_engine_requests_total{leg,status}              counter  serving requests by leg and outcome (ok, error, disconnected)
 drs_engine_requests_in_flight                      gauge    admitted requests running now
 drs_engine_queue_depth                             gauge    requests waiting for a batch slot
 drs_engine_prompt_tokens_total{leg}                counter  prompt tokens of finished legs

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine
 
-from .conftest import EngineFactory
+from .conftest import EngineFactory, metric_value
 
 GOOD: dict[str, Any] = {"model": "sim", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
 CHAT = "/v1/chat/completions"
@@ -172,3 +172,20 @@ async def test_a_client_that_disconnects_mid_stream_does_not_leak_a_batch_slot(
                 break  # hang up after the first chunk
         after = await client.post(engine.url + CHAT, json=with_(max_tokens=2), timeout=10.0)
     assert after.status_code == 200
+
+
+async def test_a_non_streaming_client_that_disconnects_stops_its_leg_and_frees_the_slot(
+    client: httpx.AsyncClient, engine_factory: EngineFactory
+) -> None:
+    async with engine_factory("decode", maxBatchSize=1, sim={"speed": 1.0, "decodeSecondsPerToken": 0.01}) as engine:
+        # 5000 tokens at 10 ms: the only slot would be held for 50 s if the leg ran on for nobody.
+        with pytest.raises(httpx.ReadTimeout):
+            async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, read=0.3)) as impatient:
+                await impatient.post(engine.url + CHAT, json=with_(max_tokens=5000))
+        after = await client.post(engine.url + CHAT, json=with_(max_tokens=2), timeout=10.0)
+        metrics = (await client.get(engine.url + "/metrics")).text
+    assert after.status_code == 200
+    assert (
+        metric_value(metrics, "drs_engine_requests_total", '{leg="context_and_generation",status="disconnected"}') == 1
+    )
+    assert metric_value(metrics, "drs_engine_requests_in_flight") == 0

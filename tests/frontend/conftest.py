@@ -59,6 +59,7 @@ class Replica:
         config = self.config(**overrides)
         stack = await self.stack.enter_async_context(contextlib.AsyncExitStack())
         running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
+        await first_probe_round(running)
         self.frontends.append(running)
         self._frontend_stacks.append(stack)
         return running
@@ -71,9 +72,18 @@ class Replica:
         config = old.app.config
         stack = await self.stack.enter_async_context(contextlib.AsyncExitStack())
         running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
+        await first_probe_round(running)
         self.frontends[index] = running
         self._frontend_stacks[index] = stack
         return running
+
+
+async def first_probe_round(running: RunningFrontend) -> None:
+    """Wait for the frontend's first health-probe round, so a test that stops an engine next
+    does so after that round has seen it up (else the result depends on which came first)."""
+    async with asyncio.timeout(10):
+        while running.app.prober.rounds < 1:
+            await asyncio.sleep(0.01)
 
 
 ReplicaFactory = Callable[..., contextlib.AbstractAsyncContextManager[Replica]]

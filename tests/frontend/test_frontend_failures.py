@@ -177,6 +177,7 @@ async def test_a_client_that_disconnects_mid_turn_cancels_the_frontends_engine_c
             async with httpx.AsyncClient(timeout=httpx.Timeout(5.0, read=1.0)) as impatient:
                 await impatient.post(replica.url + CHAT, json=chat_body(max_tokens=2000))
         assert await wait_until_zero(frontend_in_flight) == 0
+        assert await wait_until_zero(lambda: in_flight(client, decode_url)) == 0  # the engine stopped too
         metrics = (await client.get(replica.url + "/metrics")).text
         assert metric_value(metrics, "drs_frontend_client_disconnects_total") == 1
         assert (

@@ -108,19 +108,26 @@ class TrtllmBackend(EngineBackend):
         )
         prefix_lookup = leg.request_type is not RequestType.GENERATION_ONLY
         emitted = 0
+        done = False
         outputs: AsyncIterator[Any] = promise if leg.streaming else _once(promise.aresult())
-        async for output in outputs:
-            for step in token_steps_from_output(output, emitted):
-                emitted += 1
-                yield step
-            finished = finished_from_output(
-                output, prompt_tokens=len(leg.prompt_token_ids), prefix_lookup=prefix_lookup
-            )
-            if finished is not None:
-                if finished.handoff is not None and not finished.handoff.ctx_info_endpoint:
-                    finished = replace(finished, handoff=replace(finished.handoff, ctx_info_endpoint=self._endpoint))
-                yield finished
-                return
+        try:
+            async for output in outputs:
+                for step in token_steps_from_output(output, emitted):
+                    emitted += 1
+                    yield step
+                finished = finished_from_output(
+                    output, prompt_tokens=len(leg.prompt_token_ids), prefix_lookup=prefix_lookup
+                )
+                if finished is not None:
+                    if finished.handoff is not None and not finished.handoff.ctx_info_endpoint:
+                        handoff = replace(finished.handoff, ctx_info_endpoint=self._endpoint)
+                        finished = replace(finished, handoff=handoff)
+                    done = True
+                    yield finished
+                    return
+        finally:
+            if not done:  # closed early (the client left, a timeout): free the executor's slot
+                promise.abort()  # GenerationResult.abort -> executor.abort_request(request_id)
 
     async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
         raise NotSupportedError(

@@ -9,7 +9,7 @@
 3. the leg: its request type, ``ctx_request_id`` (the ``disagg_request_id`` when given, as
    TensorRT-LLM does, else an engine-local id), the conversation id;
 4. wait for a batch slot, run the backend, and answer: one JSON body, or SSE chunks in the OpenAI
-   shape ending in ``data: [DONE]``. A generation leg's first event (the KV fetch) is awaited
+   shape ending in ``data: [DONE]``; a client that disconnects stops its leg either way. A generation leg's first event (the KV fetch) is awaited
    before the stream starts, so a missing context state is still a 4xx, not a broken stream.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
 from drs_protocol import fields
 from drs_protocol.chat import ChatTemplateError, decode_token_ids, render_completion_ids, render_prompt_ids, token_text
@@ -35,6 +35,7 @@ from drs_engine.server.state import EngineState
 from drs_engine.wire import ChatCompletionRequest, CompletionRequest, EngineRequest, RequestType
 
 SSE_DONE = b"data: [DONE]\n\n"
+T = TypeVar("T")
 
 
 async def serve(state: EngineState, request: Request, *, chat: bool) -> Response:
@@ -72,10 +73,13 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
             headers={"cache-control": "no-cache", **headers},
         )
     try:
-        steps, finished = await _collect(first, events)
+        steps, finished = await _unless_client_leaves(request, _collect(first, events))
     except EngineError as exc:
         state.require_metrics().requests.labels(leg=leg_label, status="error").inc()
         return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
+    except ClientDisconnected:
+        state.require_metrics().requests.labels(leg=leg_label, status="disconnected").inc()
+        return Response(status_code=499)  # nobody reads it; uvicorn drops it
     finally:
         await events.aclose()
         admission.release()
@@ -182,6 +186,37 @@ def build_leg(
         ctx_request_id=ctx_request_id,
         stop_sequences=stop_sequences,
     )
+
+
+class ClientDisconnected(Exception):
+    """The client of a non-streaming leg went away before its answer was ready."""
+
+
+async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """``await work``, cancelled as soon as the client disconnects (then :class:`ClientDisconnected`).
+
+    A streaming leg stops when its client leaves (the response body is cancelled); a non-streaming
+    one would otherwise run to its end for nobody, holding a batch slot, as TensorRT-LLM's server
+    aborts it too. The body is already read, so the next ASGI message is ``http.disconnect``."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    await asyncio.wait((task,))
+    raise ClientDisconnected
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _collect(first: LegEvent, events: AsyncIterator[LegEvent]) -> tuple[list[TokenStep], LegFinished]:
