@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import subprocess
@@ -134,3 +135,45 @@ async def test_the_command_serves_as_soon_as_it_starts() -> None:
     finally:
         proc.terminate()
         await proc.wait()
+
+
+async def test_sigterm_lets_a_turn_in_flight_finish_then_the_process_exits_zero() -> None:
+    """A frontend pod being replaced gets SIGTERM: the turn it is serving completes, then it exits."""
+    from drs_engine.server.runner import start_engine
+
+    from .conftest import sim_config
+
+    slow = {"sim": {"speed": 1.0, "decodeSecondsPerToken": 0.02, "prefillSecondsPerToken": 0.0}}
+    async with (
+        start_engine(sim_config("prefill", **slow)) as prefill,
+        start_engine(sim_config("decode", **slow)) as decode,
+    ):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        proc = await asyncio.create_subprocess_exec(
+            DRS, "frontend", "--prefill", prefill.url, "--decode", decode.url,
+            "--host", "127.0.0.1", "--port", str(port), stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                for _ in range(300):
+                    with contextlib.suppress(httpx.TransportError):
+                        if (await client.get(url + "/ready")).status_code == 200:
+                            break
+                    await asyncio.sleep(0.05)
+                body = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+                turn = asyncio.create_task(client.post(url + "/v1/chat/completions", json=body))  # ~1 s of decoding
+                await asyncio.sleep(0.3)
+                proc.terminate()
+                answer = await turn
+                assert answer.status_code == 200, answer.text
+                assert answer.json()["usage"]["completion_tokens"] == 50
+                assert await asyncio.wait_for(proc.wait(), 10) == 0
+                with pytest.raises(httpx.TransportError):
+                    await client.get(url + "/health")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
