@@ -9,13 +9,24 @@ Not a test. A conversation grows the way a NeMo-Gym rollout sends it (system pro
   token-id lists make this quadratic in the turn count: ``full_without_gym_ids`` is the same
   conversation without them;
 * ``incremental``: :class:`drs_frontend.tokenization.ChatTokenizer` with its cache holding turns
-  k-2 and k-1 (what the frontend does in a live conversation), checked equal to ``full``.
+  k-2 and k-1 (what the frontend does in a live conversation), checked equal to ``full``. The
+  cache is filled, then ``gc.collect()`` runs and the turn is timed: a cold start (the collection
+  walks every object of this process, Gym's id lists included, and evicts the CPU caches), as a
+  turn that arrives after other work would find it;
+* ``incremental_warm``: the same turn timed right after its cache was filled (and, for every k,
+  after one turn-1 request of another conversation), with no collection in between: warm CPU
+  caches. The cold start adds about the same few hundred us to every turn, so the warm figures
+  show the ratio between turns more plainly.
 
-Each figure is the median of ``--repeats`` runs. The last line is one JSON object:
-``{"bench": "tokenize", "turns": {k: {"full_us", "incremental_us", "speedup", "new_tokens",
-"prompt_tokens"}}, "incremental_turn100_over_turn1": …}``.
+Each figure is the median of ``--repeats`` rounds (after ``--warmup`` untimed ones). A round
+visits every turn point, in an order that rotates from round to round, so a burst of noise from
+other processes on the machine lands on all turn points alike instead of on whichever one was
+being measured then. The last line is one JSON object: ``{"bench": "tokenize", "turns": {k:
+{"full_us", "full_without_gym_ids_us", "incremental_us", "incremental_warm_us", "speedup",
+"new_tokens", "prompt_tokens"}}, "incremental_turn100_over_turn1": …,
+"incremental_warm_turn100_over_turn1": …}``.
 
-    .venv/bin/python bench/tokenization.py [--repeats 15]
+    .venv/bin/python bench/tokenization.py [--repeats 31] [--warmup 2]
 
 (Not ``bench/tokenize.py``: run as a script, any file in ``bench/`` puts that folder first on
 ``sys.path``, where a ``tokenize.py`` shadows the standard library module that ``logging`` imports.)
@@ -37,6 +48,7 @@ from drs_frontend.tokenization import ChatTokenizer
 from drs_protocol.chat import load_tokenizer, render_prompt_ids
 
 TURN_POINTS = (1, 10, 30, 100)
+FIGURES = ("full", "full_without_gym_ids", "incremental", "incremental_warm")
 WORDS = [
     "the",
     "model",
@@ -91,8 +103,9 @@ def conversation(turns: int, rng: random.Random) -> list[list[dict[str, Any]]]:
     return requests
 
 
-def timed(fn: Any) -> tuple[float, Any]:
-    gc.collect()
+def timed(fn: Any, *, collect: bool = True) -> tuple[float, Any]:
+    if collect:
+        gc.collect()
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
@@ -100,51 +113,65 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--repeats", type=int, default=31)
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first")
     args = parser.parse_args()
     tokenizer = load_tokenizer(None)
     chat = ChatTokenizer(tokenizer)
     requests = conversation(max(TURN_POINTS), random.Random(0))
+    times: dict[tuple[int, str], list[float]] = {(k, f): [] for k in TURN_POINTS for f in FIGURES}
+    counts: dict[int, tuple[int, int]] = {}
+    for rnd in range(args.warmup + args.repeats):
+        shift = rnd % len(TURN_POINTS)
+        for k in TURN_POINTS[shift:] + TURN_POINTS[:shift]:
+            request, earlier = requests[k - 1], requests[max(0, k - 3) : k - 1]
+            plain = [{k: v for k, v in m.items() if not k.endswith("_token_ids")} for m in request]
+            seconds: dict[str, float] = {}
+            seconds["full"], full = timed(lambda r=request: render_prompt_ids(tokenizer, r))
+            seconds["full_without_gym_ids"], _ = timed(lambda r=plain: render_prompt_ids(tokenizer, r))
+            for figure, collect in (("incremental", True), ("incremental_warm", False)):
+                cid = f"bench-{figure}-{k}-{rnd}"
+                gc.collect()
+                chat.prompt_ids(None, requests[0])  # the same warm-up before every turn point
+                for previous in earlier:  # the cache holds turns k-2 and k-1, as in a live conversation
+                    chat.prompt_ids(cid, previous)
+                seconds[figure], turn = timed(lambda r=request, c=cid: chat.prompt_ids(c, r), collect=collect)
+                if turn.ids.tolist() != full:
+                    raise SystemExit(f"turn {k}: incremental ids differ from the full tokenization")
+                counts[k] = (turn.new_ids, len(full))
+                chat.forget(cid)
+            if rnd >= args.warmup:
+                for figure, value in seconds.items():
+                    times[k, figure].append(value)
     results: dict[int, dict[str, Any]] = {}
     for k in TURN_POINTS:
-        request, earlier = requests[k - 1], requests[max(0, k - 3) : k - 1]
-        plain = [{k: v for k, v in m.items() if not k.endswith("_token_ids")} for m in request]
-        full_times, plain_times, inc_times = [], [], []
-        new_tokens = prompt_tokens = 0
-        for rep in range(args.repeats):
-            cid = f"bench-{k}-{rep}"
-            seconds, full = timed(lambda r=request: render_prompt_ids(tokenizer, r))
-            full_times.append(seconds)
-            seconds, _ = timed(lambda r=plain: render_prompt_ids(tokenizer, r))
-            plain_times.append(seconds)
-            for previous in earlier:  # the cache holds turns k-2 and k-1, as in a live conversation
-                chat.prompt_ids(cid, previous)
-            seconds, turn = timed(lambda r=request, c=cid: chat.prompt_ids(c, r))
-            inc_times.append(seconds)
-            if turn.ids.tolist() != full:
-                raise SystemExit(f"turn {k}: incremental ids differ from the full tokenization")
-            new_tokens, prompt_tokens = turn.new_ids, len(full)
-            chat.forget(cid)
-        full_us = statistics.median(full_times) * 1e6
-        inc_us = statistics.median(inc_times) * 1e6
+        us = {f: statistics.median(times[k, f]) * 1e6 for f in FIGURES}
+        new_tokens, prompt_tokens = counts[k]
         results[k] = {
-            "full_us": round(full_us, 1),
-            "full_without_gym_ids_us": round(statistics.median(plain_times) * 1e6, 1),
-            "incremental_us": round(inc_us, 1),
-            "speedup": round(full_us / inc_us, 2),
+            "full_us": round(us["full"], 1),
+            "full_without_gym_ids_us": round(us["full_without_gym_ids"], 1),
+            "incremental_us": round(us["incremental"], 1),
+            "incremental_warm_us": round(us["incremental_warm"], 1),
+            "speedup": round(us["full"] / us["incremental"], 2),
             "new_tokens": new_tokens,
             "prompt_tokens": prompt_tokens,
         }
         print(
-            f"turn {k:>3}: full {full_us:9.1f} us  (no Gym ids {results[k]['full_without_gym_ids_us']:8.1f})  incremental {inc_us:8.1f} us  ({prompt_tokens} ids, {new_tokens} new)"
+            f"turn {k:>3}: full {us['full']:9.1f} us  (no Gym ids {us['full_without_gym_ids']:8.1f})  "
+            f"incremental {us['incremental']:8.1f} us (warm {us['incremental_warm']:7.1f})  "
+            f"({prompt_tokens} ids, {new_tokens} new)"
         )
     summary = {
         "bench": "tokenize",
         "cpu": platform.processor() or platform.machine(),
         "nproc": os.cpu_count(),
         "windowed_render": chat.windowed,
+        "repeats": args.repeats,
         "turns": results,
         "incremental_turn100_over_turn1": round(results[100]["incremental_us"] / results[1]["incremental_us"], 2),
+        "incremental_warm_turn100_over_turn1": round(
+            results[100]["incremental_warm_us"] / results[1]["incremental_warm_us"], 2
+        ),
         "full_turn100_over_turn1": round(results[100]["full_us"] / results[1]["full_us"], 2),
     }
     print(json.dumps(summary))

@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 from drs_frontend.tokenization import ChatTokenizer, Path
-from drs_frontend.tokenization.splice import common_prefix_length, splice_safe
+from drs_frontend.tokenization.splice import SpliceTokenizer, common_prefix_length, splice_safe
+from drs_frontend.tokenization.window import message_view, same_message
 from drs_protocol.chat import default_tokenizer_dir, load_tokenizer, render_prompt_ids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -301,3 +302,87 @@ def test_qwen_added_tokens_are_safe_cut_points(tokenizer: Any) -> None:
 )
 def test_common_prefix_length(a: str, b: str, n: int) -> None:
     assert common_prefix_length(a, b) == n
+
+
+@pytest.mark.parametrize(
+    ("message", "view", "same"),
+    [
+        pytest.param({"role": "user", "content": "a"}, {"role": "user", "content": "a"}, True, id="plain, equal"),
+        pytest.param({"role": "user", "content": "a"}, {"role": "user", "content": "b"}, False, id="plain, content"),
+        pytest.param(
+            {"role": "assistant", "content": "a", "prompt_token_ids": [1], "generation_token_ids": [2]},
+            {"role": "assistant", "content": "a"},
+            True,
+            id="Gym's fields ignored",
+        ),
+        pytest.param(
+            {"role": "assistant", "content": "b", "prompt_token_ids": [1]},
+            {"role": "assistant", "content": "a"},
+            False,
+            id="Gym's fields, content changed",
+        ),
+        pytest.param(
+            {"role": "assistant", "content": "a", "prompt_token_ids": [1]},
+            {"role": "assistant", "content": "a", "name": "x"},
+            False,
+            id="a key dropped",
+        ),
+        pytest.param(
+            {"role": "assistant", "content": "a", "name": "x", "prompt_token_ids": [1]},
+            {"role": "assistant", "content": "a"},
+            False,
+            id="a key added beside Gym's",
+        ),
+        pytest.param(
+            {"role": "assistant", "content": "a", "name": "x", "prompt_token_ids": [1]},
+            {"role": "assistant", "content": "a", "prompt_token_ids": [1]},
+            False,
+            id="a view holding a Gym field",
+        ),
+        pytest.param(
+            {"role": "assistant", "content": "a", "x": 1, "y": 2, "z": 3, "w": 4},
+            {"role": "assistant", "content": "a"},
+            False,
+            id="more extra keys than Gym has",
+        ),
+        pytest.param({"role": "user"}, {"role": "user", "content": "a"}, False, id="fewer keys than the view"),
+        pytest.param(
+            {"role": "assistant", "content": "a", "generation_log_probs": [0.5], "generation_token_ids": [2]},
+            {"role": "assistant", "content": "a"},
+            True,
+            id="Gym's log-probs ignored",
+        ),
+    ],
+)
+def test_same_message_is_equality_of_the_template_view(
+    message: dict[str, Any], view: dict[str, Any], same: bool
+) -> None:
+    assert same_message(message, view) is same
+    assert (message_view(message) == view) is same
+
+
+def test_cut_points_are_the_tokenizer_offsets_after_each_added_token(tokenizer: Any) -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "naïve café 数学 😀"},
+        {"role": "user", "content": "<tool_response>\nx\n</tool_response>"},
+        {"role": "assistant", "content": "<think>\nhm\n</think>\n\nok <|im_end|> inside"},
+        {"role": "user", "content": "e\u0301 \ufeff again"},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    splicer = SpliceTokenizer(tokenizer)
+    got = splicer.encode(text, char_offset=7, id_offset=3)
+    encoding = tokenizer.backend_tokenizer.encode(text, add_special_tokens=False)
+    hits = [i for i, t in enumerate(encoding.ids) if t in splicer.cut_after]
+    assert len(hits) >= 8
+    assert got.ids.tolist() == encoding.ids
+    assert got.cut_chars == [encoding.offsets[i][1] + 7 for i in hits]
+    assert got.cut_ids == [i + 4 for i in hits]
+    for chars, n_ids in zip(got.cut_chars, got.cut_ids, strict=True):  # each cut splits the ids exactly
+        assert tokenizer.encode(text[: chars - 7], add_special_tokens=False) == encoding.ids[: n_ids - 3]
+
+
+def test_same_message_knows_every_gym_field() -> None:
+    from drs_frontend.tokenization.window import GYM_MESSAGE_FIELDS
+
+    for field in GYM_MESSAGE_FIELDS:  # same_message spells the fields out for speed
+        assert same_message({"role": "assistant", "content": "a", field: [1]}, {"role": "assistant", "content": "a"})

@@ -78,11 +78,12 @@ class SpliceTokenizer:
         ids = encoding.ids
         cut_after = self.cut_after
         hits = [i for i, t in enumerate(ids) if t in cut_after]
-        offsets = encoding.offsets
+        # Only the cut tokens' offsets: ``encoding.offsets`` would build a tuple for every token.
+        chars = encoding.token_to_chars
         return Tokenized(
             text,
             array("i", ids),
-            [offsets[i][1] + char_offset for i in hits],
+            [chars(i)[1] + char_offset for i in hits],
             [i + 1 + id_offset for i in hits],
         )
 

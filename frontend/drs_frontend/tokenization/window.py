@@ -47,10 +47,20 @@ def message_view(message: Message) -> dict[str, Any]:
 
 
 def same_message(message: Message, view: Mapping[str, Any]) -> bool:
-    """``message_view(message) == view`` (a message without Gym's fields is compared as it is)."""
-    if len(message) == len(view):
+    """``message_view(message) == view`` (a message without Gym's fields is compared as it is).
+
+    Runs once per earlier message every turn, so it copies nothing: the keys ``message`` has
+    beyond ``view`` must be exactly Gym's, and ``view``'s items must all be in ``message``."""
+    extra = len(message) - len(view)
+    if extra == 0:
         return message == view
-    return {k: v for k, v in message.items() if k not in GYM_MESSAGE_FIELDS} == view
+    return (
+        extra > 0
+        and extra
+        == ("prompt_token_ids" in message) + ("generation_token_ids" in message) + ("generation_log_probs" in message)
+        and not ("prompt_token_ids" in view or "generation_token_ids" in view or "generation_log_probs" in view)
+        and view.items() <= message.items()
+    )
 
 
 def _text(content: Any) -> str:
