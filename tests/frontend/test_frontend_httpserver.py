@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import pytest
 from drs_frontend.httpserver import HttpServer, Request, Response, ServerLimits
 from drs_frontend.server import bind_socket
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 MAX_BODY = 4096
 
@@ -335,3 +337,59 @@ async def test_stop_cancels_what_is_still_running_after_the_grace_period() -> No
         await asyncio.wait_for(served.server.stop(), 3)
         assert served.cancelled == ["/wait"]
         assert await closed(reader)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=4),
+    cuts=st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30),
+    chunked=st.booleans(),
+)
+def test_requests_split_anywhere_on_the_wire_are_answered_whole_and_in_order(
+    bodies: list[bytes], cuts: list[int], chunked: bool
+) -> None:
+    """However TCP cuts a run of pipelined requests (Content-Length or chunked bodies), each
+    is answered once, whole, in order, on the one connection."""
+
+    def request(body: bytes) -> bytes:
+        if not chunked:
+            return post("/echo", body)
+        head = b"POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+        return head + (b"%x\r\n%s\r\n" % (len(body), body) if body else b"") + b"0\r\n\r\n"
+
+    wire = b"".join(request(body) for body in bodies)
+
+    async def scenario() -> None:
+        async with serving() as served:
+            reader, writer = await served.connect()
+            position, turn = 0, 0
+            while position < len(wire):
+                size = cuts[turn % len(cuts)]
+                writer.write(wire[position : position + size])
+                await writer.drain()
+                await asyncio.sleep(0.0005)  # let each piece arrive as its own read
+                position, turn = position + size, turn + 1
+            answers = [await read_answer(reader) for _ in bodies]
+            assert [a.body for a in answers] == bodies
+            assert [r.body for r in served.seen] == bodies
+            writer.close()
+
+    asyncio.run(scenario())
+
+
+async def test_many_concurrent_connections_each_get_their_own_answers() -> None:
+    async with serving() as served:
+
+        async def client(n: int) -> list[bytes]:
+            reader, writer = await served.connect()
+            got = []
+            for i in range(3):  # a short wait first, so the connections overlap; then two echoes
+                writer.write(post("/slow", f"0.0{n % 5}".encode()) if i == 0 else post("/echo", f"{n}-{i}".encode()))
+                got.append((await read_answer(reader)).body)
+            writer.close()
+            return got
+
+        results = await asyncio.gather(*(client(n) for n in range(200)))
+        for n, got in enumerate(results):
+            assert got[0] == f"0.0{n % 5}".encode()
+            assert got[1:] == [f"{n}-1".encode(), f"{n}-2".encode()]
