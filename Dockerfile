@@ -21,6 +21,7 @@ COPY frontend/ frontend/
 COPY engine_image/drs_engine/ engine_image/drs_engine/
 COPY protocol/ protocol/
 COPY devcluster/ devcluster/
+COPY sidecar/ sidecar/
 RUN python -m venv /opt/drs \
     && /opt/drs/bin/python -m pip install --no-cache-dir .
 

@@ -23,11 +23,11 @@ controlplane: install
 	$(BIN)/drs dev build
 
 lint: install
-	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster tests bench examples
-	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster tests bench examples
+	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster sidecar tests bench examples
+	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster sidecar tests bench examples
 
 typecheck: install
-	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster
+	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster sidecar/drs_sidecar
 
 test: install controlplane lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, str] = {
     "operator": "drs_operator.run:operator",
     "engine": "drs_engine.cli:engine",
     "frontend": "drs_frontend.cli:frontend",
+    "sidecar": "drs_sidecar.cli:sidecar",
 }
 
 HELP = {
@@ -29,6 +30,7 @@ HELP = {
     "operator": "Run the DisaggReplicaSet operator.",
     "engine": "Run one engine server (TensorRT-LLM or the sim test double).",
     "frontend": "Run one frontend relay in front of a replica.",
+    "sidecar": "Refit every engine of a DisaggReplicaSet for the trainer (runs in the trainer's pod).",
 }
 
 

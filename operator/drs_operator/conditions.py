@@ -15,16 +15,18 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from drs_operator.api import names
 from drs_operator.api.constants import ConditionStatus, ConditionType, Phase, Reason
-from drs_operator.api.status import Condition, DisaggReplicaSetStatus, EngineStatus, ReplicaStatus
+from drs_operator.api.status import Condition, DisaggReplicaSetStatus, EngineStatus, ReplicaStatus, WeightsStatus
 from drs_operator.manifests.children import Children, hash_of
 from drs_operator.rollout import Rollout, deployment_ready, pod_ready
 from drs_operator.validation import Problem
 
 Manifest = dict[str, Any]
+#: ``WeightsStatus.version``'s bound; a longer annotation is not copied (the sidecar never writes one).
+WEIGHTS_VERSION_MAX: Final = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,8 @@ class Observed:
     live: Mapping[str, Mapping[str, Manifest]] = dataclasses.field(default_factory=dict)
     rollout: Rollout | None = None
     moved: Sequence[int] = ()  #: replicas moved off lost nodes in this pass
+    #: the ``disagg.dev/weights-version`` annotation (the trainer sidecar's last completed refit)
+    weights_version: str | None = None
 
 
 def _cond(
@@ -103,6 +107,7 @@ def compute_status(
                 "phase": Phase.INVALID,
                 "conditions": conditions,
                 "selector": names.selector(drs),
+                "weights": weights_status(previous.weights, observed.weights_version, now),
             }
         )
         return status, _transitions(prev, conditions)
@@ -229,9 +234,21 @@ def compute_status(
         conditions=conditions,
         urls=[u or "" for u in observed.urls],
         replica_statuses=replicas,
-        weights=previous.weights,
+        weights=weights_status(previous.weights, observed.weights_version, now),
     )
     return status, _transitions(prev, conditions)
+
+
+def weights_status(
+    previous: WeightsStatus | None, annotated: str | None, now: datetime.datetime
+) -> WeightsStatus | None:
+    """``status.weights`` from the sidecar's annotation: a new version is stamped with ``now``, the
+    same version keeps its time, and no annotation keeps what status had."""
+    if not annotated or len(annotated) > WEIGHTS_VERSION_MAX:
+        return previous
+    if previous is not None and previous.version == annotated:
+        return previous
+    return WeightsStatus(version=annotated, last_update_time=now)
 
 
 def _transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> list[EventNote]:

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
+from drs_operator.api.constants import ANNOTATION_WEIGHTS_VERSION
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import EventNote, Observed, compute_status, status_dict
 from drs_operator.kube.apply import Applier
@@ -84,6 +85,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     meta = body["metadata"]
     generation = int(meta.get("generation", 0))
     previous = _parse_status(body.get("status"))
+    weights_version = (meta.get("annotations") or {}).get(ANNOTATION_WEIGHTS_VERSION)
     now = datetime.datetime.now(datetime.UTC)
 
     # 2. validate
@@ -91,7 +93,10 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     problems = [*validate_name(name), *problems]
     if spec is None or problems:
         status, notes = compute_status(
-            name, previous, Observed(generation=generation, problems=problems or _unknown()), now
+            name,
+            previous,
+            Observed(generation=generation, problems=problems or _unknown(), weights_version=weights_version),
+            now,
         )
         await _write_status(ctx, body, status, notes)
         return None
@@ -132,6 +137,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         live=live_by_kind,
         rollout=rollout,
         moved=moved,
+        weights_version=weights_version,
     )
     status, notes = compute_status(name, previous, observed, now)
     notes += _action_notes(rollout.actions, moved, placement)

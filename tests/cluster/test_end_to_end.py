@@ -5,16 +5,31 @@ frontend → prefill engine → decode engine."""
 from __future__ import annotations
 
 import hashlib
+import json
 import signal
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 from drs_devcluster import runner
 from drs_devcluster.testing import RunningCluster
-from operator_harness import ROOT, OperatorProcess, apply, wait_for, wait_ready
+from operator_harness import (
+    ROOT,
+    OperatorProcess,
+    apply,
+    drs_status,
+    engine_pods,
+    free_port,
+    wait_for,
+    wait_ready,
+)
+
+DRS = str(Path(sys.executable).parent / "drs")
 
 pytestmark = pytest.mark.cluster
 
@@ -108,3 +123,110 @@ def test_a_chat_turn_sent_to_a_status_url_is_served_by_that_replicas_engines(
     assert served[0][0] == served[1][0], "conversation affinity: both turns on one prefill engine"
     pods_dir = devcluster.cluster.layout.state_dir / "pods"
     assert list(pods_dir.glob(f"{namespace}_e2e-r0-prefill-0_*/log")), "the prefill engine ran as a local process"
+
+
+def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_up(
+    devcluster: RunningCluster, namespace: str, stack: OperatorProcess, tmp_path: Path
+) -> None:
+    fleet = sim_fleet("refit")
+    fleet["spec"]["frontend"]["basePort"] = 18400
+    fleet["spec"]["trtllm"]["enginePort"] = 18100
+    apply(devcluster, namespace, fleet)
+    wait_ready(devcluster, namespace, "refit", 2, timeout=180)
+    checkpoint = tmp_path / "step-1"
+    checkpoint.write_bytes(b"policy weights after step 1")
+    port = free_port()
+    # the control token comes from the resource's Secret (read through the API, as in a trainer pod)
+    sidecar = subprocess.Popen(
+        [
+            DRS,
+            "sidecar",
+            "--name",
+            "refit",
+            "--namespace",
+            namespace,
+            "--port",
+            str(port),
+            "--reconcile-interval",
+            "0.5",
+        ],
+        env={k: v for k, v in devcluster.env.items() if k != "DRS_CONTROL_TOKEN"},
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_for("the sidecar to serve", lambda: _get(url + "/healthz") is not None, timeout=30)
+        report = _post(url + "/v1/refit", {"path": str(checkpoint), "version": "step-1"})
+        assert report["complete"] is True and report["ok"] == 6, report  # 2 replicas × (2 prefill + 1 decode)
+        status = wait_for(
+            "status.weights.version to be step-1",
+            lambda: (
+                (s := drs_status(devcluster, namespace, "refit")).get("weights", {}).get("version") == "step-1" and s
+            ),
+        )
+        assert status["weights"]["lastUpdateTime"]
+
+        victim = "refit-r1-decode-0"
+        old_uid = engine_pods(devcluster, namespace)[victim]["metadata"]["uid"]
+        devcluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")
+
+        def all_at_step_1() -> bool:
+            pods_now = engine_pods(devcluster, namespace)
+            fleet_now = _get(url + "/v1/fleet") or {}
+            return (
+                victim in pods_now
+                and pods_now[victim]["metadata"]["uid"] != old_uid
+                and [e["weights_version"] for e in fleet_now.get("engines", [])] == ["step-1"] * 6
+            )
+
+        wait_for("the replaced engine to serve step-1 again", all_at_step_1, timeout=120)
+    finally:
+        sidecar.terminate()
+        try:
+            _, err = sidecar.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            sidecar.kill()
+            _, err = sidecar.communicate()
+        print(err.decode(errors="replace")[-4000:])  # pytest shows it when the test fails
+    # uvicorn shuts down gracefully, then re-raises the signal it caught: -SIGTERM, not SIGKILL
+    assert sidecar.returncode in (0, -signal.SIGTERM), "the sidecar stops on SIGTERM"
+
+
+def _get(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return json.loads(resp.read())
+    except OSError:
+        return None
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"content-type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def test_the_trainer_example_grants_the_sidecar_what_it_needs_and_nothing_more(
+    devcluster: RunningCluster, namespace: str, stack: OperatorProcess
+) -> None:
+    devcluster.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "trainer" / "sidecar-rbac.yaml"))
+    devcluster.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", str(ROOT / "examples" / "trainer" / "trainer-pod.yaml")
+    )
+    who = f"--as=system:serviceaccount:{namespace}:trainer"
+
+    def can(*args: str) -> bool:
+        result = devcluster.kubectl("auth", "can-i", *args, "-n", namespace, who, check=False)
+        return result.stdout.strip() == "yes"
+
+    assert can("get", "disaggreplicasets.disagg.dev/rollouts")
+    assert can("watch", "disaggreplicasets.disagg.dev")
+    assert can("patch", "disaggreplicasets.disagg.dev/rollouts")
+    assert can("get", "secrets/rollouts-control")
+    assert not can("patch", "disaggreplicasets.disagg.dev/someone-else")
+    assert not can("patch", "disaggreplicasets.disagg.dev/rollouts", "--subresource=status"), "status is the operator's"
+    assert not can("delete", "disaggreplicasets.disagg.dev/rollouts")
+    assert not can("get", "secrets/another-secret")
+    assert not can("create", "pods")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 
 from drs_operator.api.status import DisaggReplicaSetStatus
@@ -83,3 +84,22 @@ def test_an_invalid_spec_flips_valid_once_and_names_the_field() -> None:
     assert invalid.urls == ready.urls, "the published URLs survive a bad edit"
     _, again = compute_status("fleet", invalid, Observed(generation=2, problems=[problem]), T1)
     assert again == []
+
+
+def test_the_sidecars_weights_annotation_becomes_status_weights_stamped_once() -> None:
+    first, _ = compute_status(
+        "fleet", DisaggReplicaSetStatus(), dataclasses.replace(observe(True), weights_version="step-7"), T0
+    )
+    assert first.weights is not None and (first.weights.version, first.weights.last_update_time) == ("step-7", T0)
+    same, _ = compute_status("fleet", first, dataclasses.replace(observe(True), weights_version="step-7"), T1)
+    assert same.weights == first.weights, "the same version keeps its time (no status write per resync)"
+    newer, _ = compute_status("fleet", same, dataclasses.replace(observe(True), weights_version="step-8"), T1)
+    assert newer.weights is not None and (newer.weights.version, newer.weights.last_update_time) == ("step-8", T1)
+    unannotated, _ = compute_status("fleet", newer, observe(True), T1)
+    assert unannotated.weights == newer.weights
+    invalid, _ = compute_status(
+        "fleet", newer, Observed(generation=2, problems=[Problem("spec.replicas", "bad")], weights_version="step-9"), T1
+    )
+    assert invalid.weights is not None and invalid.weights.version == "step-9", (
+        "recorded even while the spec is invalid"
+    )

@@ -43,6 +43,9 @@ LABEL_ORDINAL: Final = f"{GROUP}/ordinal"
 LABEL_FRONTEND: Final = f"{GROUP}/frontend"
 #: The rank of a pod inside an engine that spans nodes (``0`` serves HTTP).
 LABEL_RANK: Final = f"{GROUP}/rank"
+#: On the DisaggReplicaSet: the weights version of the last refit that reached every engine,
+#: written by the trainer's sidecar; the operator copies it into ``status.weights``.
+ANNOTATION_WEIGHTS_VERSION: Final = f"{GROUP}/weights-version"
 
 
 class Role(StrEnum):

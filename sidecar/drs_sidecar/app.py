@@ -1,0 +1,178 @@
+"""The trainer-facing HTTP API (on localhost in the trainer's pod).
+
+==========================  ========================================  ===================================
+``POST /v1/refit``          ``{"path": str, "version": str}``         200 every engine serves it (then
+                                                                      published); 502 some failed or were
+                                                                      not ready (report names them); 409
+                                                                      a refit runs; 400 bad body
+``POST /v1/prefix_cache/reset``  ``{}``                               every engine empties its cache
+``POST /v1/sleep``          ``{"tags": [...]}`` (empty: all)          release GPU memory (engines 503)
+``POST /v1/wake``           ``{"tags": [...]}``                       resume
+``GET /v1/fleet``           —                                         engines, the version each serves,
+                                                                      desired and published weights
+``GET /healthz``            —                                         liveness
+``GET /metrics``            —                                         Prometheus (:mod:`.metrics`)
+==========================  ========================================  ===================================
+
+A fan-out answers with its report: ``complete``, ``ok``, ``failed`` (engine, URL, why) and
+``pending`` (engines not ready). Every ``reconcile_s`` seconds the desired weights are loaded on
+any ready engine serving another version (:meth:`~drs_sidecar.refit.Refitter.reconcile_once`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from drs_sidecar.fleet import FleetError
+from drs_sidecar.refit import MAX_VERSION_CHARS, RefitBusy, Refitter, Report
+
+log = logging.getLogger(__name__)
+
+#: Control bodies are small.
+MAX_BODY_BYTES = 64 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RefitRequest(_Strict):
+    path: str = Field(min_length=1, description="checkpoint the engines load (a path they can read)")
+    version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS, description="the version they serve it as")
+
+
+class Tags(_Strict):
+    tags: list[str] = Field(default_factory=list, description="memory tags; empty: all")
+
+
+def _error(status: int, message: str, **extra: Any) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "code": status, **extra}}, status_code=status)
+
+
+async def _parse(request: Request, model: type[BaseModel]) -> Any:
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise ValueError(f"body: over {MAX_BODY_BYTES} bytes")
+    try:
+        data = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise ValueError(f"body: not valid JSON ({exc})") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(problems) from None
+
+
+def _report(report: Report) -> JSONResponse:
+    return JSONResponse(report.as_dict(), status_code=200 if report.complete else 502)
+
+
+def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
+    async def reconcile_forever() -> None:
+        while True:
+            await asyncio.sleep(reconcile_s)
+            try:
+                await refitter.reconcile_once()
+            except FleetError as exc:
+                log.warning("reconcile: %s", exc)
+            except Exception:
+                log.exception("reconcile failed")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        task = asyncio.create_task(reconcile_forever(), name="weights-reconcile")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await refitter.control.close()
+            await refitter.fleet.close()
+
+    app = FastAPI(title="drs sidecar", lifespan=lifespan, docs_url=None, redoc_url=None)
+
+    @app.post("/v1/refit")
+    async def refit(request: Request) -> Response:
+        try:
+            body: RefitRequest = await _parse(request, RefitRequest)
+            report = await refitter.refit(body.path, body.version)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        except RefitBusy as exc:
+            return _error(409, str(exc))
+        except FleetError as exc:
+            return _error(503, str(exc))
+        return _report(report)
+
+    async def broadcast(request: Request, op: str, route: str, model: type[BaseModel] | None) -> Response:
+        try:
+            body = (await _parse(request, model)).model_dump() if model is not None else {}
+            return _report(await refitter.broadcast(op, route, body))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        except FleetError as exc:
+            return _error(503, str(exc))
+
+    @app.post("/v1/prefix_cache/reset")
+    async def reset(request: Request) -> Response:
+        return await broadcast(request, "reset_prefix_cache", "/control/prefix_cache/reset", None)
+
+    @app.post("/v1/sleep")
+    async def sleep(request: Request) -> Response:
+        return await broadcast(request, "release_memory", "/control/memory/release", Tags)
+
+    @app.post("/v1/wake")
+    async def wake(request: Request) -> Response:
+        return await broadcast(request, "resume_memory", "/control/memory/resume", Tags)
+
+    @app.get("/v1/fleet")
+    async def fleet() -> Response:
+        try:
+            engines = await refitter.fleet.engines()
+        except FleetError as exc:
+            return _error(503, str(exc))
+        versions = await asyncio.gather(*(refitter.control.weights_version(e.url) for e in engines if e.url))
+        by_url = {v.url: v for v in versions}
+        desired = refitter.desired
+        return JSONResponse(
+            {
+                "desired": None if desired is None else {"path": desired.path, "version": desired.version},
+                "published": refitter.published,
+                "refitting": refitter.busy,
+                "engines": [
+                    {
+                        "engine": e.name,
+                        "role": e.role,
+                        "replica": e.replica,
+                        "url": e.url,
+                        "ready": e.ready,
+                        "weights_version": (r.body.get("weights_version") if r.ok else None)
+                        if (r := by_url.get(e.url or "")) is not None
+                        else None,
+                    }
+                    for e in engines
+                ],
+            }
+        )
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(refitter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

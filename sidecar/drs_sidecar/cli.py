@@ -1,0 +1,116 @@
+"""``drs sidecar``: the trainer's refit sidecar for one DisaggReplicaSet.
+
+In Kubernetes: ``drs sidecar --name NAME --namespace NS`` (in-cluster config or KUBECONFIG; the
+control token from ``--control-token-file``, ``$DRS_CONTROL_TOKEN`` or the resource's Secret).
+Outside it: ``drs sidecar --engine URL --engine URL … --control-token-file F``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+TOKEN_ENV = "DRS_CONTROL_TOKEN"
+EXIT_BIND_FAILED = 1
+
+
+@click.command(name="sidecar")
+@click.option("--name", default=None, help="The DisaggReplicaSet whose engines to refit.")
+@click.option("--namespace", default=None, help="Its namespace (default: the pod's, else 'default').")
+@click.option("--engine", "engines", multiple=True, help="An engine base URL instead of --name (repeat).")
+@click.option("--control-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen address (the trainer is in the same pod).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8400, show_default=True)
+@click.option(
+    "--concurrency", type=click.IntRange(1, 4096), default=64, show_default=True, help="Engines called at once."
+)
+@click.option(
+    "--load-timeout", type=click.FloatRange(min=1), default=1800.0, show_default=True, help="Seconds per load."
+)
+@click.option(
+    "--call-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="Seconds per other call."
+)
+@click.option("--reconcile-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
+def sidecar(
+    name: str | None,
+    namespace: str | None,
+    engines: tuple[str, ...],
+    control_token_file: Path | None,
+    host: str,
+    port: int,
+    concurrency: int,
+    load_timeout: float,
+    call_timeout: float,
+    reconcile_interval: float,
+    log_level: str,
+) -> None:
+    """Refit every engine of a DisaggReplicaSet for the trainer, and keep restarted engines current."""
+    if bool(name) == bool(engines):
+        raise click.UsageError("give --name (a DisaggReplicaSet) or --engine URLs, not both and not neither")
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per engine call otherwise
+    from drs_protocol.listen import BindError, bind_socket
+
+    try:
+        sock = bind_socket(host, port, what="sidecar", backlog=128)
+    except BindError as exc:
+        click.echo(f"drs sidecar: {exc.strerror}", err=True)
+        sys.exit(EXIT_BIND_FAILED)
+    token = control_token_file.read_text().strip() if control_token_file else os.environ.get(TOKEN_ENV, "").strip()
+    asyncio.run(
+        _run(sock, name, namespace, list(engines), token, concurrency, load_timeout, call_timeout, reconcile_interval)
+    )
+
+
+def _pod_namespace() -> str:
+    path = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+    return path.read_text().strip() if path.exists() else "default"
+
+
+async def _run(
+    sock: socket.socket,
+    name: str | None,
+    namespace: str | None,
+    engines: list[str],
+    token: str,
+    concurrency: int,
+    load_timeout: float,
+    call_timeout: float,
+    reconcile_interval: float,
+) -> None:
+    import uvicorn
+
+    from drs_sidecar.app import build_app
+    from drs_sidecar.control import ControlClient
+    from drs_sidecar.fleet import Fleet, FleetError, KubeFleet, StaticFleet
+    from drs_sidecar.metrics import SidecarMetrics
+    from drs_sidecar.refit import Refitter
+
+    fleet: Fleet
+    if name:
+        kube = await KubeFleet.connect(namespace or _pod_namespace(), name)
+        if not token:
+            try:
+                token = await kube.control_token()
+            except FleetError as exc:
+                await kube.close()
+                raise click.ClickException(
+                    f"no control token: {exc} (or give --control-token-file / ${TOKEN_ENV})"
+                ) from None
+        fleet = kube
+    else:
+        if not token:
+            raise click.ClickException(f"no control token: give --control-token-file or ${TOKEN_ENV}")
+        fleet = StaticFleet(engines)
+    control = ControlClient(token, call_s=call_timeout, load_s=load_timeout)
+    refitter = Refitter(fleet, control, SidecarMetrics(), concurrency=concurrency)
+    app = build_app(refitter, reconcile_s=reconcile_interval)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    await uvicorn.Server(config).serve(sockets=[sock])

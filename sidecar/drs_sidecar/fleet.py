@@ -1,0 +1,149 @@
+"""Which engines there are: read from the DisaggReplicaSet's status, or given as flags.
+
+:func:`engines_from_status` is pure: it parses ``status`` with the operator's own models (the one
+schema source) and lists every engine of every replica with its URL and readiness.
+:class:`KubeFleet` reads the resource each time it is asked (a refit always acts on the current
+status, never on a cached one) and records a completed refit in the annotation
+``disagg.dev/weights-version``, which the operator copies into ``status.weights`` (status is
+written by the operator only). :class:`StaticFleet` is a fixed list of engine URLs, for running
+the sidecar beside engines outside Kubernetes.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from drs_operator.api import DisaggReplicaSetStatus
+from drs_operator.api.constants import ANNOTATION_WEIGHTS_VERSION, GROUP, PLURAL, VERSION
+from drs_operator.api.names import control_secret_name
+from drs_operator.manifests.common import TOKEN_KEY
+from pydantic import ValidationError
+
+#: Seconds for one read or patch of the resource.
+KUBE_TIMEOUT_S: Final = 10.0
+
+
+class FleetError(Exception):
+    """The fleet cannot be read (the resource is missing, its status unparsable, the API down)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    name: str
+    role: str
+    replica: int
+    url: str | None
+    ready: bool
+
+
+def engines_from_status(status: Mapping[str, Any] | None) -> list[Engine]:
+    """Every engine the status lists, replica by replica (unplaced replicas have none)."""
+    try:
+        parsed = DisaggReplicaSetStatus.model_validate(status or {})
+    except ValidationError as exc:
+        raise FleetError(f"status cannot be read: {exc}") from exc
+    return [
+        Engine(name=e.name, role=e.role.value, replica=rs.index, url=e.url, ready=e.ready and e.url is not None)
+        for rs in parsed.replica_statuses
+        for e in rs.engines
+    ]
+
+
+class Fleet(Protocol):
+    async def engines(self) -> list[Engine]: ...
+    async def publish(self, version: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+class StaticFleet:
+    """Engines given by URL (``drs sidecar --engine URL``): all taken as ready; a completed refit
+    is recorded nowhere but the sidecar's memory."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self._engines = [Engine(name=url, role="engine", replica=0, url=url.rstrip("/"), ready=True) for url in urls]
+
+    async def engines(self) -> list[Engine]:
+        return list(self._engines)
+
+    async def publish(self, version: str) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class KubeFleet:
+    """One DisaggReplicaSet, read through the Kubernetes API (in-cluster config or KUBECONFIG)."""
+
+    def __init__(self, api: Any, namespace: str, name: str) -> None:
+        from kubernetes_asyncio import client
+
+        self._api = api
+        self._custom = client.CustomObjectsApi(api)
+        self._core = client.CoreV1Api(api)
+        self.namespace = namespace
+        self.name = name
+
+    @classmethod
+    async def connect(cls, namespace: str, name: str) -> KubeFleet:
+        from kubernetes_asyncio import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            await config.load_kube_config()
+        return cls(client.ApiClient(), namespace, name)
+
+    async def _read(self) -> dict[str, Any]:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            body: dict[str, Any] = await self._custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=KUBE_TIMEOUT_S
+            )
+        except ApiException as exc:
+            raise FleetError(f"DisaggReplicaSet {self.namespace}/{self.name}: {exc.status} {exc.reason}") from exc
+        return body
+
+    async def engines(self) -> list[Engine]:
+        return engines_from_status((await self._read()).get("status"))
+
+    async def publish(self, version: str) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        patch = {"metadata": {"annotations": {ANNOTATION_WEIGHTS_VERSION: version}}}
+        try:
+            await self._custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                self.namespace,
+                PLURAL,
+                self.name,
+                patch,
+                _content_type="application/merge-patch+json",  # the client's default is a JSON patch
+                _request_timeout=KUBE_TIMEOUT_S,
+            )
+        except ApiException as exc:
+            raise FleetError(f"recording weights version {version!r}: {exc.status} {exc.reason}") from exc
+
+    async def control_token(self) -> str:
+        """The engines' control token, from the Secret the operator created for this resource."""
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        secret_name = control_secret_name(self.name)
+        try:
+            secret = await self._core.read_namespaced_secret(
+                secret_name, self.namespace, _request_timeout=KUBE_TIMEOUT_S
+            )
+        except ApiException as exc:
+            raise FleetError(f"Secret {self.namespace}/{secret_name}: {exc.status} {exc.reason}") from exc
+        data = secret.data or {}
+        if TOKEN_KEY not in data:
+            raise FleetError(f"Secret {self.namespace}/{secret_name} has no key {TOKEN_KEY!r}")
+        return base64.b64decode(data[TOKEN_KEY]).decode()
+
+    async def close(self) -> None:
+        await self._api.close()

@@ -1,0 +1,207 @@
+"""Refit: load new weights on every engine of every replica, and keep them there.
+
+:meth:`Refitter.refit` reads the fleet now (never a cached list), calls ``POST
+/control/weights/load`` on every ready engine at once (at most ``concurrency`` in flight, each
+within the load timeout) and reports each engine's outcome. Only when every engine of the fleet
+serves the new version is the refit *complete*: then the version is published
+(``disagg.dev/weights-version``) and becomes the *desired* weights. Engines that were not ready
+are listed as ``pending``; a refit with failures or pending engines is not complete and is not
+published, but its weights are still desired, so :meth:`Refitter.reconcile_once` (run every few
+seconds by the app) loads them on each engine that comes up at another version: a restarted or
+replaced engine pod comes back at the trainer's current weights. Loading resets the engine's
+prefix cache (the engine does it), so the next turn re-prefills under the new weights.
+
+One refit at a time: a second one while the first runs is refused (:class:`RefitBusy`), since
+two interleaved loads would leave engines at different versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from drs_sidecar.control import CallResult, ControlClient
+from drs_sidecar.fleet import Engine, Fleet, FleetError
+from drs_sidecar.metrics import SidecarMetrics
+
+log = logging.getLogger(__name__)
+
+#: The engines refuse longer versions (drs_engine.control_models.LoadWeights).
+MAX_VERSION_CHARS: Final = 200
+
+
+class RefitBusy(Exception):
+    """A refit is already running."""
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    path: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOutcome:
+    engine: str
+    role: str
+    replica: int
+    url: str | None
+    ok: bool
+    detail: str
+    elapsed_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "engine": self.engine,
+            "role": self.role,
+            "replica": self.replica,
+            "url": self.url,
+            "ok": self.ok,
+            "detail": self.detail,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+@dataclass(slots=True)
+class Report:
+    """What one fan-out did: every ready engine's outcome, and the engines it could not call."""
+
+    op: str
+    outcomes: list[EngineOutcome] = field(default_factory=list)
+    pending: list[Engine] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def failed(self) -> list[EngineOutcome]:
+        return [o for o in self.outcomes if not o.ok]
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.outcomes) and not self.failed and not self.pending
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "complete": self.complete,
+            "engines": len(self.outcomes) + len(self.pending),
+            "ok": sum(o.ok for o in self.outcomes),
+            "failed": [o.as_dict() for o in self.failed],
+            "pending": [{"engine": e.name, "role": e.role, "replica": e.replica} for e in self.pending],
+            "outcomes": [o.as_dict() for o in self.outcomes],
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+
+
+def check_weights(path: str, version: str) -> None:
+    """``ValueError`` naming the field for a refit request no engine would accept."""
+    if not path:
+        raise ValueError("path: must not be empty")
+    if not version or len(version) > MAX_VERSION_CHARS:
+        raise ValueError(f"version: must be 1 to {MAX_VERSION_CHARS} characters")
+
+
+class Refitter:
+    def __init__(self, fleet: Fleet, control: ControlClient, metrics: SidecarMetrics, *, concurrency: int = 64) -> None:
+        self.fleet = fleet
+        self.control = control
+        self.metrics = metrics
+        self.concurrency = concurrency
+        self.desired: Weights | None = None
+        self.published: str | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
+    async def refit(self, path: str, version: str) -> Report:
+        """Load ``path`` as ``version`` on every ready engine; publish the version if all of the
+        fleet now serves it. Raises :class:`RefitBusy`, :class:`FleetError`, ``ValueError``."""
+        check_weights(path, version)
+        if self._lock.locked():
+            raise RefitBusy("a refit is already running")
+        async with self._lock:
+            weights = Weights(path, version)
+            self.desired = weights
+            report = await self._fan_out(
+                "load_weights", await self.fleet.engines(), lambda url: self.control.load_weights(url, path, version)
+            )
+            self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
+            self.metrics.refit_seconds.observe(report.elapsed_s)
+            if report.complete:
+                await self._publish(version)
+            else:
+                log.warning(
+                    "refit to %s incomplete: %d failed, %d pending (kept as desired; retried as engines come up)",
+                    version,
+                    len(report.failed),
+                    len(report.pending),
+                )
+            return report
+
+    async def broadcast(self, op: str, route: str, body: dict[str, Any] | None = None) -> Report:
+        """One control call on every ready engine (prefix-cache reset, sleep, wake, profiling)."""
+        return await self._fan_out(op, await self.fleet.engines(), lambda url: self.control.op(url, route, body))
+
+    async def reconcile_once(self) -> Report | None:
+        """Bring every ready engine that serves another version to the desired weights; publish
+        the version once the whole fleet serves it. None when nothing is desired or a refit runs."""
+        desired = self.desired
+        if desired is None or self._lock.locked():
+            return None
+        async with self._lock:
+            engines = await self.fleet.engines()
+            ready = [e for e in engines if e.ready and e.url]
+            versions = await asyncio.gather(*(self.control.weights_version(e.url) for e in ready if e.url))
+            behind = [
+                e
+                for e, v in zip(ready, versions, strict=True)
+                if v.ok and v.body.get("weights_version") != desired.version
+            ]
+            unknown = sum(not v.ok for v in versions)
+            self.metrics.engines_behind.set(len(behind) + unknown + (len(engines) - len(ready)))
+            report = Report("load_weights")
+            if behind:
+                log.info("%d engine(s) not at weights %s: loading", len(behind), desired.version)
+                report = await self._fan_out(
+                    "load_weights", behind, lambda url: self.control.load_weights(url, desired.path, desired.version)
+                )
+            all_current = len(ready) == len(engines) and unknown == 0 and not report.failed
+            if all_current and engines and self.published != desired.version:
+                await self._publish(desired.version)
+            return report
+
+    async def _publish(self, version: str) -> None:
+        try:
+            await self.fleet.publish(version)
+        except FleetError as exc:
+            log.error("weights %s reached every engine but could not be recorded: %s", version, exc)
+            return
+        self.published = version
+        self.metrics.engines_behind.set(0)
+        log.info("weights %s serve on every engine", version)
+
+    async def _fan_out(self, op: str, engines: list[Engine], call: Callable[[str], Awaitable[CallResult]]) -> Report:
+        started = time.perf_counter()
+        report = Report(op, pending=[e for e in engines if not (e.ready and e.url)])
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(engine: Engine) -> EngineOutcome:
+            assert engine.url is not None
+            async with gate:
+                result = await call(engine.url)
+            self.metrics.engine_calls.labels(op=op, result="ok" if result.ok else "failed").inc()
+            detail = result.detail if result.status is None or result.ok else f"{result.status}: {result.detail}"
+            return EngineOutcome(
+                engine.name, engine.role, engine.replica, engine.url, result.ok, detail, result.elapsed_s
+            )
+
+        report.outcomes = list(await asyncio.gather(*(one(e) for e in engines if e.ready and e.url)))
+        report.elapsed_s = time.perf_counter() - started
+        for failed in report.failed:
+            log.warning("%s on %s (%s) failed: %s", op, failed.engine, failed.url, failed.detail)
+        return report

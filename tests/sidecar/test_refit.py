@@ -1,0 +1,90 @@
+"""Refit fan-out over real sim engines: every engine loads the weights, failures are named, and
+an engine that comes up at other weights is brought to the desired ones."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+from drs_sidecar.fleet import Engine
+from drs_sidecar.refit import MAX_VERSION_CHARS, RefitBusy
+
+from .conftest import as_engine, completion, refitter_over, served_version, sim_engine
+
+
+async def test_a_refit_reaches_every_engine_changes_their_output_and_is_published(checkpoint: Path) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        engines = [await stack.enter_async_context(sim_engine()) for _ in range(4)]
+        before = [await completion(e.url) for e in engines]
+        async with refitter_over([as_engine(e, i // 2) for i, e in enumerate(engines)]) as (refitter, fleet):
+            report = await refitter.refit(str(checkpoint), "step-100")
+        assert report.complete, report.as_dict()
+        assert [o.ok for o in report.outcomes] == [True] * 4
+        assert [await served_version(e.url) for e in engines] == ["step-100"] * 4
+        after = [await completion(e.url) for e in engines]
+        assert all(a != b for a, b in zip(after, before, strict=True)), "outputs follow the weights"
+        assert len({tuple(a) for a in after}) == 1, "every engine serves the same weights"
+        assert fleet.published == ["step-100"]
+        assert refitter.desired is not None and refitter.desired.version == "step-100"
+
+
+async def test_an_engine_that_fails_is_named_and_the_refit_is_not_published(checkpoint: Path, tmp_path: Path) -> None:
+    async with sim_engine() as good, sim_engine() as stopped_later:
+        engines = [as_engine(good), as_engine(stopped_later)]
+        stopped_url = stopped_later.url
+    # both servers have stopped now; start one fresh to be the healthy engine
+    async with sim_engine() as good:
+        engines = [as_engine(good), Engine(name="gone", role="decode", replica=1, url=stopped_url, ready=True)]
+        async with refitter_over(engines) as (refitter, fleet):
+            report = await refitter.refit(str(checkpoint), "step-100")
+            missing = await refitter.refit(str(tmp_path / "no-such-checkpoint"), "step-101")
+        assert not report.complete
+        assert [(o.engine, o.ok) for o in report.outcomes] == [(good.url, True), ("gone", False)]
+        assert "unreachable" in report.failed[0].detail
+        assert report.as_dict()["failed"][0]["engine"] == "gone"
+        assert fleet.published == []
+        assert not missing.complete
+        assert missing.outcomes[0].detail.startswith("4")  # the engine's 4xx, with its reason
+        assert "no-such-checkpoint" in missing.outcomes[0].detail
+        assert await served_version(good.url) == "step-100", "a failed load leaves the previous weights serving"
+
+
+async def test_engines_that_are_not_ready_are_pending_then_loaded_when_they_come_up(checkpoint: Path) -> None:
+    async with sim_engine() as first, sim_engine() as late:
+        fleet_engines = [as_engine(first), as_engine(late, 1, ready=False)]
+        async with refitter_over(fleet_engines) as (refitter, fleet):
+            report = await refitter.refit(str(checkpoint), "step-100")
+            assert not report.complete
+            assert [e.url for e in report.pending] == [late.url]
+            assert fleet.published == []
+            assert await served_version(late.url) != "step-100"
+            fleet.list[1] = as_engine(late, 1)  # it became ready (a restarted pod comes back at old weights)
+            again = await refitter.reconcile_once()
+            assert again is not None and [o.url for o in again.outcomes] == [late.url]
+            assert await served_version(late.url) == "step-100"
+            assert fleet.published == ["step-100"]
+            assert (await refitter.reconcile_once()) is not None
+            assert fleet.published == ["step-100"], "published once"
+
+
+async def test_a_second_refit_while_one_runs_is_refused(checkpoint: Path) -> None:
+    async with sim_engine(weightsLoadSeconds=0.5, speed=1.0) as slow, refitter_over([as_engine(slow)]) as (refitter, _):
+        first = asyncio.create_task(refitter.refit(str(checkpoint), "step-100"))
+        await asyncio.sleep(0.1)
+        with pytest.raises(RefitBusy):
+            await refitter.refit(str(checkpoint), "step-101")
+        assert (await first).complete
+        assert refitter.desired is not None and refitter.desired.version == "step-100"
+
+
+@pytest.mark.parametrize(
+    ("path", "version", "field"),
+    [("", "v1", "path"), ("/ckpt", "", "version"), ("/ckpt", "v" * (MAX_VERSION_CHARS + 1), "version")],
+)
+async def test_a_refit_no_engine_would_accept_is_refused_before_any_call(path: str, version: str, field: str) -> None:
+    async with refitter_over([]) as (refitter, fleet):
+        with pytest.raises(ValueError, match=f"^{field}:"):
+            await refitter.refit(path, version)
+        assert refitter.desired is None and fleet.published == []

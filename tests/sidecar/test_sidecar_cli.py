@@ -1,0 +1,130 @@
+"""``drs sidecar`` as a process over real sim engines: the trainer's HTTP API end to end."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from drs_cli.main import main as drs
+
+from .conftest import TOKEN, served_version, sim_engine
+
+DRS = str(Path(sys.executable).parent / "drs")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def sidecar(*engine_urls: str, token_file: Path) -> AsyncIterator[str]:
+    port = free_port()
+    args = [DRS, "sidecar", "--port", str(port), "--control-token-file", str(token_file), "--reconcile-interval", "0.2"]
+    for url in engine_urls:
+        args += ["--engine", url]
+    proc = await asyncio.create_subprocess_exec(*args, stderr=asyncio.subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient() as client:
+            for _ in range(200):
+                with contextlib.suppress(httpx.TransportError):
+                    if (await client.get(url + "/healthz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.05)
+        yield url
+    finally:
+        proc.terminate()
+        await proc.wait()
+
+
+@pytest.fixture
+def token_file(tmp_path: Path) -> Path:
+    path = tmp_path / "token"
+    path.write_text(TOKEN + "\n")
+    return path
+
+
+async def test_the_trainer_refits_every_engine_through_the_sidecar(checkpoint: Path, token_file: Path) -> None:
+    async with sim_engine() as a, sim_engine("decode") as b, sidecar(a.url, b.url, token_file=token_file) as url:
+        async with httpx.AsyncClient(timeout=30) as client:
+            refit = await client.post(url + "/v1/refit", json={"path": str(checkpoint), "version": "step-7"})
+            assert refit.status_code == 200, refit.text
+            assert refit.json()["complete"] is True and refit.json()["ok"] == 2
+            fleet = (await client.get(url + "/v1/fleet")).json()
+            assert [e["weights_version"] for e in fleet["engines"]] == ["step-7", "step-7"]
+            assert fleet["desired"] == {"path": str(checkpoint), "version": "step-7"}
+            assert (await client.post(url + "/v1/prefix_cache/reset")).json()["ok"] == 2
+            asleep = await client.post(url + "/v1/sleep", json={"tags": []})
+            assert asleep.status_code == 200, asleep.text
+            assert (await client.post(a.url + "/v1/completions", json={"model": "m", "prompt": "x"})).status_code == 503
+            assert (await client.post(url + "/v1/wake", json={})).status_code == 200
+            metrics = (await client.get(url + "/metrics")).text
+            assert 'drs_sidecar_refits_total{result="complete"} 1.0' in metrics
+        assert await served_version(b.url) == "step-7"
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'{"version": "v1"}', "path: Field required"),
+        (b'{"path": "/x", "version": "v1", "force": true}', "force: Extra inputs"),
+        (b'{"path": "/x", "version": ""}', "version:"),
+    ],
+)
+async def test_bad_refit_bodies_get_400_naming_the_field(body: bytes, fragment: str, token_file: Path) -> None:
+    async with sim_engine() as a, sidecar(a.url, token_file=token_file) as url, httpx.AsyncClient() as client:
+        response = await client.post(url + "/v1/refit", content=body)
+        assert response.status_code == 400
+        assert fragment in response.json()["error"]["message"]
+        assert (await client.get(url + "/healthz")).status_code == 200
+
+
+async def test_an_engine_that_restarts_at_old_weights_is_brought_back_by_the_sidecar(
+    checkpoint: Path, token_file: Path
+) -> None:
+    async with (
+        sim_engine() as a,
+        sim_engine() as b,
+        sidecar(a.url, b.url, token_file=token_file) as url,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        assert (
+            await client.post(url + "/v1/refit", json={"path": str(checkpoint), "version": "s1"})
+        ).status_code == 200
+        # an engine pod restarting comes back at its initial weights; here: load others on b directly
+        other = checkpoint.parent / "other"
+        other.write_text("other weights")
+        direct = await client.post(
+            b.url + "/control/weights/load",
+            json={"path": str(other), "version": "stale"},
+            headers={"authorization": f"Bearer {TOKEN}"},
+        )
+        assert direct.status_code == 200
+        for _ in range(100):
+            if await served_version(b.url) == "s1":
+                break
+            await asyncio.sleep(0.1)
+        assert await served_version(b.url) == "s1"
+
+
+def test_the_command_needs_exactly_one_way_to_find_engines() -> None:
+    result = CliRunner().invoke(drs, ["sidecar"])
+    assert result.exit_code == 2 and "--name" in result.output
+    result = CliRunner().invoke(drs, ["sidecar", "--name", "x", "--engine", "http://a:1"])
+    assert result.exit_code == 2 and "not both" in result.output
+
+
+def test_without_a_control_token_the_command_says_where_to_give_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DRS_CONTROL_TOKEN", raising=False)
+    result = CliRunner().invoke(drs, ["sidecar", "--engine", "http://127.0.0.1:1", "--port", "0"])
+    assert result.exit_code == 1 and "--control-token-file" in result.output
