@@ -11,6 +11,10 @@ seconds by the app) loads them on each engine that comes up at another version: 
 replaced engine pod comes back at the trainer's current weights. Loading resets the engine's
 prefix cache (the engine does it), so the next turn re-prefills under the new weights.
 
+A refit that loaded nowhere (a mistyped path: every engine refused it) changes nothing: the
+previous desired weights stay. An engine whose catch-up load fails is retried with exponential
+back-off (``RETRY_BASE_S`` doubling up to ``RETRY_MAX_S``), not on every pass.
+
 One refit at a time: a second one while the first runs is refused (:class:`RefitBusy`), since
 two interleaved loads would leave engines at different versions.
 """
@@ -32,6 +36,9 @@ log = logging.getLogger(__name__)
 
 #: The engines refuse longer versions (drs_engine.control_models.LoadWeights).
 MAX_VERSION_CHARS: Final = 200
+#: Seconds before an engine whose catch-up load failed is tried again (doubling per failure).
+RETRY_BASE_S: Final = 5.0
+RETRY_MAX_S: Final = 300.0
 
 
 class RefitBusy(Exception):
@@ -113,6 +120,8 @@ class Refitter:
         self.desired: Weights | None = None
         self.published: str | None = None
         self._lock = asyncio.Lock()
+        #: engine URL -> (failed catch-up loads in a row, loop time before which it is not retried)
+        self._backoff: dict[str, tuple[int, float]] = {}
 
     @property
     def busy(self) -> bool:
@@ -125,22 +134,25 @@ class Refitter:
         if self._lock.locked():
             raise RefitBusy("a refit is already running")
         async with self._lock:
-            weights = Weights(path, version)
-            self.desired = weights
             report = await self._fan_out(
                 "load_weights", await self.fleet.engines(), lambda url: self.control.load_weights(url, path, version)
             )
             self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
             self.metrics.refit_seconds.observe(report.elapsed_s)
+            if any(o.ok for o in report.outcomes):
+                self.desired = Weights(path, version)
+                self._backoff.clear()
             if report.complete:
                 await self._publish(version)
-            else:
+            elif self.desired is not None and self.desired.version == version:
                 log.warning(
                     "refit to %s incomplete: %d failed, %d pending (kept as desired; retried as engines come up)",
                     version,
                     len(report.failed),
                     len(report.pending),
                 )
+            else:
+                log.warning("refit to %s loaded on no engine: the desired weights are unchanged", version)
             return report
 
     async def broadcast(self, op: str, route: str, body: dict[str, Any] | None = None) -> Report:
@@ -164,16 +176,29 @@ class Refitter:
             ]
             unknown = sum(not v.ok for v in versions)
             self.metrics.engines_behind.set(len(behind) + unknown + (len(engines) - len(ready)))
+            now = asyncio.get_running_loop().time()
+            due = [e for e in behind if self._backoff.get(e.url or "", (0, 0.0))[1] <= now]
             report = Report("load_weights")
-            if behind:
-                log.info("%d engine(s) not at weights %s: loading", len(behind), desired.version)
+            if due:
+                log.info("%d engine(s) not at weights %s: loading", len(due), desired.version)
                 report = await self._fan_out(
-                    "load_weights", behind, lambda url: self.control.load_weights(url, desired.path, desired.version)
+                    "load_weights", due, lambda url: self.control.load_weights(url, desired.path, desired.version)
                 )
-            all_current = len(ready) == len(engines) and unknown == 0 and not report.failed
+                self._note_attempts(report, now)
+            loaded = {o.url for o in report.outcomes if o.ok}
+            all_current = len(ready) == len(engines) and unknown == 0 and all(e.url in loaded for e in behind)
             if all_current and engines and self.published != desired.version:
                 await self._publish(desired.version)
             return report
+
+    def _note_attempts(self, report: Report, now: float) -> None:
+        for outcome in report.outcomes:
+            url = outcome.url or ""
+            if outcome.ok:
+                self._backoff.pop(url, None)
+            else:
+                failures = self._backoff.get(url, (0, 0.0))[0] + 1
+                self._backoff[url] = (failures, now + min(RETRY_BASE_S * 2 ** (failures - 1), RETRY_MAX_S))
 
     async def _publish(self, version: str) -> None:
         try:

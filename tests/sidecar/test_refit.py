@@ -7,11 +7,12 @@ import asyncio
 import contextlib
 from pathlib import Path
 
+import httpx
 import pytest
 from drs_sidecar.fleet import Engine
 from drs_sidecar.refit import MAX_VERSION_CHARS, RefitBusy
 
-from .conftest import as_engine, completion, refitter_over, served_version, sim_engine
+from .conftest import TOKEN, as_engine, completion, refitter_over, served_version, sim_engine
 
 
 async def test_a_refit_reaches_every_engine_changes_their_output_and_is_published(checkpoint: Path) -> None:
@@ -88,3 +89,44 @@ async def test_a_refit_no_engine_would_accept_is_refused_before_any_call(path: s
         with pytest.raises(ValueError, match=f"^{field}:"):
             await refitter.refit(path, version)
         assert refitter.desired is None and fleet.published == []
+
+
+async def test_a_refit_that_loads_nowhere_leaves_the_desired_weights_as_they_were(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    async with sim_engine() as engine, refitter_over([as_engine(engine)]) as (refitter, fleet):
+        assert (await refitter.refit(str(checkpoint), "step-100")).complete
+        typo = await refitter.refit(str(tmp_path / "step-1O1"), "step-101")
+        assert not typo.complete and not any(o.ok for o in typo.outcomes)
+        assert refitter.desired is not None and refitter.desired.version == "step-100"
+        again = await refitter.reconcile_once()
+        assert again is not None and again.outcomes == [], "nothing to catch up: no failing loads every pass"
+        assert await served_version(engine.url) == "step-100"
+        assert fleet.published == ["step-100"]
+
+
+async def test_an_engine_that_keeps_failing_its_catch_up_load_is_retried_with_back_off(
+    checkpoint: Path,
+) -> None:
+    async with (
+        sim_engine() as good,
+        sim_engine() as flaky,
+        refitter_over([as_engine(good), as_engine(flaky, 1)]) as (refitter, _),
+    ):
+        assert (await refitter.refit(str(checkpoint), "step-100")).complete
+        # the checkpoint disappears, and the flaky engine comes back at other weights
+        moved = checkpoint.with_name("moved")
+        checkpoint.rename(moved)
+        other = moved / "model.safetensors"
+        async with httpx.AsyncClient() as client:
+            response = await client.post(
+                flaky.url + "/control/weights/load",
+                json={"path": str(other), "version": "stale"},
+                headers={"authorization": f"Bearer {TOKEN}"},
+            )
+            assert response.status_code == 200
+        first = await refitter.reconcile_once()
+        assert first is not None and [o.ok for o in first.outcomes] == [False]
+        second = await refitter.reconcile_once()
+        assert second is not None and second.outcomes == [], "backing off: not retried on the next pass"
+        moved.rename(checkpoint)
