@@ -7,7 +7,10 @@
    showing progress, until the DisaggReplicaSet is Ready;
 4. read `status.urls` and drive multi-turn conversations through them with the official `openai`
    client, exactly as NeMo-Gym does (sha256(session) % len(urls)), printing which prefill and
-   decode engines served each turn and how many prompt tokens the prefill engine's cache held.
+   decode engines served each turn and how many prompt tokens the prefill engine's cache held;
+5. start the trainer's refit sidecar (`drs sidecar`), refit every engine to new weights through
+   it as a trainer does after a policy update, and show `status.weights.version` and that the
+   same request now generates other tokens.
 
 Everything keeps running afterwards; `make demo-down` (`drs dev down`) stops all of it.
 """
@@ -168,6 +171,66 @@ def drive(status: dict[str, Any]) -> None:
             )
 
 
+SIDECAR_PORT = 18400
+
+
+def one_completion(url: str) -> list[int]:
+    """The token ids a fixed request generates through a frontend (the sim's depend on the weights)."""
+    body = {"model": "sim-qwen3", "prompt": "The policy after this update says", "max_tokens": 6, "ignore_eos": True}
+    request = urllib.request.Request(
+        f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return list(json.loads(resp.read())["choices"][0]["token_ids"])
+
+
+def refit(cluster: DevCluster, status: dict[str, Any]) -> None:
+    pids = cluster.layout.state_dir / "sidecar-pids.json"
+    processes.stop(processes.load(pids))  # a sidecar left by an earlier `make demo`
+    drs = str(Path(sys.executable).parent / "drs")
+    env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)}
+    argv = [sys.executable, drs, "sidecar", "--name", NAME, "--namespace", "default", "--port", str(SIDECAR_PORT)]
+    tracked = processes.start("sidecar", argv, cluster.layout.log("sidecar"), env=env)
+    processes.save(pids, [tracked])
+    sidecar = f"http://127.0.0.1:{SIDECAR_PORT}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{sidecar}/healthz", timeout=2)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the sidecar did not start; see {cluster.layout.log('sidecar')}") from None
+            time.sleep(0.2)
+    say(f"trainer sidecar started (pid {tracked.pid}, http://127.0.0.1:{SIDECAR_PORT}, reads {NAME}'s status)")
+    version = time.strftime("step-%H%M%S")  # a new policy version on every run of the demo
+    checkpoint = cluster.layout.state_dir / "checkpoints" / version
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    (checkpoint / "model.safetensors").write_bytes(os.urandom(64))  # the sim hashes what it loads
+    url = status["urls"][0]
+    before = one_completion(url)
+    request = urllib.request.Request(
+        f"{sidecar}/v1/refit",
+        data=json.dumps({"path": str(checkpoint), "version": version}).encode(),
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as resp:
+        report = json.loads(resp.read())
+    say(
+        f"POST /v1/refit {version}: complete={report['complete']} engines={report['engines']} ok={report['ok']} "
+        f"in {report['elapsed_s']}s"
+    )
+    deadline = time.monotonic() + 30
+    shown = None
+    while time.monotonic() < deadline and shown != version:
+        body = json.loads(kubectl(cluster, "get", "drs", NAME, "-o", "json"))
+        shown = ((body.get("status") or {}).get("weights") or {}).get("version")
+        time.sleep(0.5)
+    say(f"status.weights.version = {shown}")
+    after = one_completion(url)
+    say(f"the same request via {url}: token ids {before} before, {after} after the refit")
+
+
 def main() -> None:
     cluster = ensure_cluster()
     kubectl(cluster, "apply", "-f", str(ROOT / "crds"))
@@ -182,6 +245,7 @@ def main() -> None:
     print(kubectl(cluster, "get", "drs", "-o", "wide"), flush=True)
     wait_serving(status["urls"])
     drive(status)
+    refit(cluster, status)
     say(
         f"done. The fleet keeps running: export KUBECONFIG={cluster.layout.kubeconfig}; `make demo-down` stops everything."
     )
