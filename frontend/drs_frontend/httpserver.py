@@ -160,6 +160,9 @@ class _Connection(asyncio.Protocol):
         self.last_active = self.loop.time()
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
+        #: a request was refused: nothing more is parsed (``lingering``: but its body is read to its end)
+        self.rejected = False
+        self.lingering = False
         self._reset()
 
     def _reset(self) -> None:
@@ -170,8 +173,6 @@ class _Connection(asyncio.Protocol):
         self.head_bytes = 0
         self.body: list[bytes] = []
         self.body_bytes = 0
-        self.rejected = False
-        self.lingering = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -181,7 +182,7 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_active = self.loop.time()
-        if self.rejected and not self.lingering:
+        if self.closed or (self.rejected and not self.lingering):
             return
         try:
             self.parser.feed_data(data)
@@ -220,6 +221,8 @@ class _Connection(asyncio.Protocol):
     # -- httptools callbacks ---------------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        if self.rejected:
+            return  # a request pipelined behind a refused one is not served
         self._reset()
         self.reading = True
         self.started = self.last_active

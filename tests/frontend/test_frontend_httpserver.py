@@ -393,3 +393,14 @@ async def test_many_concurrent_connections_each_get_their_own_answers() -> None:
         for n, got in enumerate(results):
             assert got[0] == f"0.0{n % 5}".encode()
             assert got[1:] == [f"{n}-1".encode(), f"{n}-2".encode()]
+
+
+async def test_a_request_pipelined_behind_a_refused_one_is_not_served() -> None:
+    async with serving() as served:
+        reader, writer = await served.connect()
+        too_big = post("/echo", b"x" * (MAX_BODY + 1))  # refused with 413, its body read and dropped
+        writer.write(too_big + post("/echo", b"smuggled"))  # one write: both arrive in one read
+        assert (await read_answer(reader)).status == 413
+        assert await closed(reader)
+        await asyncio.sleep(0.05)
+        assert served.seen == [], "nothing after the refused request reached the handler"
