@@ -8,11 +8,23 @@
 ``POST /v1/prefix_cache/reset``  ``{}``                               every engine empties its cache
 ``POST /v1/sleep``          ``{"tags": [...]}`` (empty: all)          release GPU memory (engines 503)
 ``POST /v1/wake``           ``{"tags": [...]}``                       resume
+``POST /v1/collective/init``  ``{"ip", "port", "train_world_size"}``  every engine joins the trainer's
+                                                                      NCCL group; answers the ranks and
+                                                                      ``world_size`` (503 if an engine is
+                                                                      not ready)
+``POST /v1/collective/prepare``  ``{"state_dict_info": {...}}``       names, shapes, dtypes to come
+``POST /v1/collective/update``   ``{"version", "drain", "recompute_kv",  receive the broadcast; ``path``: a
+                                 "path"}``                            checkpoint of the same weights for
+                                                                      engines that come back later
 ``GET /v1/fleet``           —                                         engines, the version each serves,
                                                                       desired and published weights
 ``GET /healthz``            —                                         liveness
 ``GET /metrics``            —                                         Prometheus (:mod:`.metrics`)
 ==========================  ========================================  ===================================
+
+Collective steps (:mod:`drs_sidecar.collective`) call every engine at once; the trainer joins
+the group with its own ranks while its call here is in flight. 409 when a refit runs, or for a
+prepare/update without a group.
 
 A fan-out answers with its report: ``complete``, ``ok``, ``failed`` (engine, URL, why) and
 ``pending`` (engines not ready). Every ``reconcile_s`` seconds the desired weights are loaded on
@@ -33,8 +45,9 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from drs_sidecar.collective import NotAllReady
 from drs_sidecar.fleet import FleetError
-from drs_sidecar.refit import MAX_VERSION_CHARS, RefitBusy, Refitter, Report
+from drs_sidecar.refit import MAX_VERSION_CHARS, NoGroup, RefitBusy, Refitter, Report
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +62,23 @@ class _Strict(BaseModel):
 class RefitRequest(_Strict):
     path: str = Field(min_length=1, description="checkpoint the engines load (a path they can read)")
     version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS, description="the version they serve it as")
+
+
+class CollectiveInit(_Strict):
+    ip: str = Field(min_length=1, description="the trainer's rendezvous address (its rank 0)")
+    port: int = Field(ge=1, le=65535)
+    train_world_size: int = Field(ge=1, description="the trainer's ranks; the engines' come after")
+
+
+class CollectivePrepare(_Strict):
+    state_dict_info: dict[str, Any]
+
+
+class CollectiveUpdate(_Strict):
+    version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS)
+    drain: bool = True
+    recompute_kv: bool = False
+    path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
 
 
 class Tags(_Strict):
@@ -116,6 +146,48 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
             return _error(503, str(exc))
         return _report(report)
 
+    @app.post("/v1/collective/init")
+    async def collective_init(request: Request) -> Response:
+        try:
+            body: CollectiveInit = await _parse(request, CollectiveInit)
+            layout, report = await refitter.collective_init(body.ip, body.port, body.train_world_size)
+        except ValueError as exc:
+            return _error(400, str(exc))
+        except NotAllReady as exc:
+            return _error(503, str(exc), engines=[e.name for e in exc.engines])
+        except RefitBusy as exc:
+            return _error(409, str(exc))
+        except FleetError as exc:
+            return _error(503, str(exc))
+        return JSONResponse(
+            {**report.as_dict(), "group": layout.as_dict()}, status_code=200 if report.complete else 502
+        )
+
+    async def collective(request: Request, model: type[BaseModel]) -> Response:
+        try:
+            body: Any = await _parse(request, model)
+            if isinstance(body, CollectivePrepare):
+                report = await refitter.collective_prepare(body.state_dict_info)
+            else:
+                report = await refitter.collective_update(
+                    body.version, drain=body.drain, recompute_kv=body.recompute_kv, path=body.path
+                )
+        except ValueError as exc:
+            return _error(400, str(exc))
+        except (RefitBusy, NoGroup) as exc:
+            return _error(409, str(exc))
+        except FleetError as exc:
+            return _error(503, str(exc))
+        return _report(report)
+
+    @app.post("/v1/collective/prepare")
+    async def collective_prepare(request: Request) -> Response:
+        return await collective(request, CollectivePrepare)
+
+    @app.post("/v1/collective/update")
+    async def collective_update(request: Request) -> Response:
+        return await collective(request, CollectiveUpdate)
+
     async def broadcast(request: Request, op: str, route: str, model: type[BaseModel] | None) -> Response:
         try:
             body = (await _parse(request, model)).model_dump() if model is not None else {}
@@ -151,6 +223,7 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
                 "desired": None if desired is None else {"path": desired.path, "version": desired.version},
                 "published": refitter.published,
                 "refitting": refitter.busy,
+                "collective_group": None if refitter.group is None else refitter.group.as_dict(),
                 "engines": [
                     {
                         "engine": e.name,

@@ -46,8 +46,11 @@ class ControlClient:
     async def load_weights(self, url: str, path: str, version: str) -> CallResult:
         return await self._call("POST", url, "/control/weights/load", {"path": path, "version": version}, self.load_s)
 
-    async def op(self, url: str, route: str, body: dict[str, Any] | None = None) -> CallResult:
-        return await self._call("POST", url, route, body or {}, self.call_s)
+    async def op(
+        self, url: str, route: str, body: dict[str, Any] | None = None, *, timeout: float | None = None
+    ) -> CallResult:
+        """``POST route``; ``timeout`` defaults to ``call_s`` (collective steps pass ``load_s``)."""
+        return await self._call("POST", url, route, body or {}, self.call_s if timeout is None else timeout)
 
     async def _call(self, method: str, url: str, route: str, body: dict[str, Any] | None, timeout: float) -> CallResult:
         started = time.perf_counter()

@@ -37,6 +37,7 @@ class Engine:
     replica: int
     url: str | None
     ready: bool
+    width: int = 1  #: GPUs (tensor-parallel ranks): its ranks in a collective refit group
 
 
 def engines_from_status(status: Mapping[str, Any] | None) -> list[Engine]:
@@ -46,7 +47,14 @@ def engines_from_status(status: Mapping[str, Any] | None) -> list[Engine]:
     except ValidationError as exc:
         raise FleetError(f"status cannot be read: {exc}") from exc
     return [
-        Engine(name=e.name, role=e.role.value, replica=rs.index, url=e.url, ready=e.ready and e.url is not None)
+        Engine(
+            name=e.name,
+            role=e.role.value,
+            replica=rs.index,
+            url=e.url,
+            ready=e.ready and e.url is not None,
+            width=e.width,
+        )
         for rs in parsed.replica_statuses
         for e in rs.engines
     ]
@@ -59,8 +67,8 @@ class Fleet(Protocol):
 
 
 class StaticFleet:
-    """Engines given by URL (``drs sidecar --engine URL``): all taken as ready; a completed refit
-    is recorded nowhere but the sidecar's memory."""
+    """Engines given by URL (``drs sidecar --engine URL``): all taken as ready and one GPU wide; a
+    completed refit is recorded nowhere but the sidecar's memory."""
 
     def __init__(self, urls: Sequence[str]) -> None:
         self._engines = [Engine(name=url, role="engine", replica=0, url=url.rstrip("/"), ready=True) for url in urls]

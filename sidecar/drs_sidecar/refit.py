@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from drs_sidecar.collective import GroupLayout, group_layout
 from drs_sidecar.control import CallResult, ControlClient
 from drs_sidecar.fleet import Engine, Fleet, FleetError
 from drs_sidecar.metrics import SidecarMetrics
@@ -43,6 +44,10 @@ RETRY_MAX_S: Final = 300.0
 
 class RefitBusy(Exception):
     """A refit is already running."""
+
+
+class NoGroup(Exception):
+    """A collective step before ``collective_init`` formed the group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,8 @@ class Refitter:
         self._lock = asyncio.Lock()
         #: engine URL -> (failed catch-up loads in a row, loop time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
+        #: the collective refit group the last ``collective_init`` formed
+        self.group: GroupLayout | None = None
 
     @property
     def busy(self) -> bool:
@@ -153,6 +160,71 @@ class Refitter:
                 )
             else:
                 log.warning("refit to %s loaded on no engine: the desired weights are unchanged", version)
+            return report
+
+    # -- collective (NCCL) refit: see drs_sidecar.collective ----------------------------------
+
+    async def collective_init(self, ip: str, port: int, train_world_size: int) -> tuple[GroupLayout, Report]:
+        """Every engine joins the trainer's NCCL group at its ranks (``NotAllReady``, ``ValueError``)."""
+        if self._lock.locked():
+            raise RefitBusy("a refit is already running")
+        async with self._lock:
+            layout = group_layout(await self.fleet.engines(), train_world_size)
+            bodies = {
+                m.engine.url: {
+                    "rank_prefix": m.rank_prefix,
+                    "ip": ip,
+                    "port": port,
+                    "world_size": layout.world_size,
+                    "train_world_size": train_world_size,
+                }
+                for m in layout.members
+            }
+            report = await self._fan_out(
+                "init_collective",
+                [m.engine for m in layout.members],
+                lambda url: self.control.op(url, "/control/collective/init", bodies[url], timeout=self.control.load_s),
+                all_at_once=True,
+            )
+            self.group = layout if report.complete else None
+            return layout, report
+
+    async def collective_prepare(self, state_dict_info: dict[str, Any]) -> Report:
+        """Tell every engine of the group which tensors will come (names, shapes, dtypes)."""
+        return await self._collective(
+            "prepare_refit_info", "/control/collective/prepare", {"state_dict_info": state_dict_info}
+        )
+
+    async def collective_update(self, version: str, *, drain: bool, recompute_kv: bool, path: str | None) -> Report:
+        """Every engine of the group receives the trainer's broadcast and serves it as ``version``.
+        ``path``: a checkpoint of the same weights, loaded on engines that come back later (without
+        one, nothing is desired: a restarted engine keeps the weights it starts with)."""
+        check_weights(path or "-", version)
+        body = {"version": version, "drain": drain, "recompute_kv": recompute_kv}
+        report = await self._collective("update_weights_from_collective", "/control/collective/update", body)
+        if report.complete:
+            self.desired = Weights(path, version) if path else None
+            self._backoff.clear()
+            if path is None:
+                log.warning("weights %s came by broadcast, no checkpoint path: restarted engines keep theirs", version)
+            await self._publish(version)
+        return report
+
+    async def _collective(self, op: str, route: str, body: dict[str, Any]) -> Report:
+        if self._lock.locked():
+            raise RefitBusy("a refit is already running")
+        async with self._lock:
+            group = self.group
+            if group is None:
+                raise NoGroup("no collective group: POST /v1/collective/init first")
+            report = await self._fan_out(
+                op,
+                [m.engine for m in group.members],
+                lambda url: self.control.op(url, route, body, timeout=self.control.load_s),
+                all_at_once=True,
+            )
+            if report.failed:
+                self.group = None  # a member failed mid-collective: the group is not usable
             return report
 
     async def broadcast(self, op: str, route: str, body: dict[str, Any] | None = None) -> Report:
@@ -210,10 +282,19 @@ class Refitter:
         self.metrics.engines_behind.set(0)
         log.info("weights %s serve on every engine", version)
 
-    async def _fan_out(self, op: str, engines: list[Engine], call: Callable[[str], Awaitable[CallResult]]) -> Report:
+    async def _fan_out(
+        self,
+        op: str,
+        engines: list[Engine],
+        call: Callable[[str], Awaitable[CallResult]],
+        *,
+        all_at_once: bool = False,
+    ) -> Report:
+        """``call`` on every ready engine, at most ``concurrency`` at once, or all at once (a
+        collective step: every member must be inside the call for any of them to finish)."""
         started = time.perf_counter()
         report = Report(op, pending=[e for e in engines if not (e.ready and e.url)])
-        gate = asyncio.Semaphore(self.concurrency)
+        gate = asyncio.Semaphore(max(1, len(engines)) if all_at_once else self.concurrency)
 
         async def one(engine: Engine) -> EngineOutcome:
             assert engine.url is not None

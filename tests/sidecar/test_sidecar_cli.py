@@ -128,3 +128,22 @@ def test_without_a_control_token_the_command_says_where_to_give_one(monkeypatch:
     monkeypatch.delenv("DRS_CONTROL_TOKEN", raising=False)
     result = CliRunner().invoke(drs, ["sidecar", "--engine", "http://127.0.0.1:1", "--port", "0"])
     assert result.exit_code == 1 and "--control-token-file" in result.output
+
+
+async def test_the_collective_routes_answer_with_the_group_and_each_engines_refusal(token_file: Path) -> None:
+    async with (
+        sim_engine() as a,
+        sim_engine("decode") as b,
+        sidecar(a.url, b.url, token_file=token_file) as url,
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        bad = await client.post(url + "/v1/collective/init", json={"ip": "10.0.0.1", "port": 0, "train_world_size": 8})
+        assert bad.status_code == 400 and "port" in bad.json()["error"]["message"]
+        init = await client.post(
+            url + "/v1/collective/init", json={"ip": "10.0.0.1", "port": 29500, "train_world_size": 8}
+        )
+        assert init.status_code == 502  # sim engines have no NCCL: each says so
+        assert init.json()["group"]["world_size"] == 10
+        assert [f["detail"][:3] for f in init.json()["failed"]] == ["501", "501"]
+        update = await client.post(url + "/v1/collective/update", json={"version": "step-5"})
+        assert update.status_code == 409 and "collective/init first" in update.json()["error"]["message"]

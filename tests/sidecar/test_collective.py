@@ -1,0 +1,64 @@
+"""Collective (NCCL) refit: the group's rank layout (pure), and the fan-out over real sim engines,
+which refuse the collective steps with 501 (the sim has no GPU or NCCL) after validating them."""
+
+from __future__ import annotations
+
+import pytest
+from drs_sidecar.collective import NotAllReady, group_layout
+from drs_sidecar.fleet import Engine
+from drs_sidecar.refit import NoGroup
+from hypothesis import given
+from hypothesis import strategies as st
+
+from .conftest import as_engine, refitter_over, sim_engine
+
+
+def engine(name: str, width: int, ready: bool = True) -> Engine:
+    return Engine(name=name, role="prefill", replica=0, url=f"http://{name}:8000", ready=ready, width=width)
+
+
+def test_engines_take_the_ranks_after_the_trainers_in_status_order() -> None:
+    layout = group_layout([engine("r0-p0", 4), engine("r0-d0", 2), engine("r1-p0", 4)], train_world_size=8)
+    assert layout.world_size == 8 + 10
+    assert [(m.engine.name, m.rank_prefix) for m in layout.members] == [("r0-p0", 0), ("r0-d0", 4), ("r1-p0", 6)]
+    assert layout.as_dict()["engines"][1]["ranks"] == [12, 13]  # train_world_size + rank_prefix + local rank
+
+
+@given(widths=st.lists(st.integers(min_value=1, max_value=16), min_size=1, max_size=40), train=st.integers(1, 64))
+def test_every_rank_of_the_group_belongs_to_exactly_one_worker(widths: list[int], train: int) -> None:
+    layout = group_layout([engine(f"e{i}", w) for i, w in enumerate(widths)], train)
+    engine_ranks = [train + m.rank_prefix + local for m in layout.members for local in range(m.engine.width)]
+    assert sorted(engine_ranks) == list(range(train, layout.world_size))  # no gap, no overlap, after the trainer's
+
+
+def test_a_group_needs_every_engine_ready_and_says_which_are_not() -> None:
+    with pytest.raises(NotAllReady, match="r1-d0") as caught:
+        group_layout([engine("r0-p0", 4), engine("r1-d0", 2, ready=False)], train_world_size=8)
+    assert [e.name for e in caught.value.engines] == ["r1-d0"]
+    with pytest.raises(ValueError, match="train_world_size"):
+        group_layout([engine("r0-p0", 4)], train_world_size=0)
+    with pytest.raises(ValueError, match="no engines"):
+        group_layout([], train_world_size=8)
+
+
+async def test_the_sim_engines_receive_valid_collective_calls_and_refuse_them_as_a_double_must() -> None:
+    async with (
+        sim_engine() as a,
+        sim_engine("decode") as b,
+        refitter_over([as_engine(a), as_engine(b, 1)]) as (
+            refitter,
+            fleet,
+        ),
+    ):
+        layout, report = await refitter.collective_init("10.0.0.1", 29500, train_world_size=8)
+        assert layout.world_size == 10
+        assert not report.complete
+        # 501 (not 400): the engine validated each body and then said it cannot do NCCL
+        assert [o.detail.split(":")[0] for o in report.outcomes] == ["501", "501"]
+        assert all("not supported by the sim backend" in o.detail for o in report.outcomes)
+        assert refitter.group is None
+        with pytest.raises(NoGroup):
+            await refitter.collective_update("step-5", drain=True, recompute_kv=False, path=None)
+        with pytest.raises(NoGroup):
+            await refitter.collective_prepare({"w": {"shape": [2, 2], "dtype": "bfloat16"}})
+        assert fleet.published == []
