@@ -104,6 +104,22 @@ async def _parse(request: Request, model: type[BaseModel]) -> Any:
         raise ValueError(problems) from None
 
 
+#: What a route refuses before any engine is called, and :func:`_refused` answers.
+REFUSALS = (ValueError, NotAllReady, RefitBusy, NoGroup, FleetError)
+
+
+def _refused(exc: Exception) -> JSONResponse:
+    """400 a bad body; 409 a refit running or no collective group; 503 the fleet unreadable or
+    not ready (naming the engines)."""
+    if isinstance(exc, ValueError):
+        return _error(400, str(exc))
+    if isinstance(exc, RefitBusy | NoGroup):
+        return _error(409, str(exc))
+    if isinstance(exc, NotAllReady):
+        return _error(503, str(exc), engines=[e.name for e in exc.engines])
+    return _error(503, str(exc))
+
+
 def _report(report: Report) -> JSONResponse:
     return JSONResponse(report.as_dict(), status_code=200 if report.complete else 502)
 
@@ -138,12 +154,8 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
         try:
             body: RefitRequest = await _parse(request, RefitRequest)
             report = await refitter.refit(body.path, body.version)
-        except ValueError as exc:
-            return _error(400, str(exc))
-        except RefitBusy as exc:
-            return _error(409, str(exc))
-        except FleetError as exc:
-            return _error(503, str(exc))
+        except REFUSALS as exc:
+            return _refused(exc)
         return _report(report)
 
     @app.post("/v1/collective/init")
@@ -151,14 +163,8 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
         try:
             body: CollectiveInit = await _parse(request, CollectiveInit)
             layout, report = await refitter.collective_init(body.ip, body.port, body.train_world_size)
-        except ValueError as exc:
-            return _error(400, str(exc))
-        except NotAllReady as exc:
-            return _error(503, str(exc), engines=[e.name for e in exc.engines])
-        except RefitBusy as exc:
-            return _error(409, str(exc))
-        except FleetError as exc:
-            return _error(503, str(exc))
+        except REFUSALS as exc:
+            return _refused(exc)
         return JSONResponse(
             {**report.as_dict(), "group": layout.as_dict()}, status_code=200 if report.complete else 502
         )
@@ -172,12 +178,8 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
                 report = await refitter.collective_update(
                     body.version, drain=body.drain, recompute_kv=body.recompute_kv, path=body.path
                 )
-        except ValueError as exc:
-            return _error(400, str(exc))
-        except (RefitBusy, NoGroup) as exc:
-            return _error(409, str(exc))
-        except FleetError as exc:
-            return _error(503, str(exc))
+        except REFUSALS as exc:
+            return _refused(exc)
         return _report(report)
 
     @app.post("/v1/collective/prepare")
@@ -192,10 +194,8 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
         try:
             body = (await _parse(request, model)).model_dump() if model is not None else {}
             return _report(await refitter.broadcast(op, route, body))
-        except ValueError as exc:
-            return _error(400, str(exc))
-        except FleetError as exc:
-            return _error(503, str(exc))
+        except REFUSALS as exc:
+            return _refused(exc)
 
     @app.post("/v1/prefix_cache/reset")
     async def reset(request: Request) -> Response:
