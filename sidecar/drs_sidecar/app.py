@@ -216,7 +216,7 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
         except FleetError as exc:
             return _error(503, str(exc))
         versions = await asyncio.gather(*(refitter.control.weights_version(e.url) for e in engines if e.url))
-        by_url = {v.url: v for v in versions}
+        served = {v.url: v.body.get("weights_version") for v in versions if v.ok}  # unanswered: None
         desired = refitter.desired
         return JSONResponse(
             {
@@ -231,9 +231,7 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
                         "replica": e.replica,
                         "url": e.url,
                         "ready": e.ready,
-                        "weights_version": (r.body.get("weights_version") if r.ok else None)
-                        if (r := by_url.get(e.url or "")) is not None
-                        else None,
+                        "weights_version": served.get(e.url or ""),
                     }
                     for e in engines
                 ],

@@ -20,6 +20,8 @@ from drs_operator.api import DisaggReplicaSetStatus
 from drs_operator.api.constants import ANNOTATION_WEIGHTS_VERSION, GROUP, PLURAL, VERSION
 from drs_operator.api.names import control_secret_name
 from drs_operator.manifests.common import TOKEN_KEY
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
 #: Seconds for one read or patch of the resource.
@@ -87,8 +89,6 @@ class KubeFleet:
     """One DisaggReplicaSet, read through the Kubernetes API (in-cluster config or KUBECONFIG)."""
 
     def __init__(self, api: Any, namespace: str, name: str) -> None:
-        from kubernetes_asyncio import client
-
         self._api = api
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
@@ -97,8 +97,6 @@ class KubeFleet:
 
     @classmethod
     async def connect(cls, namespace: str, name: str) -> KubeFleet:
-        from kubernetes_asyncio import client, config
-
         try:
             config.load_incluster_config()
         except config.ConfigException:
@@ -106,8 +104,6 @@ class KubeFleet:
         return cls(client.ApiClient(), namespace, name)
 
     async def _read(self) -> dict[str, Any]:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         try:
             body: dict[str, Any] = await self._custom.get_namespaced_custom_object(
                 GROUP, VERSION, self.namespace, PLURAL, self.name, _request_timeout=KUBE_TIMEOUT_S
@@ -120,8 +116,6 @@ class KubeFleet:
         return engines_from_status((await self._read()).get("status"))
 
     async def publish(self, version: str) -> None:
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         patch = {"metadata": {"annotations": {ANNOTATION_WEIGHTS_VERSION: version}}}
         try:
             await self._custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
@@ -139,8 +133,6 @@ class KubeFleet:
 
     async def control_token(self) -> str:
         """The engines' control token, from the Secret the operator created for this resource."""
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         secret_name = control_secret_name(self.name)
         try:
             secret = await self._core.read_namespaced_secret(

@@ -69,24 +69,47 @@ def test_the_drs_cli_offers_the_frontend_command_with_its_flags() -> None:
         assert flag in result.output
 
 
+def frontend_argv(prefill: str, decode: str, port: int, *extra: str) -> list[str]:
+    """``drs frontend`` on 127.0.0.1:``port`` in front of one prefill and one decode engine."""
+    return [
+        DRS,
+        "frontend",
+        "--prefill",
+        prefill,
+        "--decode",
+        decode,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *extra,
+    ]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def poll(client: httpx.AsyncClient, url: str, want: int | None = None) -> httpx.Response:
+    """GET ``url`` until the process answers (with ``want``, when given): it is starting up."""
+    for _ in range(300):
+        with contextlib.suppress(httpx.TransportError):
+            response = await client.get(url)
+            if want is None or response.status_code == want:
+                return response
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{url} did not answer{'' if want is None else f' {want}'} within 15 s")
+
+
 def test_a_port_that_cannot_be_bound_exits_non_zero_at_once_naming_it() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
         proc = subprocess.run(
-            [
-                DRS,
-                "frontend",
-                "--prefill",
-                "http://127.0.0.1:1",
-                "--decode",
-                "http://127.0.0.1:2",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            ],
+            frontend_argv("http://127.0.0.1:1", "http://127.0.0.1:2", port),
             capture_output=True,
             text=True,
             timeout=60,
@@ -97,32 +120,12 @@ def test_a_port_that_cannot_be_bound_exits_non_zero_at_once_naming_it() -> None:
 
 
 async def test_the_command_serves_as_soon_as_it_starts() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    proc = await asyncio.create_subprocess_exec(
-        DRS,
-        "frontend",
-        "--prefill",
-        "http://127.0.0.1:1",
-        "--decode",
-        "http://127.0.0.1:2",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--node-id",
-        "7",
-        stderr=asyncio.subprocess.PIPE,
-    )
+    port = free_port()
+    argv = frontend_argv("http://127.0.0.1:1", "http://127.0.0.1:2", port, "--node-id", "7")
+    proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE)
     try:
         async with httpx.AsyncClient() as client:
-            for _ in range(300):
-                try:
-                    health = await client.get(f"http://127.0.0.1:{port}/health")
-                    break
-                except httpx.TransportError:
-                    await asyncio.sleep(0.05)
+            health = await poll(client, f"http://127.0.0.1:{port}/health")
             assert health.status_code == 200
             ready = await client.get(f"http://127.0.0.1:{port}/ready")
             assert ready.status_code == 503  # nothing answers on the engine ports
@@ -148,21 +151,13 @@ async def test_sigterm_lets_a_turn_in_flight_finish_then_the_process_exits_zero(
         start_engine(sim_config("prefill", **slow)) as prefill,
         start_engine(sim_config("decode", **slow)) as decode,
     ):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        proc = await asyncio.create_subprocess_exec(
-            DRS, "frontend", "--prefill", prefill.url, "--decode", decode.url,
-            "--host", "127.0.0.1", "--port", str(port), stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        port = free_port()
+        argv = frontend_argv(prefill.url, decode.url, port)
+        proc = await asyncio.create_subprocess_exec(*argv, stderr=asyncio.subprocess.PIPE)
         url = f"http://127.0.0.1:{port}"
         try:
             async with httpx.AsyncClient(timeout=30) as client:
-                for _ in range(300):
-                    with contextlib.suppress(httpx.TransportError):
-                        if (await client.get(url + "/ready")).status_code == 200:
-                            break
-                    await asyncio.sleep(0.05)
+                await poll(client, url + "/ready", 200)
                 body = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
                 turn = asyncio.create_task(client.post(url + "/v1/chat/completions", json=body))  # ~1 s of decoding
                 await asyncio.sleep(0.3)
