@@ -12,6 +12,7 @@ creates them) and ``drs plan --profile`` (which plans against them without a clu
 
 from __future__ import annotations
 
+import os
 from typing import Any, Final
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -35,9 +36,23 @@ class ProfileError(ValueError):
     """An unknown profile or a bad node count; the message names the rule."""
 
 
+#: The second octet of every node address (``127.<net>.x.y``). Two dev clusters that run pods at
+#: the same time (parallel test sessions, a person's ``drs dev up`` beside the suite) set different
+#: values so their pods never bind the same address and port.
+NODE_NET_ENV: Final = "DRS_DEV_NODE_NET"
+
+
+def node_net() -> int:
+    """The second octet of node addresses, from ``DRS_DEV_NODE_NET`` (0 to 255, default 0)."""
+    raw = os.environ.get(NODE_NET_ENV, "0")
+    if not raw.isdigit() or not 0 <= int(raw) <= 255:
+        raise ProfileError(f"{NODE_NET_ENV} must be an integer between 0 and 255, got {raw!r}")
+    return int(raw)
+
+
 def node_ip(index: int) -> str:
-    """The loopback address of node ``index`` (127.0.1.1, 127.0.1.2, …)."""
-    return f"127.0.{1 + index // 250}.{1 + index % 250}"
+    """The loopback address of node ``index`` (127.0.1.1, 127.0.1.2, … with the default net 0)."""
+    return f"127.{node_net()}.{1 + index // 250}.{1 + index % 250}"
 
 
 def pod_cidr(index: int) -> str:

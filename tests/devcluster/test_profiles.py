@@ -61,3 +61,16 @@ def test_each_component_listens_on_its_own_port_of_the_range() -> None:
     assert f"--secure-port={layout.port('kube-scheduler')}" in component_args(layout, "kube-scheduler")
     assert any(str(layout.port("etcd-client")) in a for a in component_args(layout, "etcd"))
     assert component_args(layout, "kwok")[0] == "/b/kwok"
+
+
+def test_the_node_net_moves_every_node_address_to_its_own_second_octet(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(profiles.NODE_NET_ENV, "13")
+    ips = [n["status"]["addresses"][0]["address"] for n in profiles.build_nodes("hgx", 3)]
+    assert ips == ["127.13.1.1", "127.13.1.2", "127.13.1.3"]
+
+
+@pytest.mark.parametrize("raw", ["256", "-1", "x"], ids=["too big", "negative", "not a number"])
+def test_a_bad_node_net_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(profiles.NODE_NET_ENV, raw)
+    with pytest.raises(profiles.ProfileError, match=profiles.NODE_NET_ENV):
+        profiles.node_ip(0)
