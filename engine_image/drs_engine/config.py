@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Final, Self
 
 import yaml
+from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -127,6 +128,11 @@ class EngineConfig(_Model):
         default=None, description="URL peers use to reach this engine (ctx_info_endpoint); default http://HOST:PORT."
     )
     max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
+    drain_seconds: float = Field(
+        default=DEFAULT_DRAIN_SECONDS,
+        ge=0.0,
+        description="On SIGTERM: seconds in-flight legs and unfetched context states get before the engine exits.",
+    )
 
     @model_validator(mode="after")
     def _check_moe_split(self) -> Self:

@@ -20,11 +20,14 @@ the same shape.
     ├── NotSupportedError               (501 not_implemented)        op not offered by this backend
     ├── KvTransferError                 (502 upstream_error)         prefill engine unreachable for a KV fetch
     └── UnavailableError                (503 service_unavailable)    asleep (memory released) or not loaded
+        └── DrainingError               (503 draining)               stopping: send the leg to another engine
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
 
 
 class EngineError(Exception):
@@ -102,3 +105,9 @@ class UnavailableError(EngineError):
 def error_body(message: str, type_: str, code: int, param: str | None = None) -> dict[str, Any]:
     """``{"error": {"message", "type", "param", "code"}}``: the one error shape on the wire."""
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+class DrainingError(UnavailableError):
+    """503: the engine is stopping; the leg belongs on another engine."""
+
+    type = DRAINING_ERROR_TYPE

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 CtxRouterName = Literal["conversation", "load_balancing", "round_robin"]
 GenRouterName = Literal["load_balancing", "round_robin"]
@@ -71,6 +71,12 @@ class FrontendConfig(_Model):
 
     prefill: list[str] = Field(min_length=1, description="base URLs of this replica's prefill engines")
     decode: list[str] = Field(min_length=1, description="base URLs of this replica's decode engines")
+    fallback_prefill: list[str] = Field(
+        default_factory=list, description="other replicas' prefill engines, used while none of ours is up"
+    )
+    fallback_decode: list[str] = Field(
+        default_factory=list, description="other replicas' decode engines, used while none of ours is up"
+    )
     node_id: int = Field(default=0, ge=0, le=255, description="snowflake node id: replica_idx * F + frontend_idx")
     host: str = Field(default="0.0.0.0", description="address to listen on")
     port: int = Field(
@@ -92,6 +98,12 @@ class FrontendConfig(_Model):
     limits: Limits = Limits()
     max_attempts: int = Field(default=3, ge=1, le=16, description="engines tried per leg before 503")
     engine_cooldown: float = Field(default=5.0, ge=0, description="seconds an unreachable engine is skipped")
+    hold_seconds: float = Field(
+        default=0.0, ge=0, description="a leg with no engine of its role up waits this long for one before 503"
+    )
+    context_reruns: int = Field(
+        default=2, ge=0, le=8, description="times a turn re-runs its context leg when the decode engine lost its state"
+    )
     health_interval: float = Field(default=2.0, gt=0, description="seconds between /health probes of every engine")
     max_sessions: int = Field(default=100_000, ge=1, description="conversations the ctx router remembers (LRU)")
     affinity_load_factor: float = Field(default=1.25, ge=1.0, description="bounded-load c for new conversations")
@@ -104,7 +116,7 @@ class FrontendConfig(_Model):
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("prefill", "decode")
+    @field_validator("prefill", "decode", "fallback_prefill", "fallback_decode")
     @classmethod
     def _urls(cls, urls: list[str]) -> list[str]:
         cleaned = [u.rstrip("/") for u in urls]
@@ -114,6 +126,14 @@ class FrontendConfig(_Model):
         if len(set(cleaned)) != len(cleaned):
             raise ValueError("an engine URL is listed twice")
         return cleaned
+
+    @model_validator(mode="after")
+    def _fallbacks_are_others(self) -> FrontendConfig:
+        for own, other in ((self.prefill, self.fallback_prefill), (self.decode, self.fallback_decode)):
+            both = set(own) & set(other)
+            if both:
+                raise ValueError(f"{sorted(both)[0]}: an engine cannot be both ours and a fallback")
+        return self
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -3,13 +3,19 @@
 This is the only mutable state the routers read; it belongs to one relay (no module-level
 state). An engine is a *candidate* when its last health probe did not fail and it is not in a
 cool-down after a failed call. Cool-downs use a monotonic clock that tests can replace.
+
+A pool may also hold *fallback* engines (another replica's engines of the same role, from the
+operator): they are candidates only while no engine of this replica is, so a replica whose engines
+restart (a roll, a crash) keeps serving its sessions on borrowed engines, and returns to its own
+as soon as one answers again. KV never crosses replicas otherwise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 from drs_frontend.routing import Candidate
@@ -21,30 +27,50 @@ class Engine:
     in_flight: int = 0
     down_until: float = 0.0
     probe_ok: bool | None = None  #: None until the first probe answers
+    fallback: bool = False  #: another replica's engine, used only while none of ours is a candidate
 
 
 class EnginePool:
     """The engines of one role (``prefill`` or ``decode``) in this replica."""
 
     def __init__(
-        self, role: str, urls: list[str], *, cooldown: float, clock: Callable[[], float] = time.monotonic
+        self,
+        role: str,
+        urls: list[str],
+        *,
+        cooldown: float,
+        clock: Callable[[], float] = time.monotonic,
+        fallback: list[str] | None = None,
     ) -> None:
         self.role = role
         self.cooldown = cooldown
         self._clock = clock
         self.engines = {url: Engine(url) for url in urls}
+        for url in fallback or ():
+            self.engines.setdefault(url, Engine(url, fallback=True))
+        self._came_up = asyncio.Event()
 
     @property
     def urls(self) -> list[str]:
         return list(self.engines)
 
     def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[Candidate]:
+        """This replica's usable engines; while there are none, the usable fallback engines."""
         now = self._clock()
-        return [
-            Candidate(e.url, e.in_flight)
-            for e in self.engines.values()
-            if e.url not in exclude and e.probe_ok is not False and e.down_until <= now
+        usable = [
+            e for e in self.engines.values() if e.url not in exclude and e.probe_ok is not False and e.down_until <= now
         ]
+        own = [Candidate(e.url, e.in_flight) for e in usable if not e.fallback]
+        return own or [Candidate(e.url, e.in_flight) for e in usable]
+
+    def is_fallback(self, url: str) -> bool:
+        return self.engines[url].fallback
+
+    async def wait_for_engine(self, timeout: float) -> None:
+        """Until a probe finds an engine answering again, or ``timeout`` seconds (whichever is first)."""
+        self._came_up.clear()
+        with suppress(TimeoutError):
+            await asyncio.wait_for(self._came_up.wait(), timeout)
 
     def mark_down(self, url: str) -> None:
         """A call failed: skip this engine for the cool-down period."""
@@ -55,9 +81,10 @@ class EnginePool:
         engine.probe_ok = ok
         if ok:
             engine.down_until = 0.0
+            self._came_up.set()
 
     def answering(self) -> int:
-        """Engines whose last probe succeeded."""
+        """Engines whose last probe succeeded (fallback engines included: this frontend serves on them)."""
         return sum(1 for e in self.engines.values() if e.probe_ok)
 
     @contextmanager

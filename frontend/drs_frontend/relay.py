@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from drs_protocol import fields
+from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, render_completion_ids
 from drs_protocol.snowflake import SnowflakeMinter
 from drs_protocol.token_ids import encode_token_ids_b64
@@ -75,6 +75,11 @@ NO_ENGINE: Final = "none"
 #: Chat-request fields that mean the engine must render the prompt itself.
 ENGINE_RENDERS: Final = ("prompt_token_ids", "prompt_token_ids_b64", "chat_template", "documents")
 AFFINITY_OUTCOME: Final = {Reason.STICKY: "hit", Reason.REPINNED: "miss", Reason.RENDEZVOUS: "new"}
+#: Generation-leg answers that mean "the context state is gone" (404: expired or never there;
+#: 502: its prefill engine could not be reached): the turn re-runs its context leg.
+RERUN_STATUSES: Final = (404, 502)
+#: A held leg looks again at least this often (cool-downs end without a probe event).
+HOLD_RECHECK_S: Final = 0.5
 
 
 @dataclass(slots=True)
@@ -88,14 +93,18 @@ class Reply:
     prefill: str | None = None
     decode: str | None = None
     routed: bool = False  #: engines were chosen for this turn: name them (or "none") in headers
+    weights_version: str | None = None  #: the weights version the engine says produced the answer
 
     def engine_headers(self) -> list[tuple[bytes, bytes]]:
         if not self.routed:
             return []
-        return [
+        out = [
             (fields.HEADER_PREFILL_ENGINE.encode(), (self.prefill or NO_ENGINE).encode()),
             (fields.HEADER_DECODE_ENGINE.encode(), (self.decode or NO_ENGINE).encode()),
         ]
+        if self.weights_version:
+            out.append((fields.HEADER_WEIGHTS_VERSION.encode(), self.weights_version.encode()))
+        return out
 
 
 @dataclass(slots=True)
@@ -128,8 +137,12 @@ class Relay:
         self.upstream = upstream
         self.metrics = metrics
         self.chat_tokenizer = chat_tokenizer
-        self.prefill = EnginePool("prefill", config.prefill, cooldown=config.engine_cooldown, clock=clock)
-        self.decode = EnginePool("decode", config.decode, cooldown=config.engine_cooldown, clock=clock)
+        self.prefill = EnginePool(
+            "prefill", config.prefill, cooldown=config.engine_cooldown, clock=clock, fallback=config.fallback_prefill
+        )
+        self.decode = EnginePool(
+            "decode", config.decode, cooldown=config.engine_cooldown, clock=clock, fallback=config.fallback_decode
+        )
         self.ctx_router = build_ctx_router(config)
         self.gen_router = build_gen_router(config.gen_router)
         self.minter = SnowflakeMinter(config.node_id)
@@ -165,10 +178,32 @@ class Relay:
         # 1. the client's request
         body = strip_client_fields(parse_request(raw, endpoint))
         conversation_id = fields.conversation_id_from(body, headers)
-        # 2. the request id
-        request_id = self.minter.next_id()
         # 3. the prompt ids, when this frontend tokenizes
         turn.ids = self._prompt_ids(endpoint, body, conversation_id)
+        route = self._route_request(endpoint, body, conversation_id, turn.ids)
+        turn.routed = True
+        reruns = 0
+        while True:
+            try:
+                return await self._legs(endpoint, body, conversation_id, route, turn)
+            except EngineRejected as exc:
+                # The decode engine could not get the context state (its prefill engine stopped,
+                # or the state expired): the turn is not lost, its context leg runs again.
+                if exc.role != self.decode.role or exc.status not in RERUN_STATUSES:
+                    raise
+                if reruns >= self.config.context_reruns:
+                    raise
+                reruns += 1
+                self.metrics.retries_of("context_rerun").inc()
+                log.warning(
+                    "decode engine %s lost the context state (%d); re-running the context leg", exc.url, exc.status
+                )
+
+    async def _legs(
+        self, endpoint: Endpoint, body: Body, conversation_id: str | None, route: RouteRequest, turn: _Turn
+    ) -> Reply:
+        # 2. the request id (a fresh one for a re-run: the context state is keyed by it)
+        request_id = self.minter.next_id()
         # 4. the context leg
         ctx_body = build_context_request(
             body,
@@ -177,8 +212,6 @@ class Relay:
             tokids_ctxbytes=self.config.gen_tokids_ctxbytes,
             prompt_token_ids_b64=encode_token_ids_b64(turn.ids) if turn.ids is not None else None,
         )
-        route = self._route_request(endpoint, body, conversation_id, turn.ids)
-        turn.routed = True
         turn.prefill, ctx_raw = await self._post_leg(
             self.prefill,
             "context",
@@ -195,7 +228,7 @@ class Relay:
             if wants_stream(body):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return Reply(200, SSE, stream=_iterate(sse_events(answer, include_usage=include_usage)))
-            return Reply(200, JSON, dumps(answer))
+            return Reply(200, JSON, dumps(answer), weights_version=_weights_version(ctx))
         # 6. the generation leg
         gen_body = build_generation_request(
             body, ctx, endpoint=endpoint, strip_history=self.config.gen_strip_message_history
@@ -213,7 +246,8 @@ class Relay:
             exclude=exclude,
         )
         # 7. the answer, with ids where Gym reads them
-        return Reply(200, JSON, dumps(self._shape(_loads(gen_raw.body, "generation"), turn)))
+        gen = _loads(gen_raw.body, "generation")
+        return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=_weights_version(gen))
 
     # -- step 3: tokenization --------------------------------------------------------------------
 
@@ -291,6 +325,28 @@ class Relay:
         tried.append(decision.url)
         return decision.url
 
+    async def _pick_or_hold(
+        self,
+        pool: EnginePool,
+        pick: Callable[[list[Candidate]], Decision],
+        exclude: frozenset[str],
+        tried: list[str],
+        hold_until: float,
+        *,
+        affinity: bool = False,
+    ) -> str | None:
+        """:meth:`_pick`; when no engine of the role is left (own or fallback), hold the leg until a
+        probe finds one answering (or an engine's cool-down ends), at most until ``hold_until``;
+        then every engine may be tried again. None: nothing answered in time (the caller's 503)."""
+        while (url := self._pick(pool, pick, exclude, tried, affinity=affinity)) is None:
+            left = hold_until - time.monotonic()
+            if left <= 0:
+                return None
+            self.metrics.retries_of(f"{pool.role}_hold").inc()
+            await pool.wait_for_engine(min(left, HOLD_RECHECK_S))
+            tried.clear()
+        return url
+
     def _failed(self, pool: EnginePool, url: str, exc: UpstreamUnavailable) -> None:
         pool.mark_down(url)
         self.metrics.upstream_errors.labels(role=pool.role, kind=exc.kind).inc()
@@ -315,7 +371,8 @@ class Relay:
     ) -> tuple[str, UpstreamResponse]:
         tried: list[str] = []
         histogram = self.metrics.leg_seconds_of(leg)
-        while (url := self._pick(pool, pick, exclude, tried, affinity=affinity)) is not None:
+        hold_until = time.monotonic() + self.config.hold_seconds
+        while (url := await self._pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)) is not None:
             started = time.perf_counter()
             engine = pool.engines[url]
             engine.in_flight += 1  # pool.track(url), without a generator per call
@@ -338,7 +395,8 @@ class Relay:
     async def _stream_generation(self, endpoint: Endpoint, body: bytes, exclude: frozenset[str], turn: _Turn) -> Reply:
         tried: list[str] = []
         pool = self.decode
-        while (url := self._pick(pool, self.gen_router.pick, exclude, tried)) is not None:
+        hold_until = time.monotonic() + self.config.hold_seconds
+        while (url := await self._pick_or_hold(pool, self.gen_router.pick, exclude, tried, hold_until)) is not None:
             stack = contextlib.AsyncExitStack()
             await stack.__aenter__()
             stack.enter_context(pool.track(url))
@@ -388,6 +446,11 @@ class Relay:
         if turn.ids is not None and prompt_ids_of(response) is None:
             fallback = turn.ids.tolist()
         return shape_response(response, prompt_ids=fallback)
+
+
+def _weights_version(body: Body) -> str | None:
+    version = body.get(lifecycle.FIELD_WEIGHTS_VERSION)
+    return version if isinstance(version, str) else None
 
 
 def _loads(raw: bytes, leg: str) -> Body:

@@ -167,15 +167,21 @@ async def test_a_generation_leg_with_another_prompt_than_its_context_is_refused(
     assert str(2**41 + 5) in response.json()["error"]["message"]
 
 
-async def test_a_decode_engine_under_other_weights_continues_differently(
+async def test_a_decode_engine_under_other_weights_recomputes_the_context_so_no_turn_mixes_versions(
     client: httpx.AsyncClient, prefill: RunningEngine, engine_factory: EngineFactory
 ) -> None:
     body = {**CHAT_BODY, "prompt_token_ids": PROMPT_IDS, "max_tokens": 8}
-    async with engine_factory("decode", weightsVersion="other") as stale_decode:
-        combined = await client.post(prefill.url + "/v1/chat/completions", json=body)
+    async with (
+        engine_factory("decode", weightsVersion="other") as stale_decode,
+        engine_factory("prefill", weightsVersion="other") as other_prefill,
+    ):
+        old = await client.post(prefill.url + "/v1/chat/completions", json=body)
+        new = await client.post(other_prefill.url + "/v1/chat/completions", json=body)
         mixed = await two_legs(client, prefill, stale_decode, body, "/v1/chat/completions")
-    assert mixed["choices"][0]["token_ids"][0] == combined.json()["choices"][0]["token_ids"][0]  # prefilled token
-    assert mixed["choices"][0]["token_ids"][1:] != combined.json()["choices"][0]["token_ids"][1:]
+    assert old.json()["choices"][0]["token_ids"] != new.json()["choices"][0]["token_ids"]
+    # the context came from weights "0", the decode engine serves "other": it redid the context
+    assert mixed["choices"][0]["token_ids"] == new.json()["choices"][0]["token_ids"]
+    assert mixed["weights_version"] == "other"
 
 
 @pytest.mark.parametrize("ids", [[0, 1, 151668, 77], PROMPT_IDS], ids=["lowest-and-highest-vocab-ids", "70-ids"])

@@ -69,6 +69,13 @@ class LegFinished:
     prefix_query_tokens: int
     stop_reason: int | str | None = None
     handoff: ContextHandoff | None = None
+    #: The weights version that produced the leg's last tokens (None: the backend does not say).
+    weights_version: str | None = None
+    #: Tokens produced before the last weights switch inside this leg (None: no switch). A backend
+    #: that loads weights while a leg decodes must re-prefill the prompt plus the tokens generated
+    #: so far under the new weights and resume, so that no token after the switch is computed on
+    #: KV of the old weights (refit safety); a backend that cannot must refuse the load while legs run.
+    weights_boundary: int | None = None
 
 
 LegEvent = TokenStep | LegFinished
@@ -106,6 +113,12 @@ class EngineBackend(abc.ABC):
     @abc.abstractmethod
     def generate(self, leg: LegRequest) -> AsyncGenerator[LegEvent, None]:
         """Run one leg: token steps, then exactly one :class:`LegFinished`."""
+
+    def pending_handoffs(self) -> int:
+        """Context states left for decode engines and not fetched yet (a draining engine waits for them).
+
+        0 for a backend whose KV moves by its own transceiver."""
+        return 0
 
     @abc.abstractmethod
     async def export_context(self, ctx_request_id: int) -> dict[str, Any]:

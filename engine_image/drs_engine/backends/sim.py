@@ -123,11 +123,13 @@ class SimBackend(EngineBackend):
         )
 
     async def generate(self, leg: LegRequest) -> AsyncGenerator[LegEvent, None]:
-        weights = self._weights  # a load during this leg does not change its tokens
+        weights = self._weights  # the weights at the start; _decode re-prefills if a load lands mid-decode
         fn = self._token_function(weights)
         if leg.request_type is RequestType.GENERATION_ONLY:
-            state, first, cached = await self._receive_context(leg, weights)
-            async for event in self._decode(leg, fn, state, first, cached_tokens=cached, prefix_query_tokens=0):
+            state, first, cached, ctx_version = await self._receive_context(leg, weights)
+            if ctx_version != weights.version:  # the context was computed under other weights: redo it
+                state, first = await self._reprefill(fn, list(leg.prompt_token_ids), leg, produced=0)
+            async for event in self._decode(leg, weights, state, first, cached_tokens=cached, prefix_query_tokens=0):
                 yield event
             return
 
@@ -141,7 +143,7 @@ class SimBackend(EngineBackend):
 
         if leg.request_type is RequestType.CONTEXT_AND_GENERATION:
             async for event in self._decode(
-                leg, fn, state, first, cached_tokens=lookup.hit_tokens, prefix_query_tokens=len(prompt)
+                leg, weights, state, first, cached_tokens=lookup.hit_tokens, prefix_query_tokens=len(prompt)
             ):
                 yield event
             return
@@ -163,22 +165,29 @@ class SimBackend(EngineBackend):
             cached_tokens=lookup.hit_tokens,
             prefix_query_tokens=len(prompt),
             handoff=handoff,
+            weights_version=weights.version,
         )
 
     async def _decode(
         self,
         leg: LegRequest,
-        fn: TokenFunction,
+        weights: SimWeights,
         state: PrefixState,
         first: TokenChoice,
         *,
         cached_tokens: int,
         prefix_query_tokens: int,
     ) -> AsyncGenerator[LegEvent, None]:
+        """Decode until a stop. Refit safety: when the engine's weights change between two steps, the
+        prompt plus every token generated so far is prefilled again under the new weights (the old
+        KV is dropped) and decoding resumes from there, so every token after the switch comes from
+        the new weights over the same context; ``weights_boundary`` says how many came before."""
+        fn = self._token_function(weights)
         prompt_len = len(leg.prompt_token_ids)
         generated = [first.token_id]
         choice = first
         new_blocks: list[bytes] = []
+        boundary: int | None = None
         self._decodes_in_flight += 1
         try:
             while True:
@@ -190,12 +199,16 @@ class SimBackend(EngineBackend):
                 if closed is not None:
                     new_blocks.append(closed)
                 await self._latency.sleep(self._latency.decode_step_seconds(self._decodes_in_flight))
+                if self._weights is not weights:
+                    weights, fn, boundary = self._weights, self._token_function(self._weights), len(generated)
+                    state = await self._restate(fn, [*leg.prompt_token_ids, *generated])
+                    new_blocks = []
                 allow_eos = _eos_allowed(leg, len(generated))
                 choice = fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=allow_eos)
                 generated.append(choice.token_id)
         finally:
             self._decodes_in_flight -= 1
-        if leg.request_type is RequestType.CONTEXT_AND_GENERATION:
+        if leg.request_type is RequestType.CONTEXT_AND_GENERATION and boundary is None:
             self._cache.insert(new_blocks)  # generated blocks extend the cached prompt blocks
         yield LegFinished(
             finish_reason=finish,
@@ -203,7 +216,21 @@ class SimBackend(EngineBackend):
             prompt_tokens=prompt_len,
             cached_tokens=cached_tokens,
             prefix_query_tokens=prefix_query_tokens,
+            weights_version=weights.version,
+            weights_boundary=boundary,
         )
+
+    async def _restate(self, fn: TokenFunction, ids: list[int]) -> PrefixState:
+        """A context leg over ``ids`` under ``fn``'s weights (prefill time for all of them)."""
+        await self._prefill_compute(len(ids))
+        return fn.start(ids)
+
+    async def _reprefill(
+        self, fn: TokenFunction, ids: list[int], leg: LegRequest, *, produced: int
+    ) -> tuple[PrefixState, TokenChoice]:
+        state = await self._restate(fn, ids)
+        first = fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=_eos_allowed(leg, produced))
+        return state, first
 
     def _leave_context(
         self, leg: LegRequest, state: PrefixState, first: TokenChoice, weights: SimWeights, *, cached_tokens: int
@@ -267,7 +294,7 @@ class SimBackend(EngineBackend):
             return "length", None
         return None, None
 
-    async def _receive_context(self, leg: LegRequest, weights: SimWeights) -> tuple[PrefixState, TokenChoice, int]:
+    async def _receive_context(self, leg: LegRequest, weights: SimWeights) -> tuple[PrefixState, TokenChoice, int, str]:
         """Fetch the context state from the prefill engine and check it is this request's."""
         dp = leg.request.disaggregated_params
         if dp is None or dp.ctx_request_id is None:
@@ -312,7 +339,7 @@ class SimBackend(EngineBackend):
             top_logprobs=tuple(ctx.first_gen_top_logprobs[: leg.top_logprobs]) if leg.top_logprobs else (),
         )
         cached = dp.ctx_usage.cached_tokens() if dp.ctx_usage is not None else ctx.cached_tokens
-        return state, first, cached
+        return state, first, cached, ctx.weights_version
 
     async def _fetch_context(self, endpoint: str, ctx_request_id: int) -> dict[str, Any]:
         if self._client is None:
@@ -343,6 +370,9 @@ class SimBackend(EngineBackend):
         if not isinstance(body, dict):
             raise KvTransferError(f"context state for ctx_request_id {ctx_request_id} is not a JSON object")
         return body
+
+    def pending_handoffs(self) -> int:
+        return len(self._store)
 
     async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
         state = self._store.take(ctx_request_id)

@@ -4,7 +4,7 @@ Routes:
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` — serving (:mod:`.serving`);
 - ``GET /v1/models`` — the one model served;
-- ``GET /health`` — 200 once the model is loaded, 503 before;
+- ``GET /health`` — 200 once the model is loaded, 503 before and while draining (SIGTERM);
 - ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
 - ``GET /metrics`` — Prometheus text from this server's own registry (:mod:`drs_engine.metrics`);
 - ``GET /v1/disagg/kv/{ctx_request_id}`` — a prefill engine hands a context state to a decode
@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -68,6 +69,10 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
     async def health() -> Response:
         if not state.ready:
             return JSONResponse(error_body("the engine is still loading", "service_unavailable", 503), status_code=503)
+        if state.draining:
+            return JSONResponse(
+                error_body("the engine is draining before it stops", DRAINING_ERROR_TYPE, 503), status_code=503
+            )
         return JSONResponse({"status": "ok", "asleep": bool(state.released_tags)})
 
     async def server_info() -> Response:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import signal
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +23,9 @@ from drs_protocol import listen
 
 from drs_engine.config import EngineConfig
 from drs_engine.server.app import create_app
+from drs_engine.server.state import EngineState
+
+log = logging.getLogger("drs_engine")
 
 #: How long :func:`start_engine` waits for a server to load and listen.
 STARTUP_TIMEOUT_S: Final = 60.0
@@ -32,10 +37,49 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return listen.bind_socket(host, port, what="engine", backlog=BACKLOG)
 
 
-def uvicorn_server(config: EngineConfig, control_token: str | None, *, log_level: str = "info") -> uvicorn.Server:
+class DrainingServer(uvicorn.Server):
+    """uvicorn, except that the first SIGTERM drains before the server stops.
+
+    Draining (``EngineState.drain``): ``/health`` and new legs answer 503 ``draining`` at once,
+    while the socket stays open, so a decode engine can still fetch the context states this engine
+    holds and every leg in flight finishes; after ``drain_seconds`` at most, uvicorn's own graceful
+    shutdown runs. A second signal (or SIGINT) stops at once, as plain uvicorn does."""
+
+    def __init__(self, config: uvicorn.Config, state: EngineState, drain_seconds: float) -> None:
+        super().__init__(config)
+        self.state = state
+        self.drain_seconds = drain_seconds
+        self._drain_requested = False
+        self._drain: asyncio.Task[int] | None = None
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if sig == signal.SIGTERM and not self._drain_requested and self.started:
+            self._captured_signals.append(sig)
+            self.request_drain()
+            return
+        super().handle_exit(sig, frame)  # type: ignore[arg-type]
+
+    def request_drain(self) -> None:
+        """Start draining as a SIGTERM would (tests, and callers embedding the server): from now on
+        health and new legs answer 503; the wait for what is in flight starts on the next tick."""
+        self.state.draining = True
+        self._drain_requested = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._drain_requested and self._drain is None:
+            log.info("draining: refusing new legs for up to %gs", self.drain_seconds)
+            self._drain = asyncio.create_task(self.state.drain(self.drain_seconds))
+        if self._drain is not None and self._drain.done():
+            left = self._drain.result()
+            log.info("drained (%d leg(s) or context state(s) left); stopping", left)
+            return True
+        return await super().on_tick(counter)
+
+
+def uvicorn_server(config: EngineConfig, control_token: str | None, *, log_level: str = "info") -> DrainingServer:
     app = create_app(config, control_token=control_token)
     uv_config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
-    return uvicorn.Server(uv_config)
+    return DrainingServer(uv_config, app.state.engine, config.drain_seconds)
 
 
 @dataclass
@@ -44,7 +88,7 @@ class RunningEngine:
 
     config: EngineConfig
     url: str
-    server: uvicorn.Server
+    server: DrainingServer
     task: asyncio.Task[None]
 
 

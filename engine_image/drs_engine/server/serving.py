@@ -20,7 +20,7 @@ import json
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
-from drs_protocol import fields
+from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, decode_token_ids, render_completion_ids, render_prompt_ids, token_text
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 from starlette.requests import Request
@@ -41,7 +41,7 @@ T = TypeVar("T")
 async def serve(state: EngineState, request: Request, *, chat: bool) -> Response:
     leg_label = "unknown"
     try:
-        state.check_awake()
+        state.check_serving()
         backend = state.require_backend()
         body = await read_body(request, state.config.max_request_bytes)
         data = parse_json_object(body)
@@ -68,7 +68,7 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     headers = {fields.HEADER_WEIGHTS_VERSION: weights_version}
     if leg.streaming:
         return StreamingResponse(
-            _stream(state, leg, meta, first, events),
+            _stream(state, leg, meta, first, events, weights_version),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", **headers},
         )
@@ -85,7 +85,18 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
         admission.release()
     _record(state, leg, finished, len(steps))
     text = decode_token_ids(state.tokenizer, [s.token_id for s in steps], skip_special_tokens=req.skip_special_tokens)
-    return JSONResponse(_full_body(state, leg, meta, text, steps, finished), headers=headers)
+    answer = _full_body(state, leg, meta, text, steps, finished)
+    answer.update(weights_fields(finished, weights_version))
+    headers[fields.HEADER_WEIGHTS_VERSION] = answer[lifecycle.FIELD_WEIGHTS_VERSION]
+    return JSONResponse(answer, headers=headers)
+
+
+def weights_fields(finished: LegFinished, started_with: str) -> dict[str, Any]:
+    """The response fields naming the weights version of the tokens (and the switch, if any)."""
+    out: dict[str, Any] = {lifecycle.FIELD_WEIGHTS_VERSION: finished.weights_version or started_with}
+    if finished.weights_boundary is not None:
+        out[lifecycle.FIELD_WEIGHTS_BOUNDARY] = finished.weights_boundary
+    return out
 
 
 def check_supported(req: EngineRequest) -> None:
@@ -279,6 +290,7 @@ async def _stream(
     meta: responses.ResponseMeta,
     first: LegEvent,
     events: AsyncGenerator[LegEvent, None],
+    started_with: str,
 ) -> AsyncIterator[bytes]:
     tokenizer = state.tokenizer
     detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=leg.request.skip_special_tokens)
@@ -301,16 +313,16 @@ async def _stream(
             yield _sse(responses.stream_chunk(meta, text=text, steps=[event], **common))
             event = await anext(events)
         finished = event
-        yield _sse(
-            responses.stream_chunk(
-                meta,
-                text=detok.flush(),
-                steps=[],
-                finish_reason=finished.finish_reason,
-                stop_reason=finished.stop_reason,
-                **common,
-            )
+        last = responses.stream_chunk(
+            meta,
+            text=detok.flush(),
+            steps=[],
+            finish_reason=finished.finish_reason,
+            stop_reason=finished.stop_reason,
+            **common,
         )
+        last.update(weights_fields(finished, started_with))
+        yield _sse(last)
         if include_usage:
             yield _sse(responses.usage_chunk(meta, finished, generated))
         _record(state, leg, finished, generated)

@@ -15,11 +15,13 @@ from drs_protocol.chat import load_tokenizer
 from drs_engine.backends import create_backend
 from drs_engine.backends.base import EngineBackend
 from drs_engine.config import BackendName, EngineConfig
-from drs_engine.errors import UnavailableError
+from drs_engine.errors import DrainingError, UnavailableError
 from drs_engine.metrics import EngineMetrics
 
 #: Engine-local ctx_request_ids stay below 2**40 (snowflake disagg_request_ids are above).
 LOCAL_ID_LIMIT: Final = 2**40
+#: How often a draining engine looks whether its legs and context states are done.
+DRAIN_POLL_S: Final = 0.05
 
 
 @dataclass
@@ -63,6 +65,7 @@ class EngineState:
         self._local_ids = itertools.count(1)
         self.metrics: EngineMetrics | None = None
         self.admission: Admission | None = None
+        self.draining = False
 
     async def start(self) -> None:
         """Load the tokenizer and the backend; the server is healthy afterwards."""
@@ -102,6 +105,27 @@ class EngineState:
         if self.admission is None:
             raise UnavailableError("the engine is still loading")
         return self.admission
+
+    def check_serving(self) -> None:
+        """503 (``draining``) once the engine is stopping: the frontend moves the leg elsewhere."""
+        if self.draining:
+            raise DrainingError("the engine is draining before it stops; send this leg to another engine")
+        self.check_awake()
+
+    def busy(self) -> int:
+        """Legs running or queued, plus context states no decode engine has fetched yet."""
+        legs = 0 if self.admission is None else self.admission.running + self.admission.waiting
+        handoffs = 0 if self.backend is None else self.backend.pending_handoffs()
+        return legs + handoffs
+
+    async def drain(self, seconds: float) -> int:
+        """Refuse new legs, then wait (at most ``seconds``) until nothing is busy; the busy count left."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while self.busy() and loop.time() < deadline:
+            await asyncio.sleep(DRAIN_POLL_S)
+        return self.busy()
 
     def check_awake(self) -> None:
         if self.released_tags:

@@ -1,0 +1,38 @@
+"""What several processes must agree on so that no turn is lost: draining, refit safety, fallbacks.
+
+* An engine that is stopping *drains*: ``GET /health`` answers 503 with the error type
+  :data:`DRAINING_ERROR_TYPE` at once (probes and frontends stop choosing it), new legs get the
+  same 503 (a frontend moves the leg to another engine), legs in flight and context states not yet
+  fetched by a decode engine get up to ``drainSeconds`` (:data:`DEFAULT_DRAIN_SECONDS`), then the
+  process exits. The operator sets the pod's ``terminationGracePeriodSeconds`` to the drain time
+  plus :data:`TERMINATION_MARGIN_SECONDS`.
+* Every serving response names the weights version that produced its tokens: the body field
+  :data:`FIELD_WEIGHTS_VERSION` and the header ``drs_protocol.fields.HEADER_WEIGHTS_VERSION``.
+  A leg that decoded across a weights load re-prefilled its prompt plus the tokens generated so far
+  under the new weights and resumed; :data:`FIELD_WEIGHTS_BOUNDARY` is the number of completion
+  tokens produced before the last switch (absent when there was none).
+* A frontend's config may name *fallback* engines of other replicas
+  (:data:`FALLBACK_PREFILL_KEY`, :data:`FALLBACK_DECODE_KEY`); it uses them only while no engine of
+  its own replica of that role is up. The operator renders them; they are left out of the config
+  hash, so a change elsewhere in the fleet never restarts a frontend.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: ``error.type`` of the 503 a draining engine answers (health and new legs).
+DRAINING_ERROR_TYPE: Final = "draining"
+#: Seconds an engine waits for its in-flight legs and unfetched context states when stopping.
+DEFAULT_DRAIN_SECONDS: Final = 30
+#: terminationGracePeriodSeconds = drain seconds + this margin (uvicorn shutdown, backend close).
+TERMINATION_MARGIN_SECONDS: Final = 10
+
+#: Response body field: the weights version that produced the response's tokens.
+FIELD_WEIGHTS_VERSION: Final = "weights_version"
+#: Response body field: completion tokens produced before the last weights switch of this leg.
+FIELD_WEIGHTS_BOUNDARY: Final = "weights_boundary"
+
+#: Frontend config keys: other replicas' engines, used only while this replica has none of a role up.
+FALLBACK_PREFILL_KEY: Final = "fallback_prefill"
+FALLBACK_DECODE_KEY: Final = "fallback_decode"
