@@ -45,12 +45,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from drs_protocol import routes
+from drs_protocol.enums import ROLES
 from fastapi import FastAPI, Request, Response
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 DRS = str(Path(PYTHON).parent / "drs")
-CHAT = "/v1/chat/completions"
+CHAT = routes.Endpoint.CHAT.value
 VARIANTS = (("server", "raw"), ("server", "aiohttp"), ("server", "httpx"), ("uvicorn", "raw"))
 
 
@@ -109,7 +111,8 @@ def body(i: int) -> dict[str, Any]:
 
 async def direct_turn(session: aiohttp.ClientSession, prefill: str, decode: str, i: int) -> None:
     """The two legs made by the client itself (the baseline), with the frontend's shaping."""
-    from drs_frontend.shaping import Endpoint, build_context_request, build_generation_request
+    from drs_frontend.shaping import build_context_request, build_generation_request
+    from drs_protocol.routes import Endpoint
 
     request = body(i)
     ctx_body = build_context_request(
@@ -172,7 +175,7 @@ async def engines(
         config.write_text("backend: sim\nmodel: {path: sim-qwen3}\nsim: {speed: 0, eosProbability: 0.0}\n")
         urls: dict[str, list[str]] = {"prefill": [], "decode": []}
         procs = []
-        for role in ("prefill", "decode"):
+        for role in (r.value for r in ROLES):
             for _ in range(count):
                 port = free_port()
                 cmd = [
@@ -191,7 +194,7 @@ async def engines(
                 urls[role].append(f"http://127.0.0.1:{port}")
                 procs.append((proc, urls[role][-1]))
         for proc, url in procs:
-            await wait_ready(session, url + "/health", proc)
+            await wait_ready(session, url + routes.HEALTH, proc)
         yield urls["prefill"], urls["decode"]
 
 
@@ -222,7 +225,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     cmd += ["--decode", url]
                 with process(pinned(cmd, 1)) as proc:
                     url = f"http://127.0.0.1:{port}"
-                    await wait_ready(session, url + "/ready", proc)
+                    await wait_ready(session, url + routes.READY, proc)
                     figures = await measure(
                         lambda i, u=url: frontend_turn(session, u, i),
                         args.requests,
@@ -339,7 +342,7 @@ def asgi_wrapper(app: Any) -> Any:
 
 def fastapi_wrapper(app: Any) -> Any:
     """The same relay behind FastAPI routes (the first HTTP surface the frontend was measured with)."""
-    from drs_frontend.shaping import Endpoint
+    from drs_protocol.routes import Endpoint
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -356,7 +359,7 @@ def fastapi_wrapper(app: Any) -> Any:
         headers = {k.decode(): v.decode() for k, v in reply.engine_headers()}
         return Response(reply.body, status_code=reply.status, media_type=reply.content_type, headers=headers)
 
-    @api.get("/ready")
+    @api.get(routes.READY)
     async def ready() -> Response:
         return Response(status_code=200 if app.prober.ready() else 503)
 

@@ -29,6 +29,7 @@ from typing import Any
 
 from drs_devcluster import build, processes, runner
 from drs_devcluster.cluster import DevCluster
+from drs_protocol import routes
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "local-sim.yaml"
@@ -118,7 +119,7 @@ def wait_serving(urls: list[str]) -> None:
     while pending and time.monotonic() < deadline:
         for url in list(pending):
             try:
-                with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+                with urllib.request.urlopen(url + routes.READY, timeout=2) as resp:
                     if resp.status == 200:
                         pending.remove(url)
             except OSError:
@@ -131,7 +132,7 @@ def wait_serving(urls: list[str]) -> None:
 def prefix_cache_hits(engine_urls: list[str]) -> tuple[float, float]:
     query = hit = 0.0
     for url in engine_urls:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+        with urllib.request.urlopen(url + routes.METRICS, timeout=5) as resp:
             for line in resp.read().decode().splitlines():
                 if line.startswith("drs_engine_prefix_cache_query_tokens_total"):
                     query += float(line.split()[-1])
@@ -178,7 +179,7 @@ def one_completion(url: str) -> list[int]:
     """The token ids a fixed request generates through a frontend (the sim's depend on the weights)."""
     body = {"model": "sim-qwen3", "prompt": "The policy after this update says", "max_tokens": 6, "ignore_eos": True}
     request = urllib.request.Request(
-        f"{url}/v1/completions", data=json.dumps(body).encode(), headers={"content-type": "application/json"}
+        url + routes.Endpoint.COMPLETIONS, data=json.dumps(body).encode(), headers={"content-type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=30) as resp:
         return list(json.loads(resp.read())["choices"][0]["token_ids"])
@@ -196,7 +197,7 @@ def refit(cluster: DevCluster, status: dict[str, Any]) -> None:
     deadline = time.monotonic() + 30
     while True:
         try:
-            urllib.request.urlopen(f"{sidecar}/healthz", timeout=2)
+            urllib.request.urlopen(sidecar + routes.HEALTHZ, timeout=2)
             break
         except OSError:
             if time.monotonic() > deadline:
@@ -210,7 +211,7 @@ def refit(cluster: DevCluster, status: dict[str, Any]) -> None:
     url = status["urls"][0]
     before = one_completion(url)
     request = urllib.request.Request(
-        f"{sidecar}/v1/refit",
+        sidecar + routes.TrainerRoute.REFIT,
         data=json.dumps({"path": str(checkpoint), "version": version}).encode(),
         headers={"content-type": "application/json"},
     )

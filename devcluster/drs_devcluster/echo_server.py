@@ -22,6 +22,8 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from drs_protocol.routes import HEALTH
+
 
 class _State:
     def __init__(self, health_status: int) -> None:
@@ -34,7 +36,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         url = urllib.parse.urlsplit(self.path)
-        if url.path == "/health":
+        if url.path == HEALTH:
             with self.server.state.lock:
                 code = self.server.state.health_status
             self._reply(code, {"status": code})
@@ -53,7 +55,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(url.query)
-        if url.path != "/health" or not query.get("status", [""])[0].isdigit():
+        if url.path != HEALTH or not query.get("status", [""])[0].isdigit():
             self._reply(400, {"error": "POST /health?status=CODE"})
             return
         with self.server.state.lock:

@@ -34,8 +34,10 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from drs_protocol import env
+
 #: The extra variable the runner adds: the address of the pod's node (its loopback InternalIP).
-NODE_IP_ENV: Final = "DRS_NODE_IP"
+NODE_IP_ENV: Final = env.NODE_IP
 #: The command a container must start with for the runner to run it.
 DRS_COMMAND: Final = "drs"
 

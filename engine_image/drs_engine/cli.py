@@ -6,49 +6,37 @@ the command exits at once with status 1, naming the port.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
+from drs_protocol import env
+from drs_protocol.config import parse_config_json
+from drs_protocol.enums import EngineBackend, Role, choices
 
 from drs_engine.config import build_config, load_config_file
-from drs_engine.server.control import TOKEN_ENV
 
-#: Environment variable holding the engine config as JSON (rendered by the operator).
-CONFIG_JSON_ENV = "DRS_ENGINE_CONFIG_JSON"
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
 
 
-def parse_config_json(text: str | None) -> dict[str, Any] | None:
-    """The engine config given as JSON text (``--config-json`` / ``$DRS_ENGINE_CONFIG_JSON``)."""
-    if not text:
-        return None
-    data = json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError(f"{CONFIG_JSON_ENV}: the engine config must be a JSON object")
-    return data
-
-
 def read_control_token(token_file: str | None) -> str | None:
-    """The control token: the file's content (stripped) if given, else ``$DRS_CONTROL_TOKEN``."""
+    """The control token: the file's content (stripped) if given, else the environment's."""
     if token_file:
         token = Path(token_file).read_text(encoding="utf-8").strip()
         if not token:
             raise click.ClickException(f"control token file {token_file} is empty")
         return token
-    return os.environ.get(TOKEN_ENV, "").strip() or None
+    return os.environ.get(env.CONTROL_TOKEN, "").strip() or None
 
 
 @click.command(name="engine")
 @click.option(
-    "--backend", type=click.Choice(["trtllm", "sim"]), default=None, help="trtllm (GPU) or sim (test double)."
+    "--backend", type=click.Choice(choices(EngineBackend)), default=None, help="trtllm (GPU) or sim (test double)."
 )
-@click.option("--role", type=click.Choice(["prefill", "decode"]), default=None)
+@click.option("--role", type=click.Choice(choices(Role)), default=None)
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Listening port (0: any free port).")
 @click.option("--host", default=None, help="Listening address (default 0.0.0.0).")
 @click.option("--advertise-url", default=None, help="URL peers use to reach this engine (default http://HOST:PORT).")
@@ -61,15 +49,15 @@ def read_control_token(token_file: str | None) -> str | None:
 )
 @click.option(
     "--config-json",
-    envvar=CONFIG_JSON_ENV,
+    envvar=env.ENGINE_CONFIG_JSON,
     default=None,
-    help=f"Engine config as JSON text (else ${CONFIG_JSON_ENV}; the operator sets it from the role's ConfigMap).",
+    help=f"Engine config as JSON text (else ${env.ENGINE_CONFIG_JSON}; the operator sets it from the role's ConfigMap).",
 )
 @click.option(
     "--control-token-file",
     type=click.Path(exists=True, dir_okay=False),
     default=None,
-    help=f"File holding the control-API bearer token (else ${TOKEN_ENV}; none: control API off).",
+    help=f"File holding the control-API bearer token (else ${env.CONTROL_TOKEN}; none: control API off).",
 )
 @click.option(
     "--sim-speed",
@@ -99,7 +87,9 @@ def engine(
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = build_config(
-            load_config_file(config_file) if config_file else parse_config_json(config_json),
+            load_config_file(config_file)
+            if config_file
+            else parse_config_json(config_json, source=env.ENGINE_CONFIG_JSON),
             backend=backend,
             role=role,
             port=port,
@@ -118,7 +108,8 @@ def engine(
     config = config.model_copy(update={"port": sock.getsockname()[1]})
     if token is None:
         click.echo(
-            f"drs engine: no control token ({TOKEN_ENV} or --control-token-file): control API disabled", err=True
+            f"drs engine: no control token ({env.CONTROL_TOKEN} or --control-token-file): control API disabled",
+            err=True,
         )
     click.echo(
         f"drs engine: {config.backend.value} {config.role.value} listening on {config.host}:{config.port}", err=True

@@ -1,172 +1,50 @@
-"""The engine configuration file: what the operator renders into every engine pod.
+"""Reading the engine config: a YAML/JSON file or JSON text, with command-line flags laid over it.
 
-``drs engine --config FILE`` reads this model from YAML or JSON; command-line flags override the
-file (``--backend``, ``--role``, ``--host``, ``--port``, ``--advertise-url``, ``--sim-speed``).
-Keys are camelCase, as in the DisaggReplicaSet resource; snake_case is accepted too. Unknown keys
-are rejected (a typo in a rendered config must fail the pod, not be ignored).
-
-Example (the shape the operator writes for a decode engine of a MoE model)::
-
-    role: decode
-    backend: trtllm
-    model: {path: /models/qwen3-30b-a3b, maxModelLen: 32768, precision: bfloat16}
-    weightsVersion: "step-120"
-    tensorParallelSize: 2
-    moeTensorParallelSize: 1
-    moeExpertParallelSize: 2
-    gpuMemoryUtilization: 0.85
-    maxBatchSize: 256
-    maxNumTokens: 8192
-    cacheTransceiver: {backend: NIXL}
-    trtllmKwargs: {kv_cache_config: {enable_block_reuse: true}}   # already deep-merged
-    port: 8000
+The model itself (:class:`~drs_protocol.engine_config.EngineConfig`) lives in ``drs_protocol``: the
+operator renders it and this package parses it. ``drs engine --config FILE`` reads it; flags
+override the file (``--backend``, ``--role``, ``--host``, ``--port``, ``--advertise-url``,
+``--sim-speed``).
 """
 
 from __future__ import annotations
 
-import json
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, Self
+from typing import Any
 
-import yaml
-from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from drs_protocol.config import read_config_file
+from drs_protocol.engine_config import (
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_PORT,
+    SIM_DEFAULT_MODEL,
+    CacheTransceiverSpec,
+    EngineConfig,
+    ModelSpec,
+    SimSpec,
+)
+from drs_protocol.enums import EngineBackend, Role
 from pydantic.alias_generators import to_camel
 
-#: Largest request body the serving routes accept (bytes); larger gets 413.
-DEFAULT_MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
-DEFAULT_PORT: Final = 8000
-#: Model label of a sim engine started without a config file.
-SIM_DEFAULT_MODEL: Final = "sim-qwen3"
+#: The engine's name for :class:`~drs_protocol.enums.EngineBackend`.
+BackendName = EngineBackend
 
-
-class Role(StrEnum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-class BackendName(StrEnum):
-    TRTLLM = "trtllm"
-    SIM = "sim"
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
-
-
-class ModelSpec(_Model):
-    """The model every engine of a replica serves (replica-wide settings)."""
-
-    path: str = Field(description="Checkpoint directory (HF layout) or hub id for TensorRT-LLM; any label for sim.")
-    tokenizer: str | None = Field(
-        default=None,
-        description="Tokenizer directory; default: the model path (trtllm) or the bundled Qwen3 tokenizer (sim).",
-    )
-    max_model_len: int = Field(default=32768, ge=2, description="Longest prompt + completion, in tokens.")
-    precision: str = Field(default="bfloat16", description="bfloat16 | float16 | float32 | auto | fp8 | nvfp4 ….")
-    served_name: str | None = Field(default=None, description="Model name echoed in responses; default: the path.")
-
-
-class CacheTransceiverSpec(_Model):
-    """TensorRT-LLM's ``cache_transceiver_config``: how KV moves from prefill to decode engines."""
-
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
-
-    backend: str = Field(default="DEFAULT", description="DEFAULT | UCX | NIXL | MOONCAKE | MPI.")
-    max_tokens_in_buffer: int | None = Field(default=None, ge=1)
-
-
-class SimSpec(_Model):
-    """The ``sim`` backend (a test double for a GPU engine): cache, token function and latency model."""
-
-    speed: float = Field(
-        default=1.0,
-        ge=0.0,
-        description="Multiplier on every simulated duration: 1.0 realistic ratios, 0 no sleeping at all (tests).",
-    )
-    tokens_per_block: int = Field(default=32, ge=1, description="Prefix-cache block size in tokens.")
-    cache_capacity_tokens: int = Field(default=1_048_576, ge=0, description="Prefix-cache capacity (LRU), in tokens.")
-    vocab_size: int | None = Field(
-        default=None, ge=2, description="Token ids are drawn from [0, vocabSize); default: the tokenizer's base vocab."
-    )
-    eos_token_id: int | None = Field(default=None, ge=0, description="Default: the tokenizer's EOS token.")
-    eos_probability: float = Field(default=0.02, ge=0.0, le=1.0, description="Chance that a step emits EOS.")
-    prefill_seconds_per_token: float = Field(default=5e-5, ge=0.0, description="Per UNCACHED prompt token.")
-    decode_seconds_per_token: float = Field(default=0.015, ge=0.0, description="One decode step with batch 1.")
-    decode_seconds_per_batch_slot: float = Field(
-        default=0.0002, ge=0.0, description="Added to a decode step per other in-flight decode."
-    )
-    weights_load_seconds: float = Field(default=2.0, ge=0.0, description="Simulated time of one weights load.")
-    kv_store_capacity: int = Field(default=4096, ge=1, description="Context states kept for decode engines to fetch.")
-    kv_store_ttl_seconds: float = Field(default=300.0, gt=0.0, description="Unfetched context states expire after.")
-
-
-class EngineConfig(_Model):
-    """One engine server: its role, backend, model, parallelism and serving limits."""
-
-    role: Role = Role.PREFILL
-    backend: BackendName = BackendName.TRTLLM
-    model: ModelSpec
-    weights_version: str = Field(default="0", description="Version reported until the first load.")
-    tensor_parallel_size: int = Field(default=1, ge=1)
-    moe_tensor_parallel_size: int | None = Field(default=None, ge=1)
-    moe_expert_parallel_size: int | None = Field(default=None, ge=1)
-    gpu_memory_utilization: float | None = Field(
-        default=None, gt=0.0, le=1.0, description="kv_cache_config.free_gpu_memory_fraction."
-    )
-    max_batch_size: int = Field(default=256, ge=1, description="Requests in flight at once; the rest queue.")
-    max_num_tokens: int = Field(default=8192, ge=1)
-    trtllm_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="Extra LLM(...) kwargs, already deep-merged; win over derived ones."
-    )
-    cache_transceiver: CacheTransceiverSpec | None = None
-    sim: SimSpec = Field(default_factory=SimSpec)
-    host: str = "0.0.0.0"
-    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
-    advertise_url: str | None = Field(
-        default=None, description="URL peers use to reach this engine (ctx_info_endpoint); default http://HOST:PORT."
-    )
-    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
-    drain_seconds: float = Field(
-        default=DEFAULT_DRAIN_SECONDS,
-        ge=0.0,
-        description="On SIGTERM: seconds in-flight legs and unfetched context states get before the engine exits.",
-    )
-
-    @model_validator(mode="after")
-    def _check_moe_split(self) -> Self:
-        tp, mtp, mep = self.tensor_parallel_size, self.moe_tensor_parallel_size, self.moe_expert_parallel_size
-        if mtp is not None and mep is not None and mtp * mep != tp:
-            raise ValueError(
-                f"moeTensorParallelSize * moeExpertParallelSize must equal tensorParallelSize: {mtp} * {mep} != {tp}"
-            )
-        return self
-
-    def resolved_advertise_url(self) -> str:
-        """Where peers reach this engine: ``advertiseUrl``, else ``http://HOST:PORT``."""
-        if self.advertise_url:
-            return self.advertise_url.rstrip("/")
-        host = self.host
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        if ":" in host and not host.startswith("["):
-            host = f"[{host}]"
-        return f"http://{host}:{self.port}"
-
-    def served_model_name(self) -> str:
-        return self.model.served_name or self.model.path
+__all__ = [
+    "DEFAULT_MAX_REQUEST_BYTES",
+    "DEFAULT_PORT",
+    "SIM_DEFAULT_MODEL",
+    "BackendName",
+    "CacheTransceiverSpec",
+    "EngineConfig",
+    "ModelSpec",
+    "Role",
+    "SimSpec",
+    "build_config",
+    "load_config_file",
+]
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping in a YAML or JSON config file (JSON is YAML, but a ``.json`` file gets JSON errors)."""
-    text = Path(path).read_text(encoding="utf-8")
-    data = json.loads(text) if str(path).endswith(".json") else yaml.safe_load(text)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the engine config must be a mapping, got {type(data).__name__}")
-    return data
+    """The raw mapping in a YAML or JSON engine config file."""
+    return read_config_file(path)
 
 
 def build_config(file_data: dict[str, Any] | None = None, **overrides: Any) -> EngineConfig:
@@ -185,6 +63,6 @@ def build_config(file_data: dict[str, Any] | None = None, **overrides: Any) -> E
         sim.pop("speed", None)
         sim["speed"] = sim_speed
         data["sim"] = sim
-    if "model" not in data and str(data.get("backend")) == BackendName.SIM:
+    if "model" not in data and str(data.get("backend")) == EngineBackend.SIM:
         data["model"] = {"path": SIM_DEFAULT_MODEL}
     return EngineConfig.model_validate(data)

@@ -23,7 +23,9 @@ import logging
 import time
 from typing import Any, Final
 
-from drs_protocol import fields
+from drs_protocol import fields, routes
+from drs_protocol.errors import error_body
+from drs_protocol.routes import Endpoint
 
 from drs_frontend import wire_json
 from drs_frontend.config import FrontendConfig
@@ -31,7 +33,6 @@ from drs_frontend.health import HealthProber
 from drs_frontend.httpserver import HttpServer, Request, Response, ServerLimits
 from drs_frontend.metrics import CONTENT_TYPE_LATEST, FrontendMetrics
 from drs_frontend.relay import JSON, Relay, Reply
-from drs_frontend.shaping import Endpoint, error_body
 from drs_frontend.tokenization import ChatTokenizer
 from drs_frontend.upstream import UpstreamClient, build_upstream
 
@@ -118,9 +119,9 @@ class FrontendApp:
             if method != "POST":
                 return error_response(405, f"{path} takes POST")
             return await self._turn(endpoint, request)
-        if path == "/health" and method in ("GET", "HEAD"):
+        if path == routes.HEALTH and method in ("GET", "HEAD"):
             return json_response(200, {"status": "ok"})
-        if path == "/ready" and method in ("GET", "HEAD"):
+        if path == routes.READY and method in ("GET", "HEAD"):
             ready = self.prober.ready()
             status = {
                 "ready": ready,
@@ -128,7 +129,7 @@ class FrontendApp:
                 "decode": self.relay.decode.answering(),
             }
             return json_response(200 if ready else 503, status)
-        if path == "/metrics" and method == "GET":
+        if path == routes.METRICS and method == "GET":
             return Response(200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
         return error_response(404, f"no route {method} {path}")
 

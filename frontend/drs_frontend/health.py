@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from drs_protocol import routes
+
 from drs_frontend.engines import EnginePool
 from drs_frontend.errors import UpstreamError
 from drs_frontend.metrics import FrontendMetrics
@@ -47,7 +49,7 @@ class HealthProber:
 
     async def _probe(self, pool: EnginePool, url: str) -> None:
         try:
-            ok = (await self.upstream.get(url + "/health", self.timeout)).status == 200
+            ok = (await self.upstream.get(url + routes.HEALTH, self.timeout)).status == 200
         except UpstreamError:
             ok = False
         before = pool.engines[url].probe_ok

@@ -33,6 +33,8 @@ from typing import Any, Final
 
 from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, render_completion_ids
+from drs_protocol.errors import error_body
+from drs_protocol.routes import Endpoint
 from drs_protocol.snowflake import SnowflakeMinter
 from drs_protocol.token_ids import encode_token_ids_b64
 
@@ -50,11 +52,9 @@ from drs_frontend.metrics import FrontendMetrics
 from drs_frontend.routing import Candidate, Decision, Reason, RouteRequest, build_ctx_router, build_gen_router
 from drs_frontend.shaping import (
     Body,
-    Endpoint,
     build_context_request,
     build_generation_request,
     check_context_response,
-    error_body,
     finished_context_response,
     parse_request,
     prompt_ids_of,

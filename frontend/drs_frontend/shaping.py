@@ -19,21 +19,16 @@ Bodies are shallow-copied, never mutated: the caller's dict stays the client's r
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from enum import StrEnum
 from typing import Any
 
 from drs_protocol import fields
+from drs_protocol.routes import Endpoint
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 
 from drs_frontend import wire_json
 from drs_frontend.errors import RequestError, UpstreamProtocolError
 
 Body = dict[str, Any]
-
-
-class Endpoint(StrEnum):
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
 
 
 # -- 1. the client's request ---------------------------------------------------------------------
@@ -232,17 +227,6 @@ def shape_response(response: Body, *, prompt_ids: list[int] | None = None) -> Bo
             message["generation_log_probs"] = [e.get("logprob") if isinstance(e, dict) else None for e in entries]
         shaped_choices.append({**choice, "message": message})
     return {**response, "choices": shaped_choices}
-
-
-def error_body(status: int, message: str, *, param: str | None = None, role: str | None = None) -> Body:
-    """An OpenAI-shaped error (what the ``openai`` client parses); ``role`` names an engine role."""
-    kind = (
-        "invalid_request_error" if 400 <= status < 500 else "service_unavailable" if status == 503 else "upstream_error"
-    )
-    error: Body = {"message": message, "type": kind, "param": param, "code": status}
-    if role is not None:
-        error["role"] = role
-    return {"error": error}
 
 
 # -- 5. a complete response as server-sent events ------------------------------------------------

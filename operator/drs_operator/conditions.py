@@ -15,7 +15,9 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
+
+from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 
 from drs_operator.api import names
 from drs_operator.api.constants import ConditionStatus, ConditionType, Phase, Reason
@@ -25,8 +27,6 @@ from drs_operator.rollout import Rollout, deployment_ready, pod_ready
 from drs_operator.validation import Problem
 
 Manifest = dict[str, Any]
-#: ``WeightsStatus.version``'s bound; a longer annotation is not copied (the sidecar never writes one).
-WEIGHTS_VERSION_MAX: Final = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +244,7 @@ def weights_status(
 ) -> WeightsStatus | None:
     """``status.weights`` from the sidecar's annotation: a new version is stamped with ``now``, the
     same version keeps its time, and no annotation keeps what status had."""
-    if not annotated or len(annotated) > WEIGHTS_VERSION_MAX:
+    if not annotated or len(annotated) > MAX_WEIGHTS_VERSION_CHARS:
         return previous
     if previous is not None and previous.version == annotated:
         return previous

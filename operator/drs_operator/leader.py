@@ -16,6 +16,7 @@ import os
 import socket
 from typing import Any
 
+from drs_protocol import env
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -30,7 +31,7 @@ API_TIMEOUT_S = 10.0
 
 def identity() -> str:
     """``<pod or host name>_<pid>``: unique per operator process."""
-    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{os.getpid()}"
+    return f"{os.environ.get(env.POD_NAME) or socket.gethostname()}_{os.getpid()}"
 
 
 def _now() -> datetime.datetime:

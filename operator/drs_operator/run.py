@@ -8,6 +8,7 @@ import os
 import threading
 
 import click
+from drs_protocol import routes
 
 DEFAULT_METRICS_PORT = 9090
 DEFAULT_HEALTH_PORT = 8080
@@ -106,7 +107,7 @@ def operator(
         clusterwide=not namespaces,
         namespaces=list(namespaces),
         standalone=True,
-        liveness_endpoint=f"http://0.0.0.0:{health_port}/healthz" if health_port else None,
+        liveness_endpoint=f"http://0.0.0.0:{health_port}{routes.HEALTHZ}" if health_port else None,
         memo=memo,
         stop_flag=stop_flag,
     )

@@ -21,13 +21,9 @@ HEADER_WEIGHTS_VERSION: Final = "x-drs-weights-version"
 CONTEXT_ONLY: Final = "context_only"
 GENERATION_ONLY: Final = "generation_only"
 CONTEXT_AND_GENERATION: Final = "context_and_generation"
-REQUEST_TYPES: Final = (CONTEXT_ONLY, GENERATION_ONLY, CONTEXT_AND_GENERATION)
 
 #: Context-leg finish reasons that mean "go on to the generation leg".
 UNFINISHED_REASONS: Final = ("length", "not_finished")
-
-#: Header carrying the control-API bearer token.
-AUTHORIZATION_HEADER: Final = "authorization"
 
 
 def conversation_id_from(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:

@@ -12,9 +12,6 @@ import sys
 from array import array
 from collections.abc import Sequence
 
-INT32_MIN = -(2**31)
-INT32_MAX = 2**31 - 1
-
 
 class TokenIdsError(ValueError):
     """A token-id field is malformed; the message names the field and the rule."""

@@ -40,6 +40,8 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from drs_protocol.control import MemoryTags
+from drs_protocol.routes import HEALTHZ, METRICS, ControlOp, TrainerRoute
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -79,10 +81,6 @@ class CollectiveUpdate(_Strict):
     drain: bool = True
     recompute_kv: bool = False
     path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
-
-
-class Tags(_Strict):
-    tags: list[str] = Field(default_factory=list, description="memory tags; empty: all")
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
@@ -149,7 +147,7 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
 
     app = FastAPI(title="drs sidecar", lifespan=lifespan, docs_url=None, redoc_url=None)
 
-    @app.post("/v1/refit")
+    @app.post(TrainerRoute.REFIT)
     async def refit(request: Request) -> Response:
         try:
             body: RefitRequest = await _parse(request, RefitRequest)
@@ -158,7 +156,7 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
             return _refused(exc)
         return _report(report)
 
-    @app.post("/v1/collective/init")
+    @app.post(TrainerRoute.COLLECTIVE_INIT)
     async def collective_init(request: Request) -> Response:
         try:
             body: CollectiveInit = await _parse(request, CollectiveInit)
@@ -182,34 +180,34 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
             return _refused(exc)
         return _report(report)
 
-    @app.post("/v1/collective/prepare")
+    @app.post(TrainerRoute.COLLECTIVE_PREPARE)
     async def collective_prepare(request: Request) -> Response:
         return await collective(request, CollectivePrepare)
 
-    @app.post("/v1/collective/update")
+    @app.post(TrainerRoute.COLLECTIVE_UPDATE)
     async def collective_update(request: Request) -> Response:
         return await collective(request, CollectiveUpdate)
 
-    async def broadcast(request: Request, op: str, route: str, model: type[BaseModel] | None) -> Response:
+    async def broadcast(request: Request, op: ControlOp, model: type[MemoryTags] | None) -> Response:
         try:
-            body = (await _parse(request, model)).model_dump() if model is not None else {}
-            return _report(await refitter.broadcast(op, route, body))
+            body = await _parse(request, model) if model is not None else None
+            return _report(await refitter.broadcast(op, body))
         except REFUSALS as exc:
             return _refused(exc)
 
-    @app.post("/v1/prefix_cache/reset")
+    @app.post(TrainerRoute.PREFIX_CACHE_RESET)
     async def reset(request: Request) -> Response:
-        return await broadcast(request, "reset_prefix_cache", "/control/prefix_cache/reset", None)
+        return await broadcast(request, ControlOp.RESET_PREFIX_CACHE, None)
 
-    @app.post("/v1/sleep")
+    @app.post(TrainerRoute.SLEEP)
     async def sleep(request: Request) -> Response:
-        return await broadcast(request, "release_memory", "/control/memory/release", Tags)
+        return await broadcast(request, ControlOp.RELEASE_MEMORY, MemoryTags)
 
-    @app.post("/v1/wake")
+    @app.post(TrainerRoute.WAKE)
     async def wake(request: Request) -> Response:
-        return await broadcast(request, "resume_memory", "/control/memory/resume", Tags)
+        return await broadcast(request, ControlOp.RESUME_MEMORY, MemoryTags)
 
-    @app.get("/v1/fleet")
+    @app.get(TrainerRoute.FLEET)
     async def fleet() -> Response:
         try:
             engines = await refitter.fleet.engines()
@@ -238,11 +236,11 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
             }
         )
 
-    @app.get("/healthz")
+    @app.get(HEALTHZ)
     async def healthz() -> Response:
         return JSONResponse({"status": "ok"})
 
-    @app.get("/metrics")
+    @app.get(METRICS)
     async def metrics() -> Response:
         return Response(refitter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -1,7 +1,8 @@
 """``drs sidecar``: the trainer's refit sidecar for one DisaggReplicaSet.
 
 In Kubernetes: ``drs sidecar --name NAME --namespace NS`` (in-cluster config or KUBECONFIG; the
-control token from ``--control-token-file``, ``$DRS_CONTROL_TOKEN`` or the resource's Secret).
+control token from ``--control-token-file``, the environment (``drs_protocol.env.CONTROL_TOKEN``)
+or the resource's Secret).
 Outside it: ``drs sidecar --engine URL --engine URL … --control-token-file F``.
 """
 
@@ -15,8 +16,8 @@ import sys
 from pathlib import Path
 
 import click
+from drs_protocol import env
 
-TOKEN_ENV = "DRS_CONTROL_TOKEN"
 EXIT_BIND_FAILED = 1
 
 
@@ -63,7 +64,9 @@ def sidecar(
     except BindError as exc:
         click.echo(f"drs sidecar: {exc.strerror}", err=True)
         sys.exit(EXIT_BIND_FAILED)
-    token = control_token_file.read_text().strip() if control_token_file else os.environ.get(TOKEN_ENV, "").strip()
+    token = (
+        control_token_file.read_text().strip() if control_token_file else os.environ.get(env.CONTROL_TOKEN, "").strip()
+    )
     asyncio.run(
         _run(sock, name, namespace, list(engines), token, concurrency, load_timeout, call_timeout, reconcile_interval)
     )
@@ -102,12 +105,12 @@ async def _run(
             except FleetError as exc:
                 await kube.close()
                 raise click.ClickException(
-                    f"no control token: {exc} (or give --control-token-file / ${TOKEN_ENV})"
+                    f"no control token: {exc} (or give --control-token-file / ${env.CONTROL_TOKEN})"
                 ) from None
         fleet = kube
     else:
         if not token:
-            raise click.ClickException(f"no control token: give --control-token-file or ${TOKEN_ENV}")
+            raise click.ClickException(f"no control token: give --control-token-file or ${env.CONTROL_TOKEN}")
         fleet = StaticFleet(engines)
     control = ControlClient(token, call_s=call_timeout, load_s=load_timeout)
     refitter = Refitter(fleet, control, SidecarMetrics(), concurrency=concurrency)

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
+from drs_protocol.control import LoadWeights
+from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
+from pydantic import BaseModel
 
 #: Connections kept per engine: the sidecar makes one call per engine at a time.
 MAX_CONNECTIONS: Final = 256
@@ -41,16 +44,19 @@ class ControlClient:
         await self._client.aclose()
 
     async def weights_version(self, url: str) -> CallResult:
-        return await self._call("GET", url, "/control/weights", None, self.call_s)
+        return await self._call("GET", url, CONTROL_WEIGHTS, None, self.call_s)
 
     async def load_weights(self, url: str, path: str, version: str) -> CallResult:
-        return await self._call("POST", url, "/control/weights/load", {"path": path, "version": version}, self.load_s)
+        body = LoadWeights(path=path, version=version).model_dump()
+        return await self._call("POST", url, CONTROL_ROUTES[ControlOp.LOAD_WEIGHTS], body, self.load_s)
 
     async def op(
-        self, url: str, route: str, body: dict[str, Any] | None = None, *, timeout: float | None = None
+        self, url: str, op: ControlOp, body: BaseModel | None = None, *, timeout: float | None = None
     ) -> CallResult:
-        """``POST route``; ``timeout`` defaults to ``call_s`` (collective steps pass ``load_s``)."""
-        return await self._call("POST", url, route, body or {}, self.call_s if timeout is None else timeout)
+        """``POST`` the route of ``op`` with ``body`` (one of :mod:`drs_protocol.control`'s models);
+        ``timeout`` defaults to ``call_s`` (collective steps pass ``load_s``)."""
+        payload = {} if body is None else body.model_dump()
+        return await self._call("POST", url, CONTROL_ROUTES[op], payload, self.call_s if timeout is None else timeout)
 
     async def _call(self, method: str, url: str, route: str, body: dict[str, Any] | None, timeout: float) -> CallResult:
         started = time.perf_counter()

@@ -19,7 +19,7 @@ from typing import Any, Final, Protocol
 from drs_operator.api import DisaggReplicaSetStatus
 from drs_operator.api.constants import ANNOTATION_WEIGHTS_VERSION, GROUP, PLURAL, VERSION
 from drs_operator.api.names import control_secret_name
-from drs_operator.manifests.common import TOKEN_KEY
+from drs_protocol.env import CONTROL_TOKEN_SECRET_KEY
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -141,9 +141,9 @@ class KubeFleet:
         except ApiException as exc:
             raise FleetError(f"Secret {self.namespace}/{secret_name}: {exc.status} {exc.reason}") from exc
         data = secret.data or {}
-        if TOKEN_KEY not in data:
-            raise FleetError(f"Secret {self.namespace}/{secret_name} has no key {TOKEN_KEY!r}")
-        return base64.b64decode(data[TOKEN_KEY]).decode()
+        if CONTROL_TOKEN_SECRET_KEY not in data:
+            raise FleetError(f"Secret {self.namespace}/{secret_name} has no key {CONTROL_TOKEN_SECRET_KEY!r}")
+        return base64.b64decode(data[CONTROL_TOKEN_SECRET_KEY]).decode()
 
     async def close(self) -> None:
         await self._api.close()

@@ -28,6 +28,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, MemoryTags, PrepareRefitInfo
+from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.routes import ControlOp
+
 from drs_sidecar.collective import GroupLayout, group_layout
 from drs_sidecar.control import CallResult, ControlClient
 from drs_sidecar.fleet import Engine, Fleet, FleetError
@@ -35,8 +39,8 @@ from drs_sidecar.metrics import SidecarMetrics
 
 log = logging.getLogger(__name__)
 
-#: The engines refuse longer versions (drs_engine.control_models.LoadWeights).
-MAX_VERSION_CHARS: Final = 200
+#: The engines refuse longer versions (``drs_protocol.control.LoadWeights``).
+MAX_VERSION_CHARS: Final = MAX_WEIGHTS_VERSION_CHARS
 #: Seconds before an engine whose catch-up load failed is tried again (doubling per failure).
 RETRY_BASE_S: Final = 5.0
 RETRY_MAX_S: Final = 300.0
@@ -82,7 +86,7 @@ class EngineOutcome:
 class Report:
     """What one fan-out did: every ready engine's outcome, and the engines it could not call."""
 
-    op: str
+    op: ControlOp
     outcomes: list[EngineOutcome] = field(default_factory=list)
     pending: list[Engine] = field(default_factory=list)
     elapsed_s: float = 0.0
@@ -97,7 +101,7 @@ class Report:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "op": self.op,
+            "op": self.op.value,
             "complete": self.complete,
             "engines": len(self.outcomes) + len(self.pending),
             "ok": sum(o.ok for o in self.outcomes),
@@ -142,7 +146,9 @@ class Refitter:
             raise RefitBusy("a refit is already running")
         async with self._lock:
             report = await self._fan_out(
-                "load_weights", await self.fleet.engines(), lambda url: self.control.load_weights(url, path, version)
+                ControlOp.LOAD_WEIGHTS,
+                await self.fleet.engines(),
+                lambda url: self.control.load_weights(url, path, version),
             )
             self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
             self.metrics.refit_seconds.observe(report.elapsed_s)
@@ -171,19 +177,19 @@ class Refitter:
         async with self._lock:
             layout = group_layout(await self.fleet.engines(), train_world_size)
             bodies = {
-                m.engine.url: {
-                    "rank_prefix": m.rank_prefix,
-                    "ip": ip,
-                    "port": port,
-                    "world_size": layout.world_size,
-                    "train_world_size": train_world_size,
-                }
+                m.engine.url: CollectiveInit(
+                    rank_prefix=m.rank_prefix,
+                    ip=ip,
+                    port=port,
+                    world_size=layout.world_size,
+                    train_world_size=train_world_size,
+                )
                 for m in layout.members
             }
             report = await self._fan_out(
-                "init_collective",
+                ControlOp.INIT_COLLECTIVE,
                 [m.engine for m in layout.members],
-                lambda url: self.control.op(url, "/control/collective/init", bodies[url], timeout=self.control.load_s),
+                lambda url: self.control.op(url, ControlOp.INIT_COLLECTIVE, bodies[url], timeout=self.control.load_s),
                 all_at_once=True,
             )
             self.group = layout if report.complete else None
@@ -191,17 +197,15 @@ class Refitter:
 
     async def collective_prepare(self, state_dict_info: dict[str, Any]) -> Report:
         """Tell every engine of the group which tensors will come (names, shapes, dtypes)."""
-        return await self._collective(
-            "prepare_refit_info", "/control/collective/prepare", {"state_dict_info": state_dict_info}
-        )
+        return await self._collective(ControlOp.PREPARE_REFIT_INFO, PrepareRefitInfo(state_dict_info=state_dict_info))
 
     async def collective_update(self, version: str, *, drain: bool, recompute_kv: bool, path: str | None) -> Report:
         """Every engine of the group receives the trainer's broadcast and serves it as ``version``.
         ``path``: a checkpoint of the same weights, loaded on engines that come back later (without
         one, nothing is desired: a restarted engine keeps the weights it starts with)."""
         check_weights(path or "-", version)
-        body = {"version": version, "drain": drain, "recompute_kv": recompute_kv}
-        report = await self._collective("update_weights_from_collective", "/control/collective/update", body)
+        body = CollectiveUpdate(version=version, drain=drain, recompute_kv=recompute_kv)
+        report = await self._collective(ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body)
         if report.complete:
             self.desired = Weights(path, version) if path else None
             self._backoff.clear()
@@ -210,7 +214,7 @@ class Refitter:
             await self._publish(version)
         return report
 
-    async def _collective(self, op: str, route: str, body: dict[str, Any]) -> Report:
+    async def _collective(self, op: ControlOp, body: PrepareRefitInfo | CollectiveUpdate) -> Report:
         if self._lock.locked():
             raise RefitBusy("a refit is already running")
         async with self._lock:
@@ -220,16 +224,16 @@ class Refitter:
             report = await self._fan_out(
                 op,
                 [m.engine for m in group.members],
-                lambda url: self.control.op(url, route, body, timeout=self.control.load_s),
+                lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
                 all_at_once=True,
             )
             if report.failed:
                 self.group = None  # a member failed mid-collective: the group is not usable
             return report
 
-    async def broadcast(self, op: str, route: str, body: dict[str, Any] | None = None) -> Report:
+    async def broadcast(self, op: ControlOp, body: MemoryTags | None = None) -> Report:
         """One control call on every ready engine (prefix-cache reset, sleep, wake, profiling)."""
-        return await self._fan_out(op, await self.fleet.engines(), lambda url: self.control.op(url, route, body))
+        return await self._fan_out(op, await self.fleet.engines(), lambda url: self.control.op(url, op, body))
 
     async def reconcile_once(self) -> Report | None:
         """Bring every ready engine that serves another version to the desired weights; publish
@@ -250,11 +254,13 @@ class Refitter:
             self.metrics.engines_behind.set(len(behind) + unknown + (len(engines) - len(ready)))
             now = asyncio.get_running_loop().time()
             due = [e for e in behind if self._backoff.get(e.url or "", (0, 0.0))[1] <= now]
-            report = Report("load_weights")
+            report = Report(ControlOp.LOAD_WEIGHTS)
             if due:
                 log.info("%d engine(s) not at weights %s: loading", len(due), desired.version)
                 report = await self._fan_out(
-                    "load_weights", due, lambda url: self.control.load_weights(url, desired.path, desired.version)
+                    ControlOp.LOAD_WEIGHTS,
+                    due,
+                    lambda url: self.control.load_weights(url, desired.path, desired.version),
                 )
                 self._note_attempts(report, now)
             loaded = {o.url for o in report.outcomes if o.ok}
@@ -284,7 +290,7 @@ class Refitter:
 
     async def _fan_out(
         self,
-        op: str,
+        op: ControlOp,
         engines: list[Engine],
         call: Callable[[str], Awaitable[CallResult]],
         *,
@@ -300,7 +306,7 @@ class Refitter:
             assert engine.url is not None
             async with gate:
                 result = await call(engine.url)
-            self.metrics.engine_calls.labels(op=op, result="ok" if result.ok else "failed").inc()
+            self.metrics.engine_calls.labels(op=op.value, result="ok" if result.ok else "failed").inc()
             detail = result.detail if result.status is None or result.ok else f"{result.status}: {result.detail}"
             return EngineOutcome(
                 engine.name, engine.role, engine.replica, engine.url, result.ok, detail, result.elapsed_s

@@ -281,7 +281,7 @@ def test_a_finished_generation_output_did_no_prefix_lookup() -> None:
     [
         ("load_weights", "load_weights_from_path"),
         ("init_collective", "init_collective"),
-        ("prepare_refit", "prepare_refit_info"),
+        ("prepare_refit_info", "prepare_refit_info"),
         ("update_weights_from_collective", "update_weights_from_collective"),
         ("reset_prefix_cache", "reset_prefix_cache"),
         ("start_profile", "start_profile"),

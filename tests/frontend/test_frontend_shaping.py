@@ -7,7 +7,6 @@ import json
 import pytest
 from drs_frontend.errors import RequestError, UpstreamProtocolError
 from drs_frontend.shaping import (
-    Endpoint,
     build_context_request,
     build_generation_request,
     check_context_response,
@@ -17,6 +16,7 @@ from drs_frontend.shaping import (
     sse_events,
     strip_client_fields,
 )
+from drs_protocol.routes import Endpoint
 from drs_protocol.token_ids import encode_token_ids_b64
 
 GYM_BODY = {

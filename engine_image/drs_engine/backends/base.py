@@ -15,7 +15,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from drs_engine.control_models import CollectiveInit, CollectiveUpdate, PrepareRefit
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
+
 from drs_engine.wire import EngineRequest, RequestType
 
 
@@ -131,7 +132,7 @@ class EngineBackend(abc.ABC):
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]: ...
 
     @abc.abstractmethod
-    async def prepare_refit(self, params: PrepareRefit) -> dict[str, Any]: ...
+    async def prepare_refit_info(self, params: PrepareRefitInfo) -> dict[str, Any]: ...
 
     @abc.abstractmethod
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]: ...

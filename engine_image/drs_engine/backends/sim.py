@@ -28,12 +28,13 @@ from collections.abc import AsyncGenerator
 from typing import Any, ClassVar, Final
 
 import httpx
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
+from drs_protocol.routes import kv_export_path
 
 from drs_engine.backends.base import ContextHandoff, EngineBackend, LegEvent, LegFinished, LegRequest, TokenStep
 from drs_engine.backends.sim_model import PrefixState, TokenChoice, TokenFunction, block_hashes
 from drs_engine.backends.sim_weights import SimWeights, hash_weights_path, initial_weights
 from drs_engine.config import EngineConfig
-from drs_engine.control_models import CollectiveInit, CollectiveUpdate, PrepareRefit
 from drs_engine.errors import (
     BadRequestError,
     ContextMismatchError,
@@ -46,8 +47,6 @@ from drs_engine.latency import LatencyModel
 from drs_engine.prefix_cache import PrefixCache
 from drs_engine.wire import RequestType
 
-#: Route on the prefill engine that hands a context state over (and forgets it).
-KV_FETCH_PATH: Final = "/v1/disagg/kv/{ctx_request_id}"
 #: Timeouts of the decode engine's KV fetch from a prefill engine.
 KV_FETCH_TIMEOUT: Final = httpx.Timeout(connect=2.0, read=30.0, write=30.0, pool=5.0)
 #: Idle connections expire before the peer's uvicorn keep-alive timeout (5 s) closes them, so a
@@ -344,7 +343,7 @@ class SimBackend(EngineBackend):
     async def _fetch_context(self, endpoint: str, ctx_request_id: int) -> dict[str, Any]:
         if self._client is None:
             raise KvTransferError("the sim backend is not started")
-        url = endpoint + KV_FETCH_PATH.format(ctx_request_id=ctx_request_id)
+        url = endpoint + kv_export_path(ctx_request_id)
         try:
             try:
                 response = await self._client.get(url)
@@ -402,7 +401,7 @@ class SimBackend(EngineBackend):
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
         raise self._no_collective("init_collective")
 
-    async def prepare_refit(self, params: PrepareRefit) -> dict[str, Any]:
+    async def prepare_refit_info(self, params: PrepareRefitInfo) -> dict[str, Any]:
         raise self._no_collective("prepare_refit_info")
 
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]:

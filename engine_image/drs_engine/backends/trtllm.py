@@ -16,6 +16,8 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import replace
 from typing import Any, ClassVar
 
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
+
 from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
 from drs_engine.backends.trtllm_translate import (
     LLM_CLASS,
@@ -29,7 +31,6 @@ from drs_engine.backends.trtllm_translate import (
     tokens_per_block_of,
 )
 from drs_engine.config import EngineConfig
-from drs_engine.control_models import CollectiveInit, CollectiveUpdate, PrepareRefit
 from drs_engine.errors import EngineError, NotSupportedError, UnavailableError, WeightsLoadError
 from drs_engine.wire import RequestType
 
@@ -160,8 +161,8 @@ class TrtllmBackend(EngineBackend):
         await self._rpc("init_collective", params.model_dump())
         return {"initialized": True, "world_size": params.world_size}
 
-    async def prepare_refit(self, params: PrepareRefit) -> dict[str, Any]:
-        await self._rpc("prepare_refit", {"state_dict_info": params.state_dict_info})
+    async def prepare_refit_info(self, params: PrepareRefitInfo) -> dict[str, Any]:
+        await self._rpc("prepare_refit_info", {"state_dict_info": params.state_dict_info})
         return {"prepared": True, "tensors": len(params.state_dict_info)}
 
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]:

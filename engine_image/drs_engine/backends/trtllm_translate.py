@@ -256,7 +256,7 @@ def finished_from_output(output: Any, *, prompt_tokens: int, prefix_lookup: bool
 RPC_METHODS: Final = {
     "load_weights": "load_weights_from_path",
     "init_collective": "init_collective",
-    "prepare_refit": "prepare_refit_info",
+    "prepare_refit_info": "prepare_refit_info",
     "update_weights_from_collective": "update_weights_from_collective",
     "reset_prefix_cache": "reset_prefix_cache",
     "start_profile": "start_profile",

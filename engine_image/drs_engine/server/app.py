@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+from drs_protocol import routes
+from drs_protocol.errors import error_body
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -30,7 +32,7 @@ from starlette.responses import JSONResponse, Response
 
 from drs_engine import __version__
 from drs_engine.config import EngineConfig
-from drs_engine.errors import EngineError, error_body
+from drs_engine.errors import EngineError
 from drs_engine.metrics import CONTENT_TYPE_LATEST
 from drs_engine.server import control, serving
 from drs_engine.server.state import EngineState
@@ -68,10 +70,10 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
 
     async def health() -> Response:
         if not state.ready:
-            return JSONResponse(error_body("the engine is still loading", "service_unavailable", 503), status_code=503)
+            return JSONResponse(error_body(503, "the engine is still loading"), status_code=503)
         if state.draining:
             return JSONResponse(
-                error_body("the engine is draining before it stops", DRAINING_ERROR_TYPE, 503), status_code=503
+                error_body(503, "the engine is draining before it stops", type_=DRAINING_ERROR_TYPE), status_code=503
             )
         return JSONResponse({"status": "ok", "asleep": bool(state.released_tags)})
 
@@ -100,13 +102,13 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
         state.require_metrics().kv_exports.labels(status="ok").inc()
         return JSONResponse(body)
 
-    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])
-    app.add_api_route("/v1/completions", completions, methods=["POST"])
-    app.add_api_route("/v1/models", models, methods=["GET"])
-    app.add_api_route("/health", health, methods=["GET"])
-    app.add_api_route("/server_info", server_info, methods=["GET"])
-    app.add_api_route("/metrics", metrics, methods=["GET"])
-    app.add_api_route("/v1/disagg/kv/{ctx_request_id}", kv_export, methods=["GET"])
+    app.add_api_route(routes.Endpoint.CHAT, chat, methods=["POST"])
+    app.add_api_route(routes.Endpoint.COMPLETIONS, completions, methods=["POST"])
+    app.add_api_route(routes.MODELS, models, methods=["GET"])
+    app.add_api_route(routes.HEALTH, health, methods=["GET"])
+    app.add_api_route(routes.SERVER_INFO, server_info, methods=["GET"])
+    app.add_api_route(routes.METRICS, metrics, methods=["GET"])
+    app.add_api_route(routes.KV_EXPORT, kv_export, methods=["GET"])
     control.register(app, state)
     return app
 
@@ -139,14 +141,14 @@ def _register_errors(app: FastAPI) -> None:
         status = getattr(exc, "status_code", 500)
         detail = getattr(exc, "detail", None) or "error"
         kind = "not_found_error" if status == 404 else "invalid_request_error"
-        return JSONResponse(error_body(str(detail), kind, status), status_code=status)
+        return JSONResponse(error_body(status, str(detail), type_=kind), status_code=status)
 
     async def invalid_params(_: Request, exc: Exception) -> Response:
         errors = exc.errors() if isinstance(exc, RequestValidationError) else []
         first = errors[0] if errors else {}
         loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("path", "query", "body"))
         message = f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(first.get("msg", "invalid request"))
-        return JSONResponse(error_body(message, "invalid_request_error", 400, loc or None), status_code=400)
+        return JSONResponse(error_body(400, message, param=loc or None), status_code=400)
 
     async def engine_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, EngineError)
@@ -154,9 +156,7 @@ def _register_errors(app: FastAPI) -> None:
 
     async def unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(
-            error_body(f"internal error: {type(exc).__name__}: {exc}", "internal_error", 500), status_code=500
-        )
+        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
 
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(RequestValidationError, invalid_params)

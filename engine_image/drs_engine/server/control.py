@@ -2,7 +2,8 @@
 
 Called by the trainer-side sidecar on every engine (never through a frontend). Every route needs
 ``Authorization: Bearer <token>``; the token comes from ``--control-token-file`` or the
-``DRS_CONTROL_TOKEN`` environment variable. No header → 401; a wrong token → 403; an engine
+environment (:data:`drs_protocol.env.CONTROL_TOKEN`). Paths and operation names are
+:mod:`drs_protocol.routes`'s, bodies :mod:`drs_protocol.control`'s. No header → 401; a wrong token → 403; an engine
 started without a token refuses the whole control API (403 saying so). Calls are serialised: one
 ``asyncio.Lock`` per server, so two overlapping updates run one after the other and both report.
 
@@ -33,28 +34,28 @@ from __future__ import annotations
 import hmac
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import Any
 
+from drs_protocol import env
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, LoadWeights, MemoryTags, PrepareRefitInfo
+from drs_protocol.limits import MAX_CONTROL_BODY_BYTES
+from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from drs_engine.control_models import CollectiveInit, CollectiveUpdate, LoadWeights, MemoryTags, PrepareRefit
 from drs_engine.errors import EngineError, ForbiddenError, UnauthorizedError
 from drs_engine.server.body import parse_json_object, read_body, validate
 from drs_engine.server.state import EngineState
 
-#: Control bodies are small; anything bigger is refused.
-MAX_CONTROL_BODY_BYTES: Final = 1024 * 1024
-#: Environment variable holding the control token (``--control-token-file`` wins).
-TOKEN_ENV: Final = "DRS_CONTROL_TOKEN"
+Action = Callable[[Any], Awaitable[dict[str, Any]]]
 
 
 def check_token(state: EngineState, request: Request) -> None:
     """401 without a bearer token, 403 with a wrong one or when the control API is disabled."""
     if not state.control_token:
         raise ForbiddenError(
-            f"the control API is disabled on this engine: start it with --control-token-file or {TOKEN_ENV}"
+            f"the control API is disabled on this engine: start it with --control-token-file or {env.CONTROL_TOKEN}"
         )
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
@@ -77,9 +78,9 @@ async def _body(request: Request, model: type[BaseModel] | None) -> Any:
 async def run_op(
     state: EngineState,
     request: Request,
-    op: str,
+    op: ControlOp,
     model: type[BaseModel] | None,
-    action: Callable[[Any], Awaitable[dict[str, Any]]],
+    action: Action,
 ) -> Response:
     """Authenticate, parse, wait for the control lock, run ``action``, and report."""
     metrics = state.metrics
@@ -94,14 +95,14 @@ async def run_op(
             done = time.monotonic()
     except EngineError as exc:
         if metrics is not None:
-            metrics.control_ops.labels(op=op, status="error").inc()
+            metrics.control_ops.labels(op=op.value, status="error").inc()
         return _error(exc)
     backend = state.require_backend()
     if metrics is not None:
-        metrics.control_ops.labels(op=op, status="ok").inc()
+        metrics.control_ops.labels(op=op.value, status="ok").inc()
     return JSONResponse(
         {
-            "op": op,
+            "op": op.value,
             "result": result,
             "weights_version": backend.weights_version,
             "waited_s": round(started - queued, 6),
@@ -118,9 +119,9 @@ def _error(exc: EngineError) -> Response:
 def register(app: Any, state: EngineState) -> None:
     """Add the control routes to ``app`` (a FastAPI/Starlette app)."""
 
-    def backend_op(name: str) -> Callable[[Any], Awaitable[dict[str, Any]]]:
+    def backend_op(op: ControlOp) -> Action:
         async def call(params: Any) -> dict[str, Any]:
-            method: Callable[..., Awaitable[dict[str, Any]]] = getattr(state.require_backend(), name)
+            method: Callable[..., Awaitable[dict[str, Any]]] = getattr(state.require_backend(), op.value)
             return await (method() if params is None else method(params))
 
         return call
@@ -157,27 +158,28 @@ def register(app: Any, state: EngineState) -> None:
         state.require_metrics().asleep.set(1 if state.released_tags else 0)
         return result
 
-    routes: list[tuple[str, str, type[BaseModel] | None, Callable[[Any], Awaitable[dict[str, Any]]]]] = [
-        ("/control/weights/load", "load_weights", LoadWeights, load),
-        ("/control/collective/init", "init_collective", CollectiveInit, backend_op("init_collective")),
-        ("/control/collective/prepare", "prepare_refit", PrepareRefit, backend_op("prepare_refit")),
-        ("/control/collective/update", "update_weights_from_collective", CollectiveUpdate, update),
-        ("/control/prefix_cache/reset", "reset_prefix_cache", None, backend_op("reset_prefix_cache")),
-        ("/control/memory/release", "release_memory", MemoryTags, release),
-        ("/control/memory/resume", "resume_memory", MemoryTags, resume),
-        ("/control/profile/start", "start_profile", None, backend_op("start_profile")),
-        ("/control/profile/stop", "stop_profile", None, backend_op("stop_profile")),
-    ]
-    for path, op, model, action in routes:
-        app.add_api_route(path, _endpoint(state, op, model, action), methods=["POST"], name=op)
-    app.add_api_route("/control/weights", get_weights, methods=["GET"], name="get_weights_version")
+    ops: dict[ControlOp, tuple[type[BaseModel] | None, Action]] = {
+        ControlOp.LOAD_WEIGHTS: (LoadWeights, load),
+        ControlOp.INIT_COLLECTIVE: (CollectiveInit, backend_op(ControlOp.INIT_COLLECTIVE)),
+        ControlOp.PREPARE_REFIT_INFO: (PrepareRefitInfo, backend_op(ControlOp.PREPARE_REFIT_INFO)),
+        ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: (CollectiveUpdate, update),
+        ControlOp.RESET_PREFIX_CACHE: (None, backend_op(ControlOp.RESET_PREFIX_CACHE)),
+        ControlOp.RELEASE_MEMORY: (MemoryTags, release),
+        ControlOp.RESUME_MEMORY: (MemoryTags, resume),
+        ControlOp.START_PROFILE: (None, backend_op(ControlOp.START_PROFILE)),
+        ControlOp.STOP_PROFILE: (None, backend_op(ControlOp.STOP_PROFILE)),
+    }
+    for op, path in CONTROL_ROUTES.items():
+        model, action = ops[op]
+        app.add_api_route(path, _endpoint(state, op, model, action), methods=["POST"], name=op.value)
+    app.add_api_route(CONTROL_WEIGHTS, get_weights, methods=["GET"], name=ControlOp.GET_WEIGHTS_VERSION.value)
 
 
 def _endpoint(
-    state: EngineState, op: str, model: type[BaseModel] | None, action: Callable[[Any], Awaitable[dict[str, Any]]]
+    state: EngineState, op: ControlOp, model: type[BaseModel] | None, action: Action
 ) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
         return await run_op(state, request, op, model, action)
 
-    endpoint.__name__ = op
+    endpoint.__name__ = op.value
     return endpoint

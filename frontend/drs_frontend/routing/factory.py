@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from drs_frontend.config import CtxRouterName, FrontendConfig, GenRouterName
+from drs_protocol import enums
+
+from drs_frontend.config import FrontendConfig
 from drs_frontend.routing.balance import LeastLoadedRouter, RoundRobinRouter
 from drs_frontend.routing.base import Candidate, Decision, RouteRequest
 from drs_frontend.routing.conversation import ConversationRouter
@@ -30,18 +32,19 @@ class _Stateless:
 
 
 def build_ctx_router(config: FrontendConfig) -> CtxRouter:
-    name: CtxRouterName = config.ctx_router
-    if name == "conversation":
+    name = config.ctx_router
+    if name == enums.CtxRouter.CONVERSATION:
         return ConversationRouter(
             max_sessions=config.max_sessions,
             load_factor=config.affinity_load_factor,
             match_ratio=config.prefix_match_ratio,
             block_tokens=config.prefix_block_tokens,
         )
-    return _Stateless(build_gen_router("round_robin" if name == "round_robin" else "load_balancing"))
+    round_robin = name == enums.CtxRouter.ROUND_ROBIN
+    return _Stateless(build_gen_router(enums.GenRouter.ROUND_ROBIN if round_robin else enums.GenRouter.LOAD_BALANCING))
 
 
-def build_gen_router(name: GenRouterName) -> GenRouter:
-    if name == "round_robin":
+def build_gen_router(name: enums.GenRouter) -> GenRouter:
+    if name == enums.GenRouter.ROUND_ROBIN:
         return RoundRobinRouter()
     return LeastLoadedRouter()

@@ -9,6 +9,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
+from drs_protocol.enums import ROLES, CtxRouter, EngineBackend, GenRouter, Role
+
+__all__ = ["ROLES", "CtxRouter", "EngineBackend", "GenRouter", "Role"]  # defined in drs_protocol.enums
+
 # --- identity of the resource ---------------------------------------------------------------
 GROUP: Final = "disagg.dev"
 VERSION: Final = "v1alpha1"
@@ -48,20 +52,6 @@ LABEL_RANK: Final = f"{GROUP}/rank"
 ANNOTATION_WEIGHTS_VERSION: Final = f"{GROUP}/weights-version"
 
 
-class Role(StrEnum):
-    """An engine role. TensorRT-LLM spells them ``ctx`` / ``gen`` on the wire."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-    @property
-    def wire_name(self) -> str:
-        """TensorRT-LLM's name for the role in a disaggregated server config."""
-        return "ctx" if self is Role.PREFILL else "gen"
-
-
-#: Engine roles in plan order: prefill engines come before decode engines in every replica.
-ROLES: Final = (Role.PREFILL, Role.DECODE)
 #: The ``disagg.dev/role`` value of frontend children.
 ROLE_FRONTEND: Final = "frontend"
 
@@ -134,24 +124,6 @@ class Phase(StrEnum):
     READY = "Ready"
     DEGRADED = "Degraded"
     INVALID = "Invalid"
-
-
-class EngineBackend(StrEnum):
-    """``spec.engine.backend``: the real TensorRT-LLM engine, or the CPU ``sim`` test double."""
-
-    TRTLLM = "trtllm"
-    SIM = "sim"
-
-
-class CtxRouter(StrEnum):
-    CONVERSATION = "conversation"
-    LOAD_BALANCING = "load_balancing"
-    ROUND_ROBIN = "round_robin"
-
-
-class GenRouter(StrEnum):
-    LOAD_BALANCING = "load_balancing"
-    ROUND_ROBIN = "round_robin"
 
 
 class Precision(StrEnum):

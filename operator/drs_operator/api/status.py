@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
@@ -82,7 +83,9 @@ class ReplicaStatus(StatusModel):
 class WeightsStatus(StatusModel):
     """The weights the engines serve."""
 
-    version: str | None = Field(None, max_length=256, description="Weights version of the last completed refit.")
+    version: str | None = Field(
+        None, max_length=MAX_WEIGHTS_VERSION_CHARS, description="Weights version of the last completed refit."
+    )
     last_update_time: datetime | None = None
 
 

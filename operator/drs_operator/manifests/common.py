@@ -19,12 +19,8 @@ from drs_operator.api.constants import API_VERSION, KIND
 SPEC_HASH_ANNOTATION: Final = "disagg.dev/spec-hash"
 #: Node a child was placed on (for a person reading ``kubectl get -o yaml``).
 NODE_ANNOTATION: Final = "disagg.dev/node"
-#: Environment variables the containers read their rendered configuration from.
-ENGINE_CONFIG_ENV: Final = "DRS_ENGINE_CONFIG_JSON"
-FRONTEND_CONFIG_ENV: Final = "DRS_FRONTEND_CONFIG_JSON"
-CONTROL_TOKEN_ENV: Final = "DRS_CONTROL_TOKEN"
+#: Key of the rendered config in the engine and frontend ConfigMaps (read through the pods' env).
 CONFIG_KEY: Final = "config.json"
-TOKEN_KEY: Final = "token"
 
 
 @dataclasses.dataclass(frozen=True)

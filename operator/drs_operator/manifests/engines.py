@@ -17,10 +17,13 @@ with ``DRS_RANK``, ``DRS_WORLD_SIZE`` and ``DRS_LEADER_ADDRESS``. Every pod:
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import Mapping
 from typing import Any, Final
+
+from drs_protocol import env, routes
+from drs_protocol.config import render
+from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, ModelSpec, SimSpec
 
 from drs_operator.api import names
 from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
@@ -28,10 +31,7 @@ from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.layout import engine_url
 from drs_operator.manifests.common import (
     CONFIG_KEY,
-    CONTROL_TOKEN_ENV,
-    ENGINE_CONFIG_ENV,
     NODE_ANNOTATION,
-    TOKEN_KEY,
     Owner,
     field_env,
     node_affinity,
@@ -49,40 +49,41 @@ TERMINATION_GRACE_S: Final = 30
 TOKEN_BYTES: Final = 32
 
 
-def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> dict[str, Any]:
-    """The engine configuration of ``role`` (drs_engine.config.EngineConfig, camelCase)."""
+def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> EngineConfig:
+    """The engine configuration of ``role``: the model ``drs engine`` parses, validated here, with
+    only the fields the spec sets (the engine's defaults stand for the rest)."""
     block = spec.role(role)
-    role_plan = plan.role(role)
-    kwargs = dict(role_plan.llm_kwargs)
+    kwargs = dict(plan.role(role).llm_kwargs)
     transceiver = kwargs.pop("cache_transceiver_config", None)
     model: dict[str, Any] = {"path": spec.model.path, "precision": str(spec.model.precision)}
-    if spec.model.tokenizer:
-        model["tokenizer"] = spec.model.tokenizer
-    if spec.model.max_model_len:
-        model["maxModelLen"] = spec.model.max_model_len
-    if spec.model.served_name:
-        model["servedName"] = spec.model.served_name
-    config: dict[str, Any] = {
-        "role": str(role),
-        "backend": str(spec.engine.backend),
-        "model": model,
-        "tensorParallelSize": block.tensor_parallel_size,
-        "trtllmKwargs": kwargs,
+    for name in ("tokenizer", "max_model_len", "served_name"):
+        if getattr(spec.model, name):
+            model[name] = getattr(spec.model, name)
+    fields: dict[str, Any] = {
+        "role": role,
+        "backend": spec.engine.backend,
+        "model": ModelSpec.model_validate(model),
+        "tensor_parallel_size": block.tensor_parallel_size,
+        "trtllm_kwargs": kwargs,
     }
-    for key, value in (
-        ("moeTensorParallelSize", block.moe_tensor_parallel_size),
-        ("moeExpertParallelSize", block.moe_expert_parallel_size),
-        ("gpuMemoryUtilization", block.gpu_memory_utilization),
-        ("maxBatchSize", block.max_batch_size),
-        ("maxNumTokens", block.max_num_tokens),
-    ):
-        if value is not None:
-            config[key] = value
+    for name in _ROLE_KNOBS:
+        if getattr(block, name) is not None:
+            fields[name] = getattr(block, name)
     if isinstance(transceiver, Mapping):
-        config["cacheTransceiver"] = dict(transceiver)
+        fields["cache_transceiver"] = CacheTransceiverSpec.model_validate(dict(transceiver))
     if spec.engine.sim_options:
-        config["sim"] = dict(spec.engine.sim_options)
-    return config
+        fields["sim"] = SimSpec.model_validate(dict(spec.engine.sim_options))
+    return EngineConfig.model_validate(fields)
+
+
+#: RoleSpec fields copied into the engine config when set.
+_ROLE_KNOBS: Final = (
+    "moe_tensor_parallel_size",
+    "moe_expert_parallel_size",
+    "gpu_memory_utilization",
+    "max_batch_size",
+    "max_num_tokens",
+)
 
 
 def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan,
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": owner.metadata(names.engine_config_name(owner.name, role), names.labels(owner.name, str(role))),
-            "data": {CONFIG_KEY: json.dumps(config, sort_keys=True, indent=1)},
+            "data": {CONFIG_KEY: render(config)},
         }
     )
 
@@ -104,7 +105,7 @@ def build_control_secret(owner: Owner, token: str | None = None) -> dict[str, An
         "kind": "Secret",
         "metadata": owner.metadata(names.control_secret_name(owner.name), names.labels(owner.name)),
         "type": "Opaque",
-        "stringData": {TOKEN_KEY: token or secrets.token_hex(TOKEN_BYTES)},
+        "stringData": {env.CONTROL_TOKEN_SECRET_KEY: token or secrets.token_hex(TOKEN_BYTES)},
     }
 
 
@@ -166,22 +167,24 @@ def _engine_pod(
         LABEL_ORDINAL: str(slot.ordinal),
         LABEL_RANK: str(rank),
     }
-    env: list[dict[str, Any]] = [
-        field_env("POD_IP", "status.podIP"),
-        field_env("POD_NAME", "metadata.name"),
+    pod_env: list[dict[str, Any]] = [
+        field_env(env.POD_IP, "status.podIP"),
+        field_env(env.POD_NAME, "metadata.name"),
         {
-            "name": ENGINE_CONFIG_ENV,
+            "name": env.ENGINE_CONFIG_JSON,
             "valueFrom": {
                 "configMapKeyRef": {"name": names.engine_config_name(owner.name, slot.role), "key": CONFIG_KEY}
             },
         },
         {
-            "name": CONTROL_TOKEN_ENV,
-            "valueFrom": {"secretKeyRef": {"name": names.control_secret_name(owner.name), "key": TOKEN_KEY}},
+            "name": env.CONTROL_TOKEN,
+            "valueFrom": {
+                "secretKeyRef": {"name": names.control_secret_name(owner.name), "key": env.CONTROL_TOKEN_SECRET_KEY}
+            },
         },
-        {"name": "DRS_RANK", "value": str(rank)},
-        {"name": "DRS_WORLD_SIZE", "value": str(world)},
-        {"name": "DRS_LEADER_ADDRESS", "value": leader},
+        {"name": env.RANK, "value": str(rank)},
+        {"name": env.WORLD_SIZE, "value": str(world)},
+        {"name": env.LEADER_ADDRESS, "value": leader},
     ]
     args = [
         "--backend",
@@ -189,7 +192,7 @@ def _engine_pod(
         "--role",
         str(slot.role),
         "--host",
-        "$(POD_IP)",
+        f"$({env.POD_IP})",
         "--port",
         str(slot.port),
     ]
@@ -205,11 +208,11 @@ def _engine_pod(
         "image": spec.images.engine,
         "command": ["drs", "engine"],
         "args": args,
-        "env": env,
+        "env": pod_env,
         "ports": [{"name": "http", "containerPort": slot.port}],
         "resources": {"limits": {GPU_RESOURCE: str(gpus)}, "requests": {GPU_RESOURCE: str(gpus)}},
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": slot.port},
+            "httpGet": {"path": routes.HEALTH, "port": slot.port},
             "periodSeconds": READINESS_PERIOD_S,
             "failureThreshold": 3,
         },

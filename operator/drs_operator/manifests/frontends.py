@@ -8,9 +8,12 @@ reads the same ConfigMap: the replica's prefill pool and decode pool URLs and th
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Final
+
+from drs_protocol import env, routes
+from drs_protocol.config import render
+from drs_protocol.frontend_config import FrontendConfig
 
 from drs_operator.api import names
 from drs_operator.api.constants import LABEL_FRONTEND, LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, Role
@@ -18,7 +21,6 @@ from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.layout import engine_url
 from drs_operator.manifests.common import (
     CONFIG_KEY,
-    FRONTEND_CONFIG_ENV,
     NODE_ANNOTATION,
     Owner,
     field_env,
@@ -41,19 +43,20 @@ def build_frontend_config(
     placed: ReplicaPlacement,
     namespace: str,
     addresses: Mapping[str, str],
-) -> dict[str, Any]:
-    """drs_frontend.config.FrontendConfig of one replica (node id and port come as flags)."""
+) -> FrontendConfig:
+    """The :class:`~drs_protocol.frontend_config.FrontendConfig` of one replica's frontends (node
+    id and port come as flags), validated here."""
     nodes = {e.name: e.node for e in placed.engines}
 
     def pool(role: Role) -> list[str]:
         urls = [engine_url(plan, e, nodes.get(e.name), namespace, addresses) for e in replica.role_engines(role)]
         return [u for u in urls if u]
 
-    config: dict[str, Any] = {
+    fields: dict[str, Any] = {
         "prefill": pool(Role.PREFILL),
         "decode": pool(Role.DECODE),
-        "ctx_router": str(spec.router.ctx),
-        "gen_router": str(spec.router.gen),
+        "ctx_router": spec.router.ctx,
+        "gen_router": spec.router.gen,
         "gen_tokids_ctxbytes": spec.router.gen_tokids_ctxbytes,
         "gen_strip_message_history": spec.router.gen_strip_message_history,
         "max_sessions": spec.router.max_sessions,
@@ -61,11 +64,11 @@ def build_frontend_config(
         "tokenize_shadow_rate": spec.frontend.tokenize_shadow_rate,
     }
     if spec.model.tokenizer:
-        config["tokenizer"] = spec.model.tokenizer
-    return config
+        fields["tokenizer"] = spec.model.tokenizer
+    return FrontendConfig.model_validate(fields)
 
 
-def build_frontend_configmap(owner: Owner, replica: int, config: Mapping[str, Any]) -> dict[str, Any]:
+def build_frontend_configmap(owner: Owner, replica: int, config: FrontendConfig) -> dict[str, Any]:
     return with_hash(
         {
             "apiVersion": "v1",
@@ -73,7 +76,7 @@ def build_frontend_configmap(owner: Owner, replica: int, config: Mapping[str, An
             "metadata": owner.metadata(
                 names.frontend_config_name(owner.name, replica), names.labels(owner.name, ROLE_FRONTEND, replica)
             ),
-            "data": {CONFIG_KEY: json.dumps(dict(config), sort_keys=True, indent=1)},
+            "data": {CONFIG_KEY: render(config)},
         }
     )
 
@@ -95,20 +98,20 @@ def build_frontend_deployment(
         "name": FRONTEND_CONTAINER,
         "image": spec.images.frontend,
         "command": ["drs", "frontend"],
-        "args": ["--host", "$(POD_IP)", "--port", str(slot.port), "--node-id", str(slot.node_id)],
+        "args": ["--host", f"$({env.POD_IP})", "--port", str(slot.port), "--node-id", str(slot.node_id)],
         "env": [
-            field_env("POD_IP", "status.podIP"),
+            field_env(env.POD_IP, "status.podIP"),
             {
-                "name": FRONTEND_CONFIG_ENV,
+                "name": env.FRONTEND_CONFIG_JSON,
                 "valueFrom": {
                     "configMapKeyRef": {"name": names.frontend_config_name(owner.name, slot.replica), "key": CONFIG_KEY}
                 },
             },
         ],
         "ports": [{"name": "http", "containerPort": slot.port}],
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": slot.port}, "periodSeconds": READINESS_PERIOD_S},
+        "readinessProbe": {"httpGet": {"path": routes.READY, "port": slot.port}, "periodSeconds": READINESS_PERIOD_S},
         "livenessProbe": {
-            "httpGet": {"path": "/health", "port": slot.port},
+            "httpGet": {"path": routes.HEALTH, "port": slot.port},
             "periodSeconds": LIVENESS_PERIOD_S,
             "failureThreshold": 3,
         },

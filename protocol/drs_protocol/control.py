@@ -1,10 +1,15 @@
-"""Request bodies of the control API (see :mod:`drs_engine.server.control` for the routes)."""
+"""Request bodies of the engine control API: the sidecar builds them, the engine validates them.
+
+Routes and operation names: :mod:`drs_protocol.routes` (:class:`~drs_protocol.routes.ControlOp`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 
 
 class _Strict(BaseModel):
@@ -15,7 +20,7 @@ class LoadWeights(_Strict):
     """Load weights from a path (a checkpoint directory or file) and serve them as ``version``."""
 
     path: str = Field(min_length=1)
-    version: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
 
 
 class CollectiveInit(_Strict):
@@ -28,7 +33,7 @@ class CollectiveInit(_Strict):
     train_world_size: int = Field(ge=1)
 
 
-class PrepareRefit(_Strict):
+class PrepareRefitInfo(_Strict):
     """NeMo RL's ``prepare_refit_info``: names, shapes and dtypes of the tensors to come."""
 
     state_dict_info: dict[str, Any]
@@ -37,7 +42,7 @@ class PrepareRefit(_Strict):
 class CollectiveUpdate(_Strict):
     """NeMo RL's ``update_weights_from_collective``, then serve the result as ``version``."""
 
-    version: str = Field(min_length=1, max_length=200)
+    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
     drain: bool = True
     recompute_kv: bool = False
 

@@ -1,0 +1,139 @@
+"""The engine config: what the operator renders into every engine pod and ``drs engine`` parses.
+
+``drs engine --config FILE`` reads this model from YAML or JSON (``drs_engine.config``); the
+operator constructs it per role and renders it into the role's ConfigMap
+(``DRS_ENGINE_CONFIG_JSON``). Keys are camelCase, snake_case accepted (:mod:`drs_protocol.config`).
+
+Example (the shape the operator writes for a decode engine of a MoE model)::
+
+    role: decode
+    backend: trtllm
+    model: {path: /models/qwen3-30b-a3b, maxModelLen: 32768, precision: bfloat16}
+    tensorParallelSize: 2
+    moeTensorParallelSize: 1
+    moeExpertParallelSize: 2
+    gpuMemoryUtilization: 0.85
+    maxBatchSize: 256
+    maxNumTokens: 8192
+    cacheTransceiver: {backend: NIXL}
+    trtllmKwargs: {kv_cache_config: {enable_block_reuse: true}}   # already deep-merged
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Self
+
+from pydantic import ConfigDict, Field, model_validator
+
+from drs_protocol.config import ConfigModel
+from drs_protocol.enums import EngineBackend, Role
+from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
+
+#: Largest request body the serving routes accept (bytes); larger gets 413.
+DEFAULT_MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
+DEFAULT_PORT: Final = 8000
+#: Model label of a sim engine started without a config file.
+SIM_DEFAULT_MODEL: Final = "sim-qwen3"
+
+
+class ModelSpec(ConfigModel):
+    """The model every engine of a replica serves (replica-wide settings)."""
+
+    path: str = Field(description="Checkpoint directory (HF layout) or hub id for TensorRT-LLM; any label for sim.")
+    tokenizer: str | None = Field(
+        default=None,
+        description="Tokenizer directory; default: the model path (trtllm) or the bundled Qwen3 tokenizer (sim).",
+    )
+    max_model_len: int = Field(default=32768, ge=2, description="Longest prompt + completion, in tokens.")
+    precision: str = Field(default="bfloat16", description="bfloat16 | float16 | float32 | auto | fp8 | nvfp4 ….")
+    served_name: str | None = Field(default=None, description="Model name echoed in responses; default: the path.")
+
+
+class CacheTransceiverSpec(ConfigModel):
+    """TensorRT-LLM's ``cache_transceiver_config``: how KV moves from prefill to decode engines."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str = Field(default="DEFAULT", description="DEFAULT | UCX | NIXL | MOONCAKE | MPI.")
+    max_tokens_in_buffer: int | None = Field(default=None, ge=1)
+
+
+class SimSpec(ConfigModel):
+    """The ``sim`` backend (a test double for a GPU engine): cache, token function and latency model."""
+
+    speed: float = Field(
+        default=1.0,
+        ge=0.0,
+        description="Multiplier on every simulated duration: 1.0 realistic ratios, 0 no sleeping at all (tests).",
+    )
+    tokens_per_block: int = Field(default=32, ge=1, description="Prefix-cache block size in tokens.")
+    cache_capacity_tokens: int = Field(default=1_048_576, ge=0, description="Prefix-cache capacity (LRU), in tokens.")
+    vocab_size: int | None = Field(
+        default=None, ge=2, description="Token ids are drawn from [0, vocabSize); default: the tokenizer's base vocab."
+    )
+    eos_token_id: int | None = Field(default=None, ge=0, description="Default: the tokenizer's EOS token.")
+    eos_probability: float = Field(default=0.02, ge=0.0, le=1.0, description="Chance that a step emits EOS.")
+    prefill_seconds_per_token: float = Field(default=5e-5, ge=0.0, description="Per UNCACHED prompt token.")
+    decode_seconds_per_token: float = Field(default=0.015, ge=0.0, description="One decode step with batch 1.")
+    decode_seconds_per_batch_slot: float = Field(
+        default=0.0002, ge=0.0, description="Added to a decode step per other in-flight decode."
+    )
+    weights_load_seconds: float = Field(default=2.0, ge=0.0, description="Simulated time of one weights load.")
+    kv_store_capacity: int = Field(default=4096, ge=1, description="Context states kept for decode engines to fetch.")
+    kv_store_ttl_seconds: float = Field(default=300.0, gt=0.0, description="Unfetched context states expire after.")
+
+
+class EngineConfig(ConfigModel):
+    """One engine server: its role, backend, model, parallelism and serving limits."""
+
+    role: Role = Role.PREFILL
+    backend: EngineBackend = EngineBackend.TRTLLM
+    model: ModelSpec
+    weights_version: str = Field(default="0", description="Version reported until the first load.")
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    moe_tensor_parallel_size: int | None = Field(default=None, ge=1)
+    moe_expert_parallel_size: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(
+        default=None, gt=0.0, le=1.0, description="kv_cache_config.free_gpu_memory_fraction."
+    )
+    max_batch_size: int = Field(default=256, ge=1, description="Requests in flight at once; the rest queue.")
+    max_num_tokens: int = Field(default=8192, ge=1)
+    trtllm_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Extra LLM(...) kwargs, already deep-merged; win over derived ones."
+    )
+    cache_transceiver: CacheTransceiverSpec | None = None
+    sim: SimSpec = Field(default_factory=SimSpec)
+    host: str = "0.0.0.0"
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
+    advertise_url: str | None = Field(
+        default=None, description="URL peers use to reach this engine (ctx_info_endpoint); default http://HOST:PORT."
+    )
+    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
+    drain_seconds: float = Field(
+        default=DEFAULT_DRAIN_SECONDS,
+        ge=0.0,
+        description="On SIGTERM: seconds in-flight legs and unfetched context states get before the engine exits.",
+    )
+
+    @model_validator(mode="after")
+    def _check_moe_split(self) -> Self:
+        tp, mtp, mep = self.tensor_parallel_size, self.moe_tensor_parallel_size, self.moe_expert_parallel_size
+        if mtp is not None and mep is not None and mtp * mep != tp:
+            raise ValueError(
+                f"moeTensorParallelSize * moeExpertParallelSize must equal tensorParallelSize: {mtp} * {mep} != {tp}"
+            )
+        return self
+
+    def resolved_advertise_url(self) -> str:
+        """Where peers reach this engine: ``advertiseUrl``, else ``http://HOST:PORT``."""
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def served_model_name(self) -> str:
+        return self.model.served_name or self.model.path

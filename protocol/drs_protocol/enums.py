@@ -1,0 +1,54 @@
+"""Names several processes share: engine roles, engine backends, router names.
+
+The operator's CRD enums are generated from these classes (``drs_operator.api.spec`` types its
+fields with them), the engine and frontend config models parse them, and the command lines offer
+them as choices, so a name added here reaches every side at once.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+
+class Role(StrEnum):
+    """An engine role. TensorRT-LLM spells them ``ctx`` / ``gen`` on the wire."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+    @property
+    def wire_name(self) -> str:
+        """TensorRT-LLM's name for the role in a disaggregated server config."""
+        return "ctx" if self is Role.PREFILL else "gen"
+
+
+#: Engine roles in plan order: prefill engines come before decode engines in every replica.
+ROLES: Final = (Role.PREFILL, Role.DECODE)
+
+
+class EngineBackend(StrEnum):
+    """What runs inside an engine: TensorRT-LLM on GPUs, or the CPU ``sim`` test double."""
+
+    TRTLLM = "trtllm"
+    SIM = "sim"
+
+
+class CtxRouter(StrEnum):
+    """How a frontend picks the prefill engine of a turn (``conversation`` is stateful)."""
+
+    CONVERSATION = "conversation"
+    LOAD_BALANCING = "load_balancing"
+    ROUND_ROBIN = "round_robin"
+
+
+class GenRouter(StrEnum):
+    """How a frontend picks the decode engine of a turn."""
+
+    LOAD_BALANCING = "load_balancing"
+    ROUND_ROBIN = "round_robin"
+
+
+def choices(enum: type[StrEnum]) -> list[str]:
+    """The values of ``enum``, for a command line's choices."""
+    return [member.value for member in enum]

@@ -1,0 +1,30 @@
+"""Environment variables one process sets (or renders into a pod) and another reads.
+
+The operator renders the engine and frontend pods' environment from these names; ``drs engine``,
+``drs frontend`` and ``drs sidecar`` read the same names; the dev cluster's pod runner sets
+:data:`NODE_IP` the way a kubelet would expose the node address.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+#: The engine control API's bearer token (operator: from the control Secret; engine and sidecar read it).
+CONTROL_TOKEN: Final = "DRS_CONTROL_TOKEN"
+#: The engine config as JSON (:class:`drs_protocol.engine_config.EngineConfig`), from the role's ConfigMap.
+ENGINE_CONFIG_JSON: Final = "DRS_ENGINE_CONFIG_JSON"
+#: The frontend config as JSON (:class:`drs_protocol.frontend_config.FrontendConfig`), from the replica's ConfigMap.
+FRONTEND_CONFIG_JSON: Final = "DRS_FRONTEND_CONFIG_JSON"
+#: The pod's own address (downward API ``status.podIP``); the pods' ``--host $(POD_IP)``.
+POD_IP: Final = "POD_IP"
+#: The pod's name (downward API ``metadata.name``).
+POD_NAME: Final = "POD_NAME"
+#: The node's address, set by the dev cluster's pod runner (plays the kubelet's part).
+NODE_IP: Final = "DRS_NODE_IP"
+#: A multi-node engine's pods: this pod's rank (0 serves HTTP), the pod count, rank 0's address.
+RANK: Final = "DRS_RANK"
+WORLD_SIZE: Final = "DRS_WORLD_SIZE"
+LEADER_ADDRESS: Final = "DRS_LEADER_ADDRESS"
+
+#: Key of the control token in the Secret the operator creates (the sidecar reads it from there).
+CONTROL_TOKEN_SECRET_KEY: Final = "token"

@@ -1,0 +1,96 @@
+"""Route paths and operation names of the three HTTP APIs, defined once for both sides.
+
+* The **serving API** every engine and every frontend answers (OpenAI-compatible turns, health,
+  metrics) and the engine-only routes a peer or the operator calls (``/server_info``, the KV
+  fetch a decode engine makes on a prefill engine).
+* The **engine control API** (``/control/...``) the trainer sidecar calls on every engine, behind
+  a bearer token. Each route performs one :class:`ControlOp`; the op's name is also its metric
+  label, its report name in the sidecar and, where TensorRT-LLM has one, the worker method
+  (NeMo RL's names: ``prepare_refit_info``, ``update_weights_from_collective`` …).
+* The **trainer API** of the sidecar (``/v1/refit`` …), on localhost in the trainer's pod.
+
+A test (``tests/protocol/test_contract_drift.py``) fails when non-test code spells one of these
+paths itself instead of importing it from here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Final
+
+
+class Endpoint(StrEnum):
+    """The two OpenAI routes a turn is served on (engine and frontend alike)."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+#: 200 once the process serves (engine: once the model is loaded; frontend: liveness).
+HEALTH: Final = "/health"
+#: Frontend readiness: 200 while at least one prefill and one decode engine answer ``/health``.
+READY: Final = "/ready"
+#: Prometheus text (engine, frontend and sidecar).
+METRICS: Final = "/metrics"
+#: Liveness of the operator (kopf's endpoint, probed by the chart) and of the sidecar.
+HEALTHZ: Final = "/healthz"
+#: Engine: ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``.
+SERVER_INFO: Final = "/server_info"
+#: Engine: the one model served.
+MODELS: Final = "/v1/models"
+#: Engine (sim): a prefill engine hands a context state to a decode engine and forgets it.
+KV_EXPORT: Final = "/v1/disagg/kv/{ctx_request_id}"
+
+
+def kv_export_path(ctx_request_id: int) -> str:
+    """:data:`KV_EXPORT` for one context request."""
+    return KV_EXPORT.format(ctx_request_id=ctx_request_id)
+
+
+class ControlOp(StrEnum):
+    """One operation of the engine control API (route, metric label and report name)."""
+
+    GET_WEIGHTS_VERSION = "get_weights_version"
+    LOAD_WEIGHTS = "load_weights"
+    INIT_COLLECTIVE = "init_collective"
+    PREPARE_REFIT_INFO = "prepare_refit_info"
+    UPDATE_WEIGHTS_FROM_COLLECTIVE = "update_weights_from_collective"
+    RESET_PREFIX_CACHE = "reset_prefix_cache"
+    RELEASE_MEMORY = "release_memory"
+    RESUME_MEMORY = "resume_memory"
+    START_PROFILE = "start_profile"
+    STOP_PROFILE = "stop_profile"
+
+
+#: ``GET`` this path: the weights version an engine serves (:attr:`ControlOp.GET_WEIGHTS_VERSION`).
+CONTROL_WEIGHTS: Final = "/control/weights"
+
+#: The ``POST`` route of every other control operation.
+CONTROL_ROUTES: Final[Mapping[ControlOp, str]] = MappingProxyType(
+    {
+        ControlOp.LOAD_WEIGHTS: "/control/weights/load",
+        ControlOp.INIT_COLLECTIVE: "/control/collective/init",
+        ControlOp.PREPARE_REFIT_INFO: "/control/collective/prepare",
+        ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: "/control/collective/update",
+        ControlOp.RESET_PREFIX_CACHE: "/control/prefix_cache/reset",
+        ControlOp.RELEASE_MEMORY: "/control/memory/release",
+        ControlOp.RESUME_MEMORY: "/control/memory/resume",
+        ControlOp.START_PROFILE: "/control/profile/start",
+        ControlOp.STOP_PROFILE: "/control/profile/stop",
+    }
+)
+
+
+class TrainerRoute(StrEnum):
+    """The trainer-facing API of ``drs sidecar`` (besides :data:`HEALTHZ` and :data:`METRICS`)."""
+
+    REFIT = "/v1/refit"
+    COLLECTIVE_INIT = "/v1/collective/init"
+    COLLECTIVE_PREPARE = "/v1/collective/prepare"
+    COLLECTIVE_UPDATE = "/v1/collective/update"
+    PREFIX_CACHE_RESET = "/v1/prefix_cache/reset"
+    SLEEP = "/v1/sleep"
+    WAKE = "/v1/wake"
+    FLEET = "/v1/fleet"

@@ -1,0 +1,223 @@
+"""Every contract between two processes is spelled once, in ``drs_protocol``, and both sides use it.
+
+The scan reads the non-test code's syntax trees (docstrings aside): a route path, an environment
+variable name or a role/backend/router enum spelled outside ``drs_protocol`` is drift, reported
+with its file and line. The CRD's enums and bounds, the command lines' choices and the rendered
+configs are checked against the same definitions.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from drs_protocol import enums, env, routes
+from drs_protocol.config import render
+from drs_protocol.control import CollectiveUpdate, LoadWeights
+from drs_protocol.engine_config import EngineConfig
+from drs_protocol.frontend_config import FrontendConfig
+from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Non-test code: the source roots, the benchmarks and the examples.
+CODE_ROOTS = ("cli", "operator", "frontend", "engine_image", "protocol", "devcluster", "sidecar", "bench", "examples")
+PROTOCOL = ROOT / "protocol" / "drs_protocol"
+#: A literal that looks like a path of one of the project's HTTP APIs.
+ROUTE_LIKE = re.compile(r"^/(v1/|control(/|$)|health$|healthz$|ready$|metrics$|server_info$)")
+#: Literals that are other programs' endpoints, not ours (the dev cluster probes etcd, kwok and
+#: the Kubernetes components on their own health routes).
+NOT_OURS = {("devcluster/drs_devcluster/cluster.py", "/health"), ("devcluster/drs_devcluster/cluster.py", "/healthz")}
+#: A literal that looks like one of the project's environment variables.
+ENV_LIKE = re.compile(r"^DRS_[A-Z0-9_]+$")
+SHARED_ENUMS: tuple[type[enum.StrEnum], ...] = (enums.Role, enums.EngineBackend, enums.CtxRouter, enums.GenRouter)
+
+
+def _python_files() -> Iterator[Path]:
+    for root in CODE_ROOTS:
+        yield from sorted((ROOT / root).rglob("*.py"))
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                ids.add(id(first.value))
+    return ids
+
+
+def _string_literals(path: Path) -> Iterator[tuple[int, str]]:
+    """``(line, value)`` of every string literal of ``path`` but its docstrings (f-string parts included)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    docstrings = _docstring_nodes(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def _literals_outside_protocol() -> list[tuple[str, int, str]]:
+    return [
+        (str(path.relative_to(ROOT)), line, value)
+        for path in _python_files()
+        if PROTOCOL not in path.parents
+        for line, value in _string_literals(path)
+    ]
+
+
+def _contract_paths() -> set[str]:
+    paths = {e.value for e in routes.Endpoint} | {r.value for r in routes.TrainerRoute}
+    paths |= {routes.HEALTH, routes.READY, routes.METRICS, routes.HEALTHZ, routes.SERVER_INFO, routes.MODELS}
+    paths.add(routes.KV_EXPORT)
+    return paths | {routes.CONTROL_WEIGHTS, *routes.CONTROL_ROUTES.values()}
+
+
+def _contract_env_names() -> set[str]:
+    return {value for value in vars(env).values() if isinstance(value, str) and re.fullmatch(r"[A-Z][A-Z0-9_]*", value)}
+
+
+def test_every_control_op_but_the_version_read_has_one_post_route() -> None:
+    assert set(routes.CONTROL_ROUTES) == set(routes.ControlOp) - {routes.ControlOp.GET_WEIGHTS_VERSION}
+    every = [*routes.CONTROL_ROUTES.values(), routes.CONTROL_WEIGHTS]
+    assert len(set(every)) == len(every)
+
+
+def test_no_route_path_is_spelled_outside_drs_protocol() -> None:
+    contract = _contract_paths()
+    drift = [
+        f"{where}:{line}: {value!r}"
+        for where, line, value in _literals_outside_protocol()
+        if (value in contract or ROUTE_LIKE.match(value)) and (where, value) not in NOT_OURS
+    ]
+    assert not drift, "route paths belong in drs_protocol.routes:\n" + "\n".join(drift)
+
+
+def test_no_contract_env_name_is_spelled_outside_drs_protocol() -> None:
+    contract = _contract_env_names()
+    drift = [f"{where}:{line}: {value!r}" for where, line, value in _literals_outside_protocol() if value in contract]
+    assert not drift, "environment variable names belong in drs_protocol.env:\n" + "\n".join(drift)
+
+
+def test_every_drs_env_name_is_defined_once_in_non_test_code() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in _python_files():
+        for line, value in _string_literals(path):
+            if ENV_LIKE.match(value):
+                seen.setdefault(value, []).append(f"{path.relative_to(ROOT)}:{line}")
+    twice = {name: places for name, places in seen.items() if len(places) > 1}
+    assert not twice, f"an environment variable name spelled in more than one place: {twice}"
+    assert _contract_env_names() <= set(seen) | {env.POD_IP, env.POD_NAME}
+
+
+def _enum_definitions(tree: ast.AST) -> Iterator[tuple[int, set[str]]]:
+    """String sets that define a closed set of names: an Enum's members, a ``Literal[...]``, a
+    ``click.Choice([...])``, a tuple or list of two or more strings."""
+    for node in ast.walk(tree):
+        strings: list[ast.expr] = []
+        if isinstance(node, ast.ClassDef) and any("Enum" in ast.unparse(base) for base in node.bases):
+            strings = [s.value for s in node.body if isinstance(s, ast.Assign)]
+        elif isinstance(node, ast.Subscript) and ast.unparse(node.value).endswith("Literal"):
+            strings = list(node.slice.elts) if isinstance(node.slice, ast.Tuple) else [node.slice]
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set) and len(node.elts) >= 2:
+            strings = list(node.elts)
+        values = {s.value for s in strings if isinstance(s, ast.Constant) and isinstance(s.value, str)}
+        if values:
+            yield node.lineno if hasattr(node, "lineno") else 0, values
+
+
+def test_role_backend_and_router_names_are_enumerated_only_in_drs_protocol() -> None:
+    drift = []
+    for path in _python_files():
+        if PROTOCOL in path.parents:
+            continue
+        for line, values in _enum_definitions(ast.parse(path.read_text(encoding="utf-8"))):
+            for shared in SHARED_ENUMS:
+                names = set(enums.choices(shared))
+                if len(values & names) >= 2:
+                    drift.append(f"{path.relative_to(ROOT)}:{line}: {sorted(values)} re-enumerates {shared.__name__}")
+    assert not drift, "enumerate shared names with drs_protocol.enums:\n" + "\n".join(drift)
+
+
+def _crd_spec_schema() -> dict[str, object]:
+    crd = yaml.safe_load((ROOT / "crds" / "disagg.dev_disaggreplicasets.yaml").read_text())
+    schema: dict[str, object] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def test_the_crd_enums_and_the_weights_version_bound_come_from_drs_protocol() -> None:
+    props = _crd_spec_schema()["properties"]
+    assert isinstance(props, dict)
+    spec = props["spec"]["properties"]
+    assert spec["engine"]["properties"]["backend"]["enum"] == enums.choices(enums.EngineBackend)
+    assert spec["router"]["properties"]["ctx"]["enum"] == enums.choices(enums.CtxRouter)
+    assert spec["router"]["properties"]["gen"]["enum"] == enums.choices(enums.GenRouter)
+    weights = props["status"]["properties"]["weights"]["properties"]["version"]
+    assert weights["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
+
+
+def test_every_side_bounds_the_weights_version_alike() -> None:
+    from drs_sidecar.app import CollectiveUpdate as TrainerCollectiveUpdate
+    from drs_sidecar.app import RefitRequest
+
+    for model in (LoadWeights, CollectiveUpdate, RefitRequest, TrainerCollectiveUpdate):
+        assert model.model_json_schema()["properties"]["version"]["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
+
+
+@pytest.mark.parametrize(
+    ("command", "option", "shared"),
+    [
+        ("engine", "--backend", enums.EngineBackend),
+        ("engine", "--role", enums.Role),
+        ("frontend", "--ctx-router", enums.CtxRouter),
+        ("frontend", "--gen-router", enums.GenRouter),
+    ],
+)
+def test_command_line_choices_are_the_shared_names(command: str, option: str, shared: type[enum.StrEnum]) -> None:
+    from drs_cli.main import main as cli
+
+    result = CliRunner().invoke(cli, [command, "--help"], terminal_width=500)
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.strip().startswith(option))
+    assert "[" + "|".join(enums.choices(shared)) + "]" in line
+
+
+def test_the_operators_rendered_configs_parse_as_the_processes_parse_them() -> None:
+    from drs_devcluster.profiles import build_nodes
+    from drs_engine.config import build_config
+    from drs_frontend.config import load_config
+    from drs_operator.api.spec import DisaggReplicaSetSpec
+    from drs_operator.manifests.engines import build_engine_config
+    from drs_operator.manifests.frontends import build_frontend_config
+    from drs_operator.nodepool import nodes_from_manifests
+    from drs_operator.placement import place
+    from drs_operator.plan import plan
+
+    spec = DisaggReplicaSetSpec.model_validate(
+        {
+            "replicas": 1,
+            "model": {"path": "/models/m", "maxModelLen": 4096},
+            "decode": {"tensorParallelSize": 2, "maxBatchSize": 8},
+            "engine": {"backend": "sim", "simOptions": {"speed": 0, "tokensPerBlock": 16}},
+            "router": {"ctx": "round_robin"},
+        }
+    )
+    fleet = plan(spec, "fleet")
+    engine = build_engine_config(spec, fleet, enums.Role.DECODE)
+    rendered_engine = json.loads(render(engine))
+    assert build_config(rendered_engine) == engine
+    assert engine.sim.tokens_per_block == 16 and engine.max_batch_size == 8
+    assert {"tensorParallelSize", "maxBatchSize", "trtllmKwargs"} <= set(rendered_engine)
+    assert rendered_engine["model"]["maxModelLen"] == 4096
+    placement = place(fleet, nodes_from_manifests(build_nodes("hgx", 1)), None)
+    frontend = build_frontend_config(spec, fleet, fleet.replicas[0], placement.replica(0), "ns", {})
+    rendered_frontend = json.loads(render(frontend))
+    assert rendered_frontend["ctxRouter"] == "round_robin" and "ctx_router" not in rendered_frontend
+    assert load_config(None, {}, rendered_frontend) == frontend
+    assert isinstance(frontend, FrontendConfig) and isinstance(engine, EngineConfig)
