@@ -114,6 +114,13 @@ class EngineConfig(ConfigModel):
         ge=0.0,
         description="On SIGTERM: seconds in-flight legs and unfetched context states get before the engine exits.",
     )
+    strict_trtllm_responses: bool = Field(
+        default=False,
+        description=(
+            "Answer only fields TensorRT-LLM's own response models declare (a stock OpenAIDisaggServer can "
+            "front the engine); drops chat choices' token_ids, which NeMo-Gym and the drs frontend read."
+        ),
+    )
 
     @model_validator(mode="after")
     def _check_moe_split(self) -> Self:

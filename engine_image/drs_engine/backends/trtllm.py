@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
 import os
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import replace
 from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 
 from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
+from drs_engine.backends.trtllm_features import Features, detect_features
+from drs_engine.backends.trtllm_surface import release
 from drs_engine.backends.trtllm_translate import (
     LLM_CLASS,
     build_control_rpc,
@@ -26,16 +28,24 @@ from drs_engine.backends.trtllm_translate import (
     build_disaggregated_params_kwargs,
     build_llm_kwargs,
     build_sampling_params_kwargs,
+    check_worker_results,
     finished_from_output,
     token_steps_from_output,
     tokens_per_block_of,
 )
 from drs_engine.config import EngineConfig
-from drs_engine.errors import EngineError, NotSupportedError, UnavailableError, WeightsLoadError
+from drs_engine.errors import BadRequestError, EngineError, NotSupportedError, UnavailableError, WeightsLoadError
+from drs_engine.trtllm_worker.packing import RefitSpecError, parse_state_dict_info
 from drs_engine.wire import RequestType
 
-#: Tags released/resumed when a call names none (TensorRT-LLM ``ExecutorMemoryType`` values).
-ALL_MEMORY_TAGS = ("model", "kv_cache")
+log = logging.getLogger("drs_engine.trtllm")
+
+
+def _optional(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
 
 
 class TrtllmBackend(EngineBackend):
@@ -48,21 +58,39 @@ class TrtllmBackend(EngineBackend):
         self._config = config
         self._llm_kwargs = build_llm_kwargs(config)
         self._version = config.weights_version
-        self._endpoint = config.resolved_advertise_url()
         self._llm: Any = None
         self._api: dict[str, Any] = {}
+        self._features: Features | None = None
 
     async def start(self) -> None:
         module_name, class_name = LLM_CLASS.rsplit(".", 1)
         llm_class = getattr(importlib.import_module(module_name), class_name)
         llmapi = importlib.import_module("tensorrt_llm.llmapi")
+        memory_type = _optional("tensorrt_llm.llmapi.llm_args", "ExecutorMemoryType") or _optional(
+            "tensorrt_llm._torch.virtual_memory", "ExecutorMemoryType"
+        )
+        sleep_config: Any = _optional("tensorrt_llm.llmapi.llm_args", "SleepConfig") or getattr(
+            llmapi, "SleepConfig", None
+        )
         self._api = {
             "SamplingParams": llmapi.SamplingParams,
             "DisaggregatedParams": llmapi.DisaggregatedParams,
-            "ConversationParams": llmapi.ConversationParams,
-            "DisaggScheduleStyle": llmapi.DisaggScheduleStyle,
+            "ConversationParams": getattr(llmapi, "ConversationParams", None),
+            "DisaggScheduleStyle": getattr(llmapi, "DisaggScheduleStyle", None),
         }
-        self._llm = await asyncio.to_thread(lambda: llm_class(**self._llm_kwargs))
+        self._features = detect_features(
+            generate_async=llm_class.generate_async,
+            disaggregated_params=llmapi.DisaggregatedParams,
+            conversation_params=self._api["ConversationParams"],
+            sleep_config=sleep_config,
+            memory_type=memory_type,
+        )
+        kwargs = dict(self._llm_kwargs)
+        if self._features.sleep and isinstance(kwargs.get("sleep_config"), dict):
+            kwargs["sleep_config"] = sleep_config(**kwargs["sleep_config"])
+        elif not self._features.sleep:
+            kwargs.pop("sleep_config", None)
+        self._llm = await asyncio.to_thread(lambda: llm_class(**kwargs))
         await self._llm.setup_async()
 
     async def close(self) -> None:
@@ -79,14 +107,23 @@ class TrtllmBackend(EngineBackend):
         return tokens_per_block_of(self._llm_kwargs)
 
     def server_info(self) -> dict[str, Any]:
+        features = self._features
         return {
             "kind": "gpu engine",
             "llm_class": LLM_CLASS,
+            "tensorrt_llm_pin": release()["version"],
+            "degraded_features": dict(features.degraded) if features is not None else None,
+            "memory_tags": list(features.memory_tags) if features is not None else None,
             "cache_transceiver_config": self._llm_kwargs.get("cache_transceiver_config"),
             "tensor_parallel_size": self._llm_kwargs.get("tensor_parallel_size"),
             "moe_tensor_parallel_size": self._llm_kwargs.get("moe_tensor_parallel_size"),
             "moe_expert_parallel_size": self._llm_kwargs.get("moe_expert_parallel_size"),
         }
+
+    def _require_features(self) -> Features:
+        if self._features is None:
+            raise UnavailableError("the TensorRT-LLM engine is not loaded")
+        return self._features
 
     def _require_llm(self) -> Any:
         if self._llm is None:
@@ -96,16 +133,25 @@ class TrtllmBackend(EngineBackend):
     async def generate(self, leg: LegRequest) -> AsyncGenerator[LegEvent, None]:
         llm = self._require_llm()
         sampling = self._api["SamplingParams"](**build_sampling_params_kwargs(leg.request, leg.max_tokens))
+        features = self._require_features()
         dp_kwargs = build_disaggregated_params_kwargs(leg.request.disaggregated_params, ctx_request_id=None)
-        if dp_kwargs is not None and "schedule_style" in dp_kwargs:
-            dp_kwargs["schedule_style"] = self._api["DisaggScheduleStyle"](dp_kwargs["schedule_style"])
+        if dp_kwargs is not None:
+            if not features.ctx_usage:
+                dp_kwargs.pop("ctx_usage", None)
+            if not features.schedule_style:
+                dp_kwargs.pop("schedule_style", None)
+            elif "schedule_style" in dp_kwargs and self._api["DisaggScheduleStyle"] is not None:
+                dp_kwargs["schedule_style"] = self._api["DisaggScheduleStyle"](dp_kwargs["schedule_style"])
+        extra: dict[str, Any] = {}
         cp_kwargs = build_conversation_params_kwargs(leg.conversation_id)
+        if cp_kwargs is not None and features.conversation_params:
+            extra["conversation_params"] = self._api["ConversationParams"](**cp_kwargs)
         promise = llm.generate_async(
             inputs=leg.prompt_token_ids,
             sampling_params=sampling,
             streaming=leg.streaming,
             disaggregated_params=None if dp_kwargs is None else self._api["DisaggregatedParams"](**dp_kwargs),
-            conversation_params=None if cp_kwargs is None else self._api["ConversationParams"](**cp_kwargs),
+            **extra,
         )
         prefix_lookup = leg.request_type is not RequestType.GENERATION_ONLY
         emitted = 0
@@ -120,9 +166,8 @@ class TrtllmBackend(EngineBackend):
                     output, prompt_tokens=len(leg.prompt_token_ids), prefix_lookup=prefix_lookup
                 )
                 if finished is not None:
-                    if finished.handoff is not None and not finished.handoff.ctx_info_endpoint:
-                        handoff = replace(finished.handoff, ctx_info_endpoint=self._endpoint)
-                        finished = replace(finished, handoff=handoff)
+                    # ctx_info_endpoint stays TensorRT-LLM's own (its KV transceiver's, e.g.
+                    # tcp://host:port) or absent: never this server's HTTP URL.
                     done = True
                     yield finished
                     return
@@ -143,9 +188,10 @@ class TrtllmBackend(EngineBackend):
         llm = self._require_llm()
         try:
             result: list[Any] = await llm.collective_rpc(method, kwargs=kwargs)
+            check_worker_results(method, result)
         except EngineError:
             raise
-        except Exception as exc:  # a worker raised: report it and keep serving
+        except Exception as exc:  # a worker raised or returned False: report it and keep serving
             raise error(f"{method} failed on the TensorRT-LLM workers: {type(exc).__name__}: {exc}") from exc
         return result
 
@@ -162,6 +208,10 @@ class TrtllmBackend(EngineBackend):
         return {"initialized": True, "world_size": params.world_size}
 
     async def prepare_refit_info(self, params: PrepareRefitInfo) -> dict[str, Any]:
+        try:
+            parse_state_dict_info(params.state_dict_info)
+        except RefitSpecError as exc:
+            raise BadRequestError(str(exc), param="state_dict_info") from exc
         await self._rpc("prepare_refit_info", {"state_dict_info": params.state_dict_info})
         return {"prepared": True, "tensors": len(params.state_dict_info)}
 
@@ -179,13 +229,26 @@ class TrtllmBackend(EngineBackend):
         await self._rpc("reset_prefix_cache")
         return {"reset": True}
 
+    def _memory_tags(self, tags: list[str]) -> list[str]:
+        features = self._require_features()
+        if not features.sleep:
+            raise NotSupportedError(f"memory release/resume: {features.degraded.get('sleep_config_unavailable')}")
+        unknown = [t for t in tags if t not in features.memory_tags]
+        if unknown:
+            raise BadRequestError(
+                f"tags: unknown memory tag(s) {unknown} (known: {list(features.memory_tags)})", param="tags"
+            )
+        return list(tags) or list(features.memory_tags)
+
     async def release_memory(self, tags: list[str]) -> dict[str, Any]:
-        released = list(tags) or list(ALL_MEMORY_TAGS)
+        released = self._memory_tags(tags)
+        # TensorRT-LLM's release frees the KV memory but not the prefix-reuse index: reset it first.
+        await self._rpc("reset_prefix_cache")
         await self._require_llm().release(released)
         return {"released": released}
 
     async def resume_memory(self, tags: list[str]) -> dict[str, Any]:
-        resumed = list(tags) or list(ALL_MEMORY_TAGS)
+        resumed = self._memory_tags(tags)
         await self._require_llm().resume(resumed)
         return {"resumed": resumed}
 

@@ -6,7 +6,7 @@ from our config and requests, and read TensorRT-LLM's result objects (``RequestO
 ``outputs[0]`` ``CompletionOutput``) by attribute into backend events. They run in the unit
 tests without TensorRT-LLM; :mod:`.trtllm` applies them to the real classes on a GPU machine.
 
-Names follow TensorRT-LLM's v1.2 line: ``tensorrt_llm/llmapi/llm_args.py`` (LLM kwargs),
+Names are the recorded surface of the pinned release (``trtllm_surface.json``): ``tensorrt_llm/llmapi/llm_args.py`` (LLM kwargs),
 ``tensorrt_llm/sampling_params.py``, ``tensorrt_llm/disaggregated_params.py``
 (``request_type``, ``first_gen_tokens``, ``ctx_request_id``, ``opaque_state`` bytes,
 ``draft_tokens``, ``disagg_request_id``, ``ctx_dp_rank``, ``ctx_info_endpoint``,
@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from drs_engine.backends.base import ContextHandoff, LegFinished, TokenStep
+from drs_engine.backends.trtllm_surface import worker_extension_class
 from drs_engine.config import EngineConfig
 from drs_engine.errors import BadRequestError
 from drs_engine.wire import ChatCompletionRequest, DisaggregatedParams, EngineRequest
@@ -38,6 +39,9 @@ SCHEDULE_STYLES: Final = {"context_first": 0, "generation_first": 1}
 #: The LLM class the backend constructs: TensorRT-LLM's RL-capable AsyncLLM (Ray orchestrator),
 #: which offers release/resume/update_weights/collective_rpc.
 LLM_CLASS: Final = "tensorrt_llm._torch.async_llm.AsyncLLM"
+
+#: ``SleepConfig(**DEFAULT_SLEEP_CONFIG)`` (keys are ``ExecutorMemoryType`` values), as NeMo RL.
+DEFAULT_SLEEP_CONFIG: Final[dict[str, Any]] = {"restore_modes": {"kv_cache": "NONE"}}
 
 
 def dtype_for(precision: str) -> str:
@@ -76,13 +80,20 @@ def build_llm_kwargs(config: EngineConfig) -> dict[str, Any]:
         "backend": "pytorch",
         "dtype": dtype_for(config.model.precision),
         "tensor_parallel_size": config.tensor_parallel_size,
-        "pipeline_parallel_size": 1,
         "max_batch_size": config.max_batch_size,
         "max_num_tokens": config.max_num_tokens,
         "max_seq_len": config.model.max_model_len,
+        # TensorRT-LLM's default max_input_len (1024) rejects long RL prompts; NeMo RL sets it to
+        # the context window for the same reason.
+        "max_input_len": config.model.max_model_len,
         "kv_cache_config": kv_cache_config,
         # Present even when not configured: backend DEFAULT is what makes an engine disaggregated.
         "cache_transceiver_config": cache_transceiver_config,
+        # Our worker extension: load from a path, NeMo RL's collective refit (trtllm_worker/).
+        "ray_worker_extension_cls": worker_extension_class(),
+        # release()/resume() need sleep mode; the KV cache is not restored (it is reset before a
+        # release), the weights keep TensorRT-LLM's default restore mode.
+        "sleep_config": copy.deepcopy(DEFAULT_SLEEP_CONFIG),
     }
     if config.moe_tensor_parallel_size is not None:
         derived["moe_tensor_parallel_size"] = config.moe_tensor_parallel_size
@@ -217,6 +228,27 @@ def _lp(value: Any) -> float:
     return float(raw)
 
 
+def serialize_first_gen_log_probs(value: Any) -> list[Any] | None:
+    """``first_gen_log_probs`` as TensorRT-LLM's OpenAI layer writes it (``to_disaggregated_params``):
+    per position a float, or a list of ``{token_id, logprob, rank}`` from ``dict[int, Logprob]``."""
+    if value is None:
+        return None
+    out: list[Any] = []
+    for position in value:
+        if isinstance(position, int | float):
+            out.append(float(position))
+        elif isinstance(position, Mapping):
+            out.append(
+                [
+                    {"token_id": int(tid), "logprob": _lp(lp), "rank": getattr(lp, "rank", None)}
+                    for tid, lp in position.items()
+                ]
+            )
+        else:
+            raise TypeError(f"first_gen_log_probs: a position must be a float or a dict, got {type(position).__name__}")
+    return out
+
+
 def finished_from_output(output: Any, *, prompt_tokens: int, prefix_lookup: bool) -> LegFinished | None:
     """The :class:`LegFinished` of a finished ``RequestOutput`` (``None`` while it runs).
 
@@ -235,7 +267,7 @@ def finished_from_output(output: Any, *, prompt_tokens: int, prefix_lookup: bool
             ctx_request_id=int(params.ctx_request_id),
             first_gen_tokens=list(getattr(params, "first_gen_tokens", None) or []),
             encoded_opaque_state=base64.b64encode(opaque).decode("ascii") if opaque is not None else None,
-            first_gen_log_probs=getattr(params, "first_gen_log_probs", None),
+            first_gen_log_probs=serialize_first_gen_log_probs(getattr(params, "first_gen_log_probs", None)),
             ctx_dp_rank=getattr(params, "ctx_dp_rank", None),
             ctx_info_endpoint=getattr(params, "ctx_info_endpoint", None),
         )
@@ -251,10 +283,10 @@ def finished_from_output(output: Any, *, prompt_tokens: int, prefix_lookup: bool
 
 #: Worker methods the control API calls through ``AsyncLLM.collective_rpc``. ``reset_prefix_cache``,
 #: ``start_profile`` and ``stop_profile`` are TensorRT-LLM's own ``rlhf_utils.WorkerExtension``;
-#: the others are NeMo RL's refit methods, which the worker extension configured with
-#: ``trtllmKwargs.ray_worker_extension_cls`` must provide.
+#: the others are this project's ``DrsWorkerExtension`` (the default ``ray_worker_extension_cls``),
+#: whose collective methods have NeMo RL's names and arguments.
 RPC_METHODS: Final = {
-    "load_weights": "load_weights_from_path",
+    "load_weights": "load_weights_from_path",  # DrsWorkerExtension (trtllm_worker/extension.py)
     "init_collective": "init_collective",
     "prepare_refit_info": "prepare_refit_info",
     "update_weights_from_collective": "update_weights_from_collective",
@@ -270,6 +302,14 @@ def build_control_rpc(op: str, params: Mapping[str, Any] | None = None) -> tuple
     if method is None:
         raise KeyError(f"no collective_rpc for control op {op!r}")
     return method, dict(params or {})
+
+
+def check_worker_results(method: str, results: Sequence[Any]) -> None:
+    """A worker method that reports failure by returning ``False`` (NeMo RL's convention) failed:
+    raise naming the ranks. ``None``/``True``/values are successes."""
+    failed = [rank for rank, result in enumerate(results) if result is False]
+    if failed:
+        raise RuntimeError(f"{method} returned False on worker rank(s) {failed} of {len(results)}")
 
 
 def tokens_per_block_of(llm_kwargs: Mapping[str, Any]) -> int:

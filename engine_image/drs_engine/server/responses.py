@@ -18,6 +18,7 @@ from typing import Any
 from drs_protocol.token_ids import encode_token_ids_b64
 
 from drs_engine.backends.base import ContextHandoff, LegFinished, TokenStep
+from drs_engine.server.strict import trtllm_view
 from drs_engine.wire import DisaggregatedParams, RequestType
 
 #: token id -> its text in a logprobs entry.
@@ -32,11 +33,13 @@ class ResponseMeta:
     created: int
     model: str
     chat: bool
+    #: ``strictTrtllmResponses``: only fields TensorRT-LLM's response models declare (strict.py).
+    strict: bool = False
 
     @classmethod
-    def new(cls, model: str, *, chat: bool) -> ResponseMeta:
+    def new(cls, model: str, *, chat: bool, strict: bool = False) -> ResponseMeta:
         prefix = "chatcmpl" if chat else "cmpl"
-        return cls(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model, chat=chat)
+        return cls(id=f"{prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=model, chat=chat, strict=strict)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
@@ -143,7 +146,7 @@ def full_response(
         "usage": usage(finished.prompt_tokens, len(token_ids), finished.cached_tokens),
     }
     body.update(prompt_ids_fields(prompt_token_ids, as_b64=prompt_ids_b64))
-    return body
+    return trtllm_view(body, chat=meta.chat, stream=False) if meta.strict else body
 
 
 def stream_chunk(
@@ -175,13 +178,14 @@ def stream_chunk(
     choice["finish_reason"] = finish_reason
     if finish_reason is not None:
         choice["stop_reason"] = stop_reason
-    return {
+    chunk = {
         "id": meta.id,
         "object": "chat.completion.chunk" if meta.chat else "text_completion",
         "created": meta.created,
         "model": meta.model,
         "choices": [choice],
     }
+    return trtllm_view(chunk, chat=meta.chat, stream=True) if meta.strict else chunk
 
 
 def usage_chunk(meta: ResponseMeta, finished: LegFinished, completion_tokens: int) -> dict[str, Any]:

@@ -64,7 +64,9 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
             state.metrics.requests.labels(leg=leg_label, status="error").inc()
         return JSONResponse(exc.to_body(), status_code=exc.status)
 
-    meta = responses.ResponseMeta.new(state.config.served_model_name(), chat=chat)
+    meta = responses.ResponseMeta.new(
+        state.config.served_model_name(), chat=chat, strict=state.config.strict_trtllm_responses
+    )
     headers = {fields.HEADER_WEIGHTS_VERSION: weights_version}
     if leg.streaming:
         return StreamingResponse(

@@ -1,0 +1,71 @@
+"""The recorded TensorRT-LLM API surface (``trtllm_surface.json``), loaded once.
+
+The JSON lists exactly the TensorRT-LLM names this engine depends on, each with the repository,
+path and commit it was read from (see engine_image/README.md). The backend, its feature
+detection, strict mode and the contract double in the tests all read their name sets from here,
+so a name is written down once.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any, Final
+
+SURFACE_FILE: Final = "trtllm_surface.json"
+
+
+@cache
+def surface() -> dict[str, Any]:
+    """The parsed surface file (shipped inside the ``drs_engine.backends`` package)."""
+    text = resources.files("drs_engine.backends").joinpath(SURFACE_FILE).read_text(encoding="utf-8")
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+def release() -> dict[str, Any]:
+    """The pinned release: version, image, commit, and why."""
+    value: dict[str, Any] = surface()["release"]
+    return value
+
+
+def llm_kwarg_names() -> frozenset[str]:
+    """``AsyncLLM(...)`` keyword arguments this engine passes (derived or defaulted)."""
+    return frozenset(surface()["llm"]["kwargs"])
+
+
+def class_fields(symbol: str, *, with_features: bool = True) -> frozenset[str]:
+    """Constructor fields of a recorded class; ``with_features`` adds the feature-detected ones."""
+    entry = surface()["classes"][symbol]
+    fields = set(entry.get("fields", ()))
+    if with_features:
+        fields.update(entry.get("feature_fields", {}))
+    return frozenset(fields)
+
+
+def openai_model_fields(model: str, *, with_newer: bool = True) -> frozenset[str]:
+    """Fields of one of TensorRT-LLM's OpenAI response models (``extra="forbid"`` there)."""
+    models = surface()["openai_models"]
+    fields = set(models["models"][model])
+    if with_newer:
+        fields.update(models["newer_fields"].get(model, ()))
+    return frozenset(fields)
+
+
+def known_memory_tags() -> tuple[str, ...]:
+    """``ExecutorMemoryType`` values as recorded (the backend reads the live enum at start)."""
+    values: list[str] = surface()["classes"]["tensorrt_llm.llmapi.llm_args.ExecutorMemoryType"]["known_values"]
+    return tuple(values)
+
+
+def worker_extension_class() -> str:
+    """Dotted path of this project's worker extension (``ray_worker_extension_cls`` default)."""
+    value: str = surface()["worker_extension"]["ours"]
+    return value
+
+
+def every_source() -> dict[str, dict[str, Any]]:
+    """Source id -> ``{repo, path, commit}``."""
+    value: dict[str, dict[str, Any]] = surface()["sources"]
+    return value
