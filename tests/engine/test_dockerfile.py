@@ -50,3 +50,11 @@ def test_the_image_runs_the_trtllm_engine_as_a_non_root_user() -> None:
 @pytest.mark.parametrize("package", ["cli/", "protocol/", "engine_image/drs_engine/"])
 def test_the_image_copies_what_the_engine_imports(package: str) -> None:
     assert re.search(rf"^COPY\s+{re.escape(package)}\s", DOCKERFILE.read_text(), flags=re.MULTILINE)
+
+
+def test_the_base_image_is_the_release_the_recorded_surface_pins() -> None:
+    from drs_engine.backends.trtllm_surface import release
+
+    (base,) = re.findall(r"^FROM\s+(\S+)", DOCKERFILE.read_text(), flags=re.MULTILINE)
+    assert base == release()["image"]
+    assert re.search(r'"ray\[default\]==[\d.]+"', DOCKERFILE.read_text())

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from drs_protocol.chat import default_tokenizer_dir
 
 DOUBLE = Path(__file__).parent / "trtllm_contract_double"

@@ -4,7 +4,8 @@ TensorRT-LLM cannot be installed here (no GPU). The small dataclasses below STAN
 result types — ``RequestOutput`` (``outputs``, ``finished``, ``cached_tokens``),
 ``CompletionOutput`` (``token_ids``, ``logprobs``, ``finish_reason``, ``stop_reason``,
 ``disaggregated_params``), ``Logprob`` (``logprob``, ``rank``) and the LLM API
-``DisaggregatedParams`` (``opaque_state`` bytes) — shaped after TensorRT-LLM's v1.2 sources.
+``DisaggregatedParams`` (``opaque_state`` bytes) — shaped after the recorded surface (trtllm_surface.json); test_trtllm_contract.py runs the whole
+backend against the strict contract double.
 """
 
 from __future__ import annotations
@@ -93,6 +94,15 @@ def test_llm_kwargs_carry_parallelism_limits_memory_and_the_kv_transceiver() -> 
     assert (kwargs["max_batch_size"], kwargs["max_num_tokens"], kwargs["max_seq_len"]) == (128, 4096, 16384)
     assert kwargs["cache_transceiver_config"] == {"backend": "NIXL", "max_tokens_in_buffer": 8192}
     assert kwargs["dtype"] == "bfloat16"
+    assert kwargs["max_input_len"] == 16384  # not TensorRT-LLM's 1024 default: long RL prompts fit
+    assert kwargs["ray_worker_extension_cls"] == "drs_engine.trtllm_worker.extension.DrsWorkerExtension"
+    assert kwargs["sleep_config"] == {"restore_modes": {"kv_cache": "NONE"}}
+
+
+def test_llm_kwargs_use_only_recorded_names() -> None:
+    from drs_engine.backends.trtllm_surface import llm_kwarg_names
+
+    assert set(build_llm_kwargs(config())) <= llm_kwarg_names()
 
 
 def test_an_engine_without_transceiver_config_still_gets_the_default_backend() -> None:

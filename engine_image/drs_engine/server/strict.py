@@ -15,7 +15,10 @@ from typing import Any, Final
 
 from drs_engine.backends.trtllm_surface import openai_model_fields
 
-_FULL: Final = {True: ("ChatCompletionResponse", "ChatCompletionResponseChoice"), False: ("CompletionResponse", "CompletionResponseChoice")}
+_FULL: Final = {
+    True: ("ChatCompletionResponse", "ChatCompletionResponseChoice"),
+    False: ("CompletionResponse", "CompletionResponseChoice"),
+}
 _STREAM: Final = {
     True: ("ChatCompletionStreamResponse", "ChatCompletionResponseStreamChoice"),
     False: ("CompletionStreamResponse", "CompletionResponseStreamChoice"),

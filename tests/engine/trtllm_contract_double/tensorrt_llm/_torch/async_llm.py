@@ -124,7 +124,7 @@ class AsyncLLM:
             streaming: bool = False,
             disaggregated_params: Any = None,
             conversation_params: Any = None,
-        ) -> GenerationResult:
+        ) -> GenerationResult:  # type: ignore[misc]
             if conversation_params is not None and type(conversation_params).__name__ != "ConversationParams":
                 raise TypeError("conversation_params must be a ConversationParams")
             extra = {} if conversation_params is None else {"conversation_params": conversation_params}
