@@ -88,8 +88,10 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     _record(state, leg, finished, len(steps))
     text = decode_token_ids(state.tokenizer, [s.token_id for s in steps], skip_special_tokens=req.skip_special_tokens)
     answer = _full_body(state, leg, meta, text, steps, finished)
-    answer.update(weights_fields(finished, weights_version))
-    headers[fields.HEADER_WEIGHTS_VERSION] = answer[lifecycle.FIELD_WEIGHTS_VERSION]
+    versions = weights_fields(finished, weights_version)
+    if not meta.strict:  # strictTrtllmResponses: the version travels in the header only
+        answer.update(versions)
+    headers[fields.HEADER_WEIGHTS_VERSION] = versions[lifecycle.FIELD_WEIGHTS_VERSION]
     return JSONResponse(answer, headers=headers)
 
 
@@ -323,7 +325,8 @@ async def _stream(
             stop_reason=finished.stop_reason,
             **common,
         )
-        last.update(weights_fields(finished, started_with))
+        if not meta.strict:
+            last.update(weights_fields(finished, started_with))
         yield _sse(last)
         if include_usage:
             yield _sse(responses.usage_chunk(meta, finished, generated))
