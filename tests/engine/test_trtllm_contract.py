@@ -205,3 +205,11 @@ def test_on_an_older_release_missing_features_degrade_with_named_reasons(tmp_pat
         )
         assert generation.status_code == 200, generation.text
         assert httpx.post(url + "/control/memory/release", json={"tags": []}, headers=AUTH).status_code == 501
+
+
+def test_a_prompt_over_trtllms_token_budget_is_a_400_context_length_exceeded(tmp_path: Path) -> None:
+    with trtllm_engine(tmp_path, "small", maxNumTokens=16) as url:
+        refused = chat(url, messages=[{"role": "user", "content": "word " * 64}])
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"].startswith("context length exceeded: The sum of prompt length")
+        assert tokens(chat(url, messages=[{"role": "user", "content": "hi"}]))

@@ -30,6 +30,7 @@ from drs_engine.backends.trtllm_translate import (
     build_sampling_params_kwargs,
     check_worker_results,
     finished_from_output,
+    request_refusal,
     token_steps_from_output,
     tokens_per_block_of,
 )
@@ -146,13 +147,19 @@ class TrtllmBackend(EngineBackend):
         cp_kwargs = build_conversation_params_kwargs(leg.conversation_id)
         if cp_kwargs is not None and features.conversation_params:
             extra["conversation_params"] = self._api["ConversationParams"](**cp_kwargs)
-        promise = llm.generate_async(
-            inputs=leg.prompt_token_ids,
-            sampling_params=sampling,
-            streaming=leg.streaming,
-            disaggregated_params=None if dp_kwargs is None else self._api["DisaggregatedParams"](**dp_kwargs),
-            **extra,
-        )
+        try:
+            promise = llm.generate_async(
+                inputs=leg.prompt_token_ids,
+                sampling_params=sampling,
+                streaming=leg.streaming,
+                disaggregated_params=None if dp_kwargs is None else self._api["DisaggregatedParams"](**dp_kwargs),
+                **extra,
+            )
+        except Exception as exc:  # TensorRT-LLM refuses requests over its limits when they are submitted
+            refusal = request_refusal(exc)
+            if refusal is None:
+                raise
+            raise refusal from exc
         prefix_lookup = leg.request_type is not RequestType.GENERATION_ONLY
         emitted = 0
         done = False

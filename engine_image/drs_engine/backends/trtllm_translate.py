@@ -25,7 +25,7 @@ from typing import Any, Final
 from drs_engine.backends.base import ContextHandoff, LegFinished, TokenStep
 from drs_engine.backends.trtllm_surface import worker_extension_class
 from drs_engine.config import EngineConfig
-from drs_engine.errors import BadRequestError
+from drs_engine.errors import BadRequestError, ContextLengthError, EngineError
 from drs_engine.wire import ChatCompletionRequest, DisaggregatedParams, EngineRequest
 
 #: Precisions that are a torch dtype; anything else (fp8, nvfp4, w4a16 …) is a quantized
@@ -201,7 +201,7 @@ def token_steps_from_output(output: Any, already_emitted: int) -> list[TokenStep
     """
     completion = output.outputs[0]
     token_ids: Sequence[int] = list(completion.token_ids or [])
-    logprobs: Sequence[Any] = list(getattr(completion, "logprobs", None) or [])
+    logprobs: Sequence[Any] = list(completion.logprobs or [])
     steps: list[TokenStep] = []
     for index in range(already_emitted, len(token_ids)):
         token = int(token_ids[index])
@@ -252,28 +252,31 @@ def serialize_first_gen_log_probs(value: Any) -> list[Any] | None:
 def finished_from_output(output: Any, *, prompt_tokens: int, prefix_lookup: bool) -> LegFinished | None:
     """The :class:`LegFinished` of a finished ``RequestOutput`` (``None`` while it runs).
 
+    Recorded attributes are read directly (no ``getattr`` defaults), so a renamed attribute fails
+    loudly against the contract double instead of silently reading a default.
+
     A context-only result carries ``outputs[0].disaggregated_params`` (LLM API dataclass with
     ``opaque_state`` bytes); it becomes the :class:`ContextHandoff` with the state base64-encoded.
     """
-    if not getattr(output, "finished", False):
+    if not output.finished:
         return None
     completion = output.outputs[0]
-    cached = int(getattr(output, "cached_tokens", 0) or 0)
+    cached = int(output.cached_tokens or 0)
     handoff = None
-    params = getattr(completion, "disaggregated_params", None)
-    if params is not None and getattr(params, "ctx_request_id", None) is not None:
-        opaque = getattr(params, "opaque_state", None)
+    params = completion.disaggregated_params
+    if params is not None and params.ctx_request_id is not None:
+        opaque = params.opaque_state
         handoff = ContextHandoff(
             ctx_request_id=int(params.ctx_request_id),
-            first_gen_tokens=list(getattr(params, "first_gen_tokens", None) or []),
+            first_gen_tokens=list(params.first_gen_tokens or []),
             encoded_opaque_state=base64.b64encode(opaque).decode("ascii") if opaque is not None else None,
-            first_gen_log_probs=serialize_first_gen_log_probs(getattr(params, "first_gen_log_probs", None)),
-            ctx_dp_rank=getattr(params, "ctx_dp_rank", None),
-            ctx_info_endpoint=getattr(params, "ctx_info_endpoint", None),
+            first_gen_log_probs=serialize_first_gen_log_probs(params.first_gen_log_probs),
+            ctx_dp_rank=params.ctx_dp_rank,
+            ctx_info_endpoint=params.ctx_info_endpoint,
         )
     return LegFinished(
         finish_reason=str(completion.finish_reason or "stop"),
-        stop_reason=getattr(completion, "stop_reason", None),
+        stop_reason=completion.stop_reason,
         prompt_tokens=prompt_tokens,
         cached_tokens=cached,
         prefix_query_tokens=prompt_tokens if prefix_lookup else 0,
@@ -302,6 +305,25 @@ def build_control_rpc(op: str, params: Mapping[str, Any] | None = None) -> tuple
     if method is None:
         raise KeyError(f"no collective_rpc for control op {op!r}")
     return method, dict(params or {})
+
+
+#: Words of TensorRT-LLM's refusals of a request that does not fit its limits
+#: (``_check_arguments`` raises ValueError; NeMo RL catches ``executor.utils.RequestError``).
+_LIMIT_WORDS: Final = ("max_seq_len", "max_num_tokens", "max_input_len")
+
+
+def request_refusal(exc: BaseException) -> EngineError | None:
+    """The 400 for TensorRT-LLM's refusal of a request (``None``: not a refusal, let it be a 500).
+
+    A prompt over ``max_num_tokens``/``max_input_len``/``max_seq_len`` is "context length exceeded";
+    any other ``RequestError`` is a plain 400 with TensorRT-LLM's message."""
+    message = str(exc)
+    if isinstance(exc, ValueError | TypeError) or type(exc).__name__ == "RequestError":
+        if any(word in message for word in _LIMIT_WORDS):
+            return ContextLengthError(f"context length exceeded: {message}", param="messages")
+        if type(exc).__name__ == "RequestError":
+            return BadRequestError(f"TensorRT-LLM refused the request: {message}")
+    return None
 
 
 def check_worker_results(method: str, results: Sequence[Any]) -> None:

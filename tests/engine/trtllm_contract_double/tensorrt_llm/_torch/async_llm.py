@@ -79,6 +79,11 @@ class AsyncLLM:
         if disaggregated_params is not None and not isinstance(disaggregated_params, DisaggregatedParams):
             raise TypeError("disaggregated_params must be a DisaggregatedParams")
         prompt = [int(t) for t in inputs]
+        limit = self.kwargs.get("max_num_tokens")
+        if limit and len(prompt) > limit:  # LLM._check_arguments, PyTorch backend, no chunked prefill
+            raise ValueError(
+                f"The sum of prompt length ({len(prompt)}), query length (0) should not exceed max_num_tokens ({limit})"
+            )
         record(
             "generate",
             request_type=getattr(disaggregated_params, "request_type", None),
