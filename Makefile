@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install controlplane test lint typecheck unit demo demo-down bench crd clean
+.PHONY: install controlplane test lint typecheck unit demo demo-down bench crd clean gpu
 
 install: $(STAMP)
 
@@ -46,6 +46,20 @@ bench: install controlplane
 	$(BIN)/python bench/relay.py
 	$(BIN)/python bench/tokenization.py
 	$(BIN)/python bench/operator_scale.py
+
+# On a machine with CUDA GPUs: the whole GPU suite (tests/gpu) and bench/gpu_disagg.py in one go,
+# with GPU_PYTHON (a python3 with torch and this package importable: pip install -e '.[gpu,test]',
+# or PYTHONPATH over the source roots). Results go to GPU_OUT ($$OUT when set, else gpu-results/).
+# NVLink multicast stays off in every process (a shared host's GPUs).
+GPU_PYTHON ?= python3
+GPU_OUT ?= $(if $(OUT),$(OUT),gpu-results)
+GPU_ENV := NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+
+gpu:
+	mkdir -p $(GPU_OUT)
+	set -o pipefail; $(GPU_ENV) $(GPU_PYTHON) -m pytest tests/gpu -p no:cacheprovider -rs -v \
+		--junitxml=$(GPU_OUT)/gpu-tests.xml 2>&1 | tee $(GPU_OUT)/gpu-tests.log
+	set -o pipefail; $(GPU_ENV) $(GPU_PYTHON) bench/gpu_disagg.py 2>$(GPU_OUT)/gpu_disagg.log | tee $(GPU_OUT)/gpu_disagg.json
 
 crd: install
 	$(BIN)/drs crd > crds/disagg.dev_disaggreplicasets.yaml

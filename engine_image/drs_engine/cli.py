@@ -34,7 +34,10 @@ def read_control_token(token_file: str | None) -> str | None:
 
 @click.command(name="engine")
 @click.option(
-    "--backend", type=click.Choice(choices(EngineBackend)), default=None, help="trtllm (GPU) or sim (test double)."
+    "--backend",
+    type=click.Choice(choices(EngineBackend)),
+    default=None,
+    help="trtllm (GPU), torch (reference GPU engine in PyTorch) or sim (test double).",
 )
 @click.option("--role", type=click.Choice(choices(Role)), default=None)
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Listening port (0: any free port).")

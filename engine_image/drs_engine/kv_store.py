@@ -12,7 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from drs_protocol.token_ids import decode_token_ids_b64, encode_token_ids_b64
 
@@ -64,25 +64,35 @@ class ContextState:
         )
 
 
-class ContextStore:
+class _Keyed(Protocol):
+    @property
+    def ctx_request_id(self) -> int: ...
+
+
+S = TypeVar("S", bound=_Keyed)
+
+
+class ContextStore(Generic[S]):
+    """Context states by ``ctx_request_id`` (the sim's :class:`ContextState`; the torch backend's KV)."""
+
     def __init__(self, *, capacity: int, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = capacity
         self.ttl_seconds = ttl_seconds
         self._clock = clock
-        self._items: OrderedDict[int, tuple[float, ContextState]] = OrderedDict()
+        self._items: OrderedDict[int, tuple[float, S]] = OrderedDict()
 
     def __len__(self) -> int:
         self._expire()
         return len(self._items)
 
-    def put(self, state: ContextState) -> None:
+    def put(self, state: S) -> None:
         self._expire()
         self._items.pop(state.ctx_request_id, None)
         self._items[state.ctx_request_id] = (self._clock() + self.ttl_seconds, state)
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def take(self, ctx_request_id: int) -> ContextState | None:
+    def take(self, ctx_request_id: int) -> S | None:
         """Remove and return the state, or ``None`` when it is gone (expired, evicted, fetched, never made)."""
         self._expire()
         entry = self._items.pop(ctx_request_id, None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +35,8 @@ class PrefixCache:
             raise ValueError("tokens_per_block must be >= 1")
         self.tokens_per_block = tokens_per_block
         self.capacity_blocks = max(0, capacity_tokens // tokens_per_block)
-        self._blocks: OrderedDict[bytes, None] = OrderedDict()
+        #: block hash -> what the engine keeps for it (the sim: nothing; torch: where its KV lies)
+        self._blocks: OrderedDict[bytes, Any] = OrderedDict()
         self.query_tokens = 0
         self.hit_tokens = 0
 
@@ -54,17 +56,24 @@ class PrefixCache:
         self.hit_tokens += hit_tokens
         return CacheLookup(query_tokens=prompt_len, hit_tokens=hit_tokens, hit_blocks=hits)
 
-    def insert(self, block_hashes: Sequence[bytes]) -> None:
-        """Store (or refresh) the blocks of a computed sequence, evicting LRU blocks beyond capacity."""
+    def insert(self, block_hashes: Sequence[bytes], values: Sequence[Any] | None = None) -> list[bytes]:
+        """Store (or refresh) the blocks of a computed sequence (with ``values[i]`` kept for block
+        ``i``, if given), evicting LRU blocks beyond capacity; returns the evicted hashes."""
         if self.capacity_blocks == 0:
-            return
-        for h in block_hashes:
+            return []
+        for i, h in enumerate(block_hashes):
             if h in self._blocks:
                 self._blocks.move_to_end(h)
             else:
-                self._blocks[h] = None
+                self._blocks[h] = None if values is None else values[i]
+        evicted: list[bytes] = []
         while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            evicted.append(self._blocks.popitem(last=False)[0])
+        return evicted
+
+    def value(self, block_hash: bytes) -> Any:
+        """What was stored with a cached block (``KeyError`` if it is not cached)."""
+        return self._blocks[block_hash]
 
     def reset(self) -> int:
         """Drop every block; returns how many there were. The counters keep counting."""

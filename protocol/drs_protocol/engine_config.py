@@ -83,6 +83,26 @@ class SimSpec(ConfigModel):
     kv_store_ttl_seconds: float = Field(default=300.0, gt=0.0, description="Unfetched context states expire after.")
 
 
+class TorchSpec(ConfigModel):
+    """The ``torch`` backend (a reference GPU engine in PyTorch, one GPU per engine)."""
+
+    device: str | None = Field(
+        default=None,
+        description="cuda, cuda:N or cpu; default: cuda:$LOCAL_RANK (else cuda:0) when CUDA is there, else cpu.",
+    )
+    tokens_per_block: int = Field(default=64, ge=1, description="Prefix-cache block size in tokens.")
+    cache_capacity_tokens: int = Field(default=65536, ge=0, description="Prefix-cache capacity (LRU), in tokens.")
+    kv_transport: str = Field(
+        default="auto",
+        pattern="^(auto|http|cuda_ipc)$",
+        description="How a decode engine fetches KV: auto (CUDA IPC on the same host, else HTTP), http, cuda_ipc.",
+    )
+    kv_store_capacity: int = Field(default=256, ge=1, description="Context KVs kept for decode engines to fetch.")
+    kv_store_ttl_seconds: float = Field(default=120.0, gt=0.0, description="Unfetched context KVs expire after.")
+    max_decode_batch: int = Field(default=64, ge=1, description="Sequences in one batched decode step.")
+    decode_growth_tokens: int = Field(default=256, ge=1, description="KV capacity added at a time while decoding.")
+
+
 class EngineConfig(ConfigModel):
     """One engine server: its role, backend, model, parallelism and serving limits."""
 
@@ -103,6 +123,7 @@ class EngineConfig(ConfigModel):
     )
     cache_transceiver: CacheTransceiverSpec | None = None
     sim: SimSpec = Field(default_factory=SimSpec)
+    torch: TorchSpec = Field(default_factory=TorchSpec)
     host: str = "0.0.0.0"
     port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     advertise_url: str | None = Field(
@@ -128,6 +149,11 @@ class EngineConfig(ConfigModel):
         if mtp is not None and mep is not None and mtp * mep != tp:
             raise ValueError(
                 f"moeTensorParallelSize * moeExpertParallelSize must equal tensorParallelSize: {mtp} * {mep} != {tp}"
+            )
+        if self.backend is EngineBackend.TORCH and (tp != 1 or (mtp or 1) != 1 or (mep or 1) != 1):
+            raise ValueError(
+                f"tensorParallelSize: the torch backend runs one GPU per engine, so it must be 1 (got {tp}); "
+                "wider engines need the trtllm backend"
             )
         return self
 

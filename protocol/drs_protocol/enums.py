@@ -32,6 +32,7 @@ class EngineBackend(StrEnum):
 
     TRTLLM = "trtllm"
     SIM = "sim"
+    TORCH = "torch"
 
 
 class CtxRouter(StrEnum):

@@ -1,4 +1,4 @@
-"""`drs engine` as a real process, and the promise that the sim never imports tensorrt_llm."""
+"""`drs engine` as a real process, and the promise that the sim never imports tensorrt_llm or torch."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def test_importing_the_engine_and_building_a_sim_backend_never_imports_tensorrt_
         from drs_engine.config import build_config
         backend = create_backend(build_config({"backend": "sim"}), vocab_size=1000, eos_token_id=999)
         assert backend.name == "sim", backend.name
-        loaded = sorted(m for m in sys.modules if m.split(".")[0] == "tensorrt_llm")
-        print("tensorrt_llm modules:", loaded)
+        loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorrt_llm", "torch"))
+        print("tensorrt_llm/torch modules:", loaded)
         sys.exit(1 if loaded else 0)
         """
     )

@@ -11,12 +11,13 @@ op the backend does not offer).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 
+from drs_engine.errors import NotSupportedError
 from drs_engine.wire import EngineRequest, RequestType
 
 
@@ -82,10 +83,39 @@ class LegFinished:
 LegEvent = TokenStep | LegFinished
 
 
+@dataclass(frozen=True, slots=True)
+class BinaryExport:
+    """A context handed over as one binary body (``GET /v1/disagg/kv/{id}?transport=…``)."""
+
+    length: int
+    chunks: AsyncIterator[bytes | memoryview]
+    media_type: str = "application/octet-stream"
+
+
+def finish_after(leg: LegRequest, generated: list[int], eos_token_id: int) -> tuple[str | None, int | str | None]:
+    """``(finish_reason, stop_reason)`` once ``generated`` exist, else ``(None, None)``: a stop
+    token id, EOS, a stop string (matched on its token ids, as TensorRT-LLM's stop words are),
+    or ``max_tokens``."""
+    request = leg.request
+    token = generated[-1]
+    may_stop = len(generated) >= request.min_tokens
+    if may_stop and token in (request.stop_token_ids or []):
+        return "stop", token
+    if may_stop and token == eos_token_id and not request.ignore_eos:
+        return "stop", None
+    if may_stop:
+        for text, ids in leg.stop_sequences:
+            if ids and generated[-len(ids) :] == list(ids):
+                return "stop", text
+    if len(generated) >= leg.max_tokens:
+        return "length", None
+    return None, None
+
+
 class EngineBackend(abc.ABC):
     """A model behind the engine server."""
 
-    #: ``trtllm`` or ``sim``.
+    #: ``trtllm``, ``torch`` or ``sim``.
     name: ClassVar[str]
     #: True for the sim: it is a test and benchmark double, and says so everywhere.
     test_double: ClassVar[bool]
@@ -124,6 +154,10 @@ class EngineBackend(abc.ABC):
     @abc.abstractmethod
     async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
         """Hand over (and forget) a context state for ``GET /v1/disagg/kv/{ctx_request_id}``."""
+
+    async def export_context_frame(self, ctx_request_id: int, transport: str) -> BinaryExport:
+        """Hand over (and forget) a context's KV as a binary frame over ``transport`` (torch backend)."""
+        raise NotSupportedError(f"the {self.name} backend hands contexts over as JSON (GET without ?transport=)")
 
     @abc.abstractmethod
     async def load_weights(self, path: str, version: str) -> dict[str, Any]: ...

@@ -31,7 +31,15 @@ import httpx
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 from drs_protocol.routes import kv_export_path
 
-from drs_engine.backends.base import ContextHandoff, EngineBackend, LegEvent, LegFinished, LegRequest, TokenStep
+from drs_engine.backends.base import (
+    ContextHandoff,
+    EngineBackend,
+    LegEvent,
+    LegFinished,
+    LegRequest,
+    TokenStep,
+    finish_after,
+)
 from drs_engine.backends.sim_model import PrefixState, TokenChoice, TokenFunction, block_hashes
 from drs_engine.backends.sim_weights import SimWeights, hash_weights_path, initial_weights
 from drs_engine.config import EngineConfig
@@ -72,7 +80,9 @@ class SimBackend(EngineBackend):
         self._eos_token_id = spec.eos_token_id if spec.eos_token_id is not None else eos_token_id
         self._weights = initial_weights(config.model.path, config.weights_version)
         self._cache = PrefixCache(tokens_per_block=spec.tokens_per_block, capacity_tokens=spec.cache_capacity_tokens)
-        self._store = ContextStore(capacity=spec.kv_store_capacity, ttl_seconds=spec.kv_store_ttl_seconds)
+        self._store: ContextStore[ContextState] = ContextStore(
+            capacity=spec.kv_store_capacity, ttl_seconds=spec.kv_store_ttl_seconds
+        )
         self._latency = LatencyModel.from_spec(spec)
         self._endpoint = config.resolved_advertise_url()
         self._client: httpx.AsyncClient | None = None
@@ -275,23 +285,7 @@ class SimBackend(EngineBackend):
             await self._latency.sleep(seconds)
 
     def _finish_after(self, leg: LegRequest, generated: list[int]) -> tuple[str | None, int | str | None]:
-        """``(finish_reason, stop_reason)`` once ``generated`` exist, else ``(None, None)``: a stop
-        token id, EOS, a stop string (matched on its token ids, as TensorRT-LLM's stop words are),
-        or ``max_tokens``."""
-        request = leg.request
-        token = generated[-1]
-        may_stop = len(generated) >= request.min_tokens
-        if may_stop and token in (request.stop_token_ids or []):
-            return "stop", token
-        if may_stop and token == self._eos_token_id and not request.ignore_eos:
-            return "stop", None
-        if may_stop:
-            for text, ids in leg.stop_sequences:
-                if ids and generated[-len(ids) :] == list(ids):
-                    return "stop", text
-        if len(generated) >= leg.max_tokens:
-            return "length", None
-        return None, None
+        return finish_after(leg, generated, self._eos_token_id)
 
     async def _receive_context(self, leg: LegRequest, weights: SimWeights) -> tuple[PrefixState, TokenChoice, int, str]:
         """Fetch the context state from the prefill engine and check it is this request's."""

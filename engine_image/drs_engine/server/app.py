@@ -8,7 +8,8 @@ Routes:
 - ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
 - ``GET /metrics`` — Prometheus text from this server's own registry (:mod:`drs_engine.metrics`);
 - ``GET /v1/disagg/kv/{ctx_request_id}`` — a prefill engine hands a context state to a decode
-  engine and forgets it (sim backend; trtllm moves KV with its cache transceiver: 501);
+  engine and forgets it (sim: JSON; torch: ``?transport=http|cuda_ipc``, a binary KV frame;
+  trtllm moves KV with its cache transceiver: 501);
 - ``/control/...`` — the control API behind a bearer token (:mod:`.control`).
 
 Every error, including unknown routes and bugs, is a JSON body in the OpenAI error shape.
@@ -28,7 +29,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from drs_engine import __version__
 from drs_engine.config import EngineConfig
@@ -92,14 +93,22 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
             return Response(b"", media_type=CONTENT_TYPE_LATEST)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def kv_export(ctx_request_id: int) -> Response:
+    async def kv_export(ctx_request_id: int, transport: str | None = None) -> Response:
         try:
-            body = await state.require_backend().export_context(ctx_request_id)
+            backend = state.require_backend()
+            if transport is not None:
+                frame = await backend.export_context_frame(ctx_request_id, transport)
+            else:
+                body = await backend.export_context(ctx_request_id)
         except EngineError as exc:
             if state.metrics is not None:
                 state.metrics.kv_exports.labels(status="error").inc()
             return JSONResponse(exc.to_body(), status_code=exc.status)
         state.require_metrics().kv_exports.labels(status="ok").inc()
+        if transport is not None:
+            return StreamingResponse(
+                frame.chunks, media_type=frame.media_type, headers={"content-length": str(frame.length)}
+            )
         return JSONResponse(body)
 
     app.add_api_route(routes.Endpoint.CHAT, chat, methods=["POST"])
@@ -120,7 +129,7 @@ def _server_info(state: EngineState) -> dict[str, Any]:
         "disaggregated_params": {
             "role": config.role.value,
             "ctx_info_endpoint": config.resolved_advertise_url(),
-            "cache_transceiver": "http-kv-fetch (sim)" if backend.test_double else "trtllm cache transceiver",
+            "cache_transceiver": _transceiver(backend),
         },
         "max_batch_size": config.max_batch_size,
         "tokens_per_block": backend.tokens_per_block,
@@ -134,6 +143,14 @@ def _server_info(state: EngineState) -> dict[str, Any]:
         "asleep": sorted(state.released_tags),
         "engine": backend.server_info(),
     }
+
+
+def _transceiver(backend: Any) -> str:
+    if backend.test_double:
+        return "http-kv-fetch (sim)"
+    if backend.name == "torch":
+        return "torch kv fetch (cuda_ipc on one host, else http)"
+    return "trtllm cache transceiver"
 
 
 def _register_errors(app: FastAPI) -> None:

@@ -1,0 +1,210 @@
+"""The ``torch`` backend's KV handoff: how a decode engine gets a context's KV from a prefill engine.
+
+The prefill engine keeps a finished context's KV (one tensor ``[layers, 2, kv_heads, tokens,
+head_dim]`` on its GPU) under ``ctx_request_id``. The decode engine fetches it once with
+``GET /v1/disagg/kv/{ctx_request_id}?transport=T``; the answer is one binary frame:
+an 8-byte little-endian header length, a JSON header (:class:`KvHeader`), then the payload.
+
+Transports, chosen by the decode engine (``torch.kvTransport: auto`` picks the first that works):
+
+- ``cuda_ipc`` (same host, both GPUs visible to the decode engine): the payload is the CUDA IPC
+  handle of the prefill engine's tensor (a few hundred bytes of JSON, never a pickle: the
+  consumer rebuilds the tensor from plain fields), and the decode engine copies it GPU to GPU
+  (NVLink peer copy). ``auto`` takes it when the prefill engine's ``encoded_opaque_state`` names
+  this host and a GPU this engine can see.
+- ``http`` (anywhere): the payload is the KV's raw bytes, staged through pinned host memory on
+  both sides.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from functools import cache
+from typing import Any, Final
+
+from drs_engine.errors import KvTransferError
+
+HEADER_LEN: Final = struct.Struct("<Q")
+MAX_HEADER_BYTES: Final = 64 * 1024 * 1024
+OPAQUE_KIND: Final = "drs-torch-kv/1"
+
+
+class KvTransport(StrEnum):
+    CUDA_IPC = "cuda_ipc"
+    HTTP = "http"
+
+
+@dataclass(frozen=True, slots=True)
+class KvHeader:
+    """What a KV frame carries besides the KV itself."""
+
+    ctx_request_id: int
+    prompt_token_ids_b64: str
+    first_token: int
+    first_logprob: float
+    first_top_logprobs: list[list[float]]
+    weights_version: str
+    cached_tokens: int
+    transport: str
+    kv_shape: list[int]
+    kv_dtype: str
+    payload_bytes: int
+    ipc: dict[str, Any] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        body = json.dumps(asdict(self), separators=(",", ":")).encode()
+        return HEADER_LEN.pack(len(body)) + body
+
+    @classmethod
+    def decode(cls, raw: bytes) -> KvHeader:
+        try:
+            data = json.loads(raw)
+            return cls(**data)
+        except (ValueError, TypeError) as exc:
+            raise KvTransferError(f"malformed KV frame header: {exc}") from exc
+
+
+@cache
+def host_id() -> str:
+    """This host, as two engines on it see it alike (hostname and kernel boot id)."""
+    boot = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+    except OSError:
+        pass
+    return f"{socket.gethostname()}/{boot}"
+
+
+def opaque_state(*, digest: str, prompt_len: int, weights_version: str, gpu_uuid: str | None) -> str:
+    """``encoded_opaque_state`` of a context leg: enough for a decode engine to pick a transport."""
+    data = {
+        "kind": OPAQUE_KIND,
+        "digest": digest,
+        "prompt_len": prompt_len,
+        "weights_version": weights_version,
+        "host": host_id(),
+        "gpu_uuid": gpu_uuid,
+        "pid": os.getpid(),
+    }
+    return base64.b64encode(json.dumps(data, sort_keys=True).encode()).decode("ascii")
+
+
+def read_opaque_state(encoded: str | None) -> dict[str, Any]:
+    if not encoded:
+        return {}
+    try:
+        data = json.loads(base64.b64decode(encoded, validate=True))
+    except (ValueError, TypeError):
+        return {}
+    return data if isinstance(data, dict) and data.get("kind") == OPAQUE_KIND else {}
+
+
+# ---- CUDA IPC (plain fields, no pickle) -------------------------------------------------------
+
+
+def ipc_export(tensor: Any) -> dict[str, Any]:
+    """The fields a process on this host needs to map ``tensor`` (a CUDA tensor) into its own space."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    _, args = reduce_tensor(tensor)
+    (_, size, stride, offset, _, _, device, handle, size_bytes, offset_bytes, _, rc_handle, rc_offset, ev, ev_sync) = (
+        args
+    )
+    return {
+        "size": list(size),
+        "stride": list(stride),
+        "offset": int(offset),
+        "device": int(device),
+        "handle": _b64(handle),
+        "storage_size_bytes": int(size_bytes),
+        "storage_offset_bytes": int(offset_bytes),
+        "ref_counter_handle": _b64(rc_handle),
+        "ref_counter_offset": int(rc_offset),
+        "event_handle": _b64(ev),
+        "event_sync_required": bool(ev_sync),
+    }
+
+
+def ipc_import(fields: dict[str, Any], dtype: Any, local_device: int) -> Any:
+    """The producer's tensor, mapped into this process on ``local_device`` (the same GPU under this
+    process's numbering)."""
+    import torch
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    try:
+        return rebuild_cuda_tensor(
+            torch.Tensor,
+            torch.Size(fields["size"]),
+            tuple(fields["stride"]),
+            int(fields["offset"]),
+            torch.storage.TypedStorage,
+            dtype,
+            local_device,
+            _unb64(fields["handle"]),
+            int(fields["storage_size_bytes"]),
+            int(fields["storage_offset_bytes"]),
+            False,
+            _unb64(fields["ref_counter_handle"]),
+            int(fields["ref_counter_offset"]),
+            _unb64(fields["event_handle"]),
+            bool(fields["event_sync_required"]),
+        )
+    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+        raise KvTransferError(f"cannot map the prefill engine's KV by CUDA IPC: {exc}") from exc
+
+
+def _b64(value: bytes | None) -> str | None:
+    return None if value is None else base64.b64encode(value).decode("ascii")
+
+
+def _unb64(value: str | None) -> bytes | None:
+    return None if value is None else base64.b64decode(value)
+
+
+@cache
+def local_gpu_uuids() -> dict[str, int]:
+    """UUID → device index of every GPU this process sees."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+
+
+def gpu_uuid(device: Any) -> str | None:
+    import torch
+
+    if getattr(device, "type", None) != "cuda":
+        return None
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
+def choose_transport(preference: str, opaque: dict[str, Any], local_device: Any) -> tuple[KvTransport, int | None]:
+    """The transport to ask for (and, for CUDA IPC, the producer's GPU under local numbering).
+
+    ``auto``: CUDA IPC when the context was computed on this host, on a GPU this process sees,
+    and this engine runs on a GPU; else HTTP. ``cuda_ipc`` insists (an error says why it cannot)."""
+    if preference == KvTransport.HTTP:
+        return KvTransport.HTTP, None
+    reason = None
+    producer_index = local_gpu_uuids().get(str(opaque.get("gpu_uuid")))
+    if getattr(local_device, "type", None) != "cuda":
+        reason = "this engine runs on the CPU"
+    elif not opaque:
+        reason = "the context leg carried no torch encoded_opaque_state"
+    elif opaque.get("host") != host_id():
+        reason = "the prefill engine is on another host"
+    elif producer_index is None:
+        reason = "the prefill engine's GPU is not visible to this engine"
+    if reason is None:
+        return KvTransport.CUDA_IPC, producer_index
+    if preference == KvTransport.CUDA_IPC:
+        raise KvTransferError(f"kvTransport cuda_ipc is not possible: {reason}")
+    return KvTransport.HTTP, None

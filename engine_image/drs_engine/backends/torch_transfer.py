@@ -1,0 +1,172 @@
+"""Moving one context's KV between two ``torch`` engines (the frame is :mod:`.torch_kv`'s).
+
+:func:`export_frame` is the prefill engine's side of ``GET /v1/disagg/kv/{id}?transport=…``;
+:func:`fetch_context` is the decode engine's: it asks for the frame, then puts the KV on its own
+GPU in a tensor with room for the tokens it will decode. HTTP stages through pinned host memory
+(one device-to-host copy, the bytes, one host-to-device copy); CUDA IPC maps the prefill
+engine's tensor and copies it GPU to GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import torch
+from drs_protocol.routes import kv_export_path
+from drs_protocol.token_ids import encode_token_ids_b64
+
+from drs_engine.backends.base import BinaryExport
+from drs_engine.backends.torch_batch import GpuWorker
+from drs_engine.backends.torch_kv import HEADER_LEN, MAX_HEADER_BYTES, KvHeader, KvTransport, ipc_export, ipc_import
+from drs_engine.backends.torch_model import DTYPES
+from drs_engine.errors import ContextStateMissingError, KvTransferError
+
+if TYPE_CHECKING:
+    from drs_engine.backends.torch_backend import TorchContext
+
+
+def _header(ctx: TorchContext, transport: KvTransport, payload_bytes: int, ipc: dict[str, Any]) -> KvHeader:
+    return KvHeader(
+        ctx_request_id=ctx.ctx_request_id,
+        prompt_token_ids_b64=encode_token_ids_b64(ctx.prompt_token_ids),
+        first_token=ctx.first.token_id,
+        first_logprob=float(ctx.first.logprob if ctx.first.logprob is not None else 0.0),
+        first_top_logprobs=[[t, lp] for t, lp in ctx.first.top_logprobs],
+        weights_version=ctx.weights_version,
+        cached_tokens=ctx.cached_tokens,
+        transport=transport.value,
+        kv_shape=list(ctx.kv.shape),
+        kv_dtype=str(ctx.kv.dtype).removeprefix("torch."),
+        payload_bytes=payload_bytes,
+        ipc=ipc,
+    )
+
+
+def _to_pinned(kv: Any) -> Any:
+    flat = kv.reshape(-1).view(torch.uint8)
+    host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=kv.device.type == "cuda")
+    host.copy_(flat)
+    return host
+
+
+async def export_frame(worker: GpuWorker, ctx: TorchContext, transport: KvTransport, chunk: int) -> BinaryExport:
+    if transport is KvTransport.CUDA_IPC:
+        ipc = await worker.run(ipc_export, ctx.kv)
+        data = _header(ctx, transport, 0, ipc).encode()
+        return BinaryExport(length=len(data), chunks=_once(data))
+    host = await worker.run(_to_pinned, ctx.kv)
+    head = _header(ctx, transport, int(host.numel()), {}).encode()
+    return BinaryExport(length=len(head) + int(host.numel()), chunks=_chunks(head, host, chunk))
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _chunks(head: bytes, host: Any, chunk: int) -> AsyncIterator[bytes | memoryview]:
+    yield head
+    view = memoryview(host.numpy()).cast("B")
+    for start in range(0, len(view), chunk):
+        yield view[start : start + chunk]
+
+
+async def fetch_context(
+    client: httpx.AsyncClient,
+    worker: GpuWorker,
+    endpoint: str,
+    ctx_request_id: int,
+    transport: KvTransport,
+    *,
+    producer_device: int | None,
+    device: Any,
+    dtype: Any,
+    capacity: int,
+) -> tuple[KvHeader, Any]:
+    """The context's header and its KV on ``device``, in a tensor of ``capacity`` tokens."""
+    url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={transport.value}"
+    try:
+        async with client.stream("GET", url) as response:
+            if response.status_code == 404:
+                raise ContextStateMissingError(
+                    f"context KV for ctx_request_id {ctx_request_id} is not on {endpoint} "
+                    "(expired, already fetched, or never created)",
+                    param="disaggregated_params.ctx_request_id",
+                )
+            if response.status_code != 200:
+                body = (await response.aread())[:300].decode(errors="replace")
+                raise KvTransferError(
+                    f"fetching context KV {ctx_request_id} from {endpoint} failed: HTTP {response.status_code}: {body}"
+                )
+            header, host = await _read_frame(response.aiter_raw(), pin=device.type == "cuda")
+    except httpx.HTTPError as exc:
+        raise KvTransferError(
+            f"cannot fetch context KV {ctx_request_id} from {endpoint}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if header.kv_dtype not in DTYPES or DTYPES[header.kv_dtype] != dtype:
+        raise KvTransferError(f"context KV dtype {header.kv_dtype} differs from this engine's {dtype}")
+    if transport is KvTransport.CUDA_IPC:
+        if producer_device is None:
+            raise KvTransferError("cuda_ipc without the prefill engine's GPU")
+        kv = await worker.run(_from_ipc, header, producer_device, device, dtype, capacity)
+    else:
+        kv = await worker.run(_from_host, header, host, device, dtype, capacity)
+    return header, kv
+
+
+async def _read_frame(chunks: AsyncIterator[bytes], *, pin: bool) -> tuple[KvHeader, Any]:
+    pending = bytearray()
+    header: KvHeader | None = None
+    host: Any = None
+    filled = 0
+    async for piece in chunks:
+        if header is None:
+            pending += piece
+            if len(pending) < HEADER_LEN.size:
+                continue
+            (size,) = HEADER_LEN.unpack_from(pending)
+            if size > MAX_HEADER_BYTES:
+                raise KvTransferError(f"KV frame header of {size} bytes is too large")
+            if len(pending) < HEADER_LEN.size + size:
+                continue
+            header = KvHeader.decode(bytes(pending[HEADER_LEN.size : HEADER_LEN.size + size]))
+            host = torch.empty(header.payload_bytes, dtype=torch.uint8, pin_memory=pin)
+            piece = bytes(pending[HEADER_LEN.size + size :])
+            pending.clear()
+        if piece:
+            if filled + len(piece) > header.payload_bytes:
+                raise KvTransferError("KV frame is longer than its header says")
+            host[filled : filled + len(piece)] = torch.frombuffer(piece, dtype=torch.uint8)
+            filled += len(piece)
+    if header is None:
+        raise KvTransferError("KV frame ended inside its header")
+    if filled != header.payload_bytes:
+        raise KvTransferError(f"KV frame ended after {filled} of {header.payload_bytes} payload bytes")
+    return header, host
+
+
+def _placed(src: Any, device: Any, dtype: Any, capacity: int) -> Any:
+    layers, two, heads, tokens, dim = src.shape
+    kv = torch.empty((layers, two, heads, max(capacity, tokens), dim), device=device, dtype=dtype)
+    kv[:, :, :, :tokens].copy_(src)
+    return kv
+
+
+def _from_host(header: KvHeader, host: Any, device: Any, dtype: Any, capacity: int) -> Any:
+    src = host.view(dtype).view(header.kv_shape).to(device, non_blocking=True)
+    kv = _placed(src, device, dtype, capacity)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return kv
+
+
+def _from_ipc(header: KvHeader, producer_device: int, device: Any, dtype: Any, capacity: int) -> Any:
+    remote = ipc_import(header.ipc, dtype, producer_device)
+    if list(remote.shape) != header.kv_shape:
+        raise KvTransferError(f"CUDA IPC KV has shape {list(remote.shape)}, the header says {header.kv_shape}")
+    local = remote.to(device)  # one contiguous GPU-to-GPU copy (NVLink where there is one)
+    kv = _placed(local, device, dtype, capacity)
+    torch.cuda.synchronize(device)
+    del remote
+    return kv

@@ -1,0 +1,243 @@
+"""The ``torch`` backend end to end on the CPU: real engines on loopback, a real (tiny) model.
+
+What runs here without a GPU: all three request types, the HTTP KV handoff, the prefix cache,
+batched decode, refit from safetensors, sleep/wake and a gloo collective refit through the
+sidecar with the example trainer. ``test_gpu.py`` repeats the parts that need GPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch", reason="the torch backend needs PyTorch (pip install '.[gpu]')")
+
+from drs_engine.server.runner import start_engine  # noqa: E402
+
+from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def tokens(client: httpx.AsyncClient, url: str, ids: list[int], **extra: Any) -> list[int]:
+    response = await client.post(url + COMPLETIONS, json=completion_body(ids, **extra))
+    assert response.status_code == 200, response.text
+    return list(response.json()["choices"][0]["token_ids"])
+
+
+async def disaggregated(
+    client: httpx.AsyncClient, prefill: str, decode: str, ids: list[int], **extra: Any
+) -> list[int]:
+    ctx = await client.post(
+        prefill + COMPLETIONS,
+        json=completion_body(ids, **extra, disaggregated_params={"request_type": "context_only"}),
+    )
+    assert ctx.status_code == 200, ctx.text
+    dp = ctx.json()["choices"][0]["disaggregated_params"]
+    gen = await client.post(
+        decode + COMPLETIONS,
+        json=completion_body(ids, **extra, disaggregated_params={**dp, "request_type": "generation_only"}),
+    )
+    assert gen.status_code == 200, gen.text
+    return list(gen.json()["choices"][0]["token_ids"])
+
+
+async def test_the_model_matches_transformers_qwen3() -> None:
+    transformers = pytest.importorskip("transformers")
+    from drs_engine.backends.torch_model import SIZES, decode_step, new_kv, prefill, random_state_dict
+
+    shape = SIZES["tiny"]
+    hf = {k: v for k, v in shape.to_hf_config().items() if k not in ("architectures", "model_type")}
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf)).eval()
+    params = random_state_dict(shape, seed=11, device="cpu", dtype=torch.float32)
+    model.load_state_dict(params)
+    ids = prompt_ids(40)
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0]
+    kv = new_kv(shape, 64, device="cpu", dtype=torch.float32)
+    prefill(params, shape, ids[:32], kv, 0)  # a cached prefix, then the rest
+    last = prefill(params, shape, ids[32:39], kv, 32)
+    assert torch.allclose(last, reference[38], atol=1e-4)
+    step = decode_step(params, shape, [ids[39]], [kv], [39])
+    assert torch.allclose(step[0], reference[39], atol=1e-4)
+
+
+async def test_context_then_generation_over_http_equals_one_engine() -> None:
+    ids = prompt_ids(150)
+    async with (
+        start_engine(torch_config("prefill"), control_token=CONTROL_TOKEN) as p,
+        start_engine(torch_config("decode", kvTransport="auto"), control_token=CONTROL_TOKEN) as d,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        single = await tokens(client, p.url, ids, max_tokens=16)
+        split = await disaggregated(client, p.url, d.url, ids, max_tokens=16)
+        assert split == single and len(single) == 16
+        info = (await client.get(d.url + "/server_info")).json()
+        assert info["engine"]["kv_transfers"]["http"]["count"] == 1  # auto on the CPU: http
+        again = await client.post(
+            d.url + COMPLETIONS,
+            json=completion_body(
+                ids,
+                disaggregated_params={
+                    "request_type": "generation_only",
+                    "ctx_request_id": 1,
+                    "ctx_info_endpoint": p.url,
+                },
+            ),
+        )
+        assert again.status_code == 404  # fetched once, then gone
+
+
+async def test_a_later_turn_reuses_the_prefix_kv_and_decodes_the_same_tokens() -> None:
+    first = prompt_ids(200)
+    later = first + prompt_ids(70, offset=30000)
+    async with (
+        start_engine(torch_config(tokensPerBlock=32), control_token=CONTROL_TOKEN) as cached,
+        start_engine(torch_config(cacheCapacityTokens=0), control_token=CONTROL_TOKEN) as uncached,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        await tokens(client, cached.url, first)
+        response = await client.post(cached.url + COMPLETIONS, json=completion_body(later))
+        usage = response.json()["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 192  # 6 full blocks of the first turn
+        assert response.json()["choices"][0]["token_ids"] == await tokens(client, uncached.url, later)
+        metrics = (await client.get(cached.url + "/metrics")).text
+        assert "192.0" in next(line for line in metrics.splitlines() if line.startswith("drs_engine_prefix_cache_hit"))
+
+
+async def test_concurrent_requests_share_decode_steps_and_keep_their_tokens() -> None:
+    prompts = [prompt_ids(60 + 10 * i, offset=2000 + i) for i in range(4)]
+    async with (
+        start_engine(torch_config(), control_token=CONTROL_TOKEN) as e,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        alone = [await tokens(client, e.url, ids, max_tokens=20) for ids in prompts]
+        together = await asyncio.gather(*(tokens(client, e.url, ids, max_tokens=20) for ids in prompts))
+        assert list(together) == alone
+        batching = (await client.get(e.url + "/server_info")).json()["engine"]["decode_batching"]
+        assert batching["tokens"] > batching["steps"]  # some steps carried several requests
+
+
+async def test_streaming_logprobs_and_chat() -> None:
+    async with (
+        start_engine(torch_config(), control_token=CONTROL_TOKEN) as e,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        body = completion_body(prompt_ids(30), max_tokens=6, logprobs=2, stream=True)
+        chunks = []
+        async with client.stream("POST", e.url + COMPLETIONS, json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    chunks.append(json.loads(line[6:]))
+        streamed = [t for c in chunks for t in c["choices"][0].get("token_ids") or []]
+        assert streamed == await tokens(client, e.url, prompt_ids(30), max_tokens=6)
+        lp = chunks[0]["choices"][0]["logprobs"]
+        assert lp["token_logprobs"][0] <= 0 and len(lp["top_logprobs"][0]) == 2
+        chat = await client.post(
+            e.url + "/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "temperature": 0},
+        )
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] >= 1
+
+
+async def test_load_from_safetensors_serves_those_weights_and_sleep_wake_keeps_them(tmp_path: Path) -> None:
+    from drs_engine.backends.torch_model import SIZES, random_state_dict
+    from safetensors.torch import save_file
+
+    save_file(
+        random_state_dict(SIZES["tiny"], seed=5, device="cpu", dtype=torch.float32), str(tmp_path / "w.safetensors")
+    )
+    ids = prompt_ids(50)
+    async with (
+        start_engine(torch_config(), control_token=CONTROL_TOKEN) as e,
+        start_engine(torch_config(model="random:tiny@5"), control_token=CONTROL_TOKEN) as five,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        before = await tokens(client, e.url, ids)
+        load = await client.post(
+            e.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path), "version": "v5"}
+        )
+        assert load.status_code == 200, load.text
+        after = await tokens(client, e.url, ids)
+        assert after != before and after == await tokens(client, five.url, ids)
+        bad = await client.post(
+            e.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path / "no"), "version": "x"}
+        )
+        assert bad.status_code == 400 and "does not exist" in bad.text
+        assert (await client.post(e.url + "/control/memory/release", headers=auth(), json={})).status_code == 200
+        assert (await client.post(e.url + COMPLETIONS, json=completion_body(ids))).status_code == 503
+        assert (await client.post(e.url + "/control/memory/resume", headers=auth(), json={})).status_code == 200
+        assert await tokens(client, e.url, ids) == after
+
+
+def test_a_wider_torch_engine_is_refused_with_the_reason() -> None:
+    from drs_engine.config import build_config
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="tensorParallelSize: the torch backend runs one GPU per engine"):
+        build_config({"backend": "torch", "model": {"path": "random:tiny"}, "tensorParallelSize": 2})
+
+
+async def test_a_gloo_collective_refit_through_the_sidecar_serves_the_trainers_weights(tmp_path: Path) -> None:
+    import uvicorn
+    from drs_sidecar.app import build_app
+    from drs_sidecar.control import ControlClient
+    from drs_sidecar.fleet import StaticFleet
+    from drs_sidecar.metrics import SidecarMetrics
+    from drs_sidecar.refit import Refitter
+
+    ids = prompt_ids(40)
+    async with (
+        start_engine(torch_config("prefill"), control_token=CONTROL_TOKEN) as a,
+        start_engine(torch_config("decode"), control_token=CONTROL_TOKEN) as b,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        before = await tokens(client, a.url, ids)
+        refitter = Refitter(
+            StaticFleet([a.url, b.url]), ControlClient(CONTROL_TOKEN, call_s=30, load_s=120), SidecarMetrics()
+        )
+        server = uvicorn.Server(uvicorn.Config(build_app(refitter, reconcile_s=3600), port=0, log_level="warning"))
+        serving = asyncio.create_task(server.serve())
+        async with asyncio.timeout(30):
+            while not server.started:
+                await asyncio.sleep(0.01)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        trainer = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(ROOT / "examples/trainer/trainer.py"),
+            "--sidecar",
+            f"http://127.0.0.1:{port}",
+            "--model",
+            "random:tiny",
+            "--seed",
+            "9",
+            "--precision",
+            "float32",
+            "--device",
+            "cpu",
+            "--backend",
+            "gloo",
+            "--bucket-bytes",
+            str(1 << 20),
+            "--save",
+            str(tmp_path / "step-9"),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        out, _ = await asyncio.wait_for(trainer.communicate(), 120)
+        server.should_exit = True
+        await serving
+        assert trainer.returncode == 0
+        report = json.loads(out.decode().strip().splitlines()[-1])
+        assert report["world_size"] == 3 and report["engines_ok"] == 2 and report["buckets"] > 1
+        refit = await tokens(client, a.url, ids)
+        assert refit != before and refit == await tokens(client, b.url, ids)
+        load = await client.post(
+            b.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path / "step-9"), "version": "disk"}
+        )
+        assert load.status_code == 200 and await tokens(client, b.url, ids) == refit
