@@ -4,14 +4,17 @@ TensorRT-LLM's response models are ``extra="forbid"``, so a stock ``OpenAIDisagg
 response carrying a field they do not declare. This engine adds such fields for NeMo-Gym and our
 frontend (``token_ids`` on chat choices, relayed unknown ``disaggregated_params`` fields,
 ``x-drs`` extras). With ``strictTrtllmResponses: true`` the engine drops every field that the
-transcribed models (``trtllm_surface.json`` → ``openai_models``) do not declare, so a stock
-TensorRT-LLM front can sit before it. The tests validate the answers against pydantic models
+transcribed models (``trtllm_surface.json`` → ``openai_models``, the attributed version only; the
+fields seen only in newer unattributed versions are not answered) do not declare, so a stock
+TensorRT-LLM front can sit before it. ``prompt_token_ids_b64`` becomes ``prompt_token_ids``. The tests validate the answers against pydantic models
 built from the same transcription.
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
+
+from drs_protocol.token_ids import decode_token_ids_b64
 
 from drs_engine.backends.trtllm_surface import openai_model_fields
 
@@ -26,13 +29,17 @@ _STREAM: Final = {
 
 
 def _keep(body: dict[str, Any], model: str) -> dict[str, Any]:
-    allowed = openai_model_fields(model)
+    allowed = openai_model_fields(model, with_newer=False)
     return {k: v for k, v in body.items() if k in allowed}
 
 
 def trtllm_view(body: dict[str, Any], *, chat: bool, stream: bool) -> dict[str, Any]:
     """``body`` with only the fields TensorRT-LLM's response models declare."""
     top, choice_model = (_STREAM if stream else _FULL)[chat]
+    if body.get("prompt_token_ids_b64") is not None and "prompt_token_ids_b64" not in openai_model_fields(
+        top, with_newer=False
+    ):  # the recorded models have only the int list
+        body = {**body, "prompt_token_ids": decode_token_ids_b64(body["prompt_token_ids_b64"])}
     out = _keep(body, top)
     choices = []
     for choice in body.get("choices", []):
