@@ -1,6 +1,12 @@
 """kopf wiring. Handlers are thin: watches only *enqueue* the key of the DisaggReplicaSet an
 event concerns; a pool of workers reconciles keys from scratch (``reconcile.py``).
 
+kopf watches the DisaggReplicaSets. Children, nodes and GPU pods are watched by the operator's
+own caches (``kube/cache.py``: kopf's watches cannot be narrowed per handler, and its per-object
+machinery is too heavy for every pod of a large cluster); their events enqueue keys the same way.
+The caches start on every replica (a follower that takes over has them warm); the workers start
+only after leadership and after every cache has listed once.
+
 Why not kopf's create/update handlers: those reconcile from the diff that triggered them and
 store progress in annotations (writes on every change). A keyed queue gives level-based,
 deduplicated, per-object serialised reconciles with zero writes at steady state, and no finalizer
@@ -12,14 +18,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from drs_operator.api.constants import GROUP, LABEL_REPLICASET, PLURAL, VERSION
+from drs_operator.api.constants import GROUP, PLURAL, VERSION
 from drs_operator.kube.apply import Applier
+from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.client import REQUEST_TIMEOUT_S, make_api_client
+from drs_operator.kube.throttle import Limits, Throttle
 from drs_operator.leader import LeaderElector
 from drs_operator.reconcile import Context, reconcile
 from drs_operator.workqueue import WorkQueue, run_workers
@@ -44,7 +51,15 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.networking.request_timeout = REQUEST_TIMEOUT_S
     settings.execution.max_workers = 4
     memo.api = await make_api_client()
-    memo.queue = WorkQueue()  # watches enqueue from now on; nothing is reconciled before leadership
+    memo.queue = queue = WorkQueue()  # watches enqueue from now on; nothing is reconciled before leadership
+    memo.cache = ClusterCache(
+        memo.api,
+        opts.namespaces,
+        on_owner=lambda namespace, name: queue.touch(_key(namespace, name)),
+        on_nodes=queue.touch_all,
+        watch_timeout_s=opts.watch_timeout_s,
+    )
+    memo.cache_task = asyncio.create_task(memo.cache.run())
     memo.stop = asyncio.Event()
     memo.lost = asyncio.Event()
     memo.elector = LeaderElector(memo.api, opts.lease_namespace) if opts.leader_election else None
@@ -61,8 +76,17 @@ async def _lead(memo: kopf.Memo) -> None:
         await memo.elector.acquire()
         memo.hold_task = asyncio.create_task(memo.elector.hold(memo.lost))
         memo.lost_task = asyncio.create_task(_stop_when_lost(memo))
+    await memo.cache.wait_synced()
     memo.metrics.is_leader.set(1)
-    ctx = Context(api=memo.api, applier=Applier(memo.api, memo.metrics), metrics=memo.metrics)
+    metrics = memo.metrics
+    throttle = Throttle(
+        Limits(max_in_flight=opts.max_in_flight, qps=opts.qps, burst=opts.burst),
+        on_retry=lambda code, _delay: metrics.api_retries.labels(code=str(code)).inc(),
+        on_in_flight=metrics.api_in_flight.set,
+    )
+    ctx = Context(
+        api=memo.api, applier=Applier(memo.api, metrics, throttle, memo.cache), metrics=metrics, cache=memo.cache
+    )
 
     async def work(key: str) -> float | None:
         namespace, name = key.split("/", 1)
@@ -75,8 +99,7 @@ async def _lead(memo: kopf.Memo) -> None:
 async def _resync(queue: WorkQueue, every: float) -> None:
     while True:
         await asyncio.sleep(every)
-        for key in queue.known:
-            queue.add(key)
+        queue.touch_all()
 
 
 async def _stop_when_lost(memo: kopf.Memo) -> None:
@@ -91,7 +114,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     if hasattr(memo, "stop"):
         memo.stop.set()
         memo.queue.shutdown()
-    for name in ("lead_task", "resync_task", "hold_task", "lost_task"):
+    for name in ("lead_task", "resync_task", "hold_task", "lost_task", "cache_task"):
         task = getattr(memo, name, None)
         if task is not None:
             task.cancel()
@@ -112,18 +135,3 @@ def on_disaggreplicaset(event: kopf.RawEvent, namespace: str | None, name: str, 
         memo.queue.forget(_key(namespace, name))
     else:
         memo.queue.add(_key(namespace, name))
-
-
-@kopf.on.event("v1", "pods", labels={LABEL_REPLICASET: kopf.PRESENT})
-@kopf.on.event("apps", "v1", "deployments", labels={LABEL_REPLICASET: kopf.PRESENT})
-@kopf.on.event("v1", "services", labels={LABEL_REPLICASET: kopf.PRESENT})
-def on_child(labels: Mapping[str, str], namespace: str | None, memo: Any, **_: Any) -> None:
-    """A child changed (deleted, failed, became ready): reconcile its owner."""
-    memo.queue.add(_key(namespace, labels[LABEL_REPLICASET]))
-
-
-@kopf.on.event("v1", "nodes")
-def on_node(memo: Any, **_: Any) -> None:
-    """Nodes decide placement: reconcile everything (reads only when nothing changes)."""
-    for key in memo.queue.known:
-        memo.queue.add(key)

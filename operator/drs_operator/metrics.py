@@ -14,6 +14,8 @@ class OperatorMetrics:
     reconcile_errors: Counter
     reconcile_seconds: Histogram
     api_writes: Counter
+    api_retries: Counter
+    api_in_flight: Gauge
     replicas_desired: Gauge
     replicas_ready: Gauge
     placement_failures: Counter
@@ -36,6 +38,13 @@ class OperatorMetrics:
             api_writes=Counter(
                 "drs_operator_api_writes", "Write requests sent to the apiserver", ["verb", "kind"], registry=r
             ),
+            api_retries=Counter(
+                "drs_operator_api_retries",
+                "Write requests sent again after a 429 or 5xx answer",
+                ["code"],
+                registry=r,
+            ),
+            api_in_flight=Gauge("drs_operator_api_in_flight", "Write requests in flight now", registry=r),
             replicas_desired=Gauge("drs_operator_replicas_desired", "Replicas asked for", labels, registry=r),
             replicas_ready=Gauge("drs_operator_replicas_ready", "Replicas ready", labels, registry=r),
             placement_failures=Counter(

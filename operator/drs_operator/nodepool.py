@@ -30,15 +30,42 @@ def nodes_from_manifests(
     *,
     topology: TopologySpec | None = None,
     owner: tuple[str, str] | None = None,
+    used: Mapping[str, int] | None = None,
 ) -> list[NodeInfo]:
     """:class:`NodeInfo` for Node manifests (as ``kubectl get nodes -o yaml`` prints them).
 
     ``free`` subtracts the GPUs requested by ``pods`` bound to the node that are still running
     and not ours (``owner`` is our (namespace, name): pods labelled ``disagg.dev/replicaset`` with
-    our name in our namespace are ours). A node without a Ready condition (a bare manifest) is
-    taken as Ready.
+    our name in our namespace are ours), or, when given, ``used``: those GPUs already summed per
+    node (the operator keeps the sums as watch events arrive). A node without a Ready condition
+    (a bare manifest) is taken as Ready.
     """
     topo = topology or TopologySpec()
+    taken = dict(used) if used is not None else _used_by_others(pods, owner)
+    out: list[NodeInfo] = []
+    for node in nodes:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        labels = meta.get("labels") or {}
+        status = node.get("status") or {}
+        allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
+        why = _unschedulable(node, labels, topo)
+        out.append(
+            NodeInfo(
+                name=name,
+                allocatable=allocatable,
+                free=max(0, allocatable - taken.get(name, 0)),
+                segment=str(labels.get(topo.segment_label) or name),
+                schedulable=why is None,
+                unschedulable_reason=why,
+                address=_address(status),
+            )
+        )
+    return out
+
+
+def _used_by_others(pods: Iterable[Mapping[str, Any]], owner: tuple[str, str] | None) -> dict[str, int]:
+    """GPUs per node held by bound, unfinished pods that are not ``owner``'s."""
     used: dict[str, int] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -53,26 +80,7 @@ def nodes_from_manifests(
         ):
             continue
         used[node] = used.get(node, 0) + pod_gpus(pod)
-    out: list[NodeInfo] = []
-    for node in nodes:
-        meta = node.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        labels = meta.get("labels") or {}
-        status = node.get("status") or {}
-        allocatable = _quantity((status.get("allocatable") or {}).get(GPU_RESOURCE))
-        why = _unschedulable(node, labels, topo)
-        out.append(
-            NodeInfo(
-                name=name,
-                allocatable=allocatable,
-                free=max(0, allocatable - used.get(name, 0)),
-                segment=str(labels.get(topo.segment_label) or name),
-                schedulable=why is None,
-                unschedulable_reason=why,
-                address=_address(status),
-            )
-        )
-    return out
+    return used
 
 
 def pod_gpus(pod: Mapping[str, Any]) -> int:

@@ -1,12 +1,14 @@
 """Reconcile one DisaggReplicaSet: a script of named steps, from the spec plus what exists.
 
-1. read the resource (gone → stop);
+1. read the resource (a GET: its status is the memory; gone → stop);
 2. validate the spec (invalid → ``Valid=False``, an Event, no child touched);
-3. plan (pure) and read the children, the nodes and the GPUs other pods use;
+3. plan (pure) and read the children, the nodes and the GPUs other pods use (from the watch
+   caches, ``kube/cache.py``: no request);
 4. place (pure, sticky: the previous placement comes from status, the operator's memory);
 5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
    frontend updates after their engines);
-6. apply the actions;
+6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
+   phases: configs, Services and the Secret, then engine pods, then frontends;
 7. compute the status (pure) and write it only if it changed; post Events for transitions.
 
 Returns the delay before the next look (sooner while something is in flight), or None when the
@@ -31,7 +33,8 @@ from drs_operator.api.constants import ANNOTATION_WEIGHTS_VERSION
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import EventNote, Observed, compute_status, status_dict
 from drs_operator.kube.apply import Applier
-from drs_operator.kube.observe import read_children, read_cluster, read_drs
+from drs_operator.kube.cache import ClusterCache
+from drs_operator.kube.observe import read_drs
 from drs_operator.layout import frontend_urls, replica_statuses
 from drs_operator.manifests import Owner, desired_children
 from drs_operator.manifests.engines import build_control_secret
@@ -49,9 +52,8 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_REQUEUE_S: Final = 2.0
 #: Next look when replicas cannot be placed (node events also trigger a reconcile).
 UNPLACED_REQUEUE_S: Final = 15.0
-#: Write requests in flight at once within one reconcile.
-APPLY_CONCURRENCY: Final = 16
-#: The order children are applied in: what others read first, frontends last.
+#: The order children are applied in: what others read first, frontends last. Within a phase
+#: every action is sent at once; the throttle bounds how many are in flight.
 APPLY_PHASES: Final = (("ConfigMap", "Service", "Secret"), ("Pod",), ("Deployment",))
 
 
@@ -60,6 +62,7 @@ class Context:
     api: client.ApiClient
     applier: Applier
     metrics: OperatorMetrics
+    cache: ClusterCache
 
 
 async def reconcile(ctx: Context, namespace: str, name: str) -> float | None:
@@ -104,9 +107,10 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     # 3. plan, and read what exists
     plan = make_plan(spec, name)
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
-    live = await read_children(ctx.api, namespace, name, owner.uid)
-    cluster = await read_cluster(ctx.api)
-    nodes = nodes_from_manifests(cluster.nodes, cluster.pods, topology=spec.topology, owner=(namespace, name))
+    live = ctx.cache.live_children(namespace, name, owner.uid)
+    nodes = nodes_from_manifests(
+        ctx.cache.node_manifests(), used=ctx.cache.usage.used_by_others(namespace, name), topology=spec.topology
+    )
     addresses = {n.name: n.address for n in nodes if n.address}
 
     # 4. place (sticky on the placement recorded in status)
@@ -177,16 +181,17 @@ def _moved(prior: Placement | None, placement: Placement) -> list[int]:
 
 
 async def _apply_all(applier: Applier, namespace: str, actions: tuple[Action, ...]) -> None:
-    """Apply in phases by kind (configs and Services, then engine pods, then frontends), each phase
-    with at most APPLY_CONCURRENCY requests in flight."""
-    limit = asyncio.Semaphore(APPLY_CONCURRENCY)
-
-    async def one(action: Action) -> None:
-        async with limit:
-            await _apply(applier, namespace, action)
-
+    """Apply in phases by kind (configs and Services, then engine pods, then frontends): a phase
+    starts when every action of the one before has succeeded, so a replica's frontends are never
+    written before its engine pods. Within a phase all actions go at once (the applier's throttle
+    bounds them); the first failure is raised once the phase has finished."""
     for kinds in APPLY_PHASES:
-        await asyncio.gather(*(one(a) for a in actions if a.kind in kinds))
+        results = await asyncio.gather(
+            *(_apply(applier, namespace, a) for a in actions if a.kind in kinds), return_exceptions=True
+        )
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise failed[0]
 
 
 async def _apply(applier: Applier, namespace: str, action: Action) -> None:
@@ -234,8 +239,7 @@ async def _write_status(
     old = status_dict(_parse_status(body.get("status")))
     if json.dumps(new, sort_keys=True) != json.dumps(old, sort_keys=True):
         await ctx.applier.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], new)
-    for note in notes:
-        await ctx.applier.event(body, note.type, note.reason, note.message)
+    await asyncio.gather(*(ctx.applier.event(body, note.type, note.reason, note.message) for note in notes))
 
 
 def _export(ctx: Context, namespace: str, name: str, status: DisaggReplicaSetStatus, placement: Placement) -> None:

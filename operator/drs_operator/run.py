@@ -12,6 +12,10 @@ from drs_protocol import routes
 
 DEFAULT_METRICS_PORT = 9090
 DEFAULT_HEALTH_PORT = 8080
+#: Client-side limits on write requests (kube/throttle.py Limits has the same defaults and why).
+DEFAULT_MAX_IN_FLIGHT = 16
+DEFAULT_QPS = 100.0
+DEFAULT_BURST = 200
 
 
 @dataclasses.dataclass
@@ -22,6 +26,10 @@ class Options:
     lease_namespace: str
     watch_timeout_s: int
     stop_flag: threading.Event
+    namespaces: tuple[str, ...] = ()
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    qps: float = DEFAULT_QPS
+    burst: int = DEFAULT_BURST
 
 
 @click.command(name="operator")
@@ -68,6 +76,33 @@ class Options:
     show_default=True,
     help="Server-side watch timeout (s).",
 )
+@click.option(
+    "--max-in-flight",
+    type=click.IntRange(1, 1024),
+    default=DEFAULT_MAX_IN_FLIGHT,
+    show_default=True,
+    envvar="DRS_OPERATOR_MAX_IN_FLIGHT",
+    show_envvar=True,
+    help="Write requests to the apiserver in flight at once.",
+)
+@click.option(
+    "--qps",
+    type=click.FloatRange(0, 100000),
+    default=DEFAULT_QPS,
+    show_default=True,
+    envvar="DRS_OPERATOR_QPS",
+    show_envvar=True,
+    help="Client-side rate of write requests per second (0: unlimited).",
+)
+@click.option(
+    "--burst",
+    type=click.IntRange(1, 100000),
+    default=DEFAULT_BURST,
+    show_default=True,
+    envvar="DRS_OPERATOR_BURST",
+    show_envvar=True,
+    help="Write requests allowed at once above the rate.",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def operator(
     namespaces: tuple[str, ...],
@@ -78,6 +113,9 @@ def operator(
     leader_election: bool,
     lease_namespace: str,
     watch_timeout: int,
+    max_in_flight: int,
+    qps: float,
+    burst: int,
     verbose: bool,
 ) -> None:
     """Run the DisaggReplicaSet operator."""
@@ -101,7 +139,18 @@ def operator(
     stop_flag = threading.Event()
     memo = kopf.Memo(
         metrics=metrics,
-        options=Options(workers, resync_seconds, leader_election, lease_namespace, watch_timeout, stop_flag),
+        options=Options(
+            workers,
+            resync_seconds,
+            leader_election,
+            lease_namespace,
+            watch_timeout,
+            stop_flag,
+            namespaces=namespaces,
+            max_in_flight=max_in_flight,
+            qps=qps,
+            burst=burst,
+        ),
     )
     kopf.run(
         clusterwide=not namespaces,

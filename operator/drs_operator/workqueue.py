@@ -50,6 +50,16 @@ class WorkQueue:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
+    def touch(self, key: str) -> None:
+        """Enqueue ``key`` if it is known (a child's or node's event for a resource seen before)."""
+        if key in self._known:
+            self.add(key)
+
+    def touch_all(self) -> None:
+        """Enqueue every known key."""
+        for key in list(self._known):
+            self.add(key)
+
     def add_after(self, key: str, delay: float) -> None:
         """Enqueue ``key`` in ``delay`` seconds; an earlier pending schedule wins."""
         loop = asyncio.get_running_loop()

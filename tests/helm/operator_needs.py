@@ -46,10 +46,8 @@ def _rows(verbs: str, group: str, resource: str, scope: Scope, why: str, name: s
 
 NEEDS: tuple[Need, ...] = (
     # --- cluster-wide reads ---------------------------------------------------------------------
-    *_rows("list", "", "nodes", "cluster", "kube/observe.py read_cluster list_node"),
-    *_rows("watch", "", "nodes", "cluster", "handlers.py on_node"),
-    *_rows("list", "", "pods", "cluster", "kube/observe.py read_cluster list_pod_for_all_namespaces"),
-    *_rows("watch", "", "pods", "cluster", "handlers.py on_child (kopf watches pods clusterwide)"),
+    *_rows("list watch", "", "nodes", "cluster", "kube/cache.py ClusterCache.nodes (list_node)"),
+    *_rows("list watch", "", "pods", "cluster", "kube/cache.py ClusterCache.gpu_pods (list_pod_for_all_namespaces)"),
     *_rows(
         "list watch",
         "",
@@ -81,14 +79,11 @@ NEEDS: tuple[Need, ...] = (
     *_rows("create update delete", "", "configmaps", "workloads", "kube/apply.py Applier"),
     *_rows("create update delete", "", "secrets", "workloads", "kube/apply.py Applier"),
     *_rows("create update delete", "apps", "deployments", "workloads", "kube/apply.py Applier"),
-    *_rows("list", "", "pods", "workloads", "kube/observe.py read_children"),
-    *_rows("list", "", "services", "workloads", "kube/observe.py read_children"),
-    *_rows("list", "", "configmaps", "workloads", "kube/observe.py read_children"),
-    *_rows("list", "", "secrets", "workloads", "kube/observe.py read_children"),
-    *_rows("list", "apps", "deployments", "workloads", "kube/observe.py read_children"),
-    *_rows("watch", "", "pods", "workloads", "handlers.py on_child"),
-    *_rows("watch", "", "services", "workloads", "handlers.py on_child"),
-    *_rows("watch", "apps", "deployments", "workloads", "handlers.py on_child"),
+    *_rows("list watch", "", "pods", "workloads", "kube/cache.py ClusterCache.children"),
+    *_rows("list watch", "", "services", "workloads", "kube/cache.py ClusterCache.children"),
+    *_rows("list watch", "", "configmaps", "workloads", "kube/cache.py ClusterCache.children"),
+    *_rows("list watch", "", "secrets", "workloads", "kube/cache.py ClusterCache.children"),
+    *_rows("list watch", "apps", "deployments", "workloads", "kube/cache.py ClusterCache.children"),
     *_rows("create", "", "events", "workloads", "kube/apply.py Applier.event and kopf's event posting"),
     # --- the leader Lease -----------------------------------------------------------------------
     *_rows("create", "coordination.k8s.io", "leases", "lease", "leader.py create_namespaced_lease"),

@@ -101,6 +101,9 @@ def test_the_deployment_runs_drs_operator_with_every_setting_from_values(render:
             "operator.workers": 8,
             "operator.resyncSeconds": 30,
             "operator.watchTimeoutSeconds": 120,
+            "operator.api.maxInFlight": 8,
+            "operator.api.qps": 50,
+            "operator.api.burst": 75,
             "operator.verbose": True,
             "metrics.port": 9191,
             "health.port": 8181,
@@ -117,6 +120,9 @@ def test_the_deployment_runs_drs_operator_with_every_setting_from_values(render:
         "leader_election": True,
         "lease_namespace": "ops",
         "watch_timeout": 120,
+        "max_in_flight": 8,
+        "qps": 50.0,
+        "burst": 75,
         "verbose": True,
     }
 

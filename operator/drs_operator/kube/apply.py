@@ -1,9 +1,15 @@
 """Apply decided actions: create, replace, delete children; patch status; post Events.
 
 Every write goes through :class:`Applier`, which counts it (``drs_operator_api_writes_total``),
-so "a converged reconcile makes zero writes" is something a test can read off ``/metrics``.
-``AlreadyExists`` on create and ``NotFound`` on delete mean another actor (or an earlier run of
-this reconcile) got there first: both are success for a level-based reconcile.
+so "a converged reconcile makes zero writes" is something a test can read off ``/metrics``, and
+sends it within the client-side limits of one shared :class:`~drs_operator.kube.throttle.Throttle`
+(in flight, rate, retries of 429/5xx honouring ``Retry-After``). ``AlreadyExists`` on create and
+``NotFound`` on delete mean another actor (or an earlier run of this reconcile) got there first:
+both are success for a level-based reconcile.
+
+What the apiserver answers to a create or replace goes into the watch cache at once, and a
+deleted child shows as terminating there, so the next reconcile acts on its own writes even
+before their watch events arrive (``kube/informer.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from drs_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from drs_operator.kube.client import REQUEST_TIMEOUT_S
+from drs_operator.kube.cache import ClusterCache
+from drs_operator.kube.client import REQUEST_TIMEOUT_S, request_json
+from drs_operator.kube.throttle import Limits, Throttle
 from drs_operator.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
@@ -27,11 +35,28 @@ COMPONENT = "drs-operator"
 
 
 class Applier:
-    def __init__(self, api: client.ApiClient, metrics: OperatorMetrics) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        metrics: OperatorMetrics,
+        throttle: Throttle | None = None,
+        cache: ClusterCache | None = None,
+    ) -> None:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.metrics = metrics
+        self.throttle = throttle or Throttle(Limits())
+        self.cache = cache
+
+    async def _send(self, call: Callable[[], Any]) -> Manifest:
+        """One write within the throttle's limits; the answer's body as a dict."""
+        return await self.throttle.call(lambda: request_json(call()))
+
+    def _remember(self, obj: Manifest) -> None:
+        informer = self.cache.informer(obj["kind"], obj["metadata"]["namespace"]) if self.cache else None
+        if informer is not None:
+            informer.upsert({**obj, "kind": obj["kind"]})
 
     def _count(self, verb: str, kind: str) -> None:
         self.metrics.api_writes.labels(verb=verb, kind=kind).inc()
@@ -68,11 +93,16 @@ class Applier:
         create, _, _ = self._methods(obj["kind"])
         self._count("create", obj["kind"])
         try:
-            await create(obj["metadata"]["namespace"], obj, _request_timeout=REQUEST_TIMEOUT_S)
+            made = await self._send(
+                lambda: create(
+                    obj["metadata"]["namespace"], obj, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+                )
+            )
         except ApiException as exc:
             if exc.status == 409:
                 return False
             raise
+        self._remember({**made, "kind": obj["kind"]})
         return True
 
     async def replace(self, obj: Manifest, live: Manifest) -> None:
@@ -86,29 +116,46 @@ class Applier:
                     spec[key] = live["spec"][key]
             body["spec"] = spec
         self._count("replace", obj["kind"])
-        await replace(obj["metadata"]["name"], obj["metadata"]["namespace"], body, _request_timeout=REQUEST_TIMEOUT_S)
+        made = await self._send(
+            lambda: replace(
+                obj["metadata"]["name"],
+                obj["metadata"]["namespace"],
+                body,
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        )
+        self._remember({**made, "kind": obj["kind"]})
 
     async def delete(self, kind: str, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         _, _, delete = self._methods(kind)
         self._count("delete", kind)
         body = client.V1DeleteOptions(grace_period_seconds=grace_seconds, propagation_policy="Background")
         try:
-            await delete(name, namespace, body=body, _request_timeout=REQUEST_TIMEOUT_S)
+            await self._send(
+                lambda: delete(name, namespace, body=body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S)
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
+        informer = self.cache.informer(kind, namespace) if self.cache else None
+        if informer is not None:
+            informer.mark_deleting(namespace, name, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self._count("patch", "DisaggReplicaSet/status")
-        await self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
-            GROUP,
-            VERSION,
-            namespace,
-            PLURAL,
-            name,
-            {"status": status},
-            _content_type="application/merge-patch+json",
-            _request_timeout=REQUEST_TIMEOUT_S,
+        await self._send(
+            lambda: self.custom.patch_namespaced_custom_object_status(  # type: ignore[call-arg]
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": status},
+                _content_type="application/merge-patch+json",
+                _preload_content=False,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
         )
 
     async def event(self, owner: Manifest, type_: str, reason: str, message: str) -> None:
@@ -132,6 +179,10 @@ class Applier:
         )
         self._count("create", "Event")
         try:
-            await self.core.create_namespaced_event(meta["namespace"], body, _request_timeout=REQUEST_TIMEOUT_S)
+            await self._send(
+                lambda: self.core.create_namespaced_event(
+                    meta["namespace"], body, _preload_content=False, _request_timeout=REQUEST_TIMEOUT_S
+                )
+            )
         except (ApiException, OSError) as exc:
             log.warning("could not post event %s: %s", reason, exc)

@@ -7,12 +7,13 @@ from collections.abc import Awaitable
 from typing import Any, Final
 
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.config.config_exception import ConfigException
 
 #: Seconds for any single API request (reads and writes).
 REQUEST_TIMEOUT_S: Final = 30.0
-#: Pooled connections to the apiserver.
-CONNECTION_LIMIT: Final = 32
+#: Pooled connections to the apiserver (each watch of the caches holds one; writes share the rest).
+CONNECTION_LIMIT: Final = 64
 
 
 async def make_api_client() -> client.ApiClient:
@@ -29,9 +30,21 @@ async def make_api_client() -> client.ApiClient:
 async def as_json(call: Awaitable[Any]) -> dict[str, Any]:
     """Await an API call made with ``_preload_content=False`` and decode its body as a plain dict
     (the operator works on manifests as dicts, the same shape its pure builders produce)."""
+    return await request_json(call)
+
+
+async def request_json(call: Awaitable[Any]) -> dict[str, Any]:
+    """Like :func:`as_json`, and an answer outside 2xx raises :class:`ApiException` with its
+    status, headers (``Retry-After``) and body, as a call with preloaded content would."""
     resp = await call
     try:
-        data: dict[str, Any] = json.loads(await resp.read())
+        body = await resp.read()
+        if not 200 <= resp.status <= 299:
+            exc = ApiException(status=resp.status, reason=resp.reason)
+            exc.headers = resp.headers
+            exc.body = body.decode(errors="replace")
+            raise exc
+        data: dict[str, Any] = json.loads(body) if body else {}
     finally:
         resp.release()
     return data
