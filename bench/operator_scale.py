@@ -1,16 +1,24 @@
 """Benchmark: how fast the operator turns a large DisaggReplicaSet into children and a status.
 
-Not a test. It starts a private dev control plane (its own port range and state directory), with
-enough simulated 8-GPU nodes, and measures in one run:
+Not a test. It starts a private dev control plane (its own port range and state directory) with
+one simulated 8-GPU node per replica, and measures in one run:
 
-* ``apply_to_children_s``: ``kubectl apply`` of a 32-replica fleet (8 frontends per replica:
-  256 frontend URLs) until every child exists and ``status.urls`` lists all 256 URLs;
+* the baselines, from child manifests rendered by the operator's own pure builders (no owner):
+  ``serial_kubectl_apply_s``, one ``kubectl apply`` of them all (kubectl sends one object after
+  another), and ``parallel_server_side_apply_s``, ``--clients`` concurrent
+  ``kubectl apply --server-side`` processes splitting the same objects; each namespace is deleted
+  and gone before the next step, so every step starts on empty nodes;
+* ``apply_to_children_s``: ``kubectl apply`` of the DisaggReplicaSet until every child exists and
+  ``status.urls`` lists every frontend, and ``ratio_to_serial`` / ``ratio_to_parallel_ssa``;
 * ``apply_to_ready_s``: until ``status.phase`` is Ready (kwok runs the pods);
-* ``writes_per_pod``: the operator's write requests (its own counter) per pod of the fleet;
-* ``resync_writes``: writes during three full resyncs after convergence (should be 0);
-* the baseline: ``kubectl apply`` of the very same child manifests, rendered by the same pure
-  builders, in one bulk request stream, so ``ratio_to_baseline`` says what the operator adds over
-  the apiserver's own create throughput on this machine.
+* the operator's CPU seconds and RSS (``/proc``), and each control-plane process's CPU seconds
+  over apply→Ready (which component was busy), and the machine's load average;
+* ``writes_per_pod``: the operator's write requests (its own counter) per pod of the fleet, and
+  ``retries`` (429/5xx answers sent again);
+* ``resync``: three passes over the converged fleet: writes (should be 0), CPU seconds and
+  reconcile seconds per pass;
+* with ``--foreign-pods N``: N unrelated pods (no GPUs) bound to a CPU node, then the same
+  resync figures again, so reconcile cost with and without them can be compared.
 
 It ends by printing one JSON line with the figures.
 """
@@ -22,6 +30,7 @@ import json
 import os
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,15 +40,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
-from drs_devcluster import build  # noqa: E402
+from drs_devcluster import build, processes  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster  # noqa: E402
 from operator_harness import OperatorProcess, wait_for  # noqa: E402
 
-PORT_BASE = 25300
+PORT_BASE = int(os.environ.get("DRS_BENCH_PORT_BASE", "25300"))
+TICK = os.sysconf("SC_CLK_TCK")
+CHILD_KINDS = ("pods", "deployments", "services", "configmaps")
 
 
-def fleet(name: str, replicas: int, frontends: int) -> dict[str, Any]:
+def fleet(
+    name: str, replicas: int, frontends: int, prefill: tuple[int, int], decode: tuple[int, int]
+) -> dict[str, Any]:
     return {
         "apiVersion": "disagg.dev/v1alpha1",
         "kind": "DisaggReplicaSet",
@@ -47,30 +60,76 @@ def fleet(name: str, replicas: int, frontends: int) -> dict[str, Any]:
         "spec": {
             "replicas": replicas,
             "model": {"path": "/models/m"},
-            "prefill": {"engines": 1, "tensorParallelSize": 4},
-            "decode": {"engines": 2, "tensorParallelSize": 2},
+            "prefill": {"engines": prefill[0], "tensorParallelSize": prefill[1]},
+            "decode": {"engines": decode[0], "tensorParallelSize": decode[1]},
             "frontend": {"workers": frontends, "basePort": 20000},
             "topology": {"gpusPerNode": 8},
         },
     }
 
 
-def count_children(rc: RunningCluster, namespace: str, name: str) -> int:
-    out = rc.kubectl(
-        "get",
-        "pods,deployments,services,configmaps",
-        "-n",
-        namespace,
-        "-l",
-        f"disagg.dev/replicaset={name}",
-        "-o",
-        "name",
+# --------------------------------------------------------------------------- reading /proc
+def cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mib(pid: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                out[key] = round(int(value.split()[0]) / 1024, 1)
+    return out
+
+
+def cpu_of(pids: dict[str, int]) -> dict[str, float]:
+    return {name: cpu_s(pid) for name, pid in pids.items()}
+
+
+# --------------------------------------------------------------------------- cluster reads
+_CLIENTS: dict[str, Any] = {}
+
+
+def get_json(rc: RunningCluster, path: str, meta_only: bool = False) -> dict[str, Any]:
+    """GET ``path``; ``meta_only`` asks for metadata only (cheap to poll on a large list)."""
+    api = _CLIENTS.get(str(rc.kubeconfig))
+    if api is None:
+        api = _CLIENTS[str(rc.kubeconfig)] = rc.api_client()
+    headers = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"} if meta_only else {}
+    resp = api.call_api(
+        path,
+        "GET",
+        header_params=headers,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _return_http_data_only=True,
+        _request_timeout=60,
     )
-    return len(out.stdout.split())
+    data: dict[str, Any] = json.loads(resp.data)
+    return data
 
 
-def baseline(rc: RunningCluster, namespace: str, body: dict[str, Any]) -> tuple[float, int]:
-    """Create the same children with kubectl from manifests rendered by the operator's builders."""
+def count_children(rc: RunningCluster, namespace: str) -> int:
+    total = 0
+    for kind in CHILD_KINDS:
+        group = "/apis/apps/v1" if kind == "deployments" else "/api/v1"
+        items = get_json(rc, f"{group}/namespaces/{namespace}/{kind}?labelSelector=disagg.dev/replicaset", True)
+        total += len(items.get("items") or [])
+    return total
+
+
+def drs_status(rc: RunningCluster, namespace: str, name: str) -> dict[str, Any]:
+    body = get_json(rc, f"/apis/disagg.dev/v1alpha1/namespaces/{namespace}/disaggreplicasets/{name}")
+    status: dict[str, Any] = body.get("status") or {}
+    return status
+
+
+# --------------------------------------------------------------------------- baselines
+def children_manifests(rc: RunningCluster, namespace: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The fleet's children, rendered by the operator's pure builders, without an owner."""
     from drs_operator.manifests import Owner, desired_children
     from drs_operator.nodepool import nodes_from_manifests
     from drs_operator.placement import place
@@ -83,95 +142,201 @@ def baseline(rc: RunningCluster, namespace: str, body: dict[str, Any]) -> tuple[
 
     def placed() -> tuple[Any, Any] | None:
         # right after start-up the node lifecycle controller briefly taints nodes: wait it out
-        nodes = json.loads(rc.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        nodes = get_json(rc, "/api/v1/nodes")["items"]
         infos = nodes_from_manifests(nodes, topology=drs.spec.topology)
         placement = place(p, infos)
         return (infos, placement) if placement.complete else None
 
-    infos, placement = wait_for("every node to be schedulable", placed, timeout=120)
-    children = desired_children(
-        Owner(drs.metadata.name, namespace, "00000000-0000-0000-0000-000000000000"),
-        drs.spec,
-        p,
-        placement,
-        {n.name: n.address for n in infos if n.address},
-    )
+    infos, placement = wait_for("every node to be schedulable", placed, timeout=180)
+    owner = Owner(drs.metadata.name, namespace, "00000000-0000-0000-0000-000000000000")
+    addresses = {n.name: n.address for n in infos if n.address}
+    children = desired_children(owner, drs.spec, p, placement, addresses)
     items = []
     for kind in ("ConfigMap", "Service", "Pod", "Deployment"):
         for obj in children.all_of(kind).values():
             obj = json.loads(json.dumps(obj))
             obj["metadata"].pop("ownerReferences", None)  # no owner: the baseline has no DRS
             items.append(obj)
-    doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+    return items
+
+
+def in_namespace(items: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
+    return [{**i, "metadata": {**i["metadata"], "namespace": namespace}} for i in items]
+
+
+def serial_apply(rc: RunningCluster, namespace: str, items: list[dict[str, Any]]) -> float:
+    doc = json.dumps({"apiVersion": "v1", "kind": "List", "items": in_namespace(items, namespace)})
     t0 = time.monotonic()
-    rc.kubectl("apply", "-n", namespace, "-f", "-", input=doc, timeout=600)
-    return time.monotonic() - t0, len(items)
+    rc.kubectl("apply", "-n", namespace, "-f", "-", input=doc, timeout=900)
+    return time.monotonic() - t0
+
+
+def parallel_server_side_apply(rc: RunningCluster, namespace: str, items: list[dict[str, Any]], clients: int) -> float:
+    ordered = in_namespace(items, namespace)
+    shares = [ordered[i::clients] for i in range(clients)]
+    argv = [str(rc.bin_dir / "kubectl"), "apply", "--server-side", "--field-manager=bench", "-n", namespace, "-f", "-"]
+    t0 = time.monotonic()
+    procs = [
+        subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=rc.env)
+        for _ in shares
+    ]
+    for proc, share in zip(procs, shares, strict=True):
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": share}).encode())
+        proc.stdin.close()
+    for proc in procs:
+        _, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err.decode()
+    return time.monotonic() - t0
+
+
+def drop_namespace(rc: RunningCluster, namespace: str) -> None:
+    rc.kubectl("delete", "namespace", namespace, "--wait=true", "--timeout=900s", timeout=960)
+
+
+# --------------------------------------------------------------------------- the operator
+def resync_figures(op: OperatorProcess, pid: int, passes: int = 3) -> dict[str, float]:
+    time.sleep(1.0)  # let the pass that saw the last change finish
+    writes, reconciles, cpu = op.writes(), op.reconciles(), cpu_s(pid)
+    seconds = op.total("drs_operator_reconcile_duration_seconds_sum")
+    wait_for(f"{passes} resyncs", lambda: op.reconciles() >= reconciles + passes, timeout=600)
+    done = op.reconciles() - reconciles
+    return {
+        "passes": done,
+        "writes": op.writes() - writes,
+        "cpu_s_per_pass": round((cpu_s(pid) - cpu) / done, 3),
+        "reconcile_s_per_pass": round((op.total("drs_operator_reconcile_duration_seconds_sum") - seconds) / done, 3),
+    }
+
+
+def foreign_pods(rc: RunningCluster, count: int, clients: int) -> float:
+    """``count`` pods without GPUs bound to a CPU node kwok does not run (they stay Pending but
+    bound and unfinished, so they pass the operator's field-selected watch like running pods)."""
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "cpu-pool-0", "labels": {"pool": "cpu"}},
+        "spec": {"taints": [{"key": "pool", "value": "cpu", "effect": "NoSchedule"}]},
+    }
+    rc.kubectl("apply", "-f", "-", input=json.dumps(node))
+    rc.kubectl("create", "namespace", "foreign")
+    pods = [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"web-{i}", "namespace": "foreign", "labels": {"app": "web"}},
+            "spec": {
+                "nodeName": "cpu-pool-0",
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "web", "image": "nginx", "resources": {"requests": {"cpu": "10m"}}}],
+            },
+        }
+        for i in range(count)
+    ]
+    return parallel_server_side_apply(rc, "foreign", pods, clients)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--replicas", type=int, default=32)
-    ap.add_argument("--frontends", type=int, default=8)
+    ap.add_argument("--frontends", type=int, default=8, help="frontends per replica")
+    ap.add_argument("--prefill", default="1x4", help="engines x tensor parallel")
+    ap.add_argument("--decode", default="2x2", help="engines x tensor parallel")
+    ap.add_argument("--clients", type=int, default=8, help="parallel kubectl processes of the server-side baseline")
+    ap.add_argument("--foreign-pods", type=int, default=0)
+    ap.add_argument("--operator-args", default="", help="extra `drs operator` flags, space separated")
     args = ap.parse_args()
     n, f = args.replicas, args.frontends
+    prefill = tuple(int(x) for x in args.prefill.split("x"))
+    decode = tuple(int(x) for x in args.decode.split("x"))
+    body = fleet("big", n, f, prefill, decode)  # type: ignore[arg-type]
     state = Path(tempfile.mkdtemp(prefix="drs-bench-"))
     cluster = DevCluster.at(state, PORT_BASE, bin_dir=build.bin_dir())
     print(f"[bench] starting a private control plane with {n} 8-GPU nodes", file=sys.stderr, flush=True)
     cluster.up("hgx", n)
     rc = RunningCluster(cluster)
+    plane = {t.name: t.pid for t in processes.load(cluster.layout.pids_file)}
+    load_before = os.getloadavg()
     op: OperatorProcess | None = None
+    result: dict[str, Any] = {"bench": "operator_scale", "machine": f"{platform.machine()} {os.cpu_count()} cores"}
     try:
         rc.kubectl("apply", "-f", str(ROOT / "crds"))
         rc.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
-        for ns in ("bench-baseline", "bench"):
+        items = children_manifests(rc, "bench", body)
+        for ns in ("bench-serial", "bench-ssa", "bench"):
             rc.kubectl("create", "namespace", ns)
-        print("[bench] baseline: kubectl apply of the same children", file=sys.stderr, flush=True)
-        base_s, objects = baseline(rc, "bench-baseline", fleet("big", n, f))
-        rc.kubectl("delete", "namespace", "bench-baseline", "--wait=false")
-        op = OperatorProcess(rc, state / "operator.log", resync_s=2.0).start()
-        time.sleep(3)  # leadership acquired, watches listed
-        body = fleet("big", n, f)
+        print(f"[bench] serial kubectl apply of {len(items)} objects", file=sys.stderr, flush=True)
+        serial_s = serial_apply(rc, "bench-serial", items)
+        drop_namespace(rc, "bench-serial")
+        print(f"[bench] {args.clients} parallel kubectl apply --server-side", file=sys.stderr, flush=True)
+        ssa_s = parallel_server_side_apply(rc, "bench-ssa", items, args.clients)
+        drop_namespace(rc, "bench-ssa")
+
+        op = OperatorProcess(
+            rc, state / "operator.log", resync_s=5.0, extra_args=tuple(args.operator_args.split())
+        ).start()
+        assert op.proc is not None
+        pid = op.proc.pid
+        wait_for("the operator to lead with its caches listed", op.leading, timeout=120)
+        cpu0, plane0 = cpu_s(pid), cpu_of(plane)
         print(f"[bench] applying a {n}-replica fleet ({n * f} frontends)", file=sys.stderr, flush=True)
         t0 = time.monotonic()
         rc.kubectl("apply", "-n", "bench", "-f", "-", input=json.dumps(body))
 
         def published() -> bool:
-            st = json.loads(rc.kubectl("get", "drs", "big", "-n", "bench", "-o", "json").stdout).get("status") or {}
-            return len(st.get("urls", [])) == n * f and count_children(rc, "bench", "big") >= objects
+            urls = drs_status(rc, "bench", "big").get("urls", [])
+            return len(urls) == n * f and count_children(rc, "bench") >= len(items)
 
         wait_for("children and urls", published, timeout=900)
         t_children = time.monotonic() - t0
-
-        def ready() -> bool:
-            st = json.loads(rc.kubectl("get", "drs", "big", "-n", "bench", "-o", "json").stdout).get("status") or {}
-            return bool(st.get("phase") == "Ready")
-
-        wait_for("Ready", ready, timeout=900)
+        cpu_children = cpu_s(pid) - cpu0
+        wait_for("Ready", lambda: drs_status(rc, "bench", "big").get("phase") == "Ready", timeout=900)
         t_ready = time.monotonic() - t0
-        pods = len(rc.kubectl("get", "pods", "-n", "bench", "-o", "name").stdout.split())
+        cpu_ready, plane_ready = cpu_s(pid) - cpu0, cpu_of(plane)
+        pods = len(get_json(rc, "/api/v1/namespaces/bench/pods", True)["items"])
         writes = op.writes()
-        reconciles = op.reconciles()
-        wait_for("three resyncs", lambda: op is not None and op.reconciles() >= reconciles + 3, timeout=60)
-        resync_writes = op.writes() - writes
+        result.update(
+            replicas=n,
+            frontends=n * f,
+            engines_per_replica=prefill[0] + decode[0],
+            pods=pods,
+            child_objects=len(items),
+            serial_kubectl_apply_s=round(serial_s, 2),
+            parallel_server_side_apply_s=round(ssa_s, 2),
+            ssa_clients=args.clients,
+            apply_to_children_s=round(t_children, 2),
+            ratio_to_serial=round(t_children / serial_s, 2),
+            ratio_to_parallel_ssa=round(t_children / ssa_s, 2),
+            apply_to_ready_s=round(t_ready, 2),
+            operator_cpu_s_to_children=round(cpu_children, 2),
+            operator_cpu_s_to_ready=round(cpu_ready, 2),
+            operator_rss_mib=rss_mib(pid),
+            control_plane_cpu_s_to_ready={k: round(plane_ready[k] - plane0[k], 1) for k in plane},
+            writes_total=writes,
+            writes_per_pod=round(writes / pods, 3),
+            retries=op.total("drs_operator_api_retries_total"),
+            resync=resync_figures(op, pid),
+        )
+        if args.foreign_pods:
+            print(f"[bench] {args.foreign_pods} foreign pods", file=sys.stderr, flush=True)
+            seen = op.total('drs_operator_watch_events_total{cache="GpuPod"}')
+            result["foreign_pods"] = args.foreign_pods
+            result["foreign_pods_create_s"] = round(foreign_pods(rc, args.foreign_pods, args.clients), 1)
+            wait_for(
+                "the operator to see every foreign pod",
+                lambda: (
+                    op is not None
+                    and op.total('drs_operator_watch_events_total{cache="GpuPod"}') >= seen + args.foreign_pods
+                ),
+                timeout=600,
+            )
+            result["resync_with_foreign_pods"] = resync_figures(op, pid)
+            result["operator_rss_mib_with_foreign_pods"] = rss_mib(pid)
     finally:
         if op is not None:
             op.kill(signal.SIGTERM)
         cluster.down()
-    result = {
-        "bench": "operator_scale",
-        "machine": f"{platform.machine()} {os.cpu_count()} cores",
-        "replicas": n,
-        "frontends": n * f,
-        "pods": pods,
-        "child_objects": objects,
-        "apply_to_children_s": round(t_children, 2),
-        "apply_to_ready_s": round(t_ready, 2),
-        "baseline_kubectl_apply_s": round(base_s, 2),
-        "ratio_to_baseline": round(t_children / base_s, 2),
-        "writes_total": writes,
-        "writes_per_pod": round(writes / pods, 2),
-        "resync_writes": resync_writes,
-    }
+    result["load_average_before_after"] = [round(x, 1) for x in (*load_before, *os.getloadavg())]
     print(json.dumps(result))
 
 

@@ -57,6 +57,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
         opts.namespaces,
         on_owner=lambda namespace, name: queue.touch(_key(namespace, name)),
         on_nodes=queue.touch_all,
+        count_event=lambda cache: memo.metrics.watch_events.labels(cache=cache).inc(),
         watch_timeout_s=opts.watch_timeout_s,
     )
     memo.cache_task = asyncio.create_task(memo.cache.run())

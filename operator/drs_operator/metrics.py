@@ -16,6 +16,7 @@ class OperatorMetrics:
     api_writes: Counter
     api_retries: Counter
     api_in_flight: Gauge
+    watch_events: Counter
     replicas_desired: Gauge
     replicas_ready: Gauge
     placement_failures: Counter
@@ -45,6 +46,9 @@ class OperatorMetrics:
                 registry=r,
             ),
             api_in_flight=Gauge("drs_operator_api_in_flight", "Write requests in flight now", registry=r),
+            watch_events=Counter(
+                "drs_operator_watch_events", "Watch events received by the caches", ["cache"], registry=r
+            ),
             replicas_desired=Gauge("drs_operator_replicas_desired", "Replicas asked for", labels, registry=r),
             replicas_ready=Gauge("drs_operator_replicas_ready", "Replicas ready", labels, registry=r),
             placement_failures=Counter(

@@ -36,7 +36,15 @@ def free_port() -> int:
 class OperatorProcess:
     """One ``drs operator`` process; its metrics are read from its /metrics endpoint."""
 
-    def __init__(self, cluster: RunningCluster, log: Path, resync_s: float = 3.0, leader_election: bool = True) -> None:
+    def __init__(
+        self,
+        cluster: RunningCluster,
+        log: Path,
+        resync_s: float = 3.0,
+        leader_election: bool = True,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.log = log
         self.metrics_port = free_port()
@@ -55,13 +63,15 @@ class OperatorProcess:
             "--lease-namespace",
             "default",
             "--leader-election" if leader_election else "--no-leader-election",
+            *extra_args,
         ]
+        self.env = {**cluster.env, **(env or {})}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> OperatorProcess:
         out = self.log.open("ab")
         self.proc = subprocess.Popen(
-            self.args, env=self.cluster.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.args, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         wait_for("the operator's metrics endpoint", lambda: self.metrics() is not None, timeout=60)
         return self
@@ -93,6 +103,15 @@ class OperatorProcess:
     def reconciles(self) -> float:
         m = self.metrics() or {}
         return sum(v for k, v in m.items() if k.startswith("drs_operator_reconciles_total"))
+
+    def total(self, prefix: str) -> float:
+        """The sum of every sample whose name and labels start with ``prefix``."""
+        m = self.metrics() or {}
+        return sum(v for k, v in m.items() if k.startswith(prefix))
+
+    def leading(self) -> bool:
+        """Holds the Lease and its caches have listed once (reconciles may run)."""
+        return (self.metrics() or {}).get("drs_operator_leader") == 1.0
 
 
 @contextlib.contextmanager

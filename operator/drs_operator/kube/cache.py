@@ -130,12 +130,17 @@ class ClusterCache:
         *,
         on_owner: Callable[[str, str], None],
         on_nodes: Callable[[], None],
+        count_event: Callable[[str], None] | None = None,
         watch_timeout_s: int = 300,
     ) -> None:
         core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
         self.usage = GpuUsage()
         self._on_owner = on_owner
         self._on_nodes = on_nodes
+
+        def counter(cache: str) -> Callable[[], None] | None:
+            return (lambda: count_event(cache)) if count_event is not None else None
+
         cluster_wide: dict[str, Callable[..., Any]] = {
             "Pod": core.list_pod_for_all_namespaces,
             "Deployment": apps.list_deployment_for_all_namespaces,
@@ -164,12 +169,18 @@ class ClusterCache:
                     label_selector=LABEL_REPLICASET,
                     index=_owner_index,
                     on_change=self._child_changed,
+                    on_event=counter(kind),
                     watch_timeout_s=watch_timeout_s,
                 )
                 for ns, lister in listers.items()
             }
         self.nodes = Informer(
-            "Node", core.list_node, project=project_node, on_change=self._node_changed, watch_timeout_s=watch_timeout_s
+            "Node",
+            core.list_node,
+            project=project_node,
+            on_change=self._node_changed,
+            on_event=counter("Node"),
+            watch_timeout_s=watch_timeout_s,
         )
         self.gpu_pods = Informer(
             "Pod",
@@ -177,6 +188,7 @@ class ClusterCache:
             field_selector=BOUND_PODS,
             project=project_gpu_pod,
             on_change=self.usage.change,
+            on_event=counter("GpuPod"),
             watch_timeout_s=watch_timeout_s,
         )
 

@@ -83,9 +83,11 @@ class Informer:
         project: Projection = without_managed_fields,
         index: Callable[[Manifest], Hashable | None] | None = None,
         on_change: OnChange | None = None,
+        on_event: Callable[[], None] | None = None,
         watch_timeout_s: int = 300,
     ) -> None:
         self.kind = kind
+        self._on_event = on_event
         self._lister = lister
         self._selectors: dict[str, str] = {}
         if label_selector:
@@ -240,6 +242,8 @@ class Informer:
             raise ApiException(status=int(obj.get("code") or 0), reason=str(obj.get("message")))
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if type_ in ("ADDED", "MODIFIED", "DELETED"):
+            if self._on_event is not None:
+                self._on_event()
             self._apply(str(type_), obj)
         if rv:
             self.resource_version = str(rv)

@@ -8,6 +8,7 @@ frontend is useless before its engines exist, and engines read their ConfigMap a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -45,14 +46,18 @@ class Children:
     replicas: tuple[ReplicaChildren, ...]  #: placed replicas only
 
     def all_of(self, kind: str) -> dict[str, Manifest]:
-        """Every desired object of ``kind`` by name."""
-        out: dict[str, Manifest] = {}
+        """Every desired object of ``kind`` by name (a copy of the mapping; built once per
+        instance, since status and roll-out ask for it once per engine of a large fleet)."""
+        return dict(self._by_kind.get(kind, {}))
+
+    @functools.cached_property
+    def _by_kind(self) -> dict[str, dict[str, Manifest]]:
+        out: dict[str, dict[str, Manifest]] = {}
         items: list[Manifest] = [*self.configmaps, *self.services]
         for r in self.replicas:
             items += [*r.engine_pods, r.frontend_config, *r.frontend_deployments, *r.frontend_services]
         for m in items:
-            if m["kind"] == kind:
-                out[m["metadata"]["name"]] = m
+            out.setdefault(m["kind"], {})[m["metadata"]["name"]] = m
         return out
 
 

@@ -94,6 +94,8 @@ def overlay_pod_template(base: dict[str, Any], *overlays: Mapping[str, Any] | No
     owner references, command) is taken from ``base`` again afterwards, so an overlay cannot
     break placement or the protocol.
     """
+    if not any(overlays):
+        return base  # nothing to merge: ``base`` is what re-asserting it onto a copy would give
     merged = copy.deepcopy(base)
     for overlay in overlays:
         if overlay:
