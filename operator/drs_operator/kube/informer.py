@@ -184,6 +184,11 @@ class Informer:
                 log.warning("%s list/watch failed (%s); retrying in %.0fs", self.kind, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX_S, delay * 2)
+            except Exception:  # a bug: keep the cache alive, list afresh
+                log.exception("%s cache failed; listing again in %.0fs", self.kind, delay)
+                self.resource_version = None
+                await asyncio.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
 
     async def _list(self) -> None:
         fresh: dict[Key, Manifest] = {}
