@@ -6,7 +6,10 @@ concerns; workers take keys off the queue and reconcile them from scratch. Invar
 * a key is queued at most once, however many events arrive before a worker takes it (dedup);
 * a key is reconciled by at most one worker at a time; an event that arrives during a reconcile
   re-queues the key after the reconcile finishes ("dirty" bit), so no event is lost;
-* ``add_after`` schedules a key for later (requeue-after, periodic resync) without blocking.
+* ``add_after`` schedules a key for later (requeue-after, periodic resync) without blocking;
+* a key dirtied during its reconcile runs again only after as long as that reconcile took
+  (``done(key, took)``): while a large fleet's pods stream events, its passes take at most half
+  of a worker, and every event is still seen by the next pass.
 
 It lives in the operator's memory only: losing it on restart is safe because every known key is
 enqueued again when the watches replay their initial listing.
@@ -93,11 +96,14 @@ class WorkQueue:
             self._processing.add(key)
             return key
 
-    def done(self, key: str) -> None:
+    def done(self, key: str, took: float = 0.0) -> None:
         self._processing.discard(key)
         if key in self._dirty:
             self._dirty.discard(key)
-            self.add(key)
+            if took > 0:
+                self.add_after(key, took)
+            else:
+                self.add(key)
 
     def shutdown(self) -> None:
         for timer in self._timers.values():
@@ -111,15 +117,17 @@ async def run_workers(
     """Run ``count`` workers until ``stop`` is set. ``work(key)`` returns a requeue delay or None."""
 
     async def worker() -> None:
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
             key = await queue.get()
+            started = loop.time()
             try:
                 delay = await work(key)
             except Exception:  # a bug or an unexpected API failure: log it, retry later, keep the worker
                 log.exception("reconcile of %s failed; retrying in %.0fs", key, ERROR_REQUEUE_S)
                 delay = ERROR_REQUEUE_S
             finally:
-                queue.done(key)
+                queue.done(key, loop.time() - started)
             if delay is not None:
                 queue.add_after(key, delay)
 
