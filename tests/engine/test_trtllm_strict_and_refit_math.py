@@ -14,7 +14,7 @@ import httpx
 import pytest
 from drs_engine.backends.trtllm_surface import openai_model_fields
 from drs_engine.backends.trtllm_translate import check_worker_results, serialize_first_gen_log_probs
-from drs_engine.trtllm_worker.packing import (
+from drs_protocol.nemo_rl_refit import (
     RefitSpecError,
     TensorSpec,
     batch_bytes,

@@ -17,6 +17,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
+from drs_protocol.nemo_rl_refit import RefitSpecError, parse_state_dict_info
 
 from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
 from drs_engine.backends.trtllm_features import Features, detect_features
@@ -36,7 +37,6 @@ from drs_engine.backends.trtllm_translate import (
 )
 from drs_engine.config import EngineConfig
 from drs_engine.errors import BadRequestError, EngineError, NotSupportedError, UnavailableError, WeightsLoadError
-from drs_engine.trtllm_worker.packing import RefitSpecError, parse_state_dict_info
 from drs_engine.wire import RequestType
 
 log = logging.getLogger("drs_engine.trtllm")

@@ -11,7 +11,7 @@ IPC, ``reset_prefix_cache``, ``start_profile``/``stop_profile``) with:
   post-load hooks and a prefix-cache reset;
 * NeMo RL's collective refit, by the same names and arguments as NeMo RL's ``NcclExtension``
   (``init_collective``, ``prepare_refit_info``, ``update_weights_from_collective``), receiving
-  NeMo RL's packed broadcast (layout in :mod:`.packing`) without importing ``nemo_rl``.
+  NeMo RL's packed broadcast (layout in :mod:`drs_protocol.nemo_rl_refit`) without importing ``nemo_rl``.
 
 Every step returns ``True`` on success and ``False`` on failure (logged with the traceback); the
 engine treats a ``False`` from any worker as a failed operation. ``torch``, ``safetensors`` and
@@ -27,10 +27,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from tensorrt_llm._ray_utils import control_action_decorator
-from tensorrt_llm.llmapi.rlhf_utils import WorkerExtension
-
-from drs_engine.trtllm_worker.packing import (
+from drs_protocol.nemo_rl_refit import (
     Slot,
     TensorSpec,
     batch_bytes,
@@ -40,6 +37,8 @@ from drs_engine.trtllm_worker.packing import (
     target_packed_bytes,
     worker_rank,
 )
+from tensorrt_llm._ray_utils import control_action_decorator
+from tensorrt_llm.llmapi.rlhf_utils import WorkerExtension
 
 log = logging.getLogger("drs_engine.trtllm_worker")
 

@@ -1,4 +1,10 @@
-"""The pure arithmetic of a refit, shared by the engine (validation) and the worker extension.
+"""NeMo RL's collective-refit wire layout, as the trtllm engines receive it (pure arithmetic).
+
+The contract is between NeMo RL's trainer (external) and this project's TensorRT-LLM worker
+extension (``drs_engine.trtllm_worker``); the engine validates ``state_dict_info`` with it too.
+It is NOT :mod:`drs_protocol.weights_pack` (the ``torch`` backend's own refit: 256-byte aligned
+slots, bucket size and backend from the trainer's store): NeMo RL's collective path packs with no
+padding and sizes batches from the GPU's memory, as below.
 
 NeMo RL's non-colocated refit (``nemo_rl/utils/packed_tensor.py``, ``stateless_process_group.py``
 at the commit in ``trtllm_surface.json``) broadcasts the weights as packed ``uint8`` buffers:
