@@ -15,8 +15,9 @@ Algorithm
       ``r·F + f``.
     * Each role's TensorRT-LLM arguments are ``spec.trtllm.kwargs`` deep-merged with the role's
       ``trtllmKwargs`` (a nested block such as ``kv_cache_config`` adds to the shared block; any
-      other value replaces), then the typed knobs (parallelism, batch limits, memory fraction,
-      the model's maxModelLen and precision) are set on top.
+      other value replaces). The typed knobs (parallelism, batch limits, memory fraction, the
+      model's maxModelLen and precision) travel as typed fields of the engine config; the one
+      derivation of ``LLM(...)`` kwargs from both is ``drs_engine.backends.trtllm_translate.build_llm_kwargs``.
 
 Invariants (tested, including by hypothesis): slot indices are 0..N·(M+K)-1 in order; names are
 unique; frontend ports and node ids are unique and replica-major; the plan uses N × replica width
@@ -25,11 +26,12 @@ GPUs. ``tiling_problem`` states when a layout packs node by node without crossin
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from drs_protocol.trtllm_kwargs import deep_merge
 
 from drs_operator.api import names
 from drs_operator.api.constants import ROLES, Role
@@ -85,8 +87,8 @@ class RolePlan:
     role: Role
     engines: int  #: per replica
     width: int
-    #: The TensorRT-LLM LLM arguments of this role's engines (JSON-ready; do not mutate).
-    llm_kwargs: dict[str, Any] = field(hash=False)
+    #: The user's TensorRT-LLM arguments of this role, merged (JSON-ready; do not mutate).
+    trtllm_kwargs: dict[str, Any] = field(hash=False)
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,10 @@ def plan(spec: DisaggReplicaSetSpec, name: str) -> Plan:
     f_count = spec.frontend.workers
     roles = tuple(
         RolePlan(
-            role=role, engines=spec.role(role).engines, width=spec.role(role).width, llm_kwargs=llm_kwargs(spec, role)
+            role=role,
+            engines=spec.role(role).engines,
+            width=spec.role(role).width,
+            trtllm_kwargs=merged_kwargs(spec, role),
         )
         for role in ROLES
     )
@@ -188,47 +193,9 @@ def plan(spec: DisaggReplicaSetSpec, name: str) -> Plan:
 
 
 # --- TensorRT-LLM arguments -----------------------------------------------------------------
-def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
-    """``overlay`` over ``base``: nested mappings merge key by key; anything else is replaced."""
-    out: dict[str, Any] = copy.deepcopy(dict(base))
-    for key, value in overlay.items():
-        current = out.get(key)
-        if isinstance(value, Mapping) and isinstance(current, Mapping):
-            out[key] = deep_merge(current, value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def merged_kwargs(spec: DisaggReplicaSetSpec, role: Role) -> dict[str, Any]:
-    """``spec.trtllm.kwargs`` deep-merged with the role's ``trtllmKwargs`` (before typed knobs)."""
+    """``spec.trtllm.kwargs`` deep-merged with the role's ``trtllmKwargs``."""
     return deep_merge(spec.trtllm.kwargs, spec.role(role).trtllm_kwargs or {})
-
-
-def llm_kwargs(spec: DisaggReplicaSetSpec, role: Role) -> dict[str, Any]:
-    """The TensorRT-LLM LLM arguments of ``role``'s engines: merged kwargs plus the typed knobs."""
-    block = spec.role(role)
-    out = merged_kwargs(spec, role)
-    out["tensor_parallel_size"] = block.tensor_parallel_size
-    if block.moe_tensor_parallel_size is not None:
-        out["moe_tensor_parallel_size"] = block.moe_tensor_parallel_size
-    if block.moe_expert_parallel_size is not None:
-        out["moe_expert_parallel_size"] = block.moe_expert_parallel_size
-    if block.max_batch_size is not None:
-        out["max_batch_size"] = block.max_batch_size
-    if block.max_num_tokens is not None:
-        out["max_num_tokens"] = block.max_num_tokens
-    if block.gpu_memory_utilization is not None:
-        kv = out.get("kv_cache_config")
-        out["kv_cache_config"] = {
-            **(kv if isinstance(kv, Mapping) else {}),
-            "free_gpu_memory_fraction": block.gpu_memory_utilization,
-        }
-    if spec.model.max_model_len is not None:
-        out["max_seq_len"] = spec.model.max_model_len
-    if spec.model.precision.dtype is not None:
-        out["dtype"] = spec.model.precision.dtype
-    return out
 
 
 # --- tiling ---------------------------------------------------------------------------------

@@ -11,6 +11,9 @@ must spell or compute identically:
   engine and frontend parse (one key convention: camelCase, snake_case accepted);
 * ``control`` — request bodies of the engine control API;
 * ``errors`` — the one error body and the exception tree every server raises from;
+  ``fastapi_errors`` and ``body`` — how the FastAPI servers (engine, sidecar) answer errors and
+  read capped bodies (413);
+* ``trtllm_kwargs`` — the deep merge of TensorRT-LLM kwargs the operator and the engine both apply;
 * ``fields`` — wire field and header names; ``token_ids``, ``snowflake``, ``chat`` — what the
   frontend and the engine compute identically; ``listen`` — bind-first listening sockets.
 

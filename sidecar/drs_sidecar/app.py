@@ -22,6 +22,10 @@
 ``GET /metrics``            —                                         Prometheus (:mod:`.metrics`)
 ==========================  ========================================  ===================================
 
+Bodies are streamed against :data:`MAX_BODY_BYTES` (413 past it, like the engines); every refusal
+is an error of :mod:`drs_sidecar.errors`, answered in the one error body of
+:mod:`drs_protocol.errors` before any engine is called.
+
 Collective steps (:mod:`drs_sidecar.collective`) call every engine at once; the trainer joins
 the group with its own ranks while its call here is in flight. 409 when a refit runs, or for a
 prepare/update without a group.
@@ -38,23 +42,26 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Final, TypeVar
 
+from drs_protocol.body import read_body
 from drs_protocol.control import MemoryTags
+from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.routes import HEALTHZ, METRICS, ControlOp, TrainerRoute
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from drs_sidecar.collective import NotAllReady
-from drs_sidecar.fleet import FleetError
-from drs_sidecar.refit import MAX_VERSION_CHARS, NoGroup, RefitBusy, Refitter, Report
+from drs_sidecar.errors import BadRequestError, FleetError
+from drs_sidecar.refit import MAX_VERSION_CHARS, Refitter, Report
 
 log = logging.getLogger(__name__)
 
-#: Control bodies are small.
-MAX_BODY_BYTES = 64 * 1024
+#: Control bodies are small; larger gets 413.
+MAX_BODY_BYTES: Final = 64 * 1024
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class _Strict(BaseModel):
@@ -83,59 +90,32 @@ class CollectiveUpdate(_Strict):
     path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
 
 
-def _error(status: int, message: str, **extra: Any) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "code": status, **extra}}, status_code=status)
-
-
-async def _parse(request: Request, model: type[BaseModel]) -> Any:
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise ValueError(f"body: over {MAX_BODY_BYTES} bytes")
+async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
+    """The body (empty: ``{}``) as ``model``: 413 over :data:`MAX_BODY_BYTES`, 400 naming every
+    problem otherwise."""
+    raw = await read_body(request, MAX_BODY_BYTES)
     try:
         data = json.loads(raw or b"{}")
     except ValueError as exc:
-        raise ValueError(f"body: not valid JSON ({exc})") from None
+        raise BadRequestError(f"body: not valid JSON ({exc})") from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise ValueError(problems) from None
+        raise BadRequestError(problems) from None
 
 
-#: What a route refuses before any engine is called, and :func:`_refused` answers.
-REFUSALS = (ValueError, NotAllReady, RefitBusy, NoGroup, FleetError)
-
-
-def _refused(exc: Exception) -> JSONResponse:
-    """400 a bad body; 409 a refit running or no collective group; 503 the fleet unreadable or
-    not ready (naming the engines)."""
-    if isinstance(exc, ValueError):
-        return _error(400, str(exc))
-    if isinstance(exc, RefitBusy | NoGroup):
-        return _error(409, str(exc))
-    if isinstance(exc, NotAllReady):
-        return _error(503, str(exc), engines=[e.name for e in exc.engines])
-    return _error(503, str(exc))
-
-
-def _report(report: Report) -> JSONResponse:
-    return JSONResponse(report.as_dict(), status_code=200 if report.complete else 502)
+def report_response(report: Report, **extra: Any) -> JSONResponse:
+    """A fan-out's report: 200 when every engine did it, else 502."""
+    return JSONResponse({**report.as_dict(), **extra}, status_code=200 if report.complete else 502)
 
 
 def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
-    async def reconcile_forever() -> None:
-        while True:
-            await asyncio.sleep(reconcile_s)
-            try:
-                await refitter.reconcile_once()
-            except FleetError as exc:
-                log.warning("reconcile: %s", exc)
-            except Exception:
-                log.exception("reconcile failed")
+    """The trainer API over ``refitter``; its lifespan runs :func:`reconcile_forever`."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(reconcile_forever(), name="weights-reconcile")
+        task = asyncio.create_task(reconcile_forever(refitter, reconcile_s), name="weights-reconcile")
         try:
             yield
         finally:
@@ -146,95 +126,74 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
             await refitter.fleet.close()
 
     app = FastAPI(title="drs sidecar", lifespan=lifespan, docs_url=None, redoc_url=None)
+    install_error_handlers(app, log)
+    _add_refit_routes(app, refitter)
+    _add_collective_routes(app, refitter)
+    _add_broadcast_routes(app, refitter)
+    _add_status_routes(app, refitter)
+    return app
 
+
+async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
+    """Every ``interval_s``: bring engines at another version to the desired weights."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await refitter.reconcile_once()
+        except FleetError as exc:
+            log.warning("reconcile: %s", exc)
+        except Exception:
+            log.exception("reconcile failed")
+
+
+def _add_refit_routes(app: FastAPI, refitter: Refitter) -> None:
     @app.post(TrainerRoute.REFIT)
     async def refit(request: Request) -> Response:
-        try:
-            body: RefitRequest = await _parse(request, RefitRequest)
-            report = await refitter.refit(body.path, body.version)
-        except REFUSALS as exc:
-            return _refused(exc)
-        return _report(report)
+        body = await parse_body(request, RefitRequest)
+        return report_response(await refitter.refit(body.path, body.version))
 
+
+def _add_collective_routes(app: FastAPI, refitter: Refitter) -> None:
     @app.post(TrainerRoute.COLLECTIVE_INIT)
     async def collective_init(request: Request) -> Response:
-        try:
-            body: CollectiveInit = await _parse(request, CollectiveInit)
-            layout, report = await refitter.collective_init(body.ip, body.port, body.train_world_size)
-        except REFUSALS as exc:
-            return _refused(exc)
-        return JSONResponse(
-            {**report.as_dict(), "group": layout.as_dict()}, status_code=200 if report.complete else 502
-        )
-
-    async def collective(request: Request, model: type[BaseModel]) -> Response:
-        try:
-            body: Any = await _parse(request, model)
-            if isinstance(body, CollectivePrepare):
-                report = await refitter.collective_prepare(body.state_dict_info)
-            else:
-                report = await refitter.collective_update(
-                    body.version, drain=body.drain, recompute_kv=body.recompute_kv, path=body.path
-                )
-        except REFUSALS as exc:
-            return _refused(exc)
-        return _report(report)
+        body = await parse_body(request, CollectiveInit)
+        layout, report = await refitter.collective_init(body.ip, body.port, body.train_world_size)
+        return report_response(report, group=layout.as_dict())
 
     @app.post(TrainerRoute.COLLECTIVE_PREPARE)
     async def collective_prepare(request: Request) -> Response:
-        return await collective(request, CollectivePrepare)
+        body = await parse_body(request, CollectivePrepare)
+        return report_response(await refitter.collective_prepare(body.state_dict_info))
 
     @app.post(TrainerRoute.COLLECTIVE_UPDATE)
     async def collective_update(request: Request) -> Response:
-        return await collective(request, CollectiveUpdate)
+        body = await parse_body(request, CollectiveUpdate)
+        report = await refitter.collective_update(
+            body.version, drain=body.drain, recompute_kv=body.recompute_kv, path=body.path
+        )
+        return report_response(report)
 
-    async def broadcast(request: Request, op: ControlOp, model: type[MemoryTags] | None) -> Response:
-        try:
-            body = await _parse(request, model) if model is not None else None
-            return _report(await refitter.broadcast(op, body))
-        except REFUSALS as exc:
-            return _refused(exc)
 
+def _add_broadcast_routes(app: FastAPI, refitter: Refitter) -> None:
     @app.post(TrainerRoute.PREFIX_CACHE_RESET)
-    async def reset(request: Request) -> Response:
-        return await broadcast(request, ControlOp.RESET_PREFIX_CACHE, None)
+    async def reset() -> Response:
+        return report_response(await refitter.broadcast(ControlOp.RESET_PREFIX_CACHE))
 
     @app.post(TrainerRoute.SLEEP)
     async def sleep(request: Request) -> Response:
-        return await broadcast(request, ControlOp.RELEASE_MEMORY, MemoryTags)
+        body = await parse_body(request, MemoryTags)
+        return report_response(await refitter.broadcast(ControlOp.RELEASE_MEMORY, body))
 
     @app.post(TrainerRoute.WAKE)
     async def wake(request: Request) -> Response:
-        return await broadcast(request, ControlOp.RESUME_MEMORY, MemoryTags)
+        body = await parse_body(request, MemoryTags)
+        return report_response(await refitter.broadcast(ControlOp.RESUME_MEMORY, body))
 
+
+def _add_status_routes(app: FastAPI, refitter: Refitter) -> None:
     @app.get(TrainerRoute.FLEET)
     async def fleet() -> Response:
-        try:
-            engines = await refitter.fleet.engines()
-        except FleetError as exc:
-            return _error(503, str(exc))
-        versions = await asyncio.gather(*(refitter.control.weights_version(e.url) for e in engines if e.url))
-        served = {v.url: v.body.get("weights_version") for v in versions if v.ok}  # unanswered: None
-        desired = refitter.desired
-        return JSONResponse(
-            {
-                "desired": None if desired is None else {"path": desired.path, "version": desired.version},
-                "published": refitter.published,
-                "refitting": refitter.busy,
-                "collective_group": None if refitter.group is None else refitter.group.as_dict(),
-                "engines": [
-                    {
-                        "engine": e.name,
-                        "role": e.role,
-                        "replica": e.replica,
-                        "url": e.url,
-                        "ready": e.ready,
-                        "weights_version": served.get(e.url or ""),
-                    }
-                    for e in engines
-                ],
-            }
-        )
+        return JSONResponse(await fleet_view(refitter))
 
     @app.get(HEALTHZ)
     async def healthz() -> Response:
@@ -244,4 +203,28 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
     async def metrics() -> Response:
         return Response(refitter.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    return app
+
+async def fleet_view(refitter: Refitter) -> dict[str, Any]:
+    """``GET /v1/fleet``: every engine with the version it serves (None: it did not answer), and
+    the desired and published weights."""
+    engines = await refitter.fleet.engines()
+    versions = await asyncio.gather(*(refitter.control.weights_version(e.url) for e in engines if e.url))
+    served = {v.url: v.body.get("weights_version") for v in versions if v.ok}
+    desired = refitter.desired
+    return {
+        "desired": None if desired is None else {"path": desired.path, "version": desired.version},
+        "published": refitter.published,
+        "refitting": refitter.busy,
+        "collective_group": None if refitter.group is None else refitter.group.as_dict(),
+        "engines": [
+            {
+                "engine": e.name,
+                "role": e.role,
+                "replica": e.replica,
+                "url": e.url,
+                "ready": e.ready,
+                "weights_version": served.get(e.url or ""),
+            }
+            for e in engines
+        ],
+    }

@@ -92,7 +92,8 @@ async def _run(
 
     from drs_sidecar.app import build_app
     from drs_sidecar.control import ControlClient
-    from drs_sidecar.fleet import Fleet, FleetError, KubeFleet, StaticFleet
+    from drs_sidecar.errors import FleetError
+    from drs_sidecar.fleet import Fleet, KubeFleet, StaticFleet
     from drs_sidecar.metrics import SidecarMetrics
     from drs_sidecar.refit import Refitter
 

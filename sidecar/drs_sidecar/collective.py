@@ -23,16 +23,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from drs_sidecar.errors import NotAllReady, Refused
 from drs_sidecar.fleet import Engine
-
-
-class NotAllReady(Exception):
-    """A collective step needs every engine; these are not ready."""
-
-    def __init__(self, engines: Sequence[Engine]) -> None:
-        names = ", ".join(e.name for e in engines)
-        super().__init__(f"a collective refit needs every engine ready; not ready: {names}")
-        self.engines = list(engines)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,11 +60,11 @@ class GroupLayout:
 
 def group_layout(engines: Sequence[Engine], train_world_size: int) -> GroupLayout:
     """Each engine's ``rank_prefix`` and the group's ``world_size`` (``NotAllReady`` if any is
-    not ready; ``ValueError`` for no engines or a trainer without ranks)."""
+    not ready; :class:`Refused` for no engines or a trainer without ranks)."""
     if train_world_size < 1:
-        raise ValueError("train_world_size: must be at least 1 (the trainer's ranks broadcast)")
+        raise Refused("train_world_size: must be at least 1 (the trainer's ranks broadcast)")
     if not engines:
-        raise ValueError("no engines: the DisaggReplicaSet has none placed")
+        raise Refused("no engines: the DisaggReplicaSet has none placed")
     missing = [e for e in engines if not (e.ready and e.url)]
     if missing:
         raise NotAllReady(missing)

@@ -24,12 +24,10 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from drs_sidecar.errors import FleetError
+
 #: Seconds for one read or patch of the resource.
 KUBE_TIMEOUT_S: Final = 10.0
-
-
-class FleetError(Exception):
-    """The fleet cannot be read (the resource is missing, its status unparsable, the API down)."""
 
 
 @dataclass(frozen=True, slots=True)

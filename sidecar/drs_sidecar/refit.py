@@ -34,7 +34,8 @@ from drs_protocol.routes import ControlOp
 
 from drs_sidecar.collective import GroupLayout, group_layout
 from drs_sidecar.control import CallResult, ControlClient
-from drs_sidecar.fleet import Engine, Fleet, FleetError
+from drs_sidecar.errors import FleetError, NoGroup, RefitBusy, Refused
+from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.metrics import SidecarMetrics
 
 log = logging.getLogger(__name__)
@@ -44,14 +45,6 @@ MAX_VERSION_CHARS: Final = MAX_WEIGHTS_VERSION_CHARS
 #: Seconds before an engine whose catch-up load failed is tried again (doubling per failure).
 RETRY_BASE_S: Final = 5.0
 RETRY_MAX_S: Final = 300.0
-
-
-class RefitBusy(Exception):
-    """A refit is already running."""
-
-
-class NoGroup(Exception):
-    """A collective step before ``collective_init`` formed the group."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +106,11 @@ class Report:
 
 
 def check_weights(path: str, version: str) -> None:
-    """``ValueError`` naming the field for a refit request no engine would accept."""
+    """:class:`Refused` naming the field for a refit request no engine would accept."""
     if not path:
-        raise ValueError("path: must not be empty")
+        raise Refused("path: must not be empty")
     if not version or len(version) > MAX_VERSION_CHARS:
-        raise ValueError(f"version: must be 1 to {MAX_VERSION_CHARS} characters")
+        raise Refused(f"version: must be 1 to {MAX_VERSION_CHARS} characters")
 
 
 class Refitter:
@@ -140,10 +133,10 @@ class Refitter:
 
     async def refit(self, path: str, version: str) -> Report:
         """Load ``path`` as ``version`` on every ready engine; publish the version if all of the
-        fleet now serves it. Raises :class:`RefitBusy`, :class:`FleetError`, ``ValueError``."""
+        fleet now serves it. Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
         check_weights(path, version)
         if self._lock.locked():
-            raise RefitBusy("a refit is already running")
+            raise RefitBusy()
         async with self._lock:
             report = await self._fan_out(
                 ControlOp.LOAD_WEIGHTS,
@@ -171,9 +164,9 @@ class Refitter:
     # -- collective (NCCL) refit: see drs_sidecar.collective ----------------------------------
 
     async def collective_init(self, ip: str, port: int, train_world_size: int) -> tuple[GroupLayout, Report]:
-        """Every engine joins the trainer's NCCL group at its ranks (``NotAllReady``, ``ValueError``)."""
+        """Every engine joins the trainer's NCCL group at its ranks (``NotAllReady``, ``Refused``)."""
         if self._lock.locked():
-            raise RefitBusy("a refit is already running")
+            raise RefitBusy()
         async with self._lock:
             layout = group_layout(await self.fleet.engines(), train_world_size)
             bodies = {
@@ -216,7 +209,7 @@ class Refitter:
 
     async def _collective(self, op: ControlOp, body: PrepareRefitInfo | CollectiveUpdate) -> Report:
         if self._lock.locked():
-            raise RefitBusy("a refit is already running")
+            raise RefitBusy()
         async with self._lock:
             group = self.group
             if group is None:

@@ -22,7 +22,6 @@ from drs_engine.backends.trtllm_translate import (
     build_disaggregated_params_kwargs,
     build_llm_kwargs,
     build_sampling_params_kwargs,
-    deep_merge,
     dtype_for,
     finished_from_output,
     token_steps_from_output,
@@ -31,6 +30,7 @@ from drs_engine.backends.trtllm_translate import (
 from drs_engine.config import build_config
 from drs_engine.errors import BadRequestError
 from drs_engine.wire import ChatCompletionRequest, CompletionRequest, DisaggregatedParams
+from drs_protocol.trtllm_kwargs import deep_merge
 
 
 @dataclass

@@ -4,9 +4,9 @@ which refuse the collective steps with 501 (the sim has no GPU or NCCL) after va
 from __future__ import annotations
 
 import pytest
-from drs_sidecar.collective import NotAllReady, group_layout
+from drs_sidecar.collective import group_layout
+from drs_sidecar.errors import NoGroup, NotAllReady
 from drs_sidecar.fleet import Engine
-from drs_sidecar.refit import NoGroup
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from drs_sidecar.fleet import Engine, FleetError, engines_from_status
+from drs_sidecar.errors import FleetError
+from drs_sidecar.fleet import Engine, engines_from_status
 
 
 def engine(name: str, role: str, url: str | None, ready: bool) -> dict[str, Any]:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from drs_sidecar.errors import RefitBusy
 from drs_sidecar.fleet import Engine
-from drs_sidecar.refit import MAX_VERSION_CHARS, RefitBusy
+from drs_sidecar.refit import MAX_VERSION_CHARS
 
 from .conftest import TOKEN, as_engine, completion, refitter_over, served_version, sim_engine
 

@@ -13,6 +13,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from drs_cli.main import main as drs
+from drs_sidecar.app import MAX_BODY_BYTES
 
 from .conftest import TOKEN, served_version, sim_engine
 
@@ -87,6 +88,21 @@ async def test_bad_refit_bodies_get_400_naming_the_field(body: bytes, fragment: 
         assert response.status_code == 400
         assert fragment in response.json()["error"]["message"]
         assert (await client.get(url + "/healthz")).status_code == 200
+
+
+async def test_every_refusal_has_the_one_error_body_and_a_big_body_is_413_like_the_engines(token_file: Path) -> None:
+    async with sim_engine() as a, sidecar(a.url, token_file=token_file) as url, httpx.AsyncClient() as client:
+        big = await client.post(url + "/v1/refit", content=b'{"path": "' + b"x" * MAX_BODY_BYTES + b'"}')
+        bad = await client.post(url + "/v1/refit", content=b"{not json")
+        missing = await client.get(url + "/v1/nothing-here")
+        for response, status, kind in (
+            (big, 413, "request_too_large"),
+            (bad, 400, "invalid_request_error"),
+            (missing, 404, "not_found_error"),
+        ):
+            assert response.status_code == status, response.text
+            error = response.json()["error"]
+            assert (set(error), error["type"], error["code"]) == ({"message", "type", "param", "code"}, kind, status)
 
 
 async def test_an_engine_that_restarts_at_old_weights_is_brought_back_by_the_sidecar(

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from drs_engine.backends.trtllm_translate import build_llm_kwargs
 from drs_operator.api import DisaggReplicaSetSpec
 from drs_operator.api.constants import Role
-from drs_operator.plan import PlanError, deep_merge, plan, replica_count, tiling_problem
+from drs_operator.manifests.engines import build_engine_config
+from drs_operator.plan import PlanError, plan, replica_count, tiling_problem
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,7 +103,8 @@ def test_role_kwargs_deep_merge_over_the_shared_kwargs_and_typed_knobs_win() -> 
         },
     )
     p = plan(s, "ref")
-    decode = p.role(Role.DECODE).llm_kwargs
+    assert p.role(Role.DECODE).trtllm_kwargs["kv_cache_config"] == {"enable_block_reuse": True, "dtype": "fp8"}
+    decode = build_llm_kwargs(build_engine_config(s, p, Role.DECODE))  # the one derivation the engine runs
     assert decode["kv_cache_config"] == {"enable_block_reuse": True, "dtype": "fp8", "free_gpu_memory_fraction": 0.8}
     assert decode["x"] == [2], "lists are replaced, not appended"
     assert decode["cache_transceiver_config"] == {"backend": "NIXL"}
@@ -111,21 +114,14 @@ def test_role_kwargs_deep_merge_over_the_shared_kwargs_and_typed_knobs_win() -> 
         2,
     )
     assert (decode["max_batch_size"], decode["max_seq_len"], decode["dtype"]) == (64, 4096, "bfloat16")
-    prefill = p.role(Role.PREFILL).llm_kwargs
+    prefill = build_llm_kwargs(build_engine_config(s, p, Role.PREFILL))
     assert prefill["kv_cache_config"] == {"enable_block_reuse": True} and prefill["x"] == [1]
-    assert "max_batch_size" not in prefill and prefill["tensor_parallel_size"] == 4
+    assert prefill["max_batch_size"] == 256 and prefill["tensor_parallel_size"] == 4  # the engine default
 
 
 def test_a_pre_quantized_precision_leaves_dtype_to_the_checkpoint() -> None:
-    p = plan(spec(model={"path": "/m", "precision": "fp8"}), "ref")
-    assert "dtype" not in p.role(Role.PREFILL).llm_kwargs
-
-
-def test_deep_merge_does_not_mutate_its_inputs() -> None:
-    base = {"a": {"b": 1}}
-    overlay = {"a": {"c": 2}}
-    assert deep_merge(base, overlay) == {"a": {"b": 1, "c": 2}}
-    assert base == {"a": {"b": 1}} and overlay == {"a": {"c": 2}}
+    s = spec(model={"path": "/m", "precision": "fp8"})
+    assert build_llm_kwargs(build_engine_config(s, plan(s, "ref"), Role.PREFILL))["dtype"] == "auto"
 
 
 @pytest.mark.parametrize(

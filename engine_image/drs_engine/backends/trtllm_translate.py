@@ -1,7 +1,9 @@
 """Translation between this server and TensorRT-LLM's LLM API, as plain functions.
 
 Nothing here imports ``tensorrt_llm``: these functions build the keyword arguments of
-``LLM(...)``, ``SamplingParams(...)``, ``DisaggregatedParams(...)`` and ``ConversationParams(...)``
+``LLM(...)`` (:func:`build_llm_kwargs`: the one derivation from the engine config; the operator
+renders the typed fields and the user's merged kwargs and derives nothing itself),
+``SamplingParams(...)``, ``DisaggregatedParams(...)`` and ``ConversationParams(...)``
 from our config and requests, and read TensorRT-LLM's result objects (``RequestOutput`` with its
 ``outputs[0]`` ``CompletionOutput``) by attribute into backend events. They run in the unit
 tests without TensorRT-LLM; :mod:`.trtllm` applies them to the real classes on a GPU machine.
@@ -21,6 +23,8 @@ import binascii
 import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
+
+from drs_protocol.trtllm_kwargs import deep_merge
 
 from drs_engine.backends.base import ContextHandoff, LegFinished, TokenStep
 from drs_engine.backends.trtllm_surface import worker_extension_class
@@ -45,20 +49,10 @@ DEFAULT_SLEEP_CONFIG: Final[dict[str, Any]] = {"restore_modes": {"kv_cache": "NO
 
 
 def dtype_for(precision: str) -> str:
+    """TensorRT-LLM's ``dtype`` for a precision: a plain dtype, else ``auto`` (the checkpoint's)."""
     p = precision.strip().lower()
     p = _DTYPE_ALIASES.get(p, p)
     return p if p in _PLAIN_DTYPES else "auto"
-
-
-def deep_merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    """``override`` laid over ``base``; nested mappings merge, everything else is replaced."""
-    out: dict[str, Any] = copy.deepcopy(dict(base))
-    for key, value in override.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 def build_llm_kwargs(config: EngineConfig) -> dict[str, Any]:

@@ -24,10 +24,9 @@ from typing import Any
 
 from drs_protocol import routes
 from drs_protocol.errors import error_body
+from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -61,7 +60,7 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
 
     app = FastAPI(title="drs engine", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = state
-    _register_errors(app)
+    install_error_handlers(app, log)
 
     async def chat(request: Request) -> Response:
         return await serving.serve(state, request, chat=True)
@@ -151,31 +150,3 @@ def _transceiver(backend: Any) -> str:
     if backend.name == "torch":
         return "torch kv fetch (cuda_ipc on one host, else http)"
     return "trtllm cache transceiver"
-
-
-def _register_errors(app: FastAPI) -> None:
-    async def http_error(_: Request, exc: Exception) -> Response:
-        status = getattr(exc, "status_code", 500)
-        detail = getattr(exc, "detail", None) or "error"
-        kind = "not_found_error" if status == 404 else "invalid_request_error"
-        return JSONResponse(error_body(status, str(detail), type_=kind), status_code=status)
-
-    async def invalid_params(_: Request, exc: Exception) -> Response:
-        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-        first = errors[0] if errors else {}
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("path", "query", "body"))
-        message = f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(first.get("msg", "invalid request"))
-        return JSONResponse(error_body(400, message, param=loc or None), status_code=400)
-
-    async def engine_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, EngineError)
-        return JSONResponse(exc.to_body(), status_code=exc.status)
-
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse(error_body(500, f"internal error: {type(exc).__name__}: {exc}"), status_code=500)
-
-    app.add_exception_handler(StarletteHTTPException, http_error)
-    app.add_exception_handler(RequestValidationError, invalid_params)
-    app.add_exception_handler(EngineError, engine_error)
-    app.add_exception_handler(Exception, unexpected)

@@ -3,8 +3,8 @@
 Called by the trainer-side sidecar on every engine (never through a frontend). Every route needs
 ``Authorization: Bearer <token>``; the token comes from ``--control-token-file`` or the
 environment (:data:`drs_protocol.env.CONTROL_TOKEN`). Paths and operation names are
-:mod:`drs_protocol.routes`'s, bodies :mod:`drs_protocol.control`'s. No header → 401; a wrong token → 403; an engine
-started without a token refuses the whole control API (403 saying so). Calls are serialised: one
+:mod:`drs_protocol.routes`'s, bodies :mod:`drs_protocol.control`'s. No header → 401; a wrong
+token → 403; an engine started without a token refuses the whole control API (403 saying so). Calls are serialised: one
 ``asyncio.Lock`` per server, so two overlapping updates run one after the other and both report.
 
 ==========================================  ==================================================  =====
@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from drs_protocol import env
+from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, LoadWeights, MemoryTags, PrepareRefitInfo
 from drs_protocol.limits import MAX_CONTROL_BODY_BYTES
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
@@ -45,7 +46,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from drs_engine.errors import EngineError, ForbiddenError, UnauthorizedError
-from drs_engine.server.body import parse_json_object, read_body, validate
+from drs_engine.server.body import validate
 from drs_engine.server.state import EngineState
 
 Action = Callable[[Any], Awaitable[dict[str, Any]]]

@@ -21,6 +21,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
 from drs_protocol import fields, lifecycle
+from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.chat import ChatTemplateError, decode_token_ids, render_completion_ids, render_prompt_ids, token_text
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 from starlette.requests import Request
@@ -29,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from drs_engine.backends.base import LegEvent, LegFinished, LegRequest, TokenStep
 from drs_engine.errors import BadRequestError, ContextLengthError, EngineError
 from drs_engine.server import responses
-from drs_engine.server.body import parse_json_object, read_body, validate
+from drs_engine.server.body import validate
 from drs_engine.server.detok import IncrementalDetokenizer
 from drs_engine.server.state import EngineState
 from drs_engine.wire import ChatCompletionRequest, CompletionRequest, EngineRequest, RequestType

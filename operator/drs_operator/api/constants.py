@@ -137,11 +137,6 @@ class Precision(StrEnum):
     FP8 = "fp8"
     NVFP4 = "nvfp4"
 
-    @property
-    def dtype(self) -> str | None:
-        """TensorRT-LLM's ``dtype`` argument for this precision (``None``: leave it to the checkpoint)."""
-        return self.value if self in (Precision.BFLOAT16, Precision.FLOAT16, Precision.FLOAT32) else None
-
 
 # --- defaults -------------------------------------------------------------------------------
 DEFAULT_BASE_PORT: Final = 8300

@@ -53,7 +53,7 @@ def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> E
     """The engine configuration of ``role``: the model ``drs engine`` parses, validated here, with
     only the fields the spec sets (the engine's defaults stand for the rest)."""
     block = spec.role(role)
-    kwargs = dict(plan.role(role).llm_kwargs)
+    kwargs = dict(plan.role(role).trtllm_kwargs)
     transceiver = kwargs.pop("cache_transceiver_config", None)
     model: dict[str, Any] = {"path": spec.model.path, "precision": str(spec.model.precision)}
     for name in ("tokenizer", "max_model_len", "served_name"):
