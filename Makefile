@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install controlplane test lint typecheck unit demo demo-down bench crd clean gpu
+.PHONY: install controlplane test lint typecheck unit demo demo-down bench crd clean gpu gpu-tests gpu-bench
 
 install: $(STAMP)
 
@@ -55,10 +55,16 @@ GPU_PYTHON ?= python3
 GPU_OUT ?= $(if $(OUT),$(OUT),gpu-results)
 GPU_ENV := NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 
-gpu:
+gpu: gpu-tests gpu-bench
+
+# --confcutdir: the GPU suite needs none of the cluster fixtures (nor their packages).
+gpu-tests:
 	mkdir -p $(GPU_OUT)
-	set -o pipefail; $(GPU_ENV) $(GPU_PYTHON) -m pytest tests/gpu -p no:cacheprovider -rs -v \
+	set -o pipefail; $(GPU_ENV) $(GPU_PYTHON) -m pytest tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -rs -v \
 		--junitxml=$(GPU_OUT)/gpu-tests.xml 2>&1 | tee $(GPU_OUT)/gpu-tests.log
+
+gpu-bench:
+	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_ENV) $(GPU_PYTHON) bench/gpu_disagg.py 2>$(GPU_OUT)/gpu_disagg.log | tee $(GPU_OUT)/gpu_disagg.json
 
 crd: install

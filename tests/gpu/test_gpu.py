@@ -1,0 +1,150 @@
+"""The ``torch`` backend on CUDA GPUs: engines as ``drs engine`` processes, one GPU each.
+
+Run by ``make gpu`` on a machine with two GPUs; skipped elsewhere, saying why. What they prove:
+decoding from handed-off KV gives exactly one engine's tokens over both transports (CUDA IPC
+GPU to GPU, and HTTP bytes); a later turn reuses its prefix's KV; a collective refit driven by
+``drs sidecar`` with the example trainer serves exactly the trainer's weights (NCCL with the
+trainer on GPU 0 and an engine on GPU 1; gloo for a two-engine fleet, since NCCL refuses two
+ranks on one GPU and the fleet plus the trainer need three); sleep frees the GPU memory and wake
+gives the same tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch", reason="the GPU tests need PyTorch (pip install '.[gpu]')")
+
+from drs_engine.backends.torch_model import SIZES, expected_shapes  # noqa: E402
+
+from . import procs  # noqa: E402
+from .conftest import COMPLETIONS, completion_body, prompt_ids  # noqa: E402
+
+
+def gpus(n: int) -> pytest.MarkDecorator:
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return pytest.mark.skipif(have < n, reason=f"needs {n} CUDA GPU(s), this machine has {have}")
+
+
+pytestmark = pytest.mark.gpu
+MODEL = "random:0.6b"
+
+
+async def tokens(client: httpx.AsyncClient, url: str, ids: list[int], **extra: Any) -> list[int]:
+    response = await client.post(url + COMPLETIONS, json=completion_body(ids, **extra))
+    assert response.status_code == 200, response.text
+    return list(response.json()["choices"][0]["token_ids"])
+
+
+async def disaggregated(
+    client: httpx.AsyncClient, prefill: str, decode: str, ids: list[int], **extra: Any
+) -> list[int]:
+    ctx = await client.post(
+        prefill + COMPLETIONS, json=completion_body(ids, **extra, disaggregated_params={"request_type": "context_only"})
+    )
+    assert ctx.status_code == 200, ctx.text
+    dp = ctx.json()["choices"][0]["disaggregated_params"]
+    gen = await client.post(
+        decode + COMPLETIONS,
+        json=completion_body(ids, **extra, disaggregated_params={**dp, "request_type": "generation_only"}),
+    )
+    assert gen.status_code == 200, gen.text
+    return list(gen.json()["choices"][0]["token_ids"])
+
+
+@gpus(2)
+@pytest.mark.parametrize("transport", ["auto", "http"])
+async def test_decoding_from_handed_off_kv_equals_one_engine(transport: str) -> None:
+    ids = prompt_ids(2048)
+    async with (
+        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL)) as p,
+        procs.engine(procs.engine_config("decode", "cuda:1", MODEL, kvTransport=transport)) as d,
+        httpx.AsyncClient(timeout=300) as client,
+    ):
+        single = await tokens(client, p, ids, max_tokens=48)
+        split = await disaggregated(client, p, d, ids, max_tokens=48)
+        assert split == single and len(set(single)) > 1
+        info = (await client.get(d + "/server_info")).json()["engine"]
+        used = "cuda_ipc" if transport == "auto" else "http"
+        assert info["kv_transfers"][used]["count"] == 1, info["kv_transfers"]
+
+
+@gpus(1)
+async def test_a_later_turn_reuses_its_prefix_kv_on_the_gpu() -> None:
+    first = prompt_ids(1000)
+    later = first + prompt_ids(300, offset=40000)
+    config = procs.engine_config("prefill", "cuda:0", "random:small", precision="float32", tokensPerBlock=64)
+    async with (
+        procs.engine(config) as cached,
+        procs.engine({**config, "torch": {**config["torch"], "cacheCapacityTokens": 0}}) as uncached,
+        httpx.AsyncClient(timeout=300) as client,
+    ):
+        await tokens(client, cached, first)
+        response = await client.post(cached + COMPLETIONS, json=completion_body(later))
+        assert response.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 960  # 15 blocks of 64
+        assert response.json()["choices"][0]["token_ids"] == await tokens(client, uncached, later)
+
+
+async def _refit_through_sidecar(engines: list[str], backend: str, tmp_path: Path, client: httpx.AsyncClient) -> None:
+    ids = prompt_ids(300)
+    before = [await tokens(client, url, ids) for url in engines]
+    async with procs.sidecar(*engines) as sidecar:
+        report = await procs.run_trainer(
+            sidecar, "--model", MODEL, "--seed", "77", "--device", "cuda:0", "--backend", backend,
+            "--save", str(tmp_path / "step-77"),
+        )  # fmt: skip
+    assert report["world_size"] == 1 + len(engines) and report["engines_ok"] == len(engines), report
+    after = [await tokens(client, url, ids) for url in engines]
+    assert all(a != b for a, b in zip(after, before, strict=True))
+    load = await client.post(
+        engines[0] + "/control/weights/load",
+        headers=procs.auth(),
+        json={"path": str(tmp_path / "step-77"), "version": "disk"},
+    )
+    assert load.status_code == 200, load.text
+    assert await tokens(client, engines[0], ids) == after[0]  # the broadcast weights are the checkpoint's
+    assert len({tuple(t) for t in after}) == 1  # every engine serves the same new weights
+
+
+@gpus(2)
+async def test_an_nccl_refit_through_drs_sidecar_serves_the_trainers_weights(tmp_path: Path) -> None:
+    async with (
+        procs.engine(procs.engine_config("decode", "cuda:1", MODEL)) as e,
+        httpx.AsyncClient(timeout=600) as client,
+    ):
+        await _refit_through_sidecar([e], "nccl", tmp_path, client)
+
+
+@gpus(2)
+async def test_a_two_engine_fleet_refits_through_drs_sidecar(tmp_path: Path) -> None:
+    async with (
+        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL)) as a,
+        procs.engine(procs.engine_config("decode", "cuda:1", MODEL)) as b,
+        httpx.AsyncClient(timeout=600) as client,
+    ):
+        await _refit_through_sidecar([a, b], "gloo", tmp_path, client)
+
+
+@gpus(2)
+async def test_sleep_frees_the_gpu_memory_and_wake_gives_the_same_tokens() -> None:
+    ids = prompt_ids(500)
+    async with (
+        procs.engine(procs.engine_config("decode", "cuda:1", MODEL)) as e,
+        httpx.AsyncClient(timeout=300) as client,
+    ):
+        before = await tokens(client, e, ids)
+        free_awake = torch.cuda.mem_get_info(1)[0]
+        sleep = await client.post(e + "/control/memory/release", headers=procs.auth(), json={})
+        assert sleep.status_code == 200, sleep.text
+        free_asleep = torch.cuda.mem_get_info(1)[0]
+        weights = 2 * sum(math.prod(shape) for shape in expected_shapes(SIZES["0.6b"]).values())  # bfloat16
+        assert free_asleep - free_awake >= 0.9 * weights, (free_awake, free_asleep, sleep.json())
+        wake = await client.post(e + "/control/memory/resume", headers=procs.auth(), json={})
+        assert wake.status_code == 200
+        assert torch.cuda.mem_get_info(1)[0] < free_asleep - 0.9 * weights
+        assert await tokens(client, e, ids) == before
