@@ -43,16 +43,24 @@ DECODE_TOKENS = 64
 COMPLETIONS = "/v1/completions"
 
 
+#: Two GPUs: the decode engine and the refit's engine are on GPU 1 (KV and weights cross NVLink).
+#: One GPU: everything on GPU 0, the baseline a device-to-device copy, the refit over gloo (NCCL
+#: refuses two ranks on one GPU); the JSON line says which.
+TWO_GPUS = torch.cuda.device_count() >= 2
+DECODE = "cuda:1" if TWO_GPUS else "cuda:0"
+REFIT_BACKEND = "nccl" if TWO_GPUS else "gloo"
+
+
 def peer_copy_gbps(nbytes: int, repeats: int = 20) -> float:
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda:0")
-    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda:1")
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=DECODE)
     times = []
     for i in range(repeats + 3):
         torch.cuda.synchronize(0)
-        torch.cuda.synchronize(1)
+        torch.cuda.synchronize(DECODE)
         started = time.perf_counter()
         dst.copy_(src)
-        torch.cuda.synchronize(1)
+        torch.cuda.synchronize(DECODE)
         if i >= 3:
             times.append(time.perf_counter() - started)
     assert torch.equal(dst[:1024].cpu(), src[:1024].cpu())
@@ -141,7 +149,7 @@ async def batching(client: httpx.AsyncClient, url: str) -> dict[str, float]:
 async def refit(client: httpx.AsyncClient, engine_url: str) -> dict[str, Any]:
     async with procs.sidecar(engine_url) as sidecar:
         report = await procs.run_trainer(
-            sidecar, "--model", MODEL, "--seed", "5", "--device", "cuda:0", "--backend", "nccl", "--updates", "3"
+            sidecar, "--model", MODEL, "--seed", "5", "--device", "cuda:0", "--backend", REFIT_BACKEND, "--updates", "3"
         )
     info = (await client.get(engine_url + "/server_info")).json()["engine"]["last_refit"]
     return {"trainer": report, "engine": info}
@@ -153,8 +161,8 @@ async def main() -> dict[str, Any]:
     no_cache = {"cacheCapacityTokens": 0}
     async with (
         procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **no_cache)) as p,
-        procs.engine(procs.engine_config("decode", "cuda:1", MODEL, kvTransport="cuda_ipc", **no_cache)) as d_ipc,
-        procs.engine(procs.engine_config("decode", "cuda:1", MODEL, kvTransport="http", **no_cache)) as d_http,
+        procs.engine(procs.engine_config("decode", DECODE, MODEL, kvTransport="cuda_ipc", **no_cache)) as d_ipc,
+        procs.engine(procs.engine_config("decode", DECODE, MODEL, kvTransport="http", **no_cache)) as d_http,
         httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
     ):
         served = await serving(client, p, d_ipc, d_http)
@@ -169,6 +177,7 @@ async def main() -> dict[str, Any]:
         "gpus": torch.cuda.device_count(),
         "torch": torch.__version__,
         "model": f"{MODEL} bfloat16",
+        "baseline_copy": "GPU0->GPU1 peer copy" if TWO_GPUS else "GPU0 device-to-device copy (one GPU)",
         "peer_copy_gbps": peer,
         "kv_handoff": {
             t: {"gbps": g, "ratio_to_peer_copy": round(g / base, 3), "tokens": SIZES[-1]}
@@ -177,6 +186,7 @@ async def main() -> dict[str, Any]:
         "refit": {
             "gbps": refit_gbps,
             "ratio_to_peer_copy": round(refit_gbps / base, 3),
+            "backend": REFIT_BACKEND,
             "bytes": refitted["trainer"]["bytes"],
             "buckets": refitted["trainer"]["buckets"],
             "engine_receive_gbps": refitted["engine"].get("gb_per_s") if refitted["engine"] else None,
