@@ -64,7 +64,9 @@ async def disaggregated(
 async def test_decoding_from_handed_off_kv_equals_one_engine(transport: str) -> None:
     ids = prompt_ids(2048)
     async with (
-        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL)) as p,
+        # no prefix cache on the prefill engine: the context leg would reuse the first run's KV
+        # blocks and compute only the last token (a different kernel path, other bf16 rounding)
+        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, cacheCapacityTokens=0)) as p,
         procs.engine(procs.engine_config("decode", f"cuda:{DECODE_GPU}", MODEL, kvTransport=transport)) as d,
         httpx.AsyncClient(timeout=300) as client,
     ):
@@ -147,7 +149,8 @@ async def test_sleep_frees_the_gpu_memory_and_wake_gives_the_same_tokens() -> No
         free_asleep = torch.cuda.mem_get_info(gpu)[0]
         weights = 2 * sum(math.prod(shape) for shape in expected_shapes(SIZES["0.6b"]).values())  # bfloat16
         assert free_asleep - free_awake >= 0.9 * weights, (free_awake, free_asleep, sleep.json())
+        assert sleep.json()["result"]["gpu_allocated_bytes"] < 0.1 * weights  # the engine holds ~nothing
         wake = await client.post(e + "/control/memory/resume", headers=procs.auth(), json={})
         assert wake.status_code == 200
-        assert torch.cuda.mem_get_info(gpu)[0] < free_asleep - 0.9 * weights
+        assert wake.json()["result"]["gpu_allocated_bytes"] >= weights  # the weights are back on the GPU
         assert await tokens(client, e, ids) == before

@@ -215,7 +215,8 @@ class TorchBackend(EngineBackend):
             seq.kv, seq.weights_gen, seq.boundary = fresh, self._weights_gen, len(seq.generated)
         if seq.length < capacity:
             return
-        bigger = new_kv(self._shape, capacity + self._spec.decode_growth_tokens, device=self._device, dtype=self._dtype)
+        grown = max(seq.grow_to, capacity + self._spec.decode_growth_tokens)
+        bigger = new_kv(self._shape, grown, device=self._device, dtype=self._dtype)
         bigger[:, :, :, :capacity].copy_(seq.kv)
         seq.kv = bigger
 
@@ -326,6 +327,7 @@ class TorchBackend(EngineBackend):
         return DecodeSeq(
             prompt=list(leg.prompt_token_ids),
             weights_gen=gen,
+            grow_to=self._decode_capacity(leg),
             kv=kv,
             length=len(leg.prompt_token_ids),
             next_token=first.token_id,
@@ -434,7 +436,6 @@ class TorchBackend(EngineBackend):
             producer_device=producer,
             device=self._device,
             dtype=self._dtype,
-            capacity=self._decode_capacity(leg),
         )
         self._count_transfer(transport.value, kv.shape, time.perf_counter() - started)
         ids = _decode_ids(header.prompt_token_ids_b64)
@@ -550,6 +551,7 @@ class TorchBackend(EngineBackend):
             "context_states_dropped": dropped_states,
             "gpu_free_bytes_before": before,
             "gpu_free_bytes_after": after,
+            "gpu_allocated_bytes": (await self._worker.run(self._memory))["gpu_allocated_bytes"],
         }
 
     async def resume_memory(self, tags: list[str]) -> dict[str, Any]:
@@ -557,13 +559,18 @@ class TorchBackend(EngineBackend):
         if "model" in resumed and self._host_params is not None:
             host, self._host_params = self._host_params, None
             await self._worker.run(self._restore, host)
-        return {"resumed": resumed, "gpu_free_bytes": await self._worker.run(self._free_bytes)}
+        return {"resumed": resumed, **(await self._worker.run(self._memory))}
 
     def _to_host(self, params: dict[str, Any]) -> dict[str, Any]:
         return {k: v.to("cpu") for k, v in params.items()}
 
     def _restore(self, host: dict[str, Any]) -> None:
         self._params = {k: v.to(self._device) for k, v in host.items()}  # the same values: KV stays valid
+
+    def _memory(self) -> dict[str, int | None]:
+        """This engine's GPU memory: tensors it holds, and the device's free bytes."""
+        held = int(torch.cuda.memory_allocated(self._device)) if self._device.type == "cuda" else None
+        return {"gpu_allocated_bytes": held, "gpu_free_bytes": self._free_bytes()}
 
     def _free_bytes(self) -> int | None:
         if self._device.type != "cuda":

@@ -125,6 +125,8 @@ class DecodeSeq:
     weights_gen: int = 0
     #: tokens generated before the last weights switch (refit safety), None: no switch
     boundary: int | None = None
+    #: the KV capacity to grow to first (a received context arrives exactly its length)
+    grow_to: int = 0
     queue: asyncio.Queue[Choice | BaseException | None] = field(default_factory=asyncio.Queue)
     finish: tuple[str | None, int | str | None] = (None, None)
 

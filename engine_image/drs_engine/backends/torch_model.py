@@ -254,28 +254,34 @@ def _rms(x: Any, weight: Any, eps: float) -> Any:
     return weight * x32.to(dtype)
 
 
-def _rope(x: Any, positions: Any, shape: ModelShape) -> Any:
-    """``x``: [tokens, heads, head_dim]; ``positions``: [tokens] (rotate-half RoPE, as transformers)."""
+def rope_tables(positions: Any, shape: ModelShape, dtype: Any) -> tuple[Any, Any]:
+    """cos and sin ``[tokens, 1, head_dim]`` for ``positions`` (rotate-half RoPE, as transformers),
+    computed once per forward pass and shared by every layer."""
     d = shape.head_dim
-    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.int64).float() / d))
+    device = positions.device
+    inv_freq = 1.0 / (shape.rope_theta ** (torch.arange(0, d, 2, device=device, dtype=torch.int64).float() / d))
     freqs = positions.to(torch.float32)[:, None] * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos = emb.cos().to(x.dtype)[:, None, :]
-    sin = emb.sin().to(x.dtype)[:, None, :]
-    half = d // 2
+    return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def _rope(x: Any, rope: tuple[Any, Any]) -> Any:
+    """``x``: [tokens, heads, head_dim]."""
+    cos, sin = rope
+    half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
 
-def _qkv(params: dict[str, Any], i: int, x: Any, positions: Any, shape: ModelShape) -> tuple[Any, Any, Any]:
+def _qkv(params: dict[str, Any], i: int, x: Any, rope: tuple[Any, Any], shape: ModelShape) -> tuple[Any, Any, Any]:
     p = f"model.layers.{i}.self_attn."
     n = x.shape[0]
     d = shape.head_dim
     q = (x @ params[p + "q_proj.weight"].T).view(n, shape.heads, d)
     k = (x @ params[p + "k_proj.weight"].T).view(n, shape.kv_heads, d)
     v = (x @ params[p + "v_proj.weight"].T).view(n, shape.kv_heads, d)
-    q = _rope(_rms(q, params[p + "q_norm.weight"], shape.rms_eps), positions, shape)
-    k = _rope(_rms(k, params[p + "k_norm.weight"], shape.rms_eps), positions, shape)
+    q = _rope(_rms(q, params[p + "q_norm.weight"], shape.rms_eps), rope)
+    k = _rope(_rms(k, params[p + "k_norm.weight"], shape.rms_eps), rope)
     return q, k, v
 
 
@@ -303,6 +309,7 @@ def _prefill(params: dict[str, Any], shape: ModelShape, ids: Sequence[int], kv: 
     tokens = torch.tensor(list(ids), device=device, dtype=torch.long)
     positions = torch.arange(start, start + n, device=device)
     x = params["model.embed_tokens.weight"][tokens]
+    rope = rope_tables(positions, shape, x.dtype)
     mask = None
     if start > 0:  # the new tokens see the whole cached prefix, then causally among themselves
         rows = torch.arange(n, device=device)[:, None] + start
@@ -310,7 +317,7 @@ def _prefill(params: dict[str, Any], shape: ModelShape, ids: Sequence[int], kv: 
     for i in range(shape.layers):
         p = f"model.layers.{i}."
         h = _rms(x, params[p + "input_layernorm.weight"], shape.rms_eps)
-        q, k, v = _qkv(params, i, h, positions, shape)
+        q, k, v = _qkv(params, i, h, rope, shape)
         kv[i, 0, :, start : start + n] = k.transpose(0, 1)
         kv[i, 1, :, start : start + n] = v.transpose(0, 1)
         group = shape.heads // shape.kv_heads  # GQA: each K/V head serves `group` query heads
@@ -337,10 +344,11 @@ def _decode_step(
     b = len(tokens)
     pos = torch.tensor(list(positions), device=device, dtype=torch.long)
     x = params["model.embed_tokens.weight"][torch.tensor(list(tokens), device=device, dtype=torch.long)]
+    rope = rope_tables(pos, shape, x.dtype)
     for i in range(shape.layers):
         p = f"model.layers.{i}."
         h = _rms(x, params[p + "input_layernorm.weight"], shape.rms_eps)
-        q, k, v = _qkv(params, i, h, pos, shape)
+        q, k, v = _qkv(params, i, h, rope, shape)
         outs = []
         for j in range(b):
             kv, at = kvs[j], positions[j]

@@ -4,7 +4,7 @@
 :func:`fetch_context` is the decode engine's: it asks for the frame, then puts the KV on its own
 GPU in a tensor with room for the tokens it will decode. HTTP stages through pinned host memory
 (one device-to-host copy, the bytes, one host-to-device copy); CUDA IPC maps the prefill
-engine's tensor and copies it GPU to GPU.
+engine's tensor and copies it GPU to GPU, once.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ async def fetch_context(
     producer_device: int | None,
     device: Any,
     dtype: Any,
-    capacity: int,
 ) -> tuple[KvHeader, Any]:
-    """The context's header and its KV on ``device``, in a tensor of ``capacity`` tokens."""
+    """The context's header and its KV on ``device``, exactly the context's tokens (the decode
+    loop grows it before the first step, off the time to first token)."""
     url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={transport.value}"
     try:
         async with client.stream("GET", url) as response:
@@ -109,9 +109,9 @@ async def fetch_context(
     if transport is KvTransport.CUDA_IPC:
         if producer_device is None:
             raise KvTransferError("cuda_ipc without the prefill engine's GPU")
-        kv = await worker.run(_from_ipc, header, producer_device, device, dtype, capacity)
+        kv = await worker.run(_from_ipc, header, producer_device, device, dtype)
     else:
-        kv = await worker.run(_from_host, header, host, device, dtype, capacity)
+        kv = await worker.run(_from_host, header, host, device, dtype)
     return header, kv
 
 
@@ -119,6 +119,7 @@ async def _read_frame(chunks: AsyncIterator[bytes], *, pin: bool) -> tuple[KvHea
     pending = bytearray()
     header: KvHeader | None = None
     host: Any = None
+    view: Any = None
     filled = 0
     async for piece in chunks:
         if header is None:
@@ -132,12 +133,13 @@ async def _read_frame(chunks: AsyncIterator[bytes], *, pin: bool) -> tuple[KvHea
                 continue
             header = KvHeader.decode(bytes(pending[HEADER_LEN.size : HEADER_LEN.size + size]))
             host = torch.empty(header.payload_bytes, dtype=torch.uint8, pin_memory=pin)
+            view = host.numpy()  # the pinned buffer, written in place chunk by chunk
             piece = bytes(pending[HEADER_LEN.size + size :])
             pending.clear()
         if piece:
             if filled + len(piece) > header.payload_bytes:
                 raise KvTransferError("KV frame is longer than its header says")
-            host[filled : filled + len(piece)] = torch.frombuffer(piece, dtype=torch.uint8)
+            view[filled : filled + len(piece)] = memoryview(piece)
             filled += len(piece)
     if header is None:
         raise KvTransferError("KV frame ended inside its header")
@@ -146,27 +148,19 @@ async def _read_frame(chunks: AsyncIterator[bytes], *, pin: bool) -> tuple[KvHea
     return header, host
 
 
-def _placed(src: Any, device: Any, dtype: Any, capacity: int) -> Any:
-    layers, two, heads, tokens, dim = src.shape
-    kv = torch.empty((layers, two, heads, max(capacity, tokens), dim), device=device, dtype=dtype)
-    kv[:, :, :, :tokens].copy_(src)
-    return kv
-
-
-def _from_host(header: KvHeader, host: Any, device: Any, dtype: Any, capacity: int) -> Any:
-    src = host.view(dtype).view(header.kv_shape).to(device, non_blocking=True)
-    kv = _placed(src, device, dtype, capacity)
+def _from_host(header: KvHeader, host: Any, device: Any, dtype: Any) -> Any:
+    kv = host.view(dtype).view(header.kv_shape).to(device, non_blocking=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return kv
 
 
-def _from_ipc(header: KvHeader, producer_device: int, device: Any, dtype: Any, capacity: int) -> Any:
+def _from_ipc(header: KvHeader, producer_device: int, device: Any, dtype: Any) -> Any:
     remote = ipc_import(header.ipc, dtype, producer_device)
     if list(remote.shape) != header.kv_shape:
         raise KvTransferError(f"CUDA IPC KV has shape {list(remote.shape)}, the header says {header.kv_shape}")
-    local = remote.to(device)  # one contiguous GPU-to-GPU copy (NVLink where there is one)
-    kv = _placed(local, device, dtype, capacity)
+    kv = torch.empty(remote.shape, dtype=dtype, device=device)
+    kv.copy_(remote)  # one contiguous copy: GPU to GPU over NVLink, or within the GPU when it is the same
     torch.cuda.synchronize(device)
     del remote
     return kv
