@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 import torch
+from drs_protocol import routes
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,7 +41,7 @@ MODEL = "random:0.6b"
 SIZES = (2048, 16384)
 REPEATS = 3
 DECODE_TOKENS = 64
-COMPLETIONS = "/v1/completions"
+COMPLETIONS = routes.Endpoint.COMPLETIONS
 
 
 #: Two GPUs: the decode engine and the refit's engine are on GPU 1 (KV and weights cross NVLink).
@@ -108,7 +109,7 @@ async def disaggregated(client: httpx.AsyncClient, prefill: str, decode: str, id
 
 
 async def transfer_gbps(client: httpx.AsyncClient, decode: str, transport: str) -> float:
-    info = (await client.get(decode + "/server_info")).json()["engine"]["kv_transfers"]
+    info = (await client.get(decode + routes.SERVER_INFO)).json()["engine"]["kv_transfers"]
     return float(info[transport]["last_gb_per_s"])
 
 
@@ -151,7 +152,7 @@ async def refit(client: httpx.AsyncClient, engine_url: str) -> dict[str, Any]:
         report = await procs.run_trainer(
             sidecar, "--model", MODEL, "--seed", "5", "--device", "cuda:0", "--backend", REFIT_BACKEND, "--updates", "3"
         )
-    info = (await client.get(engine_url + "/server_info")).json()["engine"]["last_refit"]
+    info = (await client.get(engine_url + routes.SERVER_INFO)).json()["engine"]["last_refit"]
     return {"trainer": report, "engine": info}
 
 
