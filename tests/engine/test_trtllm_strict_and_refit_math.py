@@ -202,3 +202,47 @@ def test_checkpoint_files_are_the_sorted_safetensors(tmp_path: Any) -> None:
     (tmp_path / "b.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"no \.safetensors files"):
         checkpoint_files(tmp_path)
+
+
+def test_feature_detection_names_every_missing_feature_and_orders_sleep_tags() -> None:
+    import dataclasses
+    import enum
+
+    from drs_engine.backends.trtllm_features import detect_features, sleep_tags
+
+    @dataclasses.dataclass
+    class OldParams:
+        request_type: str | None = None
+
+    class Memory(enum.StrEnum):
+        KV = "kv_cache"
+        INIT = "_no_capture_init_kv_cache"
+        MODEL = "model"
+
+    def old_generate(inputs: Any, sampling_params: Any = None) -> None: ...
+
+    def new_generate(inputs: Any, conversation_params: Any = None, **kw: Any) -> None: ...
+
+    old = detect_features(
+        generate_async=old_generate,
+        disaggregated_params=OldParams,
+        conversation_params=None,
+        sleep_config=None,
+        memory_type=None,
+    )
+    assert set(old.degraded) == {
+        "conversation_params_unsupported",
+        "ctx_usage_unsupported",
+        "schedule_style_unsupported",
+        "sleep_config_unavailable",
+    }
+    assert not (old.conversation_params or old.ctx_usage or old.schedule_style or old.sleep)
+    new = detect_features(
+        generate_async=new_generate,
+        disaggregated_params=dataclasses.make_dataclass("P", ["ctx_usage", "schedule_style"]),
+        conversation_params=object,
+        sleep_config=object,
+        memory_type=Memory,
+    )
+    assert new.degraded == {} and new.memory_tags == ("model", "kv_cache")
+    assert sleep_tags(["kv_cache", "model_weights", "_x"]) == ("model_weights", "kv_cache")
