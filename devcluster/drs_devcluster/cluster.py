@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from . import build, pki, processes, profiles
+from .kwok_stages import runner_aware
 from .layout import COMPONENTS, DEFAULT_PORT_BASE, Layout, component_args, default_state_dir, kubeconfig_yaml
 
 HEALTH_TIMEOUT_S = {
@@ -106,7 +107,7 @@ class DevCluster:
         lay.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
         lay.kubeconfig.chmod(0o600)
         stages = build.stages_dir(lay.bin_dir)
-        docs = [(stages / Path(f).name).read_text().strip() for f in build.KWOK_STAGE_FILES]
+        docs = [runner_aware(Path(f).name, (stages / Path(f).name).read_text()).strip() for f in build.KWOK_STAGE_FILES]
         lay.kwok_config.write_text("\n---\n".join(docs) + "\n")
         meta = {"portBase": lay.port_base, "binDir": str(lay.bin_dir)}
         (lay.state_dir / "meta.json").write_text(json.dumps(meta))

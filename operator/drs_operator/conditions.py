@@ -5,28 +5,48 @@ what is live in; the new status and a list of :class:`EventNote` out. Conditions
 ``metav1.Condition`` rules: ``lastTransitionTime`` moves only when a condition's status flips,
 and an Event is emitted on a flip (or a changed reason), never as storage.
 
-Readiness: an engine is ready when all its pods exist, carry the desired spec hash and are Ready;
-a frontend when its Deployment reports a ready, updated pod; a replica when it is placed and all
-its engines and frontends are ready.
+Readiness (:mod:`drs_operator.readiness`): an engine is *ready* (serving) when all its pods exist
+and are Ready, and *updated* when they also carry the desired spec hash; a frontend is ready when
+its Deployment has a ready pod, updated when that pod runs the desired template; a replica is ready
+/ updated when it is placed and all its engines and frontends are. ``readyReplicas`` counts serving
+replicas (a replica waiting for its turn to roll still serves), ``updatedReplicas`` the updated
+ones, and ``Ready`` is True only when every replica is updated: never Ready while a pod of the
+spec's generation is not ready, never 0 while a replica serves.
+
+``Degraded``, most urgent first: a replica moved off a lost node; a replica not placed; an engine
+pod that cannot run (``PodsNotRunning``: unschedulable, image pull, crash loop — the message names
+the pod and the cause, and a Warning Event fires when a pod's cause changes); engines on different
+weights versions (``WeightsSplit``, from the sidecar's per-engine annotation); replicas not ready
+with nothing in flight.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 
 from drs_operator.api import names
 from drs_operator.api.constants import ConditionStatus, ConditionType, Phase, Reason
-from drs_operator.api.status import Condition, DisaggReplicaSetStatus, EngineStatus, ReplicaStatus, WeightsStatus
-from drs_operator.manifests.children import Children, hash_of
-from drs_operator.rollout import Rollout, deployment_ready, pod_ready
+from drs_operator.api.status import Condition, DisaggReplicaSetStatus, ReplicaStatus, WeightsStatus
+from drs_operator.manifests.children import Children
+from drs_operator.readiness import (
+    deployment_serving,
+    deployment_updated,
+    engine_serving,
+    engine_updated,
+    pod_problem,
+)
+from drs_operator.rollout import Rollout
 from drs_operator.validation import Problem
 
 Manifest = dict[str, Any]
+#: Reason of the Warning Event naming an engine pod that cannot run and why.
+POD_NOT_RUNNING_EVENT: Final = "PodNotRunning"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +72,8 @@ class Observed:
     moved: Sequence[int] = ()  #: replicas moved off lost nodes in this pass
     #: the ``disagg.dev/weights-version`` annotation (the trainer sidecar's last completed refit)
     weights_version: str | None = None
+    #: the ``disagg.dev/engine-weights`` annotation, parsed: engine name -> version the sidecar saw
+    engine_weights: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _cond(
@@ -76,20 +98,82 @@ def _cond(
     )
 
 
-def _engine_ready(es: EngineStatus, desired: Children | None, pods: Mapping[str, Manifest]) -> bool:
-    if desired is None:
-        return False
-    want = {n: p for n, p in desired.all_of("Pod").items() if n == es.name or n.startswith(f"{es.name}-w")}
-    return bool(want) and all(
-        n in pods and hash_of(pods[n]) == hash_of(p) and pod_ready(pods[n]) for n, p in want.items()
-    )
+def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
+    """Each replica's engines and frontends with ``ready`` (serving), ``updated`` (serving the
+    current spec), the engine's weights version and why a pod of it cannot run."""
+    pods = observed.live.get("Pod", {})
+    deps = observed.live.get("Deployment", {})
+    desired_pods = observed.desired.all_of("Pod") if observed.desired else {}
+    desired_deps = observed.desired.all_of("Deployment") if observed.desired else {}
+    replicas: list[ReplicaStatus] = []
+    for rs in observed.replica_statuses:
+        engines = []
+        for e in rs.engines:
+            want = {n: p for n, p in desired_pods.items() if n == e.name or n.startswith(f"{e.name}-w")}
+            problem = next((p for n in sorted(want) if n in pods and (p := pod_problem(pods[n]))), None)
+            engines.append(
+                e.model_copy(
+                    update={
+                        "ready": rs.placed and engine_serving(list(want), pods),
+                        "updated": rs.placed and engine_updated(want, pods),
+                        "weights_version": observed.engine_weights.get(e.name),
+                        "problem": problem.reason if problem else None,
+                        "message": problem.text()[:1024] if problem else None,
+                    }
+                )
+            )
+        frontends = []
+        for f in rs.frontends:
+            name = names.frontend_name(drs, rs.index, f.index)
+            dep = deps.get(name)
+            frontends.append(
+                f.model_copy(
+                    update={
+                        "ready": rs.placed and name in desired_deps and deployment_serving(dep),
+                        "updated": rs.placed and deployment_updated(dep, desired_deps.get(name)),
+                    }
+                )
+            )
+        ready = all(e.ready for e in engines) and all(f.ready for f in frontends)
+        updated = all(e.updated for e in engines) and all(f.updated for f in frontends)
+        replicas.append(
+            rs.model_copy(
+                update={
+                    "engines": engines,
+                    "frontends": frontends,
+                    "ready": rs.placed and ready,
+                    "updated": rs.placed and updated,
+                }
+            )
+        )
+    return replicas
 
 
-def _frontend_ready(drs: str, replica: int, index: int, deps: Mapping[str, Manifest], desired: Children | None) -> bool:
-    name = names.frontend_name(drs, replica, index)
-    want = desired.all_of("Deployment").get(name) if desired else None
-    dep = deps.get(name)
-    return want is not None and dep is not None and hash_of(dep) == hash_of(want) and deployment_ready(dep)
+def _weights_split(replicas: Sequence[ReplicaStatus]) -> str | None:
+    """A message when the ready engines serve more than one weights version (as the sidecar saw them)."""
+    by_version: dict[str, list[str]] = {}
+    for r in replicas:
+        for e in r.engines:
+            if e.ready and e.weights_version is not None:
+                by_version.setdefault(e.weights_version, []).append(e.name)
+    if len(by_version) < 2:
+        return None
+    parts = [
+        f"{v} on {len(engines)} engine(s) ({', '.join(engines[:3])}{', …' if len(engines) > 3 else ''})"
+        for v, engines in sorted(by_version.items(), key=lambda kv: -len(kv[1]))
+    ]
+    return f"engines serve {len(by_version)} weights versions: " + "; ".join(parts)
+
+
+def _problem_notes(previous: DisaggReplicaSetStatus, replicas: Sequence[ReplicaStatus]) -> list[EventNote]:
+    """A Warning Event for each engine whose pod cannot run for a reason it did not have before."""
+    before = {e.name: e.problem for r in previous.replica_statuses for e in r.engines}
+    return [
+        EventNote("Warning", POD_NOT_RUNNING_EVENT, (e.message or e.problem or "")[:1024])
+        for r in replicas
+        for e in r.engines
+        if e.problem and before.get(e.name) != e.problem
+    ]
 
 
 def compute_status(
@@ -112,25 +196,14 @@ def compute_status(
         )
         return status, _transitions(prev, conditions)
 
-    pods = observed.live.get("Pod", {})
-    deps = observed.live.get("Deployment", {})
-    replicas: list[ReplicaStatus] = []
-    for rs in observed.replica_statuses:
-        engines = [
-            e.model_copy(update={"ready": rs.placed and _engine_ready(e, observed.desired, pods)}) for e in rs.engines
-        ]
-        frontends = [
-            f.model_copy(
-                update={"ready": rs.placed and _frontend_ready(drs, rs.index, f.index, deps, observed.desired)}
-            )
-            for f in rs.frontends
-        ]
-        is_ready = rs.placed and all(e.ready for e in engines) and all(f.ready for f in frontends)
-        replicas.append(rs.model_copy(update={"engines": engines, "frontends": frontends, "ready": is_ready}))
+    replicas = _replica_readiness(drs, observed)
 
     n = len(replicas)
     ready_count = sum(r.ready for r in replicas)
+    updated_count = sum(r.ready and r.updated for r in replicas)
     unplaced = [r for r in replicas if not r.placed]
+    stuck = [e.message or e.problem or "" for r in replicas for e in r.engines if e.problem]
+    split_weights = _weights_split(replicas)
     split = [r for r in replicas if r.split]
     valid = _cond(prev, ConditionType.VALID, True, Reason.SPEC_VALID, "spec is valid", gen, now)
     if unplaced:
@@ -155,22 +228,25 @@ def compute_status(
         )
     else:
         placed = _cond(prev, ConditionType.PLACED, True, Reason.ALL_REPLICAS_PLACED, f"{n} replica(s) placed", gen, now)
+    all_updated = n > 0 and updated_count == n
     ready = _cond(
         prev,
         ConditionType.READY,
-        n > 0 and ready_count == n,
-        Reason.ALL_REPLICAS_READY if n > 0 and ready_count == n else Reason.REPLICAS_NOT_READY,
-        f"{ready_count}/{n} replicas ready",
+        all_updated,
+        Reason.ALL_REPLICAS_READY if all_updated else Reason.REPLICAS_NOT_READY,
+        f"{updated_count}/{n} replicas ready at the current spec ({ready_count} serving)",
         gen,
         now,
     )
     rollout = observed.rollout
-    in_flight = bool(rollout and (rollout.actions or rollout.waiting)) or ready_count < n - len(unplaced)
+    in_flight = bool(rollout and (rollout.actions or rollout.waiting)) or updated_count < n - len(unplaced)
     if in_flight:
-        not_ready = [str(r.index) for r in replicas if r.placed and not r.ready]
+        not_ready = [str(r.index) for r in replicas if r.placed and not (r.ready and r.updated)]
         msg = (rollout.message if rollout else "") or (
             f"starting replica {', '.join(not_ready)}" if not_ready else "applying changes"
         )
+        if stuck:
+            msg = f"{msg}; " + "; ".join(stuck)
         reason = (
             Reason.UPDATING
             if any(c.type == ConditionType.READY and c.status == ConditionStatus.TRUE for c in prev)
@@ -201,6 +277,12 @@ def compute_status(
             gen,
             now,
         )
+    elif stuck:
+        degraded = _cond(
+            prev, ConditionType.DEGRADED, True, Reason.PODS_NOT_RUNNING, "; ".join(stuck)[:32768], gen, now
+        )
+    elif split_weights:
+        degraded = _cond(prev, ConditionType.DEGRADED, True, Reason.WEIGHTS_SPLIT, split_weights, gen, now)
     elif n and ready.status != ConditionStatus.TRUE and not in_flight:
         degraded = _cond(
             prev,
@@ -219,7 +301,7 @@ def compute_status(
         phase = Phase.READY
     elif unplaced and ready_count == 0:
         phase = Phase.PENDING
-    elif degraded.status == ConditionStatus.TRUE and not in_flight:
+    elif degraded.status == ConditionStatus.TRUE and (not in_flight or stuck):
         phase = Phase.DEGRADED
     else:
         phase = Phase.PROGRESSING
@@ -227,6 +309,7 @@ def compute_status(
         observed_generation=gen,
         replicas=n,
         ready_replicas=ready_count,
+        updated_replicas=updated_count,
         selector=names.selector(drs),
         phase=phase,
         gpus=observed.gpus,
@@ -236,7 +319,23 @@ def compute_status(
         replica_statuses=replicas,
         weights=weights_status(previous.weights, observed.weights_version, now),
     )
-    return status, _transitions(prev, conditions)
+    return status, _transitions(prev, conditions) + _problem_notes(previous, replicas)
+
+
+def parse_engine_weights(annotation: str | None) -> dict[str, str]:
+    """The sidecar's ``disagg.dev/engine-weights`` annotation (JSON ``{engine: version}``); anything
+    unreadable or out of bounds is ignored (the sidecar never writes it)."""
+    if not annotation:
+        return {}
+    try:
+        data = json.loads(annotation)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {
+        str(k): v for k, v in data.items() if isinstance(v, str) and 0 < len(v) <= MAX_WEIGHTS_VERSION_CHARS and len(k) <= 253
+    }
 
 
 def weights_status(

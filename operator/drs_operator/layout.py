@@ -8,7 +8,11 @@
   placed on (``None`` until placed); it changes only when the replica moves off a lost node.
 
 ``frontend_urls`` is replica-major (r0f0, r0f1, …, r1f0, …) and has N×F entries: the order is
-the client's contract (``sha256(session) % len(urls)``). ``replica_statuses`` writes the
+the client's contract (``sha256(session) % len(urls)``). A replica that is not placed has no
+frontend and no Service, so its entries are ``None`` (``""`` in status) in both networking modes:
+the list keeps its length, so placing or losing one replica never re-hashes the sessions of the
+others (which would throw away every conversation's prefix-cache affinity), and a client sees at
+once that nothing listens there instead of resolving a Service that does not exist. ``replica_statuses`` writes the
 placement in the status shape (``placement.previous_from_status`` reads it back).
 """
 
@@ -26,9 +30,14 @@ def frontend_urls(
     plan: Plan, placement: Placement | None, namespace: str, addresses: Mapping[str, str]
 ) -> list[str | None]:
     """The N×F frontend URLs, replica-major. Pod networking: the frontend Service's DNS name
-    (known before placement); host networking: the placed node's address (``None`` until placed)."""
+    (known before placement; ``None`` once a placement says the replica is not placed); host
+    networking: the placed node's address (``None`` until placed)."""
     out: list[str | None] = []
+    unplaced = {r.index for r in placement.replicas if not r.placed} if placement is not None else set()
     for f in plan.frontends:
+        if f.replica in unplaced:  # no frontend, no Service: nothing answers there
+            out.append(None)
+            continue
         if not plan.host_network:
             out.append(names.url(names.frontend_host(plan.name, namespace, f.replica, f.index), f.port))
             continue

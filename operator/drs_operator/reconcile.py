@@ -29,9 +29,9 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from drs_operator.api.constants import ANNOTATION_WEIGHTS_VERSION
+from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION
 from drs_operator.api.status import DisaggReplicaSetStatus
-from drs_operator.conditions import EventNote, Observed, compute_status, status_dict
+from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.observe import read_drs
@@ -89,6 +89,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     generation = int(meta.get("generation", 0))
     previous = _parse_status(body.get("status"))
     weights_version = (meta.get("annotations") or {}).get(ANNOTATION_WEIGHTS_VERSION)
+    engine_weights = parse_engine_weights((meta.get("annotations") or {}).get(ANNOTATION_ENGINE_WEIGHTS))
     now = datetime.datetime.now(datetime.UTC)
 
     # 2. validate
@@ -142,6 +143,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         rollout=rollout,
         moved=moved,
         weights_version=weights_version,
+        engine_weights=engine_weights,
     )
     status, notes = compute_status(name, previous, observed, now)
     notes += _action_notes(rollout.actions, moved, placement)

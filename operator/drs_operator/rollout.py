@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from drs_operator.api.constants import LABEL_REPLICA
 from drs_operator.manifests.children import Children, ReplicaChildren, hash_of
+from drs_operator.readiness import pod_ready
 
 Manifest = dict[str, Any]
 Verb = Literal["create", "replace", "delete"]
@@ -53,13 +54,6 @@ class Rollout:
     rolling: tuple[int, ...]  #: replicas whose engine pods are being replaced in this pass
     waiting: tuple[int, ...]  #: replicas with outdated engines waiting for their turn
     message: str  #: for the Progressing condition ("" when nothing is in flight)
-
-
-def pod_ready(pod: Mapping[str, Any]) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
 def deployment_ready(dep: Mapping[str, Any]) -> bool:

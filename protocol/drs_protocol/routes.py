@@ -93,4 +93,6 @@ class TrainerRoute(StrEnum):
     PREFIX_CACHE_RESET = "/v1/prefix_cache/reset"
     SLEEP = "/v1/sleep"
     WAKE = "/v1/wake"
+    PROFILE_START = "/v1/profile/start"
+    PROFILE_STOP = "/v1/profile/stop"
     FLEET = "/v1/fleet"

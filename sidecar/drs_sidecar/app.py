@@ -8,6 +8,8 @@
 ``POST /v1/prefix_cache/reset``  ``{}``                               every engine empties its cache
 ``POST /v1/sleep``          ``{"tags": [...]}`` (empty: all)          release GPU memory (engines 503)
 ``POST /v1/wake``           ``{"tags": [...]}``                       resume
+``POST /v1/profile/start``  ``{}``                                    every engine starts profiling
+``POST /v1/profile/stop``   ``{}``                                    every engine stops (answers duration)
 ``POST /v1/collective/init``  ``{"ip", "port", "train_world_size"}``  every engine joins the trainer's
                                                                       NCCL group; answers the ranks and
                                                                       ``world_size`` (503 if an engine is
@@ -32,7 +34,9 @@ prepare/update without a group.
 
 A fan-out answers with its report: ``complete``, ``ok``, ``failed`` (engine, URL, why) and
 ``pending`` (engines not ready). Every ``reconcile_s`` seconds the desired weights are loaded on
-any ready engine serving another version (:meth:`~drs_sidecar.refit.Refitter.reconcile_once`).
+any ready engine serving another version (:meth:`~drs_sidecar.refit.Refitter.reconcile_once`), and
+the version every engine serves is recorded on the resource (annotation ``disagg.dev/engine-weights``)
+for the operator's per-engine status and its ``Degraded=WeightsSplit`` condition.
 """
 
 from __future__ import annotations
@@ -188,6 +192,14 @@ def _add_broadcast_routes(app: FastAPI, refitter: Refitter) -> None:
     async def wake(request: Request) -> Response:
         body = await parse_body(request, MemoryTags)
         return report_response(await refitter.broadcast(ControlOp.RESUME_MEMORY, body))
+
+    @app.post(TrainerRoute.PROFILE_START)
+    async def profile_start() -> Response:
+        return report_response(await refitter.broadcast(ControlOp.START_PROFILE))
+
+    @app.post(TrainerRoute.PROFILE_STOP)
+    async def profile_stop() -> Response:
+        return report_response(await refitter.broadcast(ControlOp.STOP_PROFILE))
 
 
 def _add_status_routes(app: FastAPI, refitter: Refitter) -> None:

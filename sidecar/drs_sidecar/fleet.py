@@ -12,12 +12,13 @@ the sidecar beside engines outside Kubernetes.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from drs_operator.api import DisaggReplicaSetStatus
-from drs_operator.api.constants import ANNOTATION_WEIGHTS_VERSION, GROUP, PLURAL, VERSION
+from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, GROUP, PLURAL, VERSION
 from drs_operator.api.names import control_secret_name
 from drs_protocol.env import CONTROL_TOKEN_SECRET_KEY
 from kubernetes_asyncio import client, config
@@ -63,6 +64,7 @@ def engines_from_status(status: Mapping[str, Any] | None) -> list[Engine]:
 class Fleet(Protocol):
     async def engines(self) -> list[Engine]: ...
     async def publish(self, version: str) -> None: ...
+    async def publish_engines(self, versions: Mapping[str, str]) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -77,6 +79,9 @@ class StaticFleet:
         return list(self._engines)
 
     async def publish(self, version: str) -> None:
+        return None
+
+    async def publish_engines(self, versions: Mapping[str, str]) -> None:
         return None
 
     async def close(self) -> None:
@@ -114,7 +119,15 @@ class KubeFleet:
         return engines_from_status((await self._read()).get("status"))
 
     async def publish(self, version: str) -> None:
-        patch = {"metadata": {"annotations": {ANNOTATION_WEIGHTS_VERSION: version}}}
+        await self._annotate(ANNOTATION_WEIGHTS_VERSION, version, f"recording weights version {version!r}")
+
+    async def publish_engines(self, versions: Mapping[str, str]) -> None:
+        """Record the version each engine serves, for the operator's per-engine status and WeightsSplit."""
+        text = json.dumps(dict(sorted(versions.items())), separators=(",", ":"))
+        await self._annotate(ANNOTATION_ENGINE_WEIGHTS, text, "recording per-engine weights versions")
+
+    async def _annotate(self, key: str, value: str, what: str) -> None:
+        patch = {"metadata": {"annotations": {key: value}}}
         try:
             await self._custom.patch_namespaced_custom_object(  # type: ignore[call-arg]
                 GROUP,
@@ -127,7 +140,7 @@ class KubeFleet:
                 _request_timeout=KUBE_TIMEOUT_S,
             )
         except ApiException as exc:
-            raise FleetError(f"recording weights version {version!r}: {exc.status} {exc.reason}") from exc
+            raise FleetError(f"{what}: {exc.status} {exc.reason}") from exc
 
     async def control_token(self) -> str:
         """The engines' control token, from the Secret the operator created for this resource."""

@@ -121,6 +121,8 @@ class Refitter:
         self.concurrency = concurrency
         self.desired: Weights | None = None
         self.published: str | None = None
+        #: engine name -> the version it serves, as last recorded on the resource
+        self.engine_versions: dict[str, str] = {}
         self._lock = asyncio.Lock()
         #: engine URL -> (failed catch-up loads in a row, loop time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
@@ -148,6 +150,7 @@ class Refitter:
             if any(o.ok for o in report.outcomes):
                 self.desired = Weights(path, version)
                 self._backoff.clear()
+            await self._record_engines({**self.engine_versions, **{o.engine: version for o in report.outcomes if o.ok}})
             if report.complete:
                 await self._publish(version)
             elif self.desired is not None and self.desired.version == version:
@@ -229,15 +232,24 @@ class Refitter:
         return await self._fan_out(op, await self.fleet.engines(), lambda url: self.control.op(url, op, body))
 
     async def reconcile_once(self) -> Report | None:
-        """Bring every ready engine that serves another version to the desired weights; publish
-        the version once the whole fleet serves it. None when nothing is desired or a refit runs."""
-        desired = self.desired
-        if desired is None or self._lock.locked():
+        """Record the version every ready engine serves (the operator's per-engine status); bring
+        every ready engine that serves another version to the desired weights; publish the
+        version once the whole fleet serves it. None when nothing is desired or a refit runs."""
+        if self._lock.locked():
             return None
         async with self._lock:
             engines = await self.fleet.engines()
             ready = [e for e in engines if e.ready and e.url]
             versions = await asyncio.gather(*(self.control.weights_version(e.url) for e in ready if e.url))
+            served = {
+                e.name: str(v.body["weights_version"])
+                for e, v in zip(ready, versions, strict=True)
+                if v.ok and isinstance(v.body.get("weights_version"), str)
+            }
+            desired = self.desired
+            if desired is None:
+                await self._record_engines(served)
+                return None
             behind = [
                 e
                 for e, v in zip(ready, versions, strict=True)
@@ -256,6 +268,7 @@ class Refitter:
                     lambda url: self.control.load_weights(url, desired.path, desired.version),
                 )
                 self._note_attempts(report, now)
+            await self._record_engines({**served, **{o.engine: desired.version for o in report.outcomes if o.ok}})
             loaded = {o.url for o in report.outcomes if o.ok}
             all_current = len(ready) == len(engines) and unknown == 0 and all(e.url in loaded for e in behind)
             if all_current and engines and self.published != desired.version:
@@ -270,6 +283,17 @@ class Refitter:
             else:
                 failures = self._backoff.get(url, (0, 0.0))[0] + 1
                 self._backoff[url] = (failures, now + min(RETRY_BASE_S * 2 ** (failures - 1), RETRY_MAX_S))
+
+    async def _record_engines(self, versions: dict[str, str]) -> None:
+        """Write the per-engine versions to the resource when they changed (never fails the caller)."""
+        if versions == self.engine_versions:
+            return
+        try:
+            await self.fleet.publish_engines(versions)
+        except FleetError as exc:
+            log.warning("per-engine weights versions could not be recorded: %s", exc)
+            return
+        self.engine_versions = dict(versions)
 
     async def _publish(self, version: str) -> None:
         try:

@@ -4,7 +4,7 @@ control token, and a Refitter over them."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,16 @@ class ListFleet:
     def __init__(self, engines: list[Engine]) -> None:
         self.list = engines
         self.published: list[str] = []
+        self.engine_versions: list[dict[str, str]] = []
 
     async def engines(self) -> list[Engine]:
         return list(self.list)
 
     async def publish(self, version: str) -> None:
         self.published.append(version)
+
+    async def publish_engines(self, versions: Mapping[str, str]) -> None:
+        self.engine_versions.append(dict(versions))
 
     async def close(self) -> None:
         return None

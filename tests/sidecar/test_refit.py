@@ -61,12 +61,14 @@ async def test_engines_that_are_not_ready_are_pending_then_loaded_when_they_come
             assert not report.complete
             assert [e.url for e in report.pending] == [late.url]
             assert fleet.published == []
+            assert fleet.engine_versions[-1] == {first.url: "step-100"}  # per engine, for the operator
             assert await served_version(late.url) != "step-100"
             fleet.list[1] = as_engine(late, 1)  # it became ready (a restarted pod comes back at old weights)
             again = await refitter.reconcile_once()
             assert again is not None and [o.url for o in again.outcomes] == [late.url]
             assert await served_version(late.url) == "step-100"
             assert fleet.published == ["step-100"]
+            assert fleet.engine_versions[-1] == {first.url: "step-100", late.url: "step-100"}
             assert (await refitter.reconcile_once()) is not None
             assert fleet.published == ["step-100"], "published once"
 

@@ -68,6 +68,11 @@ async def test_the_trainer_refits_every_engine_through_the_sidecar(checkpoint: P
             assert asleep.status_code == 200, asleep.text
             assert (await client.post(a.url + "/v1/completions", json={"model": "m", "prompt": "x"})).status_code == 503
             assert (await client.post(url + "/v1/wake", json={})).status_code == 200
+            started = await client.post(url + "/v1/profile/start")
+            assert started.status_code == 200 and started.json()["ok"] == 2, started.text
+            stopped = await client.post(url + "/v1/profile/stop")
+            assert stopped.status_code == 200 and stopped.json()["ok"] == 2, stopped.text
+            assert (await client.post(url + "/v1/profile/stop")).status_code == 502  # none running any more
             metrics = (await client.get(url + "/metrics")).text
             assert 'drs_sidecar_refits_total{result="complete"} 1.0' in metrics
         assert await served_version(b.url) == "step-7"

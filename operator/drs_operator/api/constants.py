@@ -50,6 +50,9 @@ LABEL_RANK: Final = f"{GROUP}/rank"
 #: On the DisaggReplicaSet: the weights version of the last refit that reached every engine,
 #: written by the trainer's sidecar; the operator copies it into ``status.weights``.
 ANNOTATION_WEIGHTS_VERSION: Final = f"{GROUP}/weights-version"
+#: On the DisaggReplicaSet: JSON ``{engine name: weights version}`` as the trainer's sidecar last
+#: read them from the engines; the operator copies them into ``replicaStatuses[].engines[]``.
+ANNOTATION_ENGINE_WEIGHTS: Final = f"{GROUP}/engine-weights"
 
 
 #: The ``disagg.dev/role`` value of frontend children.
@@ -113,6 +116,8 @@ class Reason(StrEnum):
     NODE_LOST = "NodeLost"
     ENGINE_FAILED = "EngineFailed"
     FRONTEND_FAILED = "FrontendFailed"
+    PODS_NOT_RUNNING = "PodsNotRunning"
+    WEIGHTS_SPLIT = "WeightsSplit"
     NOT_DEGRADED = "NotDegraded"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
@@ -146,6 +147,15 @@ class EngineSpec(SpecModel):
         description="trtllm: TensorRT-LLM on GPUs; sim: the CPU test double that speaks the same protocol.",
     )
     sim_options: FreeForm | None = Field(None, description="Options of the sim backend (latency model, …).")
+    drain_seconds: int = Field(
+        DEFAULT_DRAIN_SECONDS,
+        ge=0,
+        le=3600,
+        description=(
+            "On stop, an engine refuses new legs and gives the legs in flight and the context states it holds this "
+            "long before it exits; the pod's terminationGracePeriodSeconds is this plus 10."
+        ),
+    )
 
 
 class FrontendSpec(SpecModel):
@@ -164,6 +174,15 @@ class FrontendSpec(SpecModel):
     )
     resources: FreeForm | None = Field(None, description="Kubernetes resource requirements of a frontend container.")
     template: FreeForm | None = Field(None, description="Pod-template overlay merged into every frontend pod.")
+    hold_seconds: int = Field(
+        60,
+        ge=0,
+        le=3600,
+        description=(
+            "A turn that finds no engine of a role up (its replica's or, as a fallback, another replica's) waits "
+            "this long for one before it fails with 503."
+        ),
+    )
 
 
 class RouterSpec(SpecModel):

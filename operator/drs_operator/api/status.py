@@ -52,7 +52,15 @@ class EngineStatus(StatusModel):
     nodes: list[str] = Field(default_factory=list, max_length=256, description="Nodes, one per pod (rank order).")
     node: str | None = Field(None, max_length=253, description="The node of rank 0 (the pod serving HTTP).")
     url: str | None = Field(None, max_length=512, description="The engine's base URL.")
-    ready: bool = False
+    ready: bool = Field(False, description="Every pod of the engine is ready (serving), at any spec hash.")
+    updated: bool = Field(False, description="Ready, and every pod carries the current spec.")
+    weights_version: str | None = Field(
+        None, max_length=256, description="Weights version the engine serves, as the trainer's sidecar last saw it."
+    )
+    problem: str | None = Field(
+        None, max_length=128, description="Why a pod of the engine does not run (e.g. Unschedulable, ImagePullBackOff)."
+    )
+    message: str | None = Field(None, max_length=1024, description="The scheduler's or kubelet's words for it.")
 
 
 class FrontendStatus(StatusModel):
@@ -63,7 +71,8 @@ class FrontendStatus(StatusModel):
     port: int = Field(ge=1, le=65535)
     node_id: int = Field(ge=0, le=255, description="Snowflake node id r*F + f.")
     node: str | None = Field(None, max_length=253)
-    ready: bool = False
+    ready: bool = Field(False, description="The frontend's pod is ready (serving), at any spec hash.")
+    updated: bool = Field(False, description="Ready, and running the current spec.")
 
 
 class ReplicaStatus(StatusModel):
@@ -75,7 +84,8 @@ class ReplicaStatus(StatusModel):
     segment: str | None = Field(None, max_length=317, description="The segment holding the replica; absent when split.")
     split: bool = Field(False, description="True when the replica spans more than one segment.")
     reason: str | None = Field(None, max_length=4096, description="Why the replica is split or not placed.")
-    ready: bool = False
+    ready: bool = Field(False, description="Placed, and every engine and frontend is ready (serving).")
+    updated: bool = Field(False, description="Ready, and every engine and frontend runs the current spec.")
     engines: list[EngineStatus] = Field(default_factory=list, max_length=128)
     frontends: list[FrontendStatus] = Field(default_factory=list, max_length=MAX_FRONTENDS)
 
@@ -94,7 +104,10 @@ class DisaggReplicaSetStatus(StatusModel):
 
     observed_generation: int | None = Field(None, ge=0)
     replicas: int = Field(0, ge=0, description="Replicas of the current plan (the scale subresource's status).")
-    ready_replicas: int = Field(0, ge=0)
+    ready_replicas: int = Field(
+        0, ge=0, description="Replicas whose engines and frontends all serve (at any spec hash, as in a roll)."
+    )
+    updated_replicas: int = Field(0, ge=0, description="Ready replicas whose every child runs the current spec.")
     selector: str | None = Field(
         None, max_length=1024, description="Label selector of the children (scale subresource)."
     )
@@ -107,7 +120,12 @@ class DisaggReplicaSetStatus(StatusModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     urls: list[str] = Field(
-        default_factory=list, max_length=MAX_FRONTENDS, description="N×F frontend URLs, replica-major."
+        default_factory=list,
+        max_length=MAX_FRONTENDS,
+        description=(
+            "N×F frontend URLs, replica-major; always N×F long (clients hash sessions over it), an empty string "
+            "for a frontend of a replica that is not placed (nothing listens there)."
+        ),
     )
     replica_statuses: list[ReplicaStatus] = Field(default_factory=list, max_length=MAX_FRONTENDS)
     weights: WeightsStatus | None = Field(None, description="The weights the engines serve.")

@@ -21,6 +21,8 @@ from drs_operator.manifests.frontends import (
     build_frontend_configmap,
     build_frontend_deployment,
     build_frontend_service,
+    engine_pool,
+    frontend_config_hash,
 )
 from drs_operator.placement import Placement
 from drs_operator.plan import Plan
@@ -72,22 +74,31 @@ def desired_children(
     role_configs = {role: build_engine_configmap(owner, spec, plan, role) for role in ROLES}
     services = () if plan.host_network else (build_engines_service(owner, spec.trtllm.engine_port),)
     replicas: list[ReplicaChildren] = []
+    pools = {
+        (rp.index, role): engine_pool(plan, rp, placement.replica(rp.index), role, owner.namespace, addresses)
+        for rp in plan.replicas
+        if placement.replica(rp.index).placed
+        for role in ROLES
+    }
     for rp in plan.replicas:
         placed = placement.replica(rp.index)
         if not placed.placed:
             continue
+        fallback = {
+            role: [url for (r, rl), urls in pools.items() if rl == role and r != rp.index for url in urls]
+            for role in ROLES
+        }
         by_name = {e.name: e for e in placed.engines}
         pods: list[Manifest] = []
         for slot in rp.engines:
             config_hash = hash_of(role_configs[slot.role]) or ""
             pods += build_engine_pods(owner, spec, plan, slot, by_name[slot.name], addresses, config_hash)
-        fe_config = build_frontend_configmap(
-            owner, rp.index, build_frontend_config(spec, plan, rp, placed, owner.namespace, addresses)
-        )
+        config = build_frontend_config(spec, plan, rp, placed, owner.namespace, addresses, fallback)
+        fe_config = build_frontend_configmap(owner, rp.index, config)
         fe_nodes = {f.index: f.node for f in placed.frontends}
+        config_hash = frontend_config_hash(config)
         deployments = tuple(
-            build_frontend_deployment(owner, spec, plan, f, fe_nodes[f.index] or "", hash_of(fe_config) or "")
-            for f in rp.frontends
+            build_frontend_deployment(owner, spec, plan, f, fe_nodes[f.index] or "", config_hash) for f in rp.frontends
         )
         fe_services = tuple(build_frontend_service(owner, f) for f in rp.frontends)
         replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services))

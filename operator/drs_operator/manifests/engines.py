@@ -9,6 +9,9 @@ with ``DRS_RANK``, ``DRS_WORLD_SIZE`` and ``DRS_LEADER_ADDRESS``. Every pod:
 * reads its role's rendered engine configuration (merged TensorRT-LLM kwargs, model, cache
   transceiver) from the role's ConfigMap through ``DRS_ENGINE_CONFIG_JSON``, and the control-API
   token from the Secret through ``DRS_CONTROL_TOKEN``;
+* drains when stopped: the engine turns SIGTERM into a drain of ``spec.engine.drainSeconds`` (503 to
+  probes and new legs, legs in flight finish) and ``terminationGracePeriodSeconds`` is that plus a
+  margin; no preStop hook is needed because the engine itself flips its readiness first;
 * has a readiness probe on ``/health``, a memory-backed ``/dev/shm`` (NCCL), the model volume when
   the spec names one, and the user's pod-template overlays (``spec.template`` then the role's);
 * has a stable address: hostname + subdomain under the headless Service (pod networking), or the
@@ -24,6 +27,7 @@ from typing import Any, Final
 from drs_protocol import env, routes
 from drs_protocol.config import render
 from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, ModelSpec, SimSpec
+from drs_protocol.lifecycle import TERMINATION_MARGIN_SECONDS
 
 from drs_operator.api import names
 from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
@@ -44,8 +48,8 @@ from drs_operator.plan import EngineSlot, Plan
 ENGINE_CONTAINER: Final = "engine"
 SHM_VOLUME: Final = "dshm"
 MODEL_VOLUME: Final = "model"
-READINESS_PERIOD_S: Final = 5
-TERMINATION_GRACE_S: Final = 30
+#: Engines probe often: a draining engine (503) should leave the Service and the status within a second or two.
+READINESS_PERIOD_S: Final = 1
 TOKEN_BYTES: Final = 32
 
 
@@ -73,6 +77,7 @@ def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> E
         fields["cache_transceiver"] = CacheTransceiverSpec.model_validate(dict(transceiver))
     if spec.engine.sim_options:
         fields["sim"] = SimSpec.model_validate(dict(spec.engine.sim_options))
+    fields["drain_seconds"] = spec.engine.drain_seconds
     return EngineConfig.model_validate(fields)
 
 
@@ -223,7 +228,7 @@ def _engine_pod(
     pod_spec: dict[str, Any] = {
         "affinity": node_affinity(node),
         "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_S,
+        "terminationGracePeriodSeconds": spec.engine.drain_seconds + TERMINATION_MARGIN_SECONDS,
         "containers": [container],
         "volumes": volumes,
     }

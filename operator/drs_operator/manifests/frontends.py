@@ -3,7 +3,8 @@
 Frontend ``f`` of replica ``r`` is a Deployment of one pod (``Recreate``: never two processes
 asking for the same port) pinned to its placed node, listening on ``basePort + r·F + f`` with
 snowflake node id ``r·F + f``, and a Service of its own on that port. Every frontend of a replica
-reads the same ConfigMap: the replica's prefill pool and decode pool URLs and the router settings.
+reads the same ConfigMap: the replica's prefill pool and decode pool URLs, the other replicas' engines
+as fallback pools, and the router settings.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Final
 from drs_protocol import env, routes
 from drs_protocol.config import render
 from drs_protocol.frontend_config import FrontendConfig
+from drs_protocol.lifecycle import FALLBACK_DECODE_KEY, FALLBACK_PREFILL_KEY
 
 from drs_operator.api import names
 from drs_operator.api.constants import LABEL_FRONTEND, LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, Role
@@ -26,14 +28,26 @@ from drs_operator.manifests.common import (
     field_env,
     node_affinity,
     overlay_pod_template,
+    spec_hash,
     with_hash,
 )
 from drs_operator.placement import ReplicaPlacement
 from drs_operator.plan import FrontendSlot, Plan, ReplicaPlan
 
 FRONTEND_CONTAINER: Final = "frontend"
-READINESS_PERIOD_S: Final = 5
+READINESS_PERIOD_S: Final = 1
+#: Seconds between a frontend's probes of its engines (an engine that comes back is used within this).
+HEALTH_INTERVAL_S: Final = 1.0
 LIVENESS_PERIOD_S: Final = 10
+
+
+def engine_pool(
+    plan: Plan, replica: ReplicaPlan, placed: ReplicaPlacement, role: Role, namespace: str, addresses: Mapping[str, str]
+) -> list[str]:
+    """The URLs of one placed replica's engines of ``role``."""
+    nodes = {e.name: e.node for e in placed.engines}
+    urls = [engine_url(plan, e, nodes.get(e.name), namespace, addresses) for e in replica.role_engines(role)]
+    return [u for u in urls if u]
 
 
 def build_frontend_config(
@@ -43,18 +57,20 @@ def build_frontend_config(
     placed: ReplicaPlacement,
     namespace: str,
     addresses: Mapping[str, str],
+    fallback: Mapping[Role, list[str]] | None = None,
 ) -> FrontendConfig:
     """The :class:`~drs_protocol.frontend_config.FrontendConfig` of one replica's frontends (node
-    id and port come as flags), validated here."""
-    nodes = {e.name: e.node for e in placed.engines}
+    id and port come as flags), validated here.
 
-    def pool(role: Role) -> list[str]:
-        urls = [engine_url(plan, e, nodes.get(e.name), namespace, addresses) for e in replica.role_engines(role)]
-        return [u for u in urls if u]
-
+    ``fallback``: the other placed replicas' engines per role, used by the frontend only while none
+    of its own replica's engines of that role is up (a roll, a crash). They are not part of
+    :func:`frontend_config_hash`, so placing or moving another replica never restarts this one's
+    frontends (a frontend started earlier simply knows fewer fallback engines)."""
     fields: dict[str, Any] = {
-        "prefill": pool(Role.PREFILL),
-        "decode": pool(Role.DECODE),
+        "prefill": engine_pool(plan, replica, placed, Role.PREFILL, namespace, addresses),
+        "decode": engine_pool(plan, replica, placed, Role.DECODE, namespace, addresses),
+        "hold_seconds": spec.frontend.hold_seconds,
+        "health_interval": HEALTH_INTERVAL_S,
         "ctx_router": spec.router.ctx,
         "gen_router": spec.router.gen,
         "gen_tokids_ctxbytes": spec.router.gen_tokids_ctxbytes,
@@ -65,7 +81,19 @@ def build_frontend_config(
     }
     if spec.model.tokenizer:
         fields["tokenizer"] = spec.model.tokenizer
+    for role, key in ((Role.PREFILL, FALLBACK_PREFILL_KEY), (Role.DECODE, FALLBACK_DECODE_KEY)):
+        urls = (fallback or {}).get(role) or []
+        if urls:
+            fields[key] = list(urls)
     return FrontendConfig.model_validate(fields)
+
+
+def frontend_config_hash(config: FrontendConfig) -> str:
+    """The hash a frontend pod template carries: the rendered config without the fallback pools."""
+    kept = config.model_dump(
+        mode="json", by_alias=True, exclude_unset=True, exclude={FALLBACK_PREFILL_KEY, FALLBACK_DECODE_KEY}
+    )
+    return spec_hash({"metadata": {}, "data": kept})
 
 
 def build_frontend_configmap(owner: Owner, replica: int, config: FrontendConfig) -> dict[str, Any]:

@@ -1,0 +1,51 @@
+"""kwok's stage files, adjusted so that a pod the pod runner runs is never Ready before its process is.
+
+kwok's ``pod-ready`` stage marks every pod on a simulated node Running **and Ready** the instant
+it is bound. For our own pods (host network, first container's command ``drs``) the pod runner
+starts a real process and writes readiness from its real probe, but until its first write the pod
+said Ready for a process that did not exist yet: a freshly replaced engine pod looked ready during
+a roll, and the operator's status with it. Here that stage writes ``Ready``, ``ContainersReady``
+and the containers' ``ready`` as False for those pods (everything else as kwok ships it); the
+runner turns them True when the probe passes, as a kubelet would.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+POD_READY_STAGE: Final = "pod-ready.yaml"
+
+#: Template prologue: ``$ready`` is "False" for a host-network pod whose first container runs ``drs``.
+_PROLOGUE: Final = (
+    '      {{ $ready := "True" }}\n'
+    "      {{ if .spec.hostNetwork }}{{ with (index .spec.containers 0).command }}"
+    '{{ if eq (index . 0) "drs" }}{{ $ready = "False" }}{{ end }}{{ end }}{{ end }}\n'
+)
+_REPLACEMENTS: Final = (
+    ('        status: "True"\n        type: Ready\n', "        status: {{ $ready | Quote }}\n        type: Ready\n"),
+    (
+        '        status: "True"\n        type: ContainersReady\n',
+        "        status: {{ $ready | Quote }}\n        type: ContainersReady\n",
+    ),
+    ("        ready: true\n        restartCount: 0\n        state:\n          running:", None),
+)
+
+
+class StageFormatError(ValueError):
+    """kwok's stage file does not have the shape this adjustment expects (a kwok upgrade changed it)."""
+
+
+def runner_aware(name: str, text: str) -> str:
+    """``text`` of the stage file ``name``, adjusted when it is kwok's pod-ready stage."""
+    if name != POD_READY_STAGE:
+        return text
+    anchor = "      {{ $now := Now }}\n"
+    if anchor not in text:
+        raise StageFormatError(f"{name}: no {anchor.strip()!r} line to follow")
+    text = text.replace(anchor, anchor + _PROLOGUE, 1)
+    for old, new in _REPLACEMENTS:
+        if old not in text:
+            raise StageFormatError(f"{name}: expected {old.strip()!r}")
+        replacement = new if new is not None else old.replace("ready: true", 'ready: {{ eq $ready "True" }}', 1)
+        text = text.replace(old, replacement, 1)
+    return text

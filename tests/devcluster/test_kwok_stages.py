@@ -1,0 +1,53 @@
+"""kwok's pod-ready stage, adjusted: pods the runner runs start not Ready (checked on kwok's own file)."""
+
+from __future__ import annotations
+
+import pytest
+from drs_devcluster.kwok_stages import POD_READY_STAGE, StageFormatError, runner_aware
+
+#: kwok v0.8.0's kustomize/stage/pod/fast/pod-ready.yaml, the part this adjustment touches.
+KWOK_POD_READY = """apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-ready
+spec:
+  next:
+    statusTemplate: |
+      {{ $now := Now }}
+
+      conditions:
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Initialized
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: Ready
+      - lastTransitionTime: {{ $now | Quote }}
+        status: "True"
+        type: ContainersReady
+      containerStatuses:
+      {{ range .spec.containers }}
+      - image: {{ .image | Quote }}
+        name: {{ .name | Quote }}
+        ready: true
+        restartCount: 0
+        state:
+          running:
+            startedAt: {{ $now | Quote }}
+      {{ end }}
+"""
+
+
+def test_the_pod_ready_stage_leaves_runner_pods_not_ready() -> None:
+    out = runner_aware(POD_READY_STAGE, KWOK_POD_READY)
+    assert '{{ if eq (index . 0) "drs" }}{{ $ready = "False" }}' in out
+    assert "status: {{ $ready | Quote }}\n        type: Ready\n" in out
+    assert "status: {{ $ready | Quote }}\n        type: ContainersReady\n" in out
+    assert 'ready: {{ eq $ready "True" }}' in out
+    assert 'status: "True"\n        type: Initialized' in out  # the rest as kwok ships it
+
+
+def test_other_stages_are_left_alone_and_an_unexpected_shape_is_refused() -> None:
+    assert runner_aware("pod-delete.yaml", KWOK_POD_READY) == KWOK_POD_READY
+    with pytest.raises(StageFormatError, match=r"pod-ready\.yaml"):
+        runner_aware(POD_READY_STAGE, KWOK_POD_READY.replace("type: ContainersReady", "type: Other"))
