@@ -1,0 +1,421 @@
+"""Benchmark: turns lost and turn latency while the fleet is rolled, refitted and broken.
+
+Not a test (``tests/cluster/test_chaos.py`` runs a short version). On the local control plane with
+the pod runner (every pod a real process on its node's loopback address), a sim fleet like
+``make demo``'s (2 replicas x 1 prefill + 1 decode, 2 frontends each, host networking) serves
+Gym-shaped clients: each session picks ``status.urls[sha256(session) % len(urls)]`` and runs 6
+turns, re-sending the growing conversation; a turn that gets a 5xx or no connection is retried (up
+to 5 attempts, back-off 0.5 s doubling), as NeMo-Gym's client does. Scenarios, one after the other,
+each with the load running before, during and after the event:
+
+* ``baseline`` — nothing happens (the latency reference of the same run);
+* ``roll`` — a spec change that replaces every engine pod (one replica at a time);
+* ``refit`` — new weights through the trainer's sidecar (``drs sidecar``, ``POST /v1/refit``);
+* ``prefill_killed`` / ``decode_killed`` — an engine pod of replica 0 deleted with grace 0 (a crash);
+* ``frontend_killed`` — frontend 0 of replica 0 deleted with grace 0 (its Deployment brings it back);
+* ``operator_killed`` — a roll, with the operator SIGKILLed once the roll has begun and restarted.
+
+Prints one JSON line: per scenario the turns attempted and failed, turns that needed a retry, and
+p50/p99 turn latency (first attempt to answer), plus each scenario's p50 over the baseline's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+
+from drs_devcluster import build, runner  # noqa: E402
+from drs_devcluster.cluster import DevCluster  # noqa: E402
+from drs_devcluster.testing import RunningCluster  # noqa: E402
+from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
+
+NAME = "chaos"
+TURNS_PER_SESSION = 6
+ATTEMPTS = 5
+BACKOFF_S = 0.5
+TURN_TIMEOUT_S = 120.0
+SCENARIOS = ("baseline", "roll", "refit", "prefill_killed", "decode_killed", "frontend_killed", "operator_killed")
+DRS = str(Path(sys.executable).parent / "drs")
+
+
+def fleet(speed: float) -> dict[str, Any]:
+    """``make demo``'s fleet (examples/local-sim.yaml) under another name; ``speed`` rolls it."""
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggReplicaSet",
+        "metadata": {"name": NAME},
+        "spec": {
+            "replicas": 2,
+            "model": {"path": "sim-qwen3", "maxModelLen": 32768},
+            "engine": {"backend": "sim", "simOptions": {"speed": speed}, "drainSeconds": 8},
+            "prefill": {"engines": 1, "tensorParallelSize": 1},
+            "decode": {"engines": 1, "tensorParallelSize": 1},
+            "frontend": {"workers": 2, "basePort": 8300},
+            "router": {"ctx": "conversation", "gen": "load_balancing"},
+            "trtllm": {"enginePort": 8000},
+            "network": {"hostNetwork": True},
+            "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
+        },
+    }
+
+
+# -- the Gym-shaped load ------------------------------------------------------------------------
+
+
+@dataclass
+class Turn:
+    ok: bool
+    latency_s: float
+    attempts: int
+    status: int | None
+    started: float
+
+
+@dataclass
+class Load:
+    """``clients`` Gym-shaped sessions in a thread of their own, until :meth:`stop`."""
+
+    urls: list[str]
+    clients: int
+    max_tokens: int = 16
+    turns: list[Turn] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Load:
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="chaos-load", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> list[Turn]:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(TURN_TIMEOUT_S * ATTEMPTS)
+        return list(self.turns)
+
+    async def _run(self) -> None:
+        import aiohttp
+
+        timeout = aiohttp.ClientTimeout(total=TURN_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            await asyncio.gather(*(self._worker(http, w) for w in range(self.clients)))
+
+    async def _worker(self, http: Any, worker: int) -> None:
+        session = 0
+        while not self._stop.is_set():
+            sid = f"chaos-{worker}-{session}-{time.monotonic_ns()}"
+            url = self.urls[int.from_bytes(hashlib.sha256(sid.encode()).digest()[:8], "big") % len(self.urls)]
+            messages: list[dict[str, str]] = [{"role": "system", "content": "You are a careful assistant."}]
+            for turn in range(TURNS_PER_SESSION):
+                if self._stop.is_set():
+                    return
+                messages.append({"role": "user", "content": f"Turn {turn} of session {sid}: go on."})
+                result, text = await self._turn(http, url, sid, messages)
+                self.turns.append(result)
+                if not result.ok:
+                    break  # the trajectory is lost; Gym would start another
+                messages.append({"role": "assistant", "content": text})
+            session += 1
+
+    async def _turn(self, http: Any, url: str, sid: str, messages: list[dict[str, str]]) -> tuple[Turn, str]:
+        import aiohttp
+
+        body = {"model": "sim-qwen3", "messages": messages, "max_tokens": self.max_tokens}
+        headers = {"x-session-id": sid}
+        started = time.monotonic()
+        status: int | None = None
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+                    status = resp.status
+                    data = await resp.json(content_type=None)
+                if status == 200:
+                    text = data["choices"][0]["message"]["content"] or ""
+                    return Turn(True, time.monotonic() - started, attempt, status, started), text
+                if status < 500:
+                    break  # a 4xx is the client's fault: not retried
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                status = None
+            await asyncio.sleep(BACKOFF_S * 2 ** (attempt - 1))
+        return Turn(False, time.monotonic() - started, ATTEMPTS, status, started), ""
+
+
+def summarize(turns: list[Turn]) -> dict[str, Any]:
+    latencies = sorted(t.latency_s for t in turns if t.ok)
+
+    def pct(q: float) -> float | None:
+        if not latencies:
+            return None
+        return round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1)
+
+    return {
+        "turns": len(turns),
+        "failed": sum(not t.ok for t in turns),
+        "retried": sum(t.ok and t.attempts > 1 for t in turns),
+        "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
+        "p99_ms": pct(0.99),
+        "max_ms": round(1000 * latencies[-1], 1) if latencies else None,
+    }
+
+
+# -- the fleet and its events -------------------------------------------------------------------
+
+
+@dataclass
+class Fleet:
+    rc: RunningCluster
+    namespace: str
+    operator: OperatorProcess
+    workdir: Path
+    speed: float = 0.1
+    sidecar: subprocess.Popen[bytes] | None = None
+    sidecar_url: str = ""
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        return self.rc.kubectl(*args, "-n", self.namespace, input=input).stdout
+
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = get_json(self.rc, "drs", "-n", self.namespace, NAME)
+        return body
+
+    def ready_at_generation(self) -> dict[str, Any] | None:
+        body = self.body()
+        st = body.get("status") or {}
+        ok = st.get("observedGeneration") == body["metadata"]["generation"] and st.get("phase") == "Ready"
+        return st if ok else None
+
+    def wait_ready(self, timeout: float = 180.0) -> dict[str, Any]:
+        st: dict[str, Any] = wait_for(f"{NAME} Ready at its generation", self.ready_at_generation, timeout)
+        return st
+
+    def wait_serving(self, urls: list[str], timeout: float = 120.0) -> None:
+        def all_ready() -> bool:
+            for url in urls:
+                try:
+                    with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+                        if resp.status != 200:
+                            return False
+                except OSError:
+                    return False
+            return True
+
+        wait_for("every frontend to answer /ready", all_ready, timeout)
+
+    def roll(self) -> None:
+        self.speed = round(self.speed + 0.01, 3)
+        apply(self.rc, self.namespace, fleet(self.speed))
+
+    def roll_started(self) -> bool:
+        """An engine pod of the old spec is being replaced (deleted or already recreated)."""
+        st = self.body().get("status") or {}
+        progressing: dict[str, Any] = next((c for c in st.get("conditions", []) if c["type"] == "Progressing"), {})
+        return "rolling replica" in str(progressing.get("message", ""))
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = get_json(self.rc, "pods", "-n", self.namespace, "-l", selector)["items"]
+        return items
+
+    def kill_pod(self, selector: str) -> str:
+        """Delete the first pod matching ``selector`` with grace 0 (a crash); its uid."""
+        pod = self.pods(selector)[0]
+        self.kubectl("delete", "pod", pod["metadata"]["name"], "--grace-period=0", "--force", "--wait=false")
+        return str(pod["metadata"]["uid"])
+
+    def wait_replaced(self, selector: str, old_uid: str, timeout: float = 120.0) -> None:
+        """Until a pod matching ``selector`` other than ``old_uid`` is Ready (the runner's real probe)."""
+
+        def replaced() -> bool:
+            return any(
+                p["metadata"]["uid"] != old_uid
+                and not p["metadata"].get("deletionTimestamp")
+                and any(
+                    c.get("type") == "Ready" and c.get("status") == "True"
+                    for c in (p.get("status") or {}).get("conditions") or []
+                )
+                for p in self.pods(selector)
+            )
+
+        wait_for(f"a replacement for pod {old_uid}", replaced, timeout)
+
+    def start_sidecar(self) -> None:
+        port = free_port()
+        log = (self.workdir / "sidecar.log").open("ab")
+        argv = [DRS, "sidecar", "--name", NAME, "--namespace", self.namespace, "--port", str(port)]
+        self.sidecar = subprocess.Popen(argv, env=self.rc.env, stdout=log, stderr=subprocess.STDOUT)
+        self.sidecar_url = f"http://127.0.0.1:{port}"
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(f"{self.sidecar_url}/healthz", timeout=2):
+                    return True
+            except OSError:
+                return False
+
+        wait_for("the sidecar", healthy, 60)
+
+    def refit(self, version: str) -> dict[str, Any]:
+        checkpoint = self.workdir / "checkpoints" / version
+        checkpoint.mkdir(parents=True, exist_ok=True)
+        (checkpoint / "model.safetensors").write_bytes(os.urandom(64))
+        request = urllib.request.Request(
+            f"{self.sidecar_url}/v1/refit",
+            data=json.dumps({"path": str(checkpoint), "version": version}).encode(),
+            headers={"content-type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            report: dict[str, Any] = json.loads(resp.read())
+        return report
+
+    def restart_operator(self) -> None:
+        self.operator.kill(signal.SIGKILL)
+        time.sleep(2.0)  # the operator stays down for a while, as a crashed pod would before its restart
+        self.operator = OperatorProcess(self.rc, self.operator.log).start()
+
+    def close(self) -> None:
+        if self.sidecar is not None and self.sidecar.poll() is None:
+            self.sidecar.terminate()
+            self.sidecar.wait(30)
+
+
+def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
+    """What happens in scenario ``name`` (returns once the fleet has recovered)."""
+    sel = f"disagg.dev/replicaset={NAME},disagg.dev/replica=0"
+
+    def roll() -> None:
+        fleet_.roll()
+        fleet_.wait_ready()
+
+    def refit() -> None:
+        if fleet_.sidecar is None:
+            fleet_.start_sidecar()
+        report = fleet_.refit(time.strftime("step-%H%M%S"))
+        if not report.get("complete"):
+            raise RuntimeError(f"refit incomplete: {report}")
+
+    def killed(role: str, extra: str = "") -> Callable[[], None]:
+        def kill() -> None:
+            selector = f"{sel},disagg.dev/role={role}{extra}"
+            fleet_.wait_replaced(selector, fleet_.kill_pod(selector))
+            fleet_.wait_ready()
+
+        return kill
+
+    def operator_killed() -> None:
+        fleet_.roll()
+        wait_for("the roll to begin", fleet_.roll_started, 60)
+        fleet_.restart_operator()
+        fleet_.wait_ready()
+
+    events: dict[str, Callable[[], None]] = {
+        "baseline": lambda: None,
+        "roll": roll,
+        "refit": refit,
+        "prefill_killed": killed("prefill"),
+        "decode_killed": killed("decode"),
+        "frontend_killed": killed("frontend", ",disagg.dev/frontend=0"),
+        "operator_killed": operator_killed,
+    }
+    return events[name]
+
+
+def run_scenarios(
+    fleet_: Fleet, names: tuple[str, ...], clients: int, settle_s: float, say: Callable[[str], None] = print
+) -> dict[str, dict[str, Any]]:
+    """Each scenario under load: ``settle_s`` of load, the event until recovery, ``settle_s`` more."""
+    results: dict[str, dict[str, Any]] = {}
+    urls: list[str] = fleet_.wait_ready()["urls"]
+    fleet_.wait_serving(urls)
+    for name in names:
+        load = Load(urls, clients).start()
+        started = time.monotonic()
+        time.sleep(settle_s)
+        scenario_event(fleet_, name)()
+        fleet_.wait_serving(urls)
+        time.sleep(settle_s)
+        turns = load.stop()
+        results[name] = {**summarize(turns), "seconds": round(time.monotonic() - started, 1)}
+        say(f"[chaos] {name}: {json.dumps(results[name])}")
+    return results
+
+
+@contextlib.contextmanager
+def deployed(rc: RunningCluster, namespace: str, workdir: Path) -> Iterator[Fleet]:
+    """The CRD, the pod runner, an operator and the fleet, Ready; everything stopped afterwards."""
+    rc.kubectl("apply", "-f", str(ROOT / "crds"))
+    rc.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
+    if runner.running_runner(rc.cluster) is None:
+        runner.start_runner(rc.cluster)
+    operator = OperatorProcess(rc, workdir / "operator.log").start()
+    f = Fleet(rc, namespace, operator, workdir)
+    try:
+        apply(rc, namespace, fleet(f.speed))
+        f.wait_ready()
+        yield f
+    finally:
+        f.close()
+        rc.kubectl("delete", "drs", NAME, "-n", namespace, "--ignore-not-found", "--wait=false", check=False)
+        f.operator.kill(signal.SIGTERM)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--settle", type=float, default=5.0, help="seconds of load before and after each event")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--port-base", type=int, default=int(os.environ.get("DRS_CHAOS_PORT_BASE", "25600")))
+    args = parser.parse_args()
+    names = tuple(s for s in args.scenarios.split(",") if s)
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"--scenarios: unknown {unknown}; choose from {', '.join(SCENARIOS)}")
+
+    state = Path(tempfile.gettempdir()) / f"drs-chaos-{args.port_base}"
+    cluster = DevCluster.at(state, args.port_base, bin_dir=build.bin_dir())
+    cluster.down()
+    cluster = DevCluster.at(state, args.port_base, bin_dir=build.bin_dir())
+    cluster.up("hgx", 4)
+    rc = RunningCluster(cluster)
+    try:
+        with deployed(rc, "default", state) as f:
+            results = run_scenarios(f, names, args.clients, args.settle, say=lambda m: print(m, file=sys.stderr))
+    finally:
+        runner.stop_runner(cluster)
+        cluster.down()
+    base = (results.get("baseline") or {}).get("p50_ms")
+    for r in results.values():
+        r["p50_over_baseline"] = round(r["p50_ms"] / base, 2) if base and r.get("p50_ms") else None
+    line = {
+        "bench": "chaos",
+        "machine": f"{platform.machine()} {os.cpu_count()} cores",
+        "fleet": "2 replicas x (1 prefill + 1 decode), 2 frontends each, sim speed 0.1, host networking",
+        "clients": args.clients,
+        "turns_per_session": TURNS_PER_SESSION,
+        "client_attempts": ATTEMPTS,
+        "scenarios": results,
+        "failed_total": sum(r["failed"] for r in results.values()),
+    }
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()
