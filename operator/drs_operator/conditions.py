@@ -334,7 +334,9 @@ def parse_engine_weights(annotation: str | None) -> dict[str, str]:
     if not isinstance(data, dict):
         return {}
     return {
-        str(k): v for k, v in data.items() if isinstance(v, str) and 0 < len(v) <= MAX_WEIGHTS_VERSION_CHARS and len(k) <= 253
+        str(k): v
+        for k, v in data.items()
+        if isinstance(v, str) and 0 < len(v) <= MAX_WEIGHTS_VERSION_CHARS and len(k) <= 253
     }
 
 
