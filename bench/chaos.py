@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 from drs_devcluster import build, runner  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster  # noqa: E402
+from drs_protocol import routes  # noqa: E402
 from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
 
 NAME = "chaos"
@@ -146,7 +147,7 @@ class Load:
         status: int | None = None
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
+                async with http.post(f"{url}{routes.Endpoint.CHAT}", json=body, headers=headers) as resp:
                     status = resp.status
                     data = await resp.json(content_type=None)
                 if status == 200:
@@ -212,7 +213,7 @@ class Fleet:
         def all_ready() -> bool:
             for url in urls:
                 try:
-                    with urllib.request.urlopen(f"{url}/ready", timeout=2) as resp:
+                    with urllib.request.urlopen(f"{url}{routes.READY}", timeout=2) as resp:
                         if resp.status != 200:
                             return False
                 except OSError:
@@ -266,7 +267,7 @@ class Fleet:
 
         def healthy() -> bool:
             try:
-                with urllib.request.urlopen(f"{self.sidecar_url}/healthz", timeout=2):
+                with urllib.request.urlopen(f"{self.sidecar_url}{routes.HEALTHZ}", timeout=2):
                     return True
             except OSError:
                 return False
@@ -278,7 +279,7 @@ class Fleet:
         checkpoint.mkdir(parents=True, exist_ok=True)
         (checkpoint / "model.safetensors").write_bytes(os.urandom(64))
         request = urllib.request.Request(
-            f"{self.sidecar_url}/v1/refit",
+            f"{self.sidecar_url}{routes.TrainerRoute.REFIT}",
             data=json.dumps({"path": str(checkpoint), "version": version}).encode(),
             headers={"content-type": "application/json"},
         )

@@ -234,22 +234,18 @@ class Refitter:
     async def reconcile_once(self) -> Report | None:
         """Record the version every ready engine serves (the operator's per-engine status); bring
         every ready engine that serves another version to the desired weights; publish the
-        version once the whole fleet serves it. None when nothing is desired or a refit runs."""
+        version once the whole fleet serves it. None when nothing is desired or a refit runs.
+        Without desired weights nothing is locked: a refit arriving meanwhile is never refused."""
         if self._lock.locked():
             return None
-        async with self._lock:
-            engines = await self.fleet.engines()
-            ready = [e for e in engines if e.ready and e.url]
-            versions = await asyncio.gather(*(self.control.weights_version(e.url) for e in ready if e.url))
-            served = {
-                e.name: str(v.body["weights_version"])
-                for e, v in zip(ready, versions, strict=True)
-                if v.ok and isinstance(v.body.get("weights_version"), str)
-            }
-            desired = self.desired
-            if desired is None:
+        if self.desired is None:
+            *_, served = await self._read_versions()
+            if self.desired is None and not self._lock.locked():
                 await self._record_engines(served)
-                return None
+            return None
+        async with self._lock:
+            desired = self.desired
+            engines, ready, versions, served = await self._read_versions()
             behind = [
                 e
                 for e, v in zip(ready, versions, strict=True)
@@ -283,6 +279,19 @@ class Refitter:
             else:
                 failures = self._backoff.get(url, (0, 0.0))[0] + 1
                 self._backoff[url] = (failures, now + min(RETRY_BASE_S * 2 ** (failures - 1), RETRY_MAX_S))
+
+    async def _read_versions(self) -> tuple[list[Engine], list[Engine], list[CallResult], dict[str, str]]:
+        """The fleet's engines, the ready ones, their answers to ``GET /control/weights``, and
+        ``{engine name: version}`` of those that answered."""
+        engines = await self.fleet.engines()
+        ready = [e for e in engines if e.ready and e.url]
+        versions = await asyncio.gather(*(self.control.weights_version(e.url) for e in ready if e.url))
+        served = {
+            e.name: str(v.body["weights_version"])
+            for e, v in zip(ready, versions, strict=True)
+            if v.ok and isinstance(v.body.get("weights_version"), str)
+        }
+        return engines, ready, list(versions), served
 
     async def _record_engines(self, versions: dict[str, str]) -> None:
         """Write the per-engine versions to the resource when they changed (never fails the caller)."""
