@@ -10,7 +10,9 @@ Prints one JSON line. Everything is measured in this run, on this machine:
   (GPU 1) through ``drs sidecar``, GB/s (pack + broadcast) and the ratio to the peer copy;
 - ``ttft_ms`` / ``decode_tok_s`` at 2k and 16k-token prompts: one engine (context and generation
   on GPU 0) against disaggregated (context on GPU 0, generation on GPU 1) per transport; the
-  median of ``REPEATS`` runs, each on a fresh prompt (prefix caches off);
+  median of ``REPEATS`` runs, each on a fresh prompt (prefix caches off), prompts sent as base64
+  ids as the frontend relays them; disaggregated TTFT runs from sending the context leg to the
+  generation leg's first streamed token;
 - ``decode_batching``: one engine's decode tokens/s with 1 and 8 concurrent requests.
 
 Needs two CUDA GPUs and PyTorch; engines are ``drs engine`` processes (``tests/gpu/procs.py``).
@@ -31,6 +33,7 @@ from typing import Any
 import httpx
 import torch
 from drs_protocol import routes
+from drs_protocol.token_ids import encode_token_ids_b64
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -73,7 +76,15 @@ def prompt(n: int, salt: int) -> list[int]:
 
 
 def body(ids: list[int], **extra: Any) -> dict[str, Any]:
-    return {"model": "m", "prompt": ids, "max_tokens": DECODE_TOKENS, "temperature": 0, "ignore_eos": True, **extra}
+    """A completion request with the prompt as base64 int32 ids, as the frontend relays it."""
+    return {
+        "model": "m",
+        "prompt_token_ids_b64": encode_token_ids_b64(ids),
+        "max_tokens": DECODE_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
 
 
 async def stream(client: httpx.AsyncClient, url: str, payload: dict[str, Any], t0: float) -> tuple[float, float]:
