@@ -363,7 +363,16 @@ def run_scenarios(
 def deployed(rc: RunningCluster, namespace: str, workdir: Path) -> Iterator[Fleet]:
     """The CRD, the pod runner, an operator and the fleet, Ready; everything stopped afterwards."""
     rc.kubectl("apply", "-f", str(ROOT / "crds"))
-    rc.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
+    wait_for(
+        "the CRD to be Established",  # a wait issued before the apiserver set any condition fails at once
+        lambda: (
+            rc.kubectl(
+                "wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=10s", check=False
+            ).returncode
+            == 0
+        ),
+        60,
+    )
     if runner.running_runner(rc.cluster) is None:
         runner.start_runner(rc.cluster)
     operator = OperatorProcess(rc, workdir / "operator.log").start()
