@@ -34,7 +34,7 @@ from .conftest import EngineFactory
 
 def forbid(model: str) -> type[BaseModel]:
     """A permissive-typed, extra-forbidding model with exactly the transcribed fields."""
-    fields: dict[str, Any] = {name: (Any, None) for name in openai_model_fields(model, with_newer=False)}
+    fields: dict[str, Any] = {name: (Any, None) for name in openai_model_fields(model)}
     return create_model(model, __config__=ConfigDict(extra="forbid"), **fields)
 
 

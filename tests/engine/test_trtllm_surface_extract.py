@@ -66,3 +66,25 @@ def test_a_checkout_missing_a_required_name_fails_naming_it(tmp_path: Path) -> N
     result = run(tmp_path)
     assert result.returncode == 1
     assert "REQUIRED name missing: tensorrt_llm.llmapi.DisaggregatedParams.opaque_state" in result.stderr
+
+
+def _source_refs(node: object) -> list[str]:
+    """Every ``source`` / ``class_source`` value anywhere in the record."""
+    if isinstance(node, dict):
+        own = [v for k, v in node.items() if k in ("source", "class_source") and isinstance(v, str)]
+        return own + [ref for v in node.values() for ref in _source_refs(v)]
+    if isinstance(node, list):
+        return [ref for v in node for ref in _source_refs(v)]
+    return []
+
+
+def test_every_recorded_name_points_at_a_source_with_repo_path_and_full_commit() -> None:
+    s = surface()
+    sources = s["sources"]
+    refs = _source_refs({k: v for k, v in s.items() if k != "sources"})
+    assert refs, "the record names no sources at all"
+    assert not sorted(set(refs) - set(sources)), "a name points at a source that is not recorded"
+    for key, src in sources.items():
+        assert src["repo"].count("/") == 1 and src["path"], key
+        assert isinstance(src["commit"], str) and len(src["commit"]) == 40, f"{key}: commit {src['commit']!r}"
+        int(src["commit"], 16)

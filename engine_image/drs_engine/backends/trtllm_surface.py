@@ -44,13 +44,9 @@ def class_fields(symbol: str, *, with_features: bool = True) -> frozenset[str]:
     return frozenset(fields)
 
 
-def openai_model_fields(model: str, *, with_newer: bool = True) -> frozenset[str]:
+def openai_model_fields(model: str) -> frozenset[str]:
     """Fields of one of TensorRT-LLM's OpenAI response models (``extra="forbid"`` there)."""
-    models = surface()["openai_models"]
-    fields = set(models["models"][model])
-    if with_newer:
-        fields.update(models["newer_fields"].get(model, ()))
-    return frozenset(fields)
+    return frozenset(surface()["openai_models"]["models"][model])
 
 
 def known_memory_tags() -> tuple[str, ...]:

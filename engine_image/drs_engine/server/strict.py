@@ -29,7 +29,7 @@ _STREAM: Final = {
 
 
 def _keep(body: dict[str, Any], model: str) -> dict[str, Any]:
-    allowed = openai_model_fields(model, with_newer=False)
+    allowed = openai_model_fields(model)
     return {k: v for k, v in body.items() if k in allowed}
 
 
@@ -37,7 +37,7 @@ def trtllm_view(body: dict[str, Any], *, chat: bool, stream: bool) -> dict[str, 
     """``body`` with only the fields TensorRT-LLM's response models declare."""
     top, choice_model = (_STREAM if stream else _FULL)[chat]
     if body.get("prompt_token_ids_b64") is not None and "prompt_token_ids_b64" not in openai_model_fields(
-        top, with_newer=False
+        top
     ):  # the recorded models have only the int list
         body = {**body, "prompt_token_ids": decode_token_ids_b64(body["prompt_token_ids_b64"])}
     out = _keep(body, top)
