@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from pathlib import Path
 
 import httpx
 from drs_engine.server.runner import start_engine
@@ -78,3 +79,36 @@ async def test_a_generation_leg_whose_context_state_is_gone_reruns_the_context_l
             assert resp.headers[HEADER_WEIGHTS_VERSION] == "0"
         metrics = (await client.get(front.url + "/metrics")).text
     assert metric_value(metrics, "drs_frontend_retries_total", '{role="context_rerun"}') >= 1
+
+
+SLOW_DECODE = {
+    "sim": {
+        "speed": 1.0,
+        "decodeSecondsPerToken": 0.01,
+        "decodeSecondsPerBatchSlot": 0.0,
+        "prefillSecondsPerToken": 0.0,
+        "weightsLoadSeconds": 0.0,
+    }
+}
+
+
+async def test_a_turn_decoding_across_a_refit_answers_with_the_new_version_and_its_boundary(
+    replica_factory: ReplicaFactory, client: httpx.AsyncClient, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "step-9"
+    checkpoint.write_text("new weights")
+    async with replica_factory(engine=SLOW_DECODE) as replica:
+        decode = replica.decode[0].server.state
+        body = chat_body("a long answer", max_tokens=200, ignore_eos=True)
+        turn = asyncio.create_task(client.post(replica.url + CHAT, json=body))
+        async with asyncio.timeout(WAIT_S):  # until the generation leg is decoding on the decode engine
+            while decode.admission is None or decode.admission.running == 0:
+                await asyncio.sleep(0.01)
+        for engine in (*replica.prefill, *replica.decode):  # the sidecar's refit, engine by engine
+            await engine.server.state.require_backend().load_weights(str(checkpoint), "step-9")
+        resp = await asyncio.wait_for(turn, WAIT_S)
+    assert resp.status_code == 200, resp.text
+    answer = resp.json()
+    assert resp.headers[HEADER_WEIGHTS_VERSION] == answer["weights_version"] == "step-9"
+    assert 1 <= answer["weights_boundary"] < 200
+    assert len(answer["choices"][0]["token_ids"]) == 200
