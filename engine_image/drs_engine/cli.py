@@ -2,12 +2,17 @@
 
 Flags override the config file. The port is bound before the model loads; if it cannot be bound
 the command exits at once with status 1, naming the port.
+
+An engine wider than a node (``DRS_WORLD_SIZE`` > 1, set by the operator) runs as a gang: rank 0
+is the leader (Ray head + engine server), ranks above join its Ray cluster and serve only
+``/health`` (``drs_engine.gang``). A lost gang ends the process with status 4, so the pod restarts.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -17,6 +22,7 @@ from drs_protocol.config import parse_config_json
 from drs_protocol.enums import EngineBackend, Role, choices
 
 from drs_engine.config import build_config, load_config_file
+from drs_engine.gang.spec import EXIT_GANG_LOST, GangSpec
 
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
@@ -85,6 +91,7 @@ def engine(
     from drs_protocol.listen import BindError
     from pydantic import ValidationError
 
+    from drs_engine.gang.spec import GangSpecError, gang_from_env
     from drs_engine.server.runner import bind_socket, uvicorn_server
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -102,6 +109,10 @@ def engine(
         )
     except (ValidationError, ValueError, OSError) as exc:
         raise click.ClickException(f"invalid engine config: {exc}") from exc
+    try:
+        gang = gang_from_env(os.environ)
+    except GangSpecError as exc:
+        raise click.ClickException(f"invalid gang: {exc}") from exc
     token = read_control_token(control_token_file)
     try:
         sock = bind_socket(config.host, config.port)
@@ -109,6 +120,8 @@ def engine(
         click.echo(f"drs engine: {exc.strerror}", err=True)
         sys.exit(EXIT_BIND_FAILED)
     config = config.model_copy(update={"port": sock.getsockname()[1]})
+    if gang is not None and not gang.is_leader:
+        sys.exit(_run_rank(gang, config.host, config.port, sock, log_level))
     if token is None:
         click.echo(
             f"drs engine: no control token ({env.CONTROL_TOKEN} or --control-token-file): control API disabled",
@@ -117,7 +130,11 @@ def engine(
     click.echo(
         f"drs engine: {config.backend.value} {config.role.value} listening on {config.host}:{config.port}", err=True
     )
-    server = uvicorn_server(config, token, log_level=log_level)
+    if gang is not None:
+        click.echo(
+            f"drs engine: leader of a gang of {gang.world_size} ranks (Ray head on port {gang.ray_port})", err=True
+        )
+    server = uvicorn_server(config, token, log_level=log_level, gang=gang)
     try:
         server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn exits this way when the app's startup (model load) fails
@@ -129,3 +146,24 @@ def engine(
     if not started:
         click.echo(f"drs engine: failed to start on port {config.port} (see the log above)", err=True)
         sys.exit(EXIT_STARTUP_FAILED)
+    fatal = server.state.fatal
+    if fatal is not None:
+        click.echo(f"drs engine: the gang is lost ({fatal}); exiting so that the engine restarts as a whole", err=True)
+        sys.exit(EXIT_GANG_LOST)
+
+
+def _run_rank(gang: GangSpec, host: str, port: int, sock: socket.socket, log_level: str) -> int:
+    """A rank above 0: join the leader's Ray cluster and serve ``/health`` (its exit code)."""
+    import asyncio
+
+    from drs_engine.gang.worker import serve_worker
+
+    if host in ("0.0.0.0", "::", ""):
+        raise click.ClickException("--host must be this pod's address for an engine wider than a node (Ray binds it)")
+    leader = gang.leader_address if ":" not in gang.leader_address else f"[{gang.leader_address}]"
+    click.echo(
+        f"drs engine: rank {gang.rank} of {gang.world_size}, joining the leader at {leader}:{port} "
+        f"(Ray {gang.ray_address}); /health on {host}:{port}",
+        err=True,
+    )
+    return asyncio.run(serve_worker(gang, host, f"http://{leader}:{port}", sock, log_level))

@@ -26,12 +26,13 @@ import click
 import yaml
 from drs_devcluster.profiles import PROFILES, ProfileError, build_nodes
 
+from drs_operator.api import names
 from drs_operator.api.constants import KIND
 from drs_operator.crd import render_crd
 from drs_operator.layout import frontend_urls
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import NodeInfo, Placement, place
-from drs_operator.plan import Plan
+from drs_operator.plan import EngineSlot, Plan
 from drs_operator.plan import plan as make_plan
 from drs_operator.validation import validate_manifest
 
@@ -128,6 +129,7 @@ def describe(layout: Plan, placement: Placement | None, nodes: list[NodeInfo] | 
                         "width": e.width,
                         "port": e.port,
                         "nodes": engine_nodes.get(e.name, []),
+                        **_rank_pods(layout.name, e, engine_nodes.get(e.name, [])),
                     }
                     for e in rep.engines
                 ],
@@ -154,6 +156,17 @@ def describe(layout: Plan, placement: Placement | None, nodes: list[NodeInfo] | 
     return report
 
 
+def _rank_pods(drs: str, engine: EngineSlot, nodes: list[str]) -> dict[str, Any]:
+    """``{"pods": [...]}`` for an engine placed on several nodes (a gang: one pod per node), else ``{}``."""
+    if len(nodes) < 2:
+        return {}
+    pods = [
+        {"rank": k, "name": names.engine_pod_name(drs, engine.replica, engine.role, engine.ordinal, k), "node": node}
+        for k, node in enumerate(nodes)
+    ]
+    return {"pods": pods, "gpusPerPod": engine.width // len(nodes)}
+
+
 def render_table(report: Mapping[str, Any]) -> str:
     """The report for a person: one line per engine and per frontend, then the URLs."""
     lines = [
@@ -169,6 +182,20 @@ def render_table(report: Mapping[str, Any]) -> str:
             rows.append(
                 (str(r["index"]), segment, "engine", e["name"], e["role"], str(e["width"]), str(e["port"]), nodes)
             )
+            for p in e.get("pods", []):
+                kind = "- leader" if p["rank"] == 0 else f"- rank {p['rank']}"
+                rows.append(
+                    (
+                        str(r["index"]),
+                        segment,
+                        kind,
+                        p["name"],
+                        e["role"],
+                        str(e["gpusPerPod"]),
+                        str(e["port"]),
+                        p["node"],
+                    )
+                )
         for f in r["frontends"]:
             rows.append(
                 (

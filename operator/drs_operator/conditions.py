@@ -18,6 +18,11 @@ pod that cannot run (``PodsNotRunning``: unschedulable, image pull, crash loop â
 the pod and the cause, and a Warning Event fires when a pod's cause changes); engines on different
 weights versions (``WeightsSplit``, from the sidecar's per-engine annotation); replicas not ready
 with nothing in flight.
+
+An engine wider than a node lists its ranks, each ``joined`` when its pod is Ready (a rank's
+readiness is its membership of the leader's Ray cluster, the leader's is the whole gang serving);
+it serves only when all are. When it stops serving a ``GangRestarting`` Warning names the ranks
+missing, and ``GangReady`` follows when it is whole again.
 """
 
 from __future__ import annotations
@@ -32,7 +37,14 @@ from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 
 from drs_operator.api import names
 from drs_operator.api.constants import ConditionStatus, ConditionType, Phase, Reason
-from drs_operator.api.status import Condition, DisaggReplicaSetStatus, ReplicaStatus, WeightsStatus
+from drs_operator.api.status import (
+    Condition,
+    DisaggReplicaSetStatus,
+    EngineStatus,
+    RankStatus,
+    ReplicaStatus,
+    WeightsStatus,
+)
 from drs_operator.manifests.children import Children
 from drs_operator.readiness import (
     deployment_serving,
@@ -119,6 +131,7 @@ def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
                         "weights_version": observed.engine_weights.get(e.name),
                         "problem": problem.reason if problem else None,
                         "message": problem.text()[:1024] if problem else None,
+                        "ranks": _ranks(e, rs.placed, pods),
                     }
                 )
             )
@@ -147,6 +160,35 @@ def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
             )
         )
     return replicas
+
+
+def _ranks(e: EngineStatus, placed: bool, pods: Mapping[str, Manifest]) -> list[RankStatus] | None:
+    """An engine wider than a node: each rank ``joined`` when its pod is Ready."""
+    if not e.ranks:
+        return e.ranks
+    return [r.model_copy(update={"joined": placed and engine_serving([r.pod], pods)}) for r in e.ranks]
+
+
+def _gang_notes(previous: Sequence[ReplicaStatus], current: Sequence[ReplicaStatus]) -> list[EventNote]:
+    """Events for engines wider than a node that stopped being ready (the gang restarts) or came back."""
+    before = {e.name: e.ready for r in previous for e in r.engines}
+    notes = []
+    for r in current:
+        for e in r.engines:
+            if not e.ranks or e.name not in before or before[e.name] == e.ready:
+                continue
+            if e.ready:
+                notes.append(
+                    EventNote("Normal", Reason.GANG_READY, f"engine {e.name}: all {len(e.ranks)} ranks joined, serving")
+                )
+                continue
+            missing = ", ".join(f"{x.rank} ({x.pod} on {x.node})" for x in e.ranks if not x.joined) or "none"
+            message = (
+                f"engine {e.name} is down as a whole, rank(s) not joined: {missing}; "
+                "its ranks restart together and it serves again once every rank rejoined"
+            )
+            notes.append(EventNote("Warning", Reason.GANG_RESTARTING, message[:1024]))
+    return notes
 
 
 def _weights_split(replicas: Sequence[ReplicaStatus]) -> str | None:
@@ -319,7 +361,11 @@ def compute_status(
         replica_statuses=replicas,
         weights=weights_status(previous.weights, observed.weights_version, now),
     )
-    return status, _transitions(prev, conditions) + _problem_notes(previous, replicas)
+    return status, (
+        _transitions(prev, conditions)
+        + _problem_notes(previous, replicas)
+        + _gang_notes(previous.replica_statuses, replicas)
+    )
 
 
 def parse_engine_weights(annotation: str | None) -> dict[str, str]:

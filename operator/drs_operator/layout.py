@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from drs_operator.api import names
-from drs_operator.api.status import EngineStatus, FrontendStatus, ReplicaStatus
+from drs_operator.api.status import EngineStatus, FrontendStatus, RankStatus, ReplicaStatus
 from drs_operator.placement import Placement
 from drs_operator.plan import EngineSlot, Plan
 
@@ -66,6 +66,16 @@ def _frontend_node(placement: Placement | None, replica: int, index: int) -> str
     return None
 
 
+def rank_statuses(drs: str, engine: EngineSlot, nodes: tuple[str, ...]) -> list[RankStatus]:
+    """The pods of an engine placed on several ``nodes`` (rank order), none joined yet."""
+    return [
+        RankStatus(
+            rank=rank, pod=names.engine_pod_name(drs, engine.replica, engine.role, engine.ordinal, rank), node=node
+        )
+        for rank, node in enumerate(nodes)
+    ]
+
+
 def replica_statuses(
     plan: Plan, placement: Placement, namespace: str, addresses: Mapping[str, str]
 ) -> list[ReplicaStatus]:
@@ -83,6 +93,7 @@ def replica_statuses(
                 nodes=list(e.nodes),
                 node=e.node,
                 url=engine_url(plan, slots[e.name], e.node, namespace, addresses) if rp.placed else None,
+                ranks=rank_statuses(plan.name, slots[e.name], e.nodes) if len(e.nodes) > 1 else None,
             )
             for e in rp.engines
         ]

@@ -25,6 +25,10 @@ NODE_IP: Final = "DRS_NODE_IP"
 RANK: Final = "DRS_RANK"
 WORLD_SIZE: Final = "DRS_WORLD_SIZE"
 LEADER_ADDRESS: Final = "DRS_LEADER_ADDRESS"
+#: GPUs of this pod's node slice (its ``nvidia.com/gpu``), declared to Ray by a multi-node engine's pods.
+RANK_GPUS: Final = "DRS_RANK_GPUS"
+#: The port of a multi-node engine leader's Ray head (``drs_protocol.gang.ray_port_for``).
+RAY_PORT: Final = "DRS_RAY_PORT"
 
 #: Key of the control token in the Secret the operator creates (the sidecar reads it from there).
 CONTROL_TOKEN_SECRET_KEY: Final = "token"

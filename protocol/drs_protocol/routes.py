@@ -40,6 +40,9 @@ HEALTHZ: Final = "/healthz"
 SERVER_INFO: Final = "/server_info"
 #: Engine: the one model served.
 MODELS: Final = "/v1/models"
+#: Engine wider than a node: its leader's report of the gang (``drs_protocol.gang.GangReport``);
+#: ranks above 0 answer it with their own view.
+GANG: Final = "/v1/gang"
 #: Engine (sim): a prefill engine hands a context state to a decode engine and forgets it.
 KV_EXPORT: Final = "/v1/disagg/kv/{ctx_request_id}"
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 
+from drs_devcluster.profiles import build_nodes
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status, status_dict
 from drs_operator.layout import frontend_urls, replica_statuses
+from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.rollout import compute_actions
 from drs_operator.validation import Problem
 from operator_fixtures import OWNER, as_live, build, hgx, spec
@@ -103,3 +105,54 @@ def test_the_sidecars_weights_annotation_becomes_status_weights_stamped_once() -
     assert invalid.weights is not None and invalid.weights.version == "step-9", (
         "recorded even while the spec is invalid"
     )
+
+
+def observe_wide(not_ready: frozenset[str] = frozenset()) -> Observed:
+    """One replica: a TP8 prefill engine over two 4-GPU GB200 nodes (a gang of two pods), a TP4 decode."""
+    nodes = nodes_from_manifests(build_nodes("gb200", 18))
+    s = spec(
+        replicas=1, prefill={"engines": 1, "tensorParallelSize": 8}, decode={"engines": 1, "tensorParallelSize": 4}
+    )
+    p, placement, desired = build(s, nodes)
+    live = as_live(desired, ready=True)
+    for name in not_ready:
+        live["Pod"][name]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    addresses = {n.name: n.address or "" for n in nodes}
+    return Observed(
+        generation=1,
+        replica_statuses=replica_statuses(p, placement, OWNER.namespace, addresses),
+        urls=frontend_urls(p, placement, OWNER.namespace, addresses),
+        replica_width=p.replica_width,
+        gpus=p.gpus,
+        desired=desired,
+        live=live,
+        rollout=compute_actions(desired, live, set(), [r.index for r in p.replicas]),
+    )
+
+
+def test_an_engine_wider_than_a_node_lists_its_ranks_and_is_ready_only_as_a_whole() -> None:
+    ready, _ = compute_status("fleet", DisaggReplicaSetStatus(), observe_wide(), T0)
+    wide = ready.replica_statuses[0].engines[0]
+    assert wide.ready and wide.ranks is not None
+    assert [(r.rank, r.pod, r.joined) for r in wide.ranks] == [
+        (0, "fleet-r0-prefill-0", True),
+        (1, "fleet-r0-prefill-0-w1", True),
+    ]
+    assert [r.node for r in wide.ranks] == wide.nodes and len(set(wide.nodes)) == 2
+    assert ready.replica_statuses[0].engines[1].ranks is None  # one pod: no rank list
+    assert "ranks" not in status_dict(ready)["replicaStatuses"][0]["engines"][1]
+
+    down, notes = compute_status("fleet", ready, observe_wide(frozenset({"fleet-r0-prefill-0-w1"})), T1)
+    wide = down.replica_statuses[0].engines[0]
+    assert not wide.ready and wide.ranks is not None
+    assert [r.joined for r in wide.ranks] == [True, False]
+    assert down.ready_replicas == 0
+    gang = [n for n in notes if n.reason == "GangRestarting"]
+    assert len(gang) == 1 and gang[0].type == "Warning"
+    assert "fleet-r0-prefill-0-w1" in gang[0].message and "fleet-r0-prefill-0 " in gang[0].message
+
+    again, notes = compute_status("fleet", down, observe_wide(), T1)
+    assert again.replica_statuses[0].engines[0].ready
+    assert [n.type for n in notes if n.reason == "GangReady"] == ["Normal"]
+    _, quiet = compute_status("fleet", again, observe_wide(), T1)
+    assert not [n for n in quiet if n.reason.startswith("Gang")]

@@ -144,4 +144,27 @@ def test_an_engine_wider_than_a_node_is_one_pod_per_node_with_rank_environment(r
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         assert env["DRS_RANK"] == str(rank) and env["DRS_WORLD_SIZE"] == str(rank_count)
         assert env["DRS_LEADER_ADDRESS"] == "fleet-r0-prefill-0.fleet-engines.ns.svc"
+        assert env["DRS_RAY_PORT"] == "6379" and env["DRS_RANK_GPUS"] == "4"
         assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "4"
+        assert pod["spec"]["hostname"] == pod["metadata"]["name"] and pod["spec"]["subdomain"] == "fleet-engines"
+    decode_env = {e["name"]: e.get("value") for e in pods["fleet-r0-decode-0"]["spec"]["containers"][0]["env"]}
+    assert decode_env["DRS_WORLD_SIZE"] == "1" and "DRS_RAY_PORT" not in decode_env
+
+
+def test_with_host_networking_a_gangs_leader_is_its_nodes_address_and_its_ray_port_follows_the_engine_port() -> None:
+    nodes = nodes_from_manifests(build_nodes("gb200", 18))
+    s = spec(
+        replicas=1,
+        prefill={"engines": 1, "tensorParallelSize": 4},
+        decode={"engines": 1, "tensorParallelSize": 8},
+        network={"hostNetwork": True},
+        trtllm={"enginePort": 9000},
+    )
+    _, placement, children = build(s, nodes)
+    wide = next(e for e in placement.replica(0).engines if e.width == 8)
+    leader_ip = next(n.address for n in nodes if n.name == wide.nodes[0])
+    for rank in range(2):
+        pod = children.all_of("Pod")[names.engine_pod_name("fleet", 0, "decode", 0, rank)]
+        env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+        assert env["DRS_LEADER_ADDRESS"] == leader_ip
+        assert env["DRS_RAY_PORT"] == "10001"  # engine port 9001 (slot 1) + 1000

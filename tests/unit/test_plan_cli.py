@@ -54,6 +54,26 @@ def test_the_gb200_example_keeps_each_replica_in_one_clique() -> None:
     assert [len(r["nodes"]) for r in report["replicas"]] == [2, 2]
 
 
+def test_the_wide_gb200_example_shows_the_prefill_gang_one_pod_per_tray() -> None:
+    result = drs("plan", "-f", str(EXAMPLES / "gb200-wide.yaml"), "--profile", "gb200", "-o", "json")
+    assert result.exit_code == 0, result.output
+    (replica,) = json.loads(result.stdout)["replicas"]
+    prefill, decode0, decode1 = replica["engines"]
+    assert replica["segment"] == "nvl72-0" and len(replica["nodes"]) == 6
+    assert prefill["width"] == 16 and prefill["gpusPerPod"] == 4
+    assert [p["name"] for p in prefill["pods"]] == ["gb200-wide-r0-prefill-0"] + [
+        f"gb200-wide-r0-prefill-0-w{k}" for k in (1, 2, 3)
+    ]
+    assert [p["node"] for p in prefill["pods"]] == prefill["nodes"] and len(set(prefill["nodes"])) == 4
+    assert "pods" not in decode0 and "pods" not in decode1
+    table = drs("plan", "-f", str(EXAMPLES / "gb200-wide.yaml"), "--profile", "gb200").stdout
+    rank_rows = [line.split() for line in table.splitlines() if "- rank" in line or "- leader" in line]
+    assert [next(c for c in row if c.startswith("gb200-wide-r0-")) for row in rank_rows] == [
+        "gb200-wide-r0-prefill-0",
+        *(f"gb200-wide-r0-prefill-0-w{k}" for k in (1, 2, 3)),
+    ]
+
+
 def test_host_networking_urls_name_node_addresses() -> None:
     result = drs("plan", "-f", str(EXAMPLES / "local-sim.yaml"), "--profile", "hgx", "--node-count", "2", "-o", "json")
     report = json.loads(result.stdout)

@@ -6,6 +6,8 @@ Routes:
 - ``GET /v1/models`` — the one model served;
 - ``GET /health`` — 200 once the model is loaded, 503 before and while draining (SIGTERM);
 - ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
+- ``GET /v1/gang`` — an engine wider than a node: its leader's report of every rank (joined, node,
+  workers alive) and the gang's phase (``drs_protocol.gang``); 404 on an engine of one pod;
 - ``GET /metrics`` — Prometheus text from this server's own registry (:mod:`drs_engine.metrics`);
 - ``GET /v1/disagg/kv/{ctx_request_id}`` — a prefill engine hands a context state to a decode
   engine and forgets it (sim: JSON; torch: ``?transport=http|cuda_ipc``, a binary KV frame;
@@ -33,6 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from drs_engine import __version__
 from drs_engine.config import EngineConfig
 from drs_engine.errors import EngineError
+from drs_engine.gang.spec import GangSpec
 from drs_engine.metrics import CONTENT_TYPE_LATEST
 from drs_engine.server import control, serving
 from drs_engine.server.state import EngineState
@@ -40,9 +43,10 @@ from drs_engine.server.state import EngineState
 log = logging.getLogger("drs_engine")
 
 
-def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
-    """The app of one engine; the model loads in the app's lifespan (startup)."""
-    state = EngineState(config, control_token=control_token)
+def create_app(config: EngineConfig, *, control_token: str | None, gang: GangSpec | None = None) -> FastAPI:
+    """The app of one engine; the model loads in the app's lifespan (startup), or, for the leader
+    of an engine wider than a node, in the background once every rank joined."""
+    state = EngineState(config, control_token=control_token, gang=gang)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -70,12 +74,22 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
 
     async def health() -> Response:
         if not state.ready:
-            return JSONResponse(error_body(503, "the engine is still loading"), status_code=503)
+            why = (
+                f"the engine's gang is {state.gang.phase}: {state.gang.reason}"
+                if state.gang
+                else "the engine is still loading"
+            )
+            return JSONResponse(error_body(503, why), status_code=503)
         if state.draining:
             return JSONResponse(
                 error_body(503, "the engine is draining before it stops", type_=DRAINING_ERROR_TYPE), status_code=503
             )
         return JSONResponse({"status": "ok", "asleep": bool(state.released_tags)})
+
+    async def gang_report() -> Response:
+        if state.gang is None:
+            return JSONResponse(error_body(404, "this engine runs in one pod (no gang)"), status_code=404)
+        return JSONResponse(state.gang.report())
 
     async def server_info() -> Response:
         try:
@@ -115,6 +129,7 @@ def create_app(config: EngineConfig, *, control_token: str | None) -> FastAPI:
     app.add_api_route(routes.MODELS, models, methods=["GET"])
     app.add_api_route(routes.HEALTH, health, methods=["GET"])
     app.add_api_route(routes.SERVER_INFO, server_info, methods=["GET"])
+    app.add_api_route(routes.GANG, gang_report, methods=["GET"])
     app.add_api_route(routes.METRICS, metrics, methods=["GET"])
     app.add_api_route(routes.KV_EXPORT, kv_export, methods=["GET"])
     control.register(app, state)
@@ -141,6 +156,7 @@ def _server_info(state: EngineState) -> dict[str, Any]:
         "weights_version": backend.weights_version,
         "asleep": sorted(state.released_tags),
         "engine": backend.server_info(),
+        **({"gang": state.gang.report()} if state.gang is not None else {}),
     }
 
 

@@ -22,6 +22,7 @@ import uvicorn
 from drs_protocol import listen
 
 from drs_engine.config import EngineConfig
+from drs_engine.gang.spec import GangSpec
 from drs_engine.server.app import create_app
 from drs_engine.server.state import EngineState
 
@@ -76,10 +77,18 @@ class DrainingServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
-def uvicorn_server(config: EngineConfig, control_token: str | None, *, log_level: str = "info") -> DrainingServer:
-    app = create_app(config, control_token=control_token)
+def uvicorn_server(
+    config: EngineConfig, control_token: str | None, *, log_level: str = "info", gang: GangSpec | None = None
+) -> DrainingServer:
+    app = create_app(config, control_token=control_token, gang=gang)
     uv_config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
-    return DrainingServer(uv_config, app.state.engine, config.drain_seconds)
+    server = DrainingServer(uv_config, app.state.engine, config.drain_seconds)
+
+    def stop() -> None:  # a lost gang stops at once: there is nothing left to drain to
+        server.should_exit = True
+
+    server.state.stop_server = stop
+    return server
 
 
 @dataclass

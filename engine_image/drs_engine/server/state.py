@@ -6,7 +6,10 @@ servers share a process without sharing state.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -16,7 +19,10 @@ from drs_engine.backends import create_backend
 from drs_engine.backends.base import EngineBackend
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import DrainingError, UnavailableError
+from drs_engine.gang.spec import GangSpec, GangSpecError
 from drs_engine.metrics import EngineMetrics
+
+log = logging.getLogger("drs_engine")
 
 #: Engine-local ctx_request_ids stay below 2**40 (snowflake disagg_request_ids are above).
 LOCAL_ID_LIMIT: Final = 2**40
@@ -55,9 +61,17 @@ class Admission:
 
 
 class EngineState:
-    def __init__(self, config: EngineConfig, *, control_token: str | None) -> None:
+    def __init__(self, config: EngineConfig, *, control_token: str | None, gang: GangSpec | None = None) -> None:
         self.config = config
         self.control_token = control_token
+        #: The leader of an engine wider than a node (``drs_engine.gang.leader``); None for one pod.
+        self.gang_spec = gang
+        self.gang: Any = None
+        self._bring_up: asyncio.Task[None] | None = None
+        #: Why the engine stopped serving for good (a lost gang); the process exits non-zero.
+        self.fatal: str | None = None
+        #: Stops the server this state belongs to (set by whoever runs it).
+        self.stop_server: Callable[[], None] = lambda: None
         self.tokenizer: Any = None
         self.backend: EngineBackend | None = None
         self.released_tags: set[str] = set()
@@ -68,7 +82,43 @@ class EngineState:
         self.draining = False
 
     async def start(self) -> None:
-        """Load the tokenizer and the backend; the server is healthy afterwards."""
+        """Load the tokenizer and the backend; the server is healthy afterwards.
+
+        The leader of a gang returns at once and brings the gang up in the background, so that its
+        ``/v1/gang`` answers while the ranks join; it is healthy once the whole gang serves."""
+        if self.gang_spec is None:
+            await self._load()
+            return
+        from drs_engine.gang.leader import GangLeader
+        from drs_engine.gang.spec import for_gang
+
+        self.config = for_gang(self.config)
+        if self.config.host in ("0.0.0.0", "::", ""):
+            raise GangSpecError("--host must be this pod's address for an engine wider than a node (Ray binds it)")
+        self.gang = GangLeader(
+            self.gang_spec,
+            self.config.host,
+            shard_workers=self.config.backend is BackendName.SIM,
+            on_failure=self._fail,
+        )
+        self._bring_up = asyncio.create_task(self._start_gang(), name="gang-bring-up")
+
+    async def _start_gang(self) -> None:
+        try:
+            await self.gang.bring_up()
+            await self._load()
+            self.gang.serve()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("bringing the gang up failed")
+            self.gang.fail(f"bringing the gang up failed: {type(exc).__name__}: {exc}")
+
+    def _fail(self, reason: str) -> None:
+        self.fatal = reason
+        self.stop_server()
+
+    async def _load(self) -> None:
         path = self.config.model.tokenizer
         if path is None and self.config.backend is BackendName.TRTLLM:
             path = self.config.model.path
@@ -84,16 +134,24 @@ class EngineState:
         self.backend = backend
 
     async def close(self) -> None:
+        if self._bring_up is not None:
+            self._bring_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._bring_up
         if self.backend is not None:
             await self.backend.close()
+        if self.gang is not None:
+            await self.gang.close()
 
     @property
     def ready(self) -> bool:
-        return self.backend is not None
+        return self.backend is not None and (self.gang is None or self.gang.serving)
 
     def require_backend(self) -> EngineBackend:
         if self.backend is None:
             raise UnavailableError("the engine is still loading")
+        if self.gang is not None and not self.gang.serving:
+            raise UnavailableError(f"the engine's gang is not serving: {self.gang.reason}")
         return self.backend
 
     def require_metrics(self) -> EngineMetrics:

@@ -119,6 +119,9 @@ class Reason(StrEnum):
     PODS_NOT_RUNNING = "PodsNotRunning"
     WEIGHTS_SPLIT = "WeightsSplit"
     NOT_DEGRADED = "NotDegraded"
+    # Events of an engine wider than a node (a gang of pods over one Ray cluster)
+    GANG_RESTARTING = "GangRestarting"
+    GANG_READY = "GangReady"
 
 
 class Phase(StrEnum):

@@ -42,6 +42,18 @@ class Condition(StatusModel):
     observed_generation: int | None = Field(None, ge=0, description="The spec generation this condition was set for.")
 
 
+class RankStatus(StatusModel):
+    """One pod of an engine wider than a node (the engine runs as a gang over one Ray cluster)."""
+
+    rank: int = Field(ge=0, le=255, description="0: the leader (Ray head + engine server); above: a joined Ray node.")
+    pod: str = Field(max_length=253)
+    node: str | None = Field(None, max_length=253)
+    joined: bool = Field(
+        False,
+        description="The pod is Ready: rank > 0, its Ray node is in the leader's cluster; rank 0, the gang serves.",
+    )
+
+
 class EngineStatus(StatusModel):
     """One engine: where it runs, its address and readiness."""
 
@@ -61,6 +73,9 @@ class EngineStatus(StatusModel):
         None, max_length=128, description="Why a pod of the engine does not run (e.g. Unschedulable, ImagePullBackOff)."
     )
     message: str | None = Field(None, max_length=1024, description="The scheduler's or kubelet's words for it.")
+    ranks: list[RankStatus] | None = Field(
+        None, max_length=256, description="An engine wider than a node: its pods in rank order (absent for one pod)."
+    )
 
 
 class FrontendStatus(StatusModel):

@@ -1,8 +1,11 @@
 """Engine pods, their per-role ConfigMaps, the headless Service and the control-token Secret.
 
-One pod per engine, named after the engine; an engine wider than a node is a group of pods, one
-per node, rank 0 named after the engine (it serves HTTP) and rank k named ``<engine>-w<k>``, each
-with ``DRS_RANK``, ``DRS_WORLD_SIZE`` and ``DRS_LEADER_ADDRESS``. Every pod:
+One pod per engine, named after the engine; an engine wider than a node is a gang of pods, one
+per node, rank 0 named after the engine (the leader: Ray head and engine server) and rank k named
+``<engine>-w<k>`` (joins the leader's Ray cluster), each with the variables of
+``drs_protocol.gang``: ``DRS_RANK``, ``DRS_WORLD_SIZE``, ``DRS_LEADER_ADDRESS`` (the leader pod's DNS
+name under the headless Service, or its node's address with host networking), ``DRS_RANK_GPUS``
+and, for a gang, ``DRS_RAY_PORT``. Every pod:
 
 * is pinned to its placed node by required node affinity (``matchFields metadata.name``) and asks
   for exactly its GPUs (``nvidia.com/gpu``);
@@ -24,7 +27,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any, Final
 
-from drs_protocol import env, routes
+from drs_protocol import env, gang, routes
 from drs_protocol.config import render
 from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, ModelSpec, SimSpec
 from drs_protocol.lifecycle import TERMINATION_MARGIN_SECONDS
@@ -190,7 +193,10 @@ def _engine_pod(
         {"name": env.RANK, "value": str(rank)},
         {"name": env.WORLD_SIZE, "value": str(world)},
         {"name": env.LEADER_ADDRESS, "value": leader},
+        {"name": env.RANK_GPUS, "value": str(gpus)},
     ]
+    if world > 1:
+        pod_env.append({"name": env.RAY_PORT, "value": str(gang.ray_port_for(slot.port, plan.host_network))})
     args = [
         "--backend",
         str(spec.engine.backend),
