@@ -29,6 +29,7 @@ import yaml
 from demo import kubectl, say, wait_serving
 from drs_devcluster import build, processes, runner
 from drs_devcluster.cluster import DevCluster
+from drs_protocol import routes
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gb200-wide.yaml"
@@ -118,8 +119,8 @@ def main() -> None:
     print(kubectl(cluster, "get", "drs", NAME), flush=True)
     print(rank_table(status), flush=True)
     wide = next(e for e in status["replicaStatuses"][0]["engines"] if e.get("ranks"))
-    report = httpx.get(wide["url"] + "/v1/gang", timeout=5).json()
-    say(f"{wide['url']}/v1/gang: phase={report['phase']} session={report['session']} ray={report['ray_address']}")
+    report = httpx.get(wide["url"] + routes.GANG, timeout=5).json()
+    say(f"{wide['url']}{routes.GANG}: phase={report['phase']} session={report['session']} ray={report['ray_address']}")
     for r in report["ranks"]:
         say(
             f"  rank {r['rank']}: node_ip={r['node_ip']} joined={r['joined']} gpus={r['gpus']} actors={r['workers_alive']}"
@@ -127,7 +128,7 @@ def main() -> None:
     wait_serving(status["urls"])
     url = status["urls"][0]
     reply = httpx.post(
-        url + "/v1/chat/completions",
+        url + routes.Endpoint.CHAT,
         json={"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8},
         timeout=60,
     )
