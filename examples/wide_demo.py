@@ -56,13 +56,15 @@ def free_port() -> int:
 
 
 def ensure_cluster() -> DevCluster:
-    cluster = DevCluster.at()
+    """The dev cluster of ``$DRS_DEV_STATE_DIR`` (on ``$DRS_DEV_PORT_BASE`` when set), up with 8 trays."""
+    port_base = int(os.environ.get("DRS_DEV_PORT_BASE", "0")) or None
+    cluster = DevCluster.at(port_base=port_base)
     status = cluster.status()
     if status["components"] and all(c["running"] for c in status["components"].values()):
         say(f"reusing the running dev cluster ({status.get('nodes')})")
         return DevCluster.at(bin_dir=build.bin_dir())
     cluster.down()
-    cluster = DevCluster.at()
+    cluster = DevCluster.at(port_base=port_base)
     cluster.up("gb200", TRAYS)
     return cluster
 
