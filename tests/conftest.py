@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from drs_devcluster import profiles
 from drs_devcluster.testing import RunningCluster, namespace_for, session_cluster
 
 
@@ -27,3 +28,14 @@ def namespace(devcluster: RunningCluster, request: pytest.FixtureRequest) -> Ite
         yield name
     finally:
         devcluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(autouse=True)
+def default_node_net(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests without a cluster see the default node addresses (127.0.x.y) whatever the shell exports.
+
+    ``DRS_DEV_NODE_NET`` keeps parallel dev clusters apart; pure tests that expect 127.0.1.1 must
+    not depend on it. Cluster tests keep it: their cluster was created with it.
+    """
+    if request.node.get_closest_marker("cluster") is None:
+        monkeypatch.delenv(profiles.NODE_NET_ENV, raising=False)
