@@ -99,15 +99,11 @@ def get_json(rc: RunningCluster, path: str, meta_only: bool = False) -> dict[str
     if api is None:
         api = _CLIENTS[str(rc.kubeconfig)] = rc.api_client()
     headers = {"Accept": "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"} if meta_only else {}
-    resp = api.call_api(
-        path,
-        "GET",
-        header_params=headers,
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _return_http_data_only=True,
-        _request_timeout=60,
-    )
+    method, url, headers, _, _ = api.param_serialize("GET", path, header_params=headers, auth_settings=["BearerToken"])
+    resp = api.call_api(method, url, header_params=headers, _request_timeout=60)
+    resp.read()
+    if resp.status != 200:
+        raise RuntimeError(f"GET {path}: {resp.status} {resp.data[:300]!r}")
     data: dict[str, Any] = json.loads(resp.data)
     return data
 
@@ -171,10 +167,15 @@ def serial_apply(rc: RunningCluster, namespace: str, items: list[dict[str, Any]]
     return time.monotonic() - t0
 
 
-def parallel_server_side_apply(rc: RunningCluster, namespace: str, items: list[dict[str, Any]], clients: int) -> float:
+def parallel_server_side_apply(
+    rc: RunningCluster, namespace: str, items: list[dict[str, Any]], clients: int, verb: str = "apply"
+) -> float:
+    """``clients`` concurrent kubectl processes, each sending its share of ``items``
+    (``kubectl apply --server-side``, or ``kubectl create`` with ``verb="create"``)."""
     ordered = in_namespace(items, namespace)
     shares = [ordered[i::clients] for i in range(clients)]
-    argv = [str(rc.bin_dir / "kubectl"), "apply", "--server-side", "--field-manager=bench", "-n", namespace, "-f", "-"]
+    how = ["apply", "--server-side", "--field-manager=bench"] if verb == "apply" else ["create"]
+    argv = [str(rc.bin_dir / "kubectl"), *how, "-n", namespace, "-f", "-"]
     t0 = time.monotonic()
     procs = [
         subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=rc.env)
@@ -185,8 +186,9 @@ def parallel_server_side_apply(rc: RunningCluster, namespace: str, items: list[d
         proc.stdin.write(json.dumps({"apiVersion": "v1", "kind": "List", "items": share}).encode())
         proc.stdin.close()
     for proc in procs:
-        _, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, err.decode()
+        proc.wait(timeout=900)
+        assert proc.stderr is not None
+        assert proc.returncode == 0, proc.stderr.read().decode()
     return time.monotonic() - t0
 
 
@@ -233,7 +235,11 @@ def foreign_pods(rc: RunningCluster, count: int, clients: int) -> float:
         }
         for i in range(count)
     ]
-    return parallel_server_side_apply(rc, "foreign", pods, clients)
+    return parallel_server_side_apply(rc, "foreign", pods, clients, verb="create")
+
+
+def _r(x: float) -> float | None:
+    return None if x != x else round(x, 2)  # NaN: the step did not run
 
 
 def main() -> None:
@@ -244,6 +250,7 @@ def main() -> None:
     ap.add_argument("--decode", default="2x2", help="engines x tensor parallel")
     ap.add_argument("--clients", type=int, default=8, help="parallel kubectl processes of the server-side baseline")
     ap.add_argument("--foreign-pods", type=int, default=0)
+    ap.add_argument("--skip-baselines", action="store_true", help="only the operator (e.g. for --foreign-pods)")
     ap.add_argument("--operator-args", default="", help="extra `drs operator` flags, space separated")
     args = ap.parse_args()
     n, f = args.replicas, args.frontends
@@ -265,12 +272,16 @@ def main() -> None:
         items = children_manifests(rc, "bench", body)
         for ns in ("bench-serial", "bench-ssa", "bench"):
             rc.kubectl("create", "namespace", ns)
-        print(f"[bench] serial kubectl apply of {len(items)} objects", file=sys.stderr, flush=True)
-        serial_s = serial_apply(rc, "bench-serial", items)
-        drop_namespace(rc, "bench-serial")
-        print(f"[bench] {args.clients} parallel kubectl apply --server-side", file=sys.stderr, flush=True)
-        ssa_s = parallel_server_side_apply(rc, "bench-ssa", items, args.clients)
-        drop_namespace(rc, "bench-ssa")
+        serial_s = ssa_s = float("nan")
+        if not args.skip_baselines:
+            print(f"[bench] serial kubectl apply of {len(items)} objects", file=sys.stderr, flush=True)
+            serial_s = serial_apply(rc, "bench-serial", items)
+            print(f"[bench] serial: {serial_s:.1f}s; deleting its namespace", file=sys.stderr, flush=True)
+            drop_namespace(rc, "bench-serial")
+            print(f"[bench] {args.clients} parallel kubectl apply --server-side", file=sys.stderr, flush=True)
+            ssa_s = parallel_server_side_apply(rc, "bench-ssa", items, args.clients)
+            print(f"[bench] server-side: {ssa_s:.1f}s; deleting its namespace", file=sys.stderr, flush=True)
+            drop_namespace(rc, "bench-ssa")
 
         op = OperatorProcess(
             rc, state / "operator.log", resync_s=5.0, extra_args=tuple(args.operator_args.split())
@@ -289,6 +300,7 @@ def main() -> None:
 
         wait_for("children and urls", published, timeout=900)
         t_children = time.monotonic() - t0
+        print(f"[bench] children: {t_children:.1f}s", file=sys.stderr, flush=True)
         cpu_children = cpu_s(pid) - cpu0
         wait_for("Ready", lambda: drs_status(rc, "bench", "big").get("phase") == "Ready", timeout=900)
         t_ready = time.monotonic() - t0
@@ -301,12 +313,12 @@ def main() -> None:
             engines_per_replica=prefill[0] + decode[0],
             pods=pods,
             child_objects=len(items),
-            serial_kubectl_apply_s=round(serial_s, 2),
-            parallel_server_side_apply_s=round(ssa_s, 2),
+            serial_kubectl_apply_s=_r(serial_s),
+            parallel_server_side_apply_s=_r(ssa_s),
             ssa_clients=args.clients,
             apply_to_children_s=round(t_children, 2),
-            ratio_to_serial=round(t_children / serial_s, 2),
-            ratio_to_parallel_ssa=round(t_children / ssa_s, 2),
+            ratio_to_serial=_r(t_children / serial_s),
+            ratio_to_parallel_ssa=_r(t_children / ssa_s),
             apply_to_ready_s=round(t_ready, 2),
             operator_cpu_s_to_children=round(cpu_children, 2),
             operator_cpu_s_to_ready=round(cpu_ready, 2),
@@ -317,6 +329,7 @@ def main() -> None:
             retries=op.total("drs_operator_api_retries_total"),
             resync=resync_figures(op, pid),
         )
+        print(f"[bench] {json.dumps(result)}", file=sys.stderr, flush=True)  # kept if what follows fails
         if args.foreign_pods:
             print(f"[bench] {args.foreign_pods} foreign pods", file=sys.stderr, flush=True)
             seen = op.total('drs_operator_watch_events_total{cache="GpuPod"}')
