@@ -117,11 +117,18 @@ def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
     deps = observed.live.get("Deployment", {})
     desired_pods = observed.desired.all_of("Pod") if observed.desired else {}
     desired_deps = observed.desired.all_of("Deployment") if observed.desired else {}
+    # an engine's pods: its name (rank 0) and "<name>-w<rank>"; grouped once, not per engine
+    engine_names = {e.name for rs in observed.replica_statuses for e in rs.engines}
+    pods_of: dict[str, dict[str, Manifest]] = {}
+    for pod_name, manifest in desired_pods.items():
+        engine = pod_name if pod_name in engine_names else pod_name.rsplit("-w", 1)[0]
+        if engine in engine_names:
+            pods_of.setdefault(engine, {})[pod_name] = manifest
     replicas: list[ReplicaStatus] = []
     for rs in observed.replica_statuses:
         engines = []
         for e in rs.engines:
-            want = {n: p for n, p in desired_pods.items() if n == e.name or n.startswith(f"{e.name}-w")}
+            want = pods_of.get(e.name, {})
             problem = next((p for n in sorted(want) if n in pods and (p := pod_problem(pods[n]))), None)
             engines.append(
                 e.model_copy(

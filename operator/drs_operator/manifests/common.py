@@ -57,9 +57,11 @@ class Owner:
 
 def spec_hash(manifest: Mapping[str, Any]) -> str:
     """SHA-256 (hex, 16 chars) of the canonical JSON of ``manifest`` without the hash annotation."""
-    body = copy.deepcopy(dict(manifest))
-    annotations = body.get("metadata", {}).get("annotations", {})
-    annotations.pop(SPEC_HASH_ANNOTATION, None)
+    body = dict(manifest)
+    meta = body.get("metadata")
+    if isinstance(meta, Mapping) and SPEC_HASH_ANNOTATION in (meta.get("annotations") or {}):
+        annotations = {k: v for k, v in meta["annotations"].items() if k != SPEC_HASH_ANNOTATION}
+        body["metadata"] = {**meta, "annotations": annotations}  # a shallow copy: dumps reads only
     text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
