@@ -27,7 +27,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from drs_devcluster import build, processes, runner
+from drs_devcluster import build, processes, runner_daemon
 from drs_devcluster.cluster import DevCluster
 from drs_protocol import routes
 
@@ -237,8 +237,8 @@ def main() -> None:
     kubectl(cluster, "apply", "-f", str(ROOT / "crds"))
     kubectl(cluster, "wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
     ensure_operator(cluster)
-    if runner.running_runner(cluster) is None:
-        runner.start_runner(cluster)
+    if runner_daemon.running_runner(cluster) is None:
+        runner_daemon.start_runner(cluster)
     say("pod runner started (runs pods whose command is `drs` as local processes on their node's address)")
     kubectl(cluster, "apply", "-f", str(EXAMPLE))
     say(f"applied {EXAMPLE.relative_to(ROOT)}; waiting for Ready")

@@ -103,13 +103,13 @@ def kubectl(state_dir: Path | None, args: tuple[str, ...]) -> None:
 @click.option("--foreground", is_flag=True, help="Run in this terminal; Ctrl-C stops it and its processes.")
 def run_pods(state_dir: Path | None, foreground: bool) -> None:
     """Run the `drs` containers of hostNetwork pods on simulated nodes as local processes."""
-    from . import runner
+    from .runner_daemon import run_foreground, start_runner
 
     cluster = DevCluster.at(state_dir)
     try:
         if foreground:
-            sys.exit(runner.run_foreground(cluster))
-        tracked = runner.start_runner(cluster)
+            sys.exit(run_foreground(cluster))
+        tracked = start_runner(cluster)
     except DevClusterError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"pod runner watching (pid {tracked.pid}); log: {tracked.log}")
@@ -126,3 +126,7 @@ def echo_server(host: str, port: int, health_status: int, exit_after: float | No
     from .echo_server import serve
 
     sys.exit(serve(host, port, health_status, exit_after, exit_code))
+
+
+if __name__ == "__main__":  # the detached pod runner: python -m drs_devcluster.cli run-pods --foreground
+    dev()

@@ -22,35 +22,37 @@ Invariants: processes are keyed by pod UID; a process is stopped with SIGTERM to
 SIGKILL after the pod's grace period (capped at 8 s); a new process never starts on a node while a
 stopped process of that node is still exiting (a replacement binds the same address and port);
 every live process, and the runner itself as ``pod-runner``, is in ``<state>/runner-pids.json``
-(the format of ``processes.save``) so that ``drs dev down`` stops them. The runner never deletes a
+(``runner_daemon.PidFile``) so that ``drs dev down`` stops them. The runner never deletes a
 pod: kwok's pod-delete stage does. Process memory holds only what is safe to lose: a restarted
 runner stops the processes its predecessor left and starts them again.
+
+By concern: this module is the watch loop and the supervision; ``runner_process`` one pod's
+process (spawn, signals, probe); ``runner_api`` the raw API reads; ``runner_daemon`` the pid file
+and starting/stopping the runner itself (``drs dev run-pods``, click); ``runner_policy`` and
+``runner_env`` the pure decisions.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import contextlib
-import dataclasses
-import datetime
 import json
 import logging
 import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
 from . import processes
-from .cluster import DevCluster, DevClusterError
+from .cluster import DevCluster
+from .runner_api import API_CALL_TIMEOUT_S, LIST_TIMEOUT_S, ApiError, Gone, describe, read_json, watch_lines
+from .runner_daemon import RUNNER_NAME, PidFile
 from .runner_env import NODE_IP_ENV, EnvResolutionError, first_container, local_argv, referenced_objects, resolve
 from .runner_policy import (
     NOT_HOST_NETWORK_MESSAGE,
     Action,
-    ContainerRun,
     LastExit,
     Probe,
     ProbeSpecError,
@@ -59,22 +61,16 @@ from .runner_policy import (
     classify,
     event_body,
     next_consecutive_exits,
-    probe_succeeded,
     readiness_probe,
     restart_delay_s,
     status_patch,
     stop_grace_s,
     workdir_name,
 )
+from .runner_process import PodProcess, container_run, kill_group, now, probe_once, spawn, terminate
 
-RUNNER_NAME: Final = "pod-runner"
-PIDS_FILE: Final = "runner-pids.json"
-READY_FILE: Final = "pod-runner.ready"
 DEV_NODE_SELECTOR: Final = "disagg.dev/dev-node=true"
 BOUND_PODS: Final = "spec.nodeName!="
-
-LIST_TIMEOUT_S: Final = 30.0
-API_CALL_TIMEOUT_S: Final = 10.0
 #: The apiserver ends each watch after this long; the runner resumes from the last resourceVersion.
 WATCH_SERVER_TIMEOUT_S: Final = 240
 #: No byte on the watch for this long (bookmarks come about every minute) → reconnect.
@@ -84,60 +80,10 @@ NODE_CACHE_TTL_S: Final = 30.0
 CONTROL_PLANE_CHECK_S: Final = 2.0
 ENV_RETRY_S: Final = 5.0
 NODE_QUIET_POLL_S: Final = 0.1
-START_TIMEOUT_S: Final = 30.0
-START_POLL_S: Final = 0.1
 #: Variables of the runner's own environment a pod process inherits (a container would get its image's).
 INHERITED_ENV: Final = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
 
 log = logging.getLogger("drs.pod-runner")
-
-
-class Gone(Exception):
-    """The watch's resourceVersion is too old (410): re-list."""
-
-
-class ApiError(Exception):
-    """The apiserver answered a raw request with an error status."""
-
-    def __init__(self, status: int, body: str) -> None:
-        self.status = status
-        super().__init__(f"HTTP {status}: {body[:300]}")
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclasses.dataclass(eq=False)  # compared and hashed by identity
-class PodProcess:
-    """One pod's local process across its restarts (memory only)."""
-
-    uid: str
-    namespace: str
-    name: str
-    node: str
-    pod: dict[str, Any]
-    workdir: Path
-    proc: asyncio.subprocess.Process | None = None
-    started_at: str | None = None
-    started_mono: float = 0.0
-    restarts: int = 0
-    consecutive_exits: int = 0
-    last_exit: LastExit | None = None
-    waiting: tuple[str, str] | None = None
-    readiness: Readiness = dataclasses.field(default_factory=Readiness)
-    probe: Probe | None = None
-    supervisor: asyncio.Task[None] | None = None
-    stopping: bool = False
-    reported_problem: str | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
 
 
 class PodRunner:
@@ -148,8 +94,7 @@ class PodRunner:
         self.python = sys.executable
         self.drs_script = str(Path(sys.executable).parent / "drs")
         self.pods_dir = self.layout.state_dir / "pods"
-        self.pids_file = self.layout.state_dir / PIDS_FILE
-        self.ready_file = self.layout.state_dir / READY_FILE
+        self.pid_file = PidFile(self.layout.state_dir, self.layout.log(RUNNER_NAME))
         self.by_uid: dict[str, PodProcess] = {}
         self.stopping: set[PodProcess] = set()
         self.refused: set[str] = set()
@@ -165,7 +110,7 @@ class PodRunner:
         import httpx
         from kubernetes_asyncio import client, config
 
-        self._take_over_pid_file()
+        self.pid_file.take_over()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.shutdown.set)
@@ -194,34 +139,16 @@ class PodRunner:
         await asyncio.gather(*self.tasks, return_exceptions=True)
         for pp in list(self.stopping):  # only after a failure above
             if pp.proc is not None:
-                _kill_group(pp.proc.pid, signal.SIGKILL)
-        self.ready_file.unlink(missing_ok=True)
-        self.pids_file.unlink(missing_ok=True)
+                kill_group(pp.proc.pid, signal.SIGKILL)
+        self.pid_file.clear()
         log.info("stopped")
 
-    def _take_over_pid_file(self) -> None:
-        """Refuse when another runner is alive; stop what a dead one left; record this one."""
-        previous = processes.load(self.pids_file)
-        other = [t for t in previous if t.name == RUNNER_NAME and t.pid != os.getpid() and processes.is_running(t)]
-        if other:
-            raise DevClusterError(f"a pod runner already runs for {self.layout.state_dir} (pid {other[0].pid})")
-        leftovers = [t for t in previous if t.name != RUNNER_NAME]
-        stopped = processes.stop(leftovers)
-        if stopped:
-            log.info("stopped %d processes left by an earlier runner: %s", len(stopped), ", ".join(stopped))
-        self.ready_file.unlink(missing_ok=True)
-        self._save_pids()
-
     def _save_pids(self) -> None:
-        if not self.layout.state_dir.is_dir():  # removed by `drs dev down`: never create it again
-            return
-        me = processes.Tracked(RUNNER_NAME, os.getpid(), self.python, str(self.layout.log(RUNNER_NAME)))
-        children = [
+        self.pid_file.save(
             processes.Tracked(f"pod {pp.label}", pp.proc.pid, self.python, str(pp.workdir / "log"))
             for pp in [*self.by_uid.values(), *self.stopping]
             if pp.proc is not None and pp.proc.returncode is None
-        ]
-        processes.save(self.pids_file, [me, *children])
+        )
 
     async def _watch_control_plane(self) -> None:
         """Stop everything when the cluster's own processes are gone (``drs dev down``)."""
@@ -242,8 +169,8 @@ class PodRunner:
         while True:
             try:
                 version = await self._relist()
-                if not self.ready_file.exists():  # the first list is done: start_runner may return
-                    self.ready_file.write_text(str(os.getpid()))
+                if not self.pid_file.ready_file.exists():
+                    self.pid_file.mark_ready()  # the first list is done: start_runner may return
                     log.info("watching pods (resourceVersion %s)", version)
                 while True:
                     version = await self._watch_from(version)
@@ -252,14 +179,14 @@ class PodRunner:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the apiserver restarts, times out, refuses: retry from a list
-                log.warning("pod watch failed (%s); re-listing in %.0fs", _describe(exc), RETRY_DELAY_S)
+                log.warning("pod watch failed (%s); re-listing in %.0fs", describe(exc), RETRY_DELAY_S)
                 await asyncio.sleep(RETRY_DELAY_S)
 
     async def _relist(self) -> str:
         resp = await self.core.list_pod_for_all_namespaces(
             field_selector=BOUND_PODS, _preload_content=False, _request_timeout=LIST_TIMEOUT_S
         )
-        body = await _read_json(resp)
+        body = await read_json(resp)
         pods = body.get("items") or []
         seen = {p["metadata"]["uid"] for p in pods}
         for uid in [u for u in self.by_uid if u not in seen]:
@@ -287,7 +214,7 @@ class PodRunner:
                 raise Gone()
             if resp.status >= 300:
                 raise ApiError(resp.status, (await resp.read()).decode(errors="replace"))
-            async for line in _lines(resp):
+            async for line in watch_lines(resp):
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
@@ -419,53 +346,37 @@ class PodRunner:
         if resp.status == 404:
             resp.release()
             return None
-        return await _read_json(resp)
+        return await read_json(resp)
 
     async def _run_once(self, pp: PodProcess, argv: list[str], env: dict[str, str]) -> int:
         """Start the process, probe it while it runs, return its exit code."""
         pp.workdir.mkdir(parents=True, exist_ok=True)
         logfile = pp.workdir / "log"
         with logfile.open("ab") as out:
-            out.write(f"--- {_now()} runner: starting (restart {pp.restarts}): {' '.join(argv)}\n".encode())
+            out.write(f"--- {now()} runner: starting (restart {pp.restarts}): {' '.join(argv)}\n".encode())
             out.flush()
-            spawn = asyncio.create_task(
-                asyncio.create_subprocess_exec(
-                    *argv,
-                    cwd=pp.workdir,
-                    env=env,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=asyncio.subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            )
             try:
-                # Shielded: a stop that arrives mid-spawn must still find the process to stop it.
-                pp.proc = await asyncio.shield(spawn)
-            except asyncio.CancelledError:
-                with contextlib.suppress(OSError):
-                    pp.proc = await spawn
-                raise
+                proc = await spawn(pp, argv, env, out)
             except OSError as exc:
                 out.write(f"--- runner: cannot start: {exc}\n".encode())
                 pp.started_mono = time.monotonic()
                 return 127
-        pp.started_at, pp.started_mono, pp.waiting = _now(), time.monotonic(), None
+        pp.started_at, pp.started_mono, pp.waiting = now(), time.monotonic(), None
         pp.readiness = Readiness()
         self._save_pids()
-        log.info("%s: started pid %d on %s", pp.label, pp.proc.pid, pp.node)
-        await self._event(pp.pod, Reason.STARTED, f"runner: started pid {pp.proc.pid}: drs {' '.join(argv[2:])}")
+        log.info("%s: started pid %d on %s", pp.label, proc.pid, pp.node)
+        await self._event(pp.pod, Reason.STARTED, f"runner: started pid {proc.pid}: drs {' '.join(argv[2:])}")
         await self._sync_status(pp)
         probing = asyncio.create_task(self._probe_loop(pp, pp.probe)) if pp.probe else None
         try:
-            code = await pp.proc.wait()
+            code = await proc.wait()
         finally:
             if probing is not None:
                 probing.cancel()
                 await asyncio.gather(probing, return_exceptions=True)
-        _kill_group(pp.proc.pid, signal.SIGKILL)  # what the exited process left behind in its group
-        started = pp.started_at or _now()
-        pp.last_exit, pp.started_at = LastExit(code, started, _now()), None
+        kill_group(proc.pid, signal.SIGKILL)  # what the exited process left behind in its group
+        started = pp.started_at or now()
+        pp.last_exit, pp.started_at = LastExit(code, started, now()), None
         pp.readiness = Readiness()
         return code
 
@@ -490,17 +401,7 @@ class PodRunner:
 
     async def _terminate(self, pp: PodProcess, why: str) -> None:
         try:
-            if pp.proc is not None and pp.proc.returncode is None:
-                grace = stop_grace_s(pp.pod)
-                log.info("%s: stopping pid %d (%s; grace %.0fs)", pp.label, pp.proc.pid, why, grace)
-                _kill_group(pp.proc.pid, signal.SIGTERM)
-                try:
-                    await asyncio.wait_for(pp.proc.wait(), grace)
-                except TimeoutError:
-                    log.warning("%s: pid %d ignored SIGTERM for %.0fs: SIGKILL", pp.label, pp.proc.pid, grace)
-                    _kill_group(pp.proc.pid, signal.SIGKILL)
-                    await pp.proc.wait()
-                _kill_group(pp.proc.pid, signal.SIGKILL)
+            await terminate(pp, why, stop_grace_s(pp.pod))
         finally:
             self.stopping.discard(pp)
             self._save_pids()
@@ -509,7 +410,7 @@ class PodRunner:
     async def _probe_loop(self, pp: PodProcess, probe: Probe) -> None:
         await asyncio.sleep(probe.initial_delay_s)
         while True:
-            ok, detail = await self._probe_once(pp, probe)
+            ok, detail = await probe_once(self.http, pp, probe)
             before = pp.readiness.ready
             pp.readiness = pp.readiness.observe(ok, probe)
             if pp.readiness.ready != before:
@@ -519,55 +420,23 @@ class PodRunner:
                 await self._sync_status(pp)
             await asyncio.sleep(probe.period_s)
 
-    async def _probe_once(self, pp: PodProcess, probe: Probe) -> tuple[bool, str]:
-        pod_ip = str((pp.pod.get("status") or {}).get("podIP") or (pp.pod.get("status") or {}).get("hostIP"))
-        if probe.kind == "tcp":
-            try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(probe.host or pod_ip, probe.port), probe.timeout_s
-                )
-                writer.close()
-                return True, f"tcp {probe.host or pod_ip}:{probe.port} open"
-            except (OSError, TimeoutError) as exc:
-                return False, f"tcp {probe.host or pod_ip}:{probe.port}: {exc or type(exc).__name__}"
-        url = probe.url(pod_ip)
-        try:
-            resp = await self.http.get(url, headers=dict(probe.headers), timeout=probe.timeout_s)
-        except Exception as exc:  # httpx.HTTPError and friends: a failed probe, never a crash
-            return False, f"GET {url}: {type(exc).__name__}: {exc}"
-        return probe_succeeded(resp.status_code), f"GET {url}: HTTP {resp.status_code}"
-
-    def _container_run(self, pp: PodProcess) -> ContainerRun:
-        running = pp.alive and pp.started_at is not None
-        ready = running and (pp.probe is None or pp.readiness.ready)
-        reason, message = pp.waiting or (Reason.CRASH_LOOP.value, "")
-        return ContainerRun(
-            ready=ready,
-            restart_count=pp.restarts,
-            container_id=f"drs-runner://{pp.proc.pid}" if pp.proc is not None else "",
-            started_at=pp.started_at if running else None,
-            waiting_reason=None if running else reason,
-            waiting_message=None if running or not message else message,
-            last_exit=pp.last_exit,
-        )
-
     async def _sync_status(self, pp: PodProcess) -> None:
         """Patch the pod's status when it does not already tell the process's truth."""
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        patch = status_patch(pp.pod, self._container_run(pp), _now())
+        patch = status_patch(pp.pod, container_run(pp), now())
         if patch is None:
             return
         try:
             resp = await self.core.patch_namespaced_pod_status(
                 pp.name, pp.namespace, patch, _preload_content=False, _request_timeout=API_CALL_TIMEOUT_S
             )
-            pp.pod = await _read_json(resp)
+            pp.pod = await read_json(resp)
         except (ApiError, ApiException) as exc:
             if exc.status not in (404, 409):  # gone or replaced: nothing to tell
-                log.warning("%s: status patch failed: %s", pp.label, _describe(exc))
+                log.warning("%s: status patch failed: %s", pp.label, describe(exc))
         except Exception as exc:
-            log.warning("%s: status patch failed: %s", pp.label, _describe(exc))
+            log.warning("%s: status patch failed: %s", pp.label, describe(exc))
 
     async def _report_problem(self, pp: PodProcess, problem: str) -> None:
         if problem != pp.reported_problem:
@@ -580,124 +449,7 @@ class PodRunner:
         namespace = str(pod["metadata"]["namespace"])
         try:
             await self.core.create_namespaced_event(
-                namespace, event_body(pod, reason, message, warning, _now()), _request_timeout=API_CALL_TIMEOUT_S
+                namespace, event_body(pod, reason, message, warning, now()), _request_timeout=API_CALL_TIMEOUT_S
             )
         except Exception as exc:
-            log.warning(
-                "event %s on %s/%s not recorded: %s", reason, namespace, pod["metadata"]["name"], _describe(exc)
-            )
-
-
-async def _lines(resp: Any) -> AsyncIterator[bytes]:
-    """The newline-delimited JSON of a watch, without a limit on line length."""
-    buffer = b""
-    async for chunk in resp.content.iter_any():
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line
-    if buffer.strip():
-        yield buffer
-
-
-async def _read_json(resp: Any) -> dict[str, Any]:
-    try:
-        body = await resp.read()
-    finally:
-        resp.release()
-    if not 200 <= resp.status < 300:
-        raise ApiError(resp.status, body.decode(errors="replace"))
-    data: dict[str, Any] = json.loads(body)
-    return data
-
-
-def _describe(exc: BaseException) -> str:
-    """One line about an API or I/O failure (ApiException's str carries every response header)."""
-    if isinstance(exc, ApiError):
-        return str(exc)
-    status = getattr(exc, "status", None)
-    if status is None:
-        return f"{type(exc).__name__}: {exc}"
-    body = getattr(exc, "body", None)
-    message = str(getattr(exc, "reason", ""))
-    with contextlib.suppress(TypeError, ValueError, KeyError):
-        message = json.loads(body or "")["message"]
-    return f"HTTP {status}: {message}"
-
-
-def _kill_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-# ---------------------------------------------------------------------------- entry points
-
-
-def run_foreground(cluster: DevCluster) -> int:
-    """Run the runner in this process until SIGTERM/SIGINT or the control plane stops; return an exit code."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness probe otherwise
-    if not cluster.layout.kubeconfig.is_file():
-        raise DevClusterError(f"no dev cluster in {cluster.layout.state_dir}: run `drs dev up` first")
-    asyncio.run(PodRunner(cluster).run())
-    return 0
-
-
-def running_runner(cluster: DevCluster) -> processes.Tracked | None:
-    """The live pod runner of this cluster, if any."""
-    tracked = processes.load(cluster.layout.state_dir / PIDS_FILE)
-    return next((t for t in tracked if t.name == RUNNER_NAME and processes.is_running(t)), None)
-
-
-def start_runner(cluster: DevCluster, timeout_s: float = START_TIMEOUT_S) -> processes.Tracked:
-    """Start the runner detached (log ``<state>/logs/pod-runner.log``); return once it watches pods."""
-    lay = cluster.layout
-    if not lay.kubeconfig.is_file():
-        raise DevClusterError(f"no dev cluster in {lay.state_dir}: run `drs dev up` first")
-    existing = running_runner(cluster)
-    if existing is not None:
-        raise DevClusterError(f"a pod runner already runs for {lay.state_dir} (pid {existing.pid}, log {existing.log})")
-    ready = lay.state_dir / READY_FILE
-    ready.unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "drs_devcluster.runner", "--state-dir", str(lay.state_dir)]
-    tracked = processes.start(RUNNER_NAME, argv, lay.log(RUNNER_NAME))
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(OSError):
-            if ready.read_text().strip() == str(tracked.pid):
-                return tracked
-        if not processes.is_running(tracked):
-            raise DevClusterError(
-                f"the pod runner exited during start-up; last lines of {tracked.log}:\n{processes.log_tail(tracked.log)}"
-            )
-        if time.monotonic() > deadline:
-            processes.stop([tracked])
-            raise DevClusterError(
-                f"the pod runner did not start watching within {timeout_s:.0f}s; last lines of {tracked.log}:\n"
-                f"{processes.log_tail(tracked.log)}"
-            )
-        time.sleep(START_POLL_S)
-
-
-def stop_runner(cluster: DevCluster) -> list[str]:
-    """Stop the runner and every process it recorded; return the names stopped."""
-    pids_file = cluster.layout.state_dir / PIDS_FILE
-    stopped = processes.stop(processes.load(pids_file))
-    pids_file.unlink(missing_ok=True)
-    return stopped
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m drs_devcluster.runner", description=__doc__.split("\n")[0])
-    parser.add_argument("--state-dir", type=Path, default=None)
-    args = parser.parse_args(argv)
-    try:
-        return run_foreground(DevCluster.at(args.state_dir))
-    except DevClusterError as exc:
-        print(f"pod runner: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+            log.warning("event %s on %s/%s not recorded: %s", reason, namespace, pod["metadata"]["name"], describe(exc))

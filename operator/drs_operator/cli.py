@@ -24,7 +24,6 @@ from typing import Any, NoReturn
 
 import click
 import yaml
-from drs_devcluster.profiles import PROFILES, ProfileError, build_nodes
 
 from drs_operator.api import names
 from drs_operator.api.constants import KIND
@@ -34,6 +33,7 @@ from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import NodeInfo, Placement, place
 from drs_operator.plan import EngineSlot, Plan
 from drs_operator.plan import plan as make_plan
+from drs_operator.profiles import PROFILES, ProfileError, build_nodes
 from drs_operator.validation import validate_manifest
 
 EXIT_UNPLACED = 1

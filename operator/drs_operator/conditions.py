@@ -228,139 +228,39 @@ def _problem_notes(previous: DisaggReplicaSetStatus, replicas: Sequence[ReplicaS
 def compute_status(
     drs: str, previous: DisaggReplicaSetStatus, observed: Observed, now: datetime.datetime
 ) -> tuple[DisaggReplicaSetStatus, list[EventNote]]:
-    gen = observed.generation
+    """The status of ``drs`` after a reconcile pass, and the Events of its flips and stuck pods."""
     prev = previous.conditions
+    make = _Conditions(prev, observed.generation, now)
     if observed.problems:
-        message = "; ".join(f"{p.path}: {p.message}" for p in observed.problems)
-        valid = _cond(prev, ConditionType.VALID, False, Reason.SPEC_INVALID, message, gen, now)
-        conditions = [valid, *(c for c in prev if c.type != ConditionType.VALID)]
-        status = previous.model_copy(
-            update={
-                "observed_generation": gen,
-                "phase": Phase.INVALID,
-                "conditions": conditions,
-                "selector": names.selector(drs),
-                "weights": weights_status(previous.weights, observed.weights_version, now),
-            }
-        )
-        return status, _transitions(prev, conditions)
-
+        return _invalid_status(drs, previous, observed, make)
     replicas = _replica_readiness(drs, observed)
-
-    n = len(replicas)
-    ready_count = sum(r.ready for r in replicas)
-    updated_count = sum(r.ready and r.updated for r in replicas)
-    unplaced = [r for r in replicas if not r.placed]
+    counts = _Counts.of(replicas)
+    rollout = observed.rollout
+    in_flight = bool(rollout and (rollout.actions or rollout.waiting)) or counts.updated < counts.n - counts.unplaced
     stuck = [e.message or e.problem or "" for r in replicas for e in r.engines if e.problem]
-    split_weights = _weights_split(replicas)
-    split = [r for r in replicas if r.split]
-    valid = _cond(prev, ConditionType.VALID, True, Reason.SPEC_VALID, "spec is valid", gen, now)
-    if unplaced:
-        placed = _cond(
-            prev,
-            ConditionType.PLACED,
-            False,
-            Reason.REPLICAS_UNPLACED,
-            "; ".join(r.reason or "" for r in unplaced),
-            gen,
-            now,
-        )
-    elif split:
-        placed = _cond(
-            prev,
-            ConditionType.PLACED,
-            True,
-            Reason.REPLICAS_SPLIT,
-            "; ".join(r.reason or f"replica {r.index} split" for r in split),
-            gen,
-            now,
-        )
-    else:
-        placed = _cond(prev, ConditionType.PLACED, True, Reason.ALL_REPLICAS_PLACED, f"{n} replica(s) placed", gen, now)
-    all_updated = n > 0 and updated_count == n
-    ready = _cond(
-        prev,
+    all_updated = counts.n > 0 and counts.updated == counts.n
+    ready = make(
         ConditionType.READY,
         all_updated,
         Reason.ALL_REPLICAS_READY if all_updated else Reason.REPLICAS_NOT_READY,
-        f"{updated_count}/{n} replicas ready at the current spec ({ready_count} serving)",
-        gen,
-        now,
+        f"{counts.updated}/{counts.n} replicas ready at the current spec ({counts.ready} serving)",
     )
-    rollout = observed.rollout
-    in_flight = bool(rollout and (rollout.actions or rollout.waiting)) or updated_count < n - len(unplaced)
-    if in_flight:
-        not_ready = [str(r.index) for r in replicas if r.placed and not (r.ready and r.updated)]
-        msg = (rollout.message if rollout else "") or (
-            f"starting replica {', '.join(not_ready)}" if not_ready else "applying changes"
-        )
-        if stuck:
-            msg = f"{msg}; " + "; ".join(stuck)
-        reason = (
-            Reason.UPDATING
-            if any(c.type == ConditionType.READY and c.status == ConditionStatus.TRUE for c in prev)
-            else Reason.CREATING
-        )
-        progressing = _cond(prev, ConditionType.PROGRESSING, True, reason, msg, gen, now)
-    else:
-        progressing = _cond(
-            prev, ConditionType.PROGRESSING, False, Reason.RECONCILED, "all children match the spec", gen, now
-        )
-    if observed.moved:
-        degraded = _cond(
-            prev,
-            ConditionType.DEGRADED,
-            True,
-            Reason.NODE_LOST,
-            f"replica {', '.join(map(str, observed.moved))} moved off lost or unschedulable nodes",
-            gen,
-            now,
-        )
-    elif unplaced:
-        degraded = _cond(
-            prev,
-            ConditionType.DEGRADED,
-            True,
-            Reason.REPLICAS_UNPLACED,
-            f"{len(unplaced)} replica(s) not placed",
-            gen,
-            now,
-        )
-    elif stuck:
-        degraded = _cond(
-            prev, ConditionType.DEGRADED, True, Reason.PODS_NOT_RUNNING, "; ".join(stuck)[:32768], gen, now
-        )
-    elif split_weights:
-        degraded = _cond(prev, ConditionType.DEGRADED, True, Reason.WEIGHTS_SPLIT, split_weights, gen, now)
-    elif n and ready.status != ConditionStatus.TRUE and not in_flight:
-        degraded = _cond(
-            prev,
-            ConditionType.DEGRADED,
-            True,
-            Reason.ENGINE_FAILED,
-            f"{n - ready_count} replica(s) not ready",
-            gen,
-            now,
-        )
-    else:
-        degraded = _cond(prev, ConditionType.DEGRADED, False, Reason.NOT_DEGRADED, "", gen, now)
-    conditions = [valid, placed, ready, progressing, degraded]
-
-    if ready.status == ConditionStatus.TRUE and progressing.status == ConditionStatus.FALSE:
-        phase = Phase.READY
-    elif unplaced and ready_count == 0:
-        phase = Phase.PENDING
-    elif degraded.status == ConditionStatus.TRUE and (not in_flight or stuck):
-        phase = Phase.DEGRADED
-    else:
-        phase = Phase.PROGRESSING
+    progressing = _progressing_condition(make, prev, rollout, replicas, stuck, in_flight)
+    degraded = _degraded_condition(make, observed.moved, replicas, stuck, ready, in_flight)
+    conditions = [
+        make(ConditionType.VALID, True, Reason.SPEC_VALID, "spec is valid"),
+        _placed_condition(make, replicas),
+        ready,
+        progressing,
+        degraded,
+    ]
     status = DisaggReplicaSetStatus(
-        observed_generation=gen,
-        replicas=n,
-        ready_replicas=ready_count,
-        updated_replicas=updated_count,
+        observed_generation=observed.generation,
+        replicas=counts.n,
+        ready_replicas=counts.ready,
+        updated_replicas=counts.updated,
         selector=names.selector(drs),
-        phase=phase,
+        phase=_phase(ready, progressing, degraded, counts.unplaced > 0 and counts.ready == 0, in_flight, bool(stuck)),
         gpus=observed.gpus,
         replica_width=observed.replica_width,
         conditions=conditions,
@@ -373,6 +273,130 @@ def compute_status(
         + _problem_notes(previous, replicas)
         + _gang_notes(previous.replica_statuses, replicas)
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Conditions:
+    """Makes the conditions of one pass (a condition keeps its transition time unless it flips)."""
+
+    previous: Sequence[Condition]
+    generation: int
+    now: datetime.datetime
+
+    def __call__(self, type_: ConditionType, status: bool, reason: Reason, message: str) -> Condition:
+        return _cond(self.previous, type_, status, reason, message, self.generation, self.now)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Counts:
+    n: int  #: replicas of the plan
+    ready: int  #: serving
+    updated: int  #: serving the current spec
+    unplaced: int
+
+    @classmethod
+    def of(cls, replicas: Sequence[ReplicaStatus]) -> _Counts:
+        return cls(
+            n=len(replicas),
+            ready=sum(r.ready for r in replicas),
+            updated=sum(r.ready and r.updated for r in replicas),
+            unplaced=sum(not r.placed for r in replicas),
+        )
+
+
+def _invalid_status(
+    drs: str, previous: DisaggReplicaSetStatus, observed: Observed, make: _Conditions
+) -> tuple[DisaggReplicaSetStatus, list[EventNote]]:
+    """An invalid spec: ``Valid`` turns False naming every problem; the rest of status is kept."""
+    message = "; ".join(f"{p.path}: {p.message}" for p in observed.problems)
+    valid = make(ConditionType.VALID, False, Reason.SPEC_INVALID, message)
+    conditions = [valid, *(c for c in previous.conditions if c.type != ConditionType.VALID)]
+    status = previous.model_copy(
+        update={
+            "observed_generation": observed.generation,
+            "phase": Phase.INVALID,
+            "conditions": conditions,
+            "selector": names.selector(drs),
+            "weights": weights_status(previous.weights, observed.weights_version, make.now),
+        }
+    )
+    return status, _transitions(previous.conditions, conditions)
+
+
+def _placed_condition(make: _Conditions, replicas: Sequence[ReplicaStatus]) -> Condition:
+    unplaced = [r for r in replicas if not r.placed]
+    split = [r for r in replicas if r.split]
+    if unplaced:
+        message = "; ".join(r.reason or "" for r in unplaced)
+        return make(ConditionType.PLACED, False, Reason.REPLICAS_UNPLACED, message)
+    if split:
+        message = "; ".join(r.reason or f"replica {r.index} split" for r in split)
+        return make(ConditionType.PLACED, True, Reason.REPLICAS_SPLIT, message)
+    return make(ConditionType.PLACED, True, Reason.ALL_REPLICAS_PLACED, f"{len(replicas)} replica(s) placed")
+
+
+def _progressing_condition(
+    make: _Conditions,
+    previous: Sequence[Condition],
+    rollout: Rollout | None,
+    replicas: Sequence[ReplicaStatus],
+    stuck: Sequence[str],
+    in_flight: bool,
+) -> Condition:
+    if not in_flight:
+        return make(ConditionType.PROGRESSING, False, Reason.RECONCILED, "all children match the spec")
+    not_ready = [str(r.index) for r in replicas if r.placed and not (r.ready and r.updated)]
+    message = (rollout.message if rollout else "") or (
+        f"starting replica {', '.join(not_ready)}" if not_ready else "applying changes"
+    )
+    if stuck:
+        message = f"{message}; " + "; ".join(stuck)
+    was_ready = any(c.type == ConditionType.READY and c.status == ConditionStatus.TRUE for c in previous)
+    return make(ConditionType.PROGRESSING, True, Reason.UPDATING if was_ready else Reason.CREATING, message)
+
+
+def _degraded_condition(
+    make: _Conditions,
+    moved: Sequence[int],
+    replicas: Sequence[ReplicaStatus],
+    stuck: Sequence[str],
+    ready: Condition,
+    in_flight: bool,
+) -> Condition:
+    """Most urgent first: moved, unplaced, pods that cannot run, split weights, not ready."""
+    n = len(replicas)
+    unplaced = [r for r in replicas if not r.placed]
+    split_weights = _weights_split(replicas)
+    if moved:
+        message = f"replica {', '.join(map(str, moved))} moved off lost or unschedulable nodes"
+        return make(ConditionType.DEGRADED, True, Reason.NODE_LOST, message)
+    if unplaced:
+        return make(ConditionType.DEGRADED, True, Reason.REPLICAS_UNPLACED, f"{len(unplaced)} replica(s) not placed")
+    if stuck:
+        return make(ConditionType.DEGRADED, True, Reason.PODS_NOT_RUNNING, "; ".join(stuck)[:32768])
+    if split_weights:
+        return make(ConditionType.DEGRADED, True, Reason.WEIGHTS_SPLIT, split_weights)
+    if n and ready.status != ConditionStatus.TRUE and not in_flight:
+        not_ready = n - sum(r.ready for r in replicas)
+        return make(ConditionType.DEGRADED, True, Reason.ENGINE_FAILED, f"{not_ready} replica(s) not ready")
+    return make(ConditionType.DEGRADED, False, Reason.NOT_DEGRADED, "")
+
+
+def _phase(
+    ready: Condition,
+    progressing: Condition,
+    degraded: Condition,
+    nothing_placed_serves: bool,
+    in_flight: bool,
+    stuck: bool,
+) -> Phase:
+    if ready.status == ConditionStatus.TRUE and progressing.status == ConditionStatus.FALSE:
+        return Phase.READY
+    if nothing_placed_serves:
+        return Phase.PENDING
+    if degraded.status == ConditionStatus.TRUE and (not in_flight or stuck):
+        return Phase.DEGRADED
+    return Phase.PROGRESSING
 
 
 def parse_engine_weights(annotation: str | None) -> dict[str, str]:

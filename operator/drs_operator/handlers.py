@@ -33,7 +33,6 @@ from drs_operator.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 WATCH_SERVER_TIMEOUT_S = 300
-BACKOFF_S = 5.0
 
 
 def _key(namespace: str | None, name: str) -> str:

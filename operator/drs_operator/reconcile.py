@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION
+from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, CHILD_KINDS, Reason
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
 from drs_operator.kube.apply import Applier
@@ -123,7 +123,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
 
     # 5. desired children and the actions that reach them
     desired = desired_children(owner, spec, plan, placement, addresses)
-    live_by_kind = {kind: live.of(kind) for kind in ("Pod", "Deployment", "Service", "ConfigMap", "Secret")}
+    live_by_kind = {kind: live.of(kind) for kind in CHILD_KINDS}
     rollout = compute_actions(desired, live_by_kind, lost, [r.index for r in plan.replicas])
 
     # 6. apply
@@ -216,7 +216,9 @@ def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Plac
     failed = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == "failed"]
     if failed:
         notes.append(
-            EventNote("Warning", "EngineFailed", f"replacing failed engine pods {', '.join(a.name for a in failed)}")
+            EventNote(
+                "Warning", Reason.ENGINE_FAILED, f"replacing failed engine pods {', '.join(a.name for a in failed)}"
+            )
         )
     rolled = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == "outdated"]
     if rolled:
@@ -227,7 +229,7 @@ def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Plac
         )
     for r in moved:
         nodes = ", ".join(placement.replica(r).nodes)
-        notes.append(EventNote("Warning", "ReplicaMoved", f"replica {r} moved to {nodes}"))
+        notes.append(EventNote("Warning", Reason.REPLICA_MOVED, f"replica {r} moved to {nodes}"))
     fronts = [a for a in actions if a.kind == "Deployment" and a.verb in ("create", "replace")]
     if fronts:
         notes.append(EventNote("Normal", "FrontendsApplied", f"{', '.join(f'{a.verb}d {a.name}' for a in fronts)}"))

@@ -28,7 +28,7 @@ import dataclasses
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
-from drs_operator.api.constants import LABEL_REPLICA
+from drs_operator.api.constants import HASHED_CHILD_KINDS, LABEL_REPLICA
 from drs_operator.manifests.children import Children, ReplicaChildren, hash_of
 from drs_operator.readiness import pod_ready
 
@@ -107,63 +107,17 @@ def compute_actions(
     """See the module docstring. ``placed_replicas`` are the replica indices the plan wants running
     (placed or not): an index in it without desired children is unplaced, and counts as unavailable."""
     actions: list[Action] = []
-    pods = live.get("Pod", {})
-
-    def sync(kind: str, obj: Manifest, replica: int | None = None, replace_ok: bool = True) -> None:
-        name = obj["metadata"]["name"]
-        current = live.get(kind, {}).get(name)
-        if current is None:
-            actions.append(Action("create", kind, name, manifest=obj, replica=replica, reason="missing"))
-        elif replace_ok and hash_of(current) != hash_of(obj):
-            actions.append(
-                Action("replace", kind, name, manifest=obj, live=current, replica=replica, reason="outdated")
-            )
-
     for obj in (*desired.configmaps, *desired.services):
-        sync(obj["kind"], obj)
-
+        actions += _sync(live, obj["kind"], obj)
     available = {rc.index: replica_available(rc, live) for rc in desired.replicas}
     down = {r for r in placed_replicas if not available.get(r, False)}
     rolling: list[int] = []
     waiting: list[int] = []
     for rc in desired.replicas:
-        outdated: list[Manifest] = []
-        for want in rc.engine_pods:
-            have = pods.get(want["metadata"]["name"])
-            if have is None:
-                actions.append(
-                    Action("create", "Pod", want["metadata"]["name"], manifest=want, replica=rc.index, reason="missing")
-                )
-            elif _finished(have):
-                if not (have.get("metadata") or {}).get("deletionTimestamp"):
-                    actions.append(
-                        Action(
-                            "delete",
-                            "Pod",
-                            want["metadata"]["name"],
-                            live=have,
-                            grace_seconds=0,
-                            replica=rc.index,
-                            reason="failed",
-                        )
-                    )
-            elif not _current(have, want):
-                if _node_of(have) in lost_nodes:
-                    actions.append(
-                        Action(
-                            "delete",
-                            "Pod",
-                            want["metadata"]["name"],
-                            live=have,
-                            grace_seconds=0,
-                            replica=rc.index,
-                            reason="node lost",
-                        )
-                    )
-                else:
-                    outdated.append(have)
+        engine_actions, outdated = _engine_pod_actions(rc, live.get("Pod", {}), lost_nodes)
+        actions += engine_actions
         if outdated:
-            if rc.index in down or not (down - {rc.index}):
+            if rc.index in down or not (down - {rc.index}):  # at most one replica unavailable at a time
                 down.add(rc.index)
                 rolling.append(rc.index)
                 actions += [
@@ -173,15 +127,77 @@ def compute_actions(
                 ]
             else:
                 waiting.append(rc.index)
-        engines_done = not outdated and replica_engines_ready(rc, pods)
-        sync("ConfigMap", rc.frontend_config, rc.index, replace_ok=engines_done)
-        for dep in rc.frontend_deployments:
-            sync("Deployment", dep, rc.index, replace_ok=engines_done)
-        for svc in rc.frontend_services:
-            sync("Service", svc, rc.index)
+        actions += _frontend_actions(
+            rc, live, engines_done=not outdated and replica_engines_ready(rc, live.get("Pod", {}))
+        )
+    actions += _undesired(desired, live, lost_nodes)
+    return Rollout(tuple(actions), tuple(rolling), tuple(waiting), _message(rolling, waiting, down))
 
-    wanted = {kind: desired.all_of(kind) for kind in ("Pod", "Deployment", "Service", "ConfigMap")}
-    for kind, names in wanted.items():
+
+def _sync(
+    live: Mapping[str, Mapping[str, Manifest]],
+    kind: str,
+    obj: Manifest,
+    replica: int | None = None,
+    replace_ok: bool = True,
+) -> list[Action]:
+    """Create ``obj`` when missing; replace it when its spec hash differs (and ``replace_ok``)."""
+    name = obj["metadata"]["name"]
+    current = live.get(kind, {}).get(name)
+    if current is None:
+        return [Action("create", kind, name, manifest=obj, replica=replica, reason="missing")]
+    if replace_ok and hash_of(current) != hash_of(obj):
+        return [Action("replace", kind, name, manifest=obj, live=current, replica=replica, reason="outdated")]
+    return []
+
+
+def _engine_pod_actions(
+    rc: ReplicaChildren, pods: Mapping[str, Manifest], lost_nodes: Collection[str]
+) -> tuple[list[Action], list[Manifest]]:
+    """A replica's engine pods: creates of missing ones, deletes of failed ones and of outdated ones
+    on lost nodes; and the outdated pods that need a roll-out slot."""
+    actions: list[Action] = []
+    outdated: list[Manifest] = []
+    for want in rc.engine_pods:
+        name = want["metadata"]["name"]
+        have = pods.get(name)
+        if have is None:
+            actions.append(Action("create", "Pod", name, manifest=want, replica=rc.index, reason="missing"))
+        elif _finished(have):
+            if not (have.get("metadata") or {}).get("deletionTimestamp"):
+                actions.append(
+                    Action("delete", "Pod", name, live=have, grace_seconds=0, replica=rc.index, reason="failed")
+                )
+        elif not _current(have, want):
+            if _node_of(have) in lost_nodes:
+                actions.append(
+                    Action("delete", "Pod", name, live=have, grace_seconds=0, replica=rc.index, reason="node lost")
+                )
+            else:
+                outdated.append(have)
+    return actions, outdated
+
+
+def _frontend_actions(
+    rc: ReplicaChildren, live: Mapping[str, Mapping[str, Manifest]], *, engines_done: bool
+) -> list[Action]:
+    """A replica's frontend config and Deployments change only once its engines are current and
+    ready (a frontend never points at engines still rolling); its Services at any time."""
+    actions = _sync(live, "ConfigMap", rc.frontend_config, rc.index, replace_ok=engines_done)
+    for dep in rc.frontend_deployments:
+        actions += _sync(live, "Deployment", dep, rc.index, replace_ok=engines_done)
+    for svc in rc.frontend_services:
+        actions += _sync(live, "Service", svc, rc.index)
+    return actions
+
+
+def _undesired(
+    desired: Children, live: Mapping[str, Mapping[str, Manifest]], lost_nodes: Collection[str]
+) -> list[Action]:
+    """Deletes of live children no longer desired (pods on lost nodes without grace)."""
+    actions: list[Action] = []
+    for kind in HASHED_CHILD_KINDS:
+        names = desired.all_of(kind)
         for name, obj in sorted(live.get(kind, {}).items()):
             if name in names or (obj.get("metadata") or {}).get("deletionTimestamp"):
                 continue
@@ -198,9 +214,7 @@ def compute_actions(
                     reason="not desired",
                 )
             )
-
-    message = _message(rolling, waiting, down)
-    return Rollout(tuple(actions), tuple(rolling), tuple(waiting), message)
+    return actions
 
 
 def _message(rolling: list[int], waiting: list[int], down: set[int]) -> str:

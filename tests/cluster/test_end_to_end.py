@@ -16,7 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from drs_devcluster import runner
+from drs_devcluster import runner_daemon as runner
 from drs_devcluster.testing import RunningCluster
 from operator_harness import (
     ROOT,

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from drs_devcluster import processes
 from drs_devcluster.cluster import DevClusterError
-from drs_devcluster.runner import PIDS_FILE, RUNNER_NAME, start_runner, stop_runner
+from drs_devcluster.runner_daemon import PIDS_FILE, RUNNER_NAME, start_runner, stop_runner
 from drs_devcluster.testing import RunningCluster
 
 pytestmark = pytest.mark.cluster

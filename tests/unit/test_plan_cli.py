@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 from drs_cli.main import main
-from drs_devcluster.profiles import build_nodes
+from drs_operator.profiles import build_nodes
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

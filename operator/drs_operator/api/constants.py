@@ -58,6 +58,11 @@ ANNOTATION_ENGINE_WEIGHTS: Final = f"{GROUP}/engine-weights"
 #: The ``disagg.dev/role`` value of frontend children.
 ROLE_FRONTEND: Final = "frontend"
 
+#: Kinds of the children the operator owns (the Secret is created once and never compared).
+CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap", "Secret")
+#: The children compared by spec hash and rolled when it changes.
+HASHED_CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap")
+
 # --- scheduling -----------------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 DEFAULT_SEGMENT_LABEL: Final = "nvidia.com/gpu.clique"
@@ -101,8 +106,6 @@ class Reason(StrEnum):
     ALL_REPLICAS_PLACED = "AllReplicasPlaced"
     REPLICAS_SPLIT = "ReplicasSplitAcrossSegments"
     REPLICAS_UNPLACED = "ReplicasUnplaced"
-    LAYOUT_DOES_NOT_TILE = "LayoutDoesNotTile"
-    NO_SCHEDULABLE_NODES = "NoSchedulableNodes"
     REPLICA_MOVED = "ReplicaMoved"
     # Ready
     ALL_REPLICAS_READY = "AllReplicasReady"
@@ -110,12 +113,10 @@ class Reason(StrEnum):
     # Progressing
     CREATING = "Creating"
     UPDATING = "Updating"
-    REFITTING = "Refitting"
     RECONCILED = "Reconciled"
     # Degraded
     NODE_LOST = "NodeLost"
     ENGINE_FAILED = "EngineFailed"
-    FRONTEND_FAILED = "FrontendFailed"
     PODS_NOT_RUNNING = "PodsNotRunning"
     WEIGHTS_SPLIT = "WeightsSplit"
     NOT_DEGRADED = "NotDegraded"

@@ -30,9 +30,9 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from drs_operator.api.constants import GPU_RESOURCE, LABEL_REPLICASET
+from drs_operator.api.constants import CHILD_KINDS, GPU_RESOURCE, LABEL_REPLICASET
 from drs_operator.kube.informer import Informer, Manifest
-from drs_operator.kube.observe import CHILD_KINDS, LiveChildren, owned_by
+from drs_operator.kube.observe import LiveChildren, owned_by
 from drs_operator.nodepool import pod_gpus
 
 #: Pods that hold GPUs: bound to a node and not finished.

@@ -20,7 +20,6 @@ from drs_operator.api.constants import GROUP, PLURAL, VERSION
 from drs_operator.kube.client import REQUEST_TIMEOUT_S, as_json
 
 Manifest = dict[str, Any]
-CHILD_KINDS = ("Pod", "Deployment", "Service", "ConfigMap", "Secret")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,8 @@ from drs_operator.api.constants import API_VERSION, KIND
 SPEC_HASH_ANNOTATION: Final = "disagg.dev/spec-hash"
 #: Node a child was placed on (for a person reading ``kubectl get -o yaml``).
 NODE_ANNOTATION: Final = "disagg.dev/node"
+#: Hash of the rendered config a pod reads: a config change rolls the pods.
+CONFIG_HASH_ANNOTATION: Final = "disagg.dev/config-hash"
 #: Key of the rendered config in the engine and frontend ConfigMaps (read through the pods' env).
 CONFIG_KEY: Final = "config.json"
 

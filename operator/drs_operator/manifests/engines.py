@@ -37,6 +37,7 @@ from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, 
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.layout import engine_url
 from drs_operator.manifests.common import (
+    CONFIG_HASH_ANNOTATION,
     CONFIG_KEY,
     NODE_ANNOTATION,
     Owner,
@@ -175,6 +176,35 @@ def _engine_pod(
         LABEL_ORDINAL: str(slot.ordinal),
         LABEL_RANK: str(rank),
     }
+    volumes, mounts = _engine_volumes(spec)
+    pod_env = _engine_env(owner, plan, slot, rank, world, gpus, leader)
+    container = _engine_container(spec, slot, gpus, url, pod_env, mounts)
+    pod_spec: dict[str, Any] = {
+        "affinity": node_affinity(node),
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": spec.engine.drain_seconds + TERMINATION_MARGIN_SECONDS,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if plan.host_network:
+        pod_spec["hostNetwork"] = True
+        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
+    else:
+        pod_spec["hostname"] = name
+        pod_spec["subdomain"] = names.engines_service_name(owner.name)
+    if spec.topology.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.topology.tolerations]
+    annotations = {NODE_ANNOTATION: node, CONFIG_HASH_ANNOTATION: config_hash}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": owner.metadata(name, labels, annotations), "spec": pod_spec}
+    pod = overlay_pod_template(pod, spec.template, spec.role(slot.role).template)
+    return with_hash(pod)
+
+
+def _engine_env(
+    owner: Owner, plan: Plan, slot: EngineSlot, rank: int, world: int, gpus: int, leader: str
+) -> list[dict[str, Any]]:
+    """The pod's address and name, its role's config, the control token and the gang variables
+    (``drs_protocol.gang``; the Ray port only for an engine wider than a node)."""
     pod_env: list[dict[str, Any]] = [
         field_env(env.POD_IP, "status.podIP"),
         field_env(env.POD_NAME, "metadata.name"),
@@ -197,23 +227,32 @@ def _engine_pod(
     ]
     if world > 1:
         pod_env.append({"name": env.RAY_PORT, "value": str(gang.ray_port_for(slot.port, plan.host_network))})
-    args = [
-        "--backend",
-        str(spec.engine.backend),
-        "--role",
-        str(slot.role),
-        "--host",
-        f"$({env.POD_IP})",
-        "--port",
-        str(slot.port),
-    ]
-    if url:
-        args += ["--advertise-url", url]
+    return pod_env
+
+
+def _engine_volumes(spec: DisaggReplicaSetSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(volumes, mounts)``: a memory-backed ``/dev/shm`` (NCCL) and the model volume if named."""
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
     if spec.model.volume:
         volumes.append({"name": MODEL_VOLUME, **dict(spec.model.volume)})
         mounts.append({"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True})
+    return volumes, mounts
+
+
+def _engine_container(
+    spec: DisaggReplicaSetSpec,
+    slot: EngineSlot,
+    gpus: int,
+    url: str,
+    pod_env: list[dict[str, Any]],
+    mounts: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """``drs engine`` with its backend, role, address and port; exactly its GPUs; ready on ``/health``."""
+    args = ["--backend", str(spec.engine.backend), "--role", str(slot.role), "--host", f"$({env.POD_IP})"]
+    args += ["--port", str(slot.port)]
+    if url:
+        args += ["--advertise-url", url]
     container: dict[str, Any] = {
         "name": ENGINE_CONTAINER,
         "image": spec.images.engine,
@@ -231,22 +270,4 @@ def _engine_pod(
     }
     if spec.images.pull_policy:
         container["imagePullPolicy"] = spec.images.pull_policy
-    pod_spec: dict[str, Any] = {
-        "affinity": node_affinity(node),
-        "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": spec.engine.drain_seconds + TERMINATION_MARGIN_SECONDS,
-        "containers": [container],
-        "volumes": volumes,
-    }
-    if plan.host_network:
-        pod_spec["hostNetwork"] = True
-        pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"
-    else:
-        pod_spec["hostname"] = name
-        pod_spec["subdomain"] = names.engines_service_name(owner.name)
-    if spec.topology.tolerations:
-        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.topology.tolerations]
-    annotations = {NODE_ANNOTATION: node, "disagg.dev/config-hash": config_hash}
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": owner.metadata(name, labels, annotations), "spec": pod_spec}
-    pod = overlay_pod_template(pod, spec.template, spec.role(slot.role).template)
-    return with_hash(pod)
+    return container

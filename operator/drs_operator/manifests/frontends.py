@@ -22,6 +22,7 @@ from drs_operator.api.constants import LABEL_FRONTEND, LABEL_REPLICA, LABEL_REPL
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.layout import engine_url
 from drs_operator.manifests.common import (
+    CONFIG_HASH_ANNOTATION,
     CONFIG_KEY,
     NODE_ANNOTATION,
     Owner,
@@ -159,7 +160,7 @@ def build_frontend_deployment(
             "name": slot.name,
             "namespace": owner.namespace,
             "labels": labels,
-            "annotations": {NODE_ANNOTATION: node, "disagg.dev/config-hash": config_hash},
+            "annotations": {NODE_ANNOTATION: node, CONFIG_HASH_ANNOTATION: config_hash},
         },
         "spec": pod_spec,
     }
