@@ -19,6 +19,7 @@ import httpx
 import pytest
 from drs_devcluster import processes
 from drs_devcluster.cluster import DevClusterError
+from drs_devcluster.profiles import node_net
 from drs_devcluster.runner_daemon import PIDS_FILE, RUNNER_NAME, start_runner, stop_runner
 from drs_devcluster.testing import RunningCluster
 
@@ -151,7 +152,7 @@ def test_a_host_network_drs_pod_answers_on_its_node_address_and_stops_when_delet
     info = eventually(answers(http, f"http://{ip}:18711/info"), START_TIMEOUT_S, "the pod's process answers")
     assert info["host"] == ip and info["port"] == 18711
     assert http.get(f"http://{ip}:18711/health").status_code == 200
-    assert ip.startswith("127.0.") and ip != "127.0.0.1"
+    assert ip.startswith(f"127.{node_net()}.") and ip != "127.0.0.1"
 
     core.delete_namespaced_pod("echo", namespace)
     eventually(refuses(http, f"http://{ip}:18711/health"), STOP_TIMEOUT_S, "the port stops answering")
