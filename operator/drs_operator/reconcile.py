@@ -32,17 +32,16 @@ from kubernetes_asyncio import client
 from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, CHILD_KINDS, Reason
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
+from drs_operator.decide import decide
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.observe import read_drs
-from drs_operator.layout import frontend_urls, replica_statuses
-from drs_operator.manifests import Owner, desired_children
+from drs_operator.manifests import Owner
 from drs_operator.manifests.engines import build_control_secret
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
-from drs_operator.placement import Placement, place, previous_from_status
-from drs_operator.plan import plan as make_plan
-from drs_operator.rollout import Action, compute_actions
+from drs_operator.placement import Placement
+from drs_operator.rollout import Action
 from drs_operator.validation import Problem, validate_name, validate_spec_data
 
 log = logging.getLogger(__name__)
@@ -105,26 +104,26 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         await _write_status(ctx, body, status, notes)
         return None
 
-    # 3. plan, and read what exists
-    plan = make_plan(spec, name)
+    # 3. read what exists
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
     live = ctx.cache.live_children(namespace, name, owner.uid)
     nodes = nodes_from_manifests(
         ctx.cache.node_manifests(), used=ctx.cache.usage.used_by_others(namespace, name), topology=spec.topology
     )
-    addresses = {n.name: n.address for n in nodes if n.address}
-
-    # 4. place (sticky on the placement recorded in status)
-    prior = previous_from_status(previous.replica_statuses) if previous.replica_statuses else None
-    placement = place(plan, nodes, prior)
-    usable = {n.name for n in nodes if n.schedulable}
-    lost = {n for rs in previous.replica_statuses for n in rs.nodes if n not in usable}
-    moved = _moved(prior, placement)
-
-    # 5. desired children and the actions that reach them
-    desired = desired_children(owner, spec, plan, placement, addresses)
     live_by_kind = {kind: live.of(kind) for kind in CHILD_KINDS}
-    rollout = compute_actions(desired, live_by_kind, lost, [r.index for r in plan.replicas])
+
+    # 4-5. plan, place (sticky on the placement recorded in status), desired children, actions
+    decision = decide(
+        spec,
+        owner,
+        previous,
+        nodes,
+        live_by_kind,
+        generation=generation,
+        weights_version=weights_version,
+        engine_weights=engine_weights,
+    )
+    placement, rollout, moved = decision.placement, decision.rollout, decision.moved
 
     # 6. apply
     if not live.of("Secret") and any(r.placed for r in placement.replicas):
@@ -132,19 +131,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     await _apply_all(ctx.applier, namespace, rollout.actions)
 
     # 7. status and events
-    observed = Observed(
-        generation=generation,
-        replica_statuses=replica_statuses(plan, placement, namespace, addresses),
-        urls=frontend_urls(plan, placement, namespace, addresses),
-        replica_width=plan.replica_width,
-        gpus=plan.gpus,
-        desired=desired,
-        live=live_by_kind,
-        rollout=rollout,
-        moved=moved,
-        weights_version=weights_version,
-        engine_weights=engine_weights,
-    )
+    observed = decision.observed
     status, notes = compute_status(name, previous, observed, now)
     notes += _action_notes(rollout.actions, moved, placement)
     await _write_status(ctx, body, status, notes)
@@ -172,14 +159,6 @@ def _parse_status(raw: Any) -> DisaggReplicaSetStatus:
     except ValueError:
         log.warning("ignoring an unreadable status; placement starts afresh")
         return DisaggReplicaSetStatus()
-
-
-def _moved(prior: Placement | None, placement: Placement) -> list[int]:
-    """Replicas that were placed before and now sit on other nodes."""
-    if prior is None:
-        return []
-    before = {r.index: r.nodes for r in prior.replicas if r.placed}
-    return [r.index for r in placement.replicas if r.placed and r.index in before and r.nodes != before[r.index]]
 
 
 async def _apply_all(applier: Applier, namespace: str, actions: tuple[Action, ...]) -> None:

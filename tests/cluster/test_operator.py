@@ -305,22 +305,28 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates_and_a_resync
         apply(devcluster, namespace, small("crash", replicas=4, frontend={"workers": 2, "basePort": 9300}))
         wait_for("the first children", lambda: len(pods(devcluster, namespace)) > 0, timeout=30)
         second.kill(signal.SIGKILL)  # mid-reconcile: children half created
-        half = len(pods(devcluster, namespace))
+        engines_at_kill = {
+            p["metadata"]["name"]
+            for p in pods(devcluster, namespace)
+            if "-prefill-" in p["metadata"]["name"] or "-decode-" in p["metadata"]["name"]
+        }
         third = OperatorProcess(devcluster, tmp_path / "second.log").start()
         try:
             wait_ready(devcluster, namespace, "crash", 4)
             live = pods(devcluster, namespace)
             names = [p["metadata"]["name"] for p in live if not p["metadata"].get("deletionTimestamp")]
             assert len(names) == len(set(names))
-            assert len([n for n in names if "-prefill-" in n or "-decode-" in n]) == 8
+            engine_names = {n for n in names if "-prefill-" in n or "-decode-" in n}
+            assert len(engine_names) == 8
             deployments = get_json(devcluster, "deployments", "-n", namespace)["items"]
             assert sorted(d["metadata"]["name"] for d in deployments) == sorted(
                 f"crash-r{r}-f{f}" for r in range(4) for f in range(2)
             )
             assert all(d["status"].get("replicas") == 1 for d in deployments)
-            assert half <= len(names) + 8
-            # converged: let several resyncs pass and count writes
-            time.sleep(2)
+            assert engines_at_kill <= engine_names, "the half-created engine pods were adopted, not duplicated"
+            # converged: once a reconcile has run after Ready, count writes over several resyncs
+            settled = third.reconciles()
+            wait_for("a reconcile after Ready", lambda: third.reconciles() >= settled + 1, timeout=30)
             writes, reconciles = third.writes(), third.reconciles()
             wait_for("three more reconciles", lambda: third.reconciles() >= reconciles + 3, timeout=30)
             assert third.writes() == writes
@@ -346,9 +352,10 @@ def test_an_invalid_spec_the_schema_cannot_reject_is_reported_and_creates_nothin
         return c if c.get("status") == "False" else None
 
     cond = wait_for("Valid=False", invalid)
-    assert "spec.topology.gpusPerNode" in cond["message"] or "tile" in cond["message"]
+    assert "spec.topology.gpusPerNode" in cond["message"] and "do not tile 6-GPU nodes" in cond["message"]
     assert drs_status(devcluster, namespace, "untileable")["phase"] == "Invalid"
-    time.sleep(2)
+    seen = operator.reconciles()
+    wait_for("two more reconciles of the invalid spec", lambda: operator.reconciles() >= seen + 2, timeout=60)
     assert pods(devcluster, namespace) == []
     assert get_json(devcluster, "deployments", "-n", namespace)["items"] == []
     events = devcluster.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
@@ -368,7 +375,8 @@ def test_not_enough_gpus_places_nothing_then_places_when_nodes_appear(
 
     cond = wait_for("Placed=False", unplaced)
     assert "replica 0" in cond["message"]
-    time.sleep(2)
+    seen = operator.reconciles()
+    wait_for("two more reconciles of the unplaceable spec", lambda: operator.reconciles() >= seen + 2, timeout=60)
     assert pods(devcluster, namespace) == [], "nothing is half-created"
     node = "hgx-007"
     devcluster.kubectl("label", "node", node, f"drs-test-pool={pool}")
@@ -400,7 +408,11 @@ def test_a_second_operator_waits_for_the_lease_and_takes_over_when_the_leader_di
 ) -> None:
     follower = OperatorProcess(devcluster, tmp_path / "follower.log").start()
     try:
-        time.sleep(3)
+        wait_for(
+            "the follower found the lease held",
+            lambda: "waiting to become leader" in (tmp_path / "follower.log").read_text(),
+            timeout=30,
+        )
         assert (follower.metrics() or {}).get("drs_operator_leader", 0.0) == 0.0
         assert follower.reconciles() == 0
         operator.kill(signal.SIGKILL)

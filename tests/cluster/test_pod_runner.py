@@ -293,13 +293,17 @@ def test_a_pod_replaced_under_the_same_name_gets_a_new_process_on_the_same_port(
 
 
 def test_pods_that_are_not_ours_are_left_to_kwok(
-    runner: processes.Tracked, core: Any, namespace: str, devcluster: RunningCluster
+    runner: processes.Tracked, core: Any, http: httpx.Client, namespace: str, devcluster: RunningCluster
 ) -> None:
     pod = echo_pod("other", 18718)
     pod["spec"]["containers"][0]["command"] = ["sleep", "infinity"]
     core.create_namespaced_pod(namespace, pod)
     eventually(lambda: ready_state(core, namespace, "other") == ("True", "True", True), READY_TIMEOUT_S, "kwok's Ready")
-    time.sleep(2.0)  # give the runner time to (wrongly) act
+    # The runner handles pod events in order: once it runs a pod created after "other", it has
+    # already decided about "other".
+    core.create_namespaced_pod(namespace, echo_pod("later", 18720))
+    ip = host_ip(core, namespace, "later")
+    eventually(answers(http, f"http://{ip}:18720/info"), START_TIMEOUT_S, "the later pod's process answers")
     assert ready_state(core, namespace, "other") == ("True", "True", True)
     pods_dir = devcluster.cluster.layout.state_dir / "pods"
     assert not list(pods_dir.glob(f"{namespace}_other_*"))

@@ -103,6 +103,21 @@ async def poll(client: httpx.AsyncClient, url: str, want: int | None = None) -> 
     raise AssertionError(f"{url} did not answer{'' if want is None else f' {want}'} within 15 s")
 
 
+async def decode_in_flight(client: httpx.AsyncClient, url: str, timeout_s: float = 15.0) -> None:
+    """Wait until the frontend at ``url`` has a call in flight to a decode engine (its own gauge)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            metrics = (await client.get(url + "/metrics")).text
+            if any(
+                line.startswith("drs_frontend_engine_in_flight{")
+                and 'role="decode"' in line
+                and not line.endswith(" 0.0")
+                for line in metrics.splitlines()
+            ):
+                return
+            await asyncio.sleep(0.01)
+
+
 def test_a_port_that_cannot_be_bound_exits_non_zero_at_once_naming_it() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -160,7 +175,7 @@ async def test_sigterm_lets_a_turn_in_flight_finish_then_the_process_exits_zero(
                 await poll(client, url + "/ready", 200)
                 body = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
                 turn = asyncio.create_task(client.post(url + "/v1/chat/completions", json=body))  # ~1 s of decoding
-                await asyncio.sleep(0.3)
+                await decode_in_flight(client, url)  # the turn is on its generation leg
                 proc.terminate()
                 answer = await turn
                 assert answer.status_code == 200, answer.text

@@ -76,7 +76,9 @@ async def test_engines_that_are_not_ready_are_pending_then_loaded_when_they_come
 async def test_a_second_refit_while_one_runs_is_refused(checkpoint: Path) -> None:
     async with sim_engine(weightsLoadSeconds=0.5, speed=1.0) as slow, refitter_over([as_engine(slow)]) as (refitter, _):
         first = asyncio.create_task(refitter.refit(str(checkpoint), "step-100"))
-        await asyncio.sleep(0.1)
+        async with asyncio.timeout(5):
+            while not refitter.busy:  # the first refit holds the lock (its load takes 0.5 s)
+                await asyncio.sleep(0)
         with pytest.raises(RefitBusy):
             await refitter.refit(str(checkpoint), "step-101")
         assert (await first).complete

@@ -193,6 +193,8 @@ PURE_MODULES = [
     "drs_operator.manifests",
     "drs_operator.rollout",
     "drs_operator.conditions",
+    "drs_operator.decide",
+    "drs_operator.profiles",
 ]
 
 

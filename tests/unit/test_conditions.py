@@ -8,31 +8,20 @@ import datetime
 from drs_devcluster.profiles import build_nodes
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status, status_dict
-from drs_operator.layout import frontend_urls, replica_statuses
+from drs_operator.decide import decide
 from drs_operator.nodepool import nodes_from_manifests
-from drs_operator.rollout import compute_actions
 from drs_operator.validation import Problem
-from operator_fixtures import OWNER, as_live, build, hgx, spec
+from operator_fixtures import OWNER, as_live, hgx, spec
 
 T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
 T1 = T0 + datetime.timedelta(minutes=5)
 
 
 def observe(ready: bool, nodes: int = 4, generation: int = 1) -> Observed:
-    s = spec()
-    p, placement, desired = build(s, hgx(nodes))
-    live = as_live(desired, ready=ready)
-    addresses = {n.name: n.address or "" for n in hgx(nodes)}
-    return Observed(
-        generation=generation,
-        replica_statuses=replica_statuses(p, placement, OWNER.namespace, addresses),
-        urls=frontend_urls(p, placement, OWNER.namespace, addresses),
-        replica_width=p.replica_width,
-        gpus=p.gpus,
-        desired=desired,
-        live=live,
-        rollout=compute_actions(desired, live, set(), [r.index for r in p.replicas]),
-    )
+    """What the operator's own pass (``decide``) observes once the children exist (ready or not)."""
+    first = decide(spec(), OWNER, DisaggReplicaSetStatus(), hgx(nodes), {}, generation=generation)
+    live = as_live(first.desired, ready=ready)
+    return decide(spec(), OWNER, DisaggReplicaSetStatus(), hgx(nodes), live, generation=generation).observed
 
 
 def cond(status: DisaggReplicaSetStatus, type_: str) -> tuple[str, str]:
@@ -113,21 +102,11 @@ def observe_wide(not_ready: frozenset[str] = frozenset()) -> Observed:
     s = spec(
         replicas=1, prefill={"engines": 1, "tensorParallelSize": 8}, decode={"engines": 1, "tensorParallelSize": 4}
     )
-    p, placement, desired = build(s, nodes)
-    live = as_live(desired, ready=True)
+    first = decide(s, OWNER, DisaggReplicaSetStatus(), nodes, {}, generation=1)
+    live = as_live(first.desired, ready=True)
     for name in not_ready:
         live["Pod"][name]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
-    addresses = {n.name: n.address or "" for n in nodes}
-    return Observed(
-        generation=1,
-        replica_statuses=replica_statuses(p, placement, OWNER.namespace, addresses),
-        urls=frontend_urls(p, placement, OWNER.namespace, addresses),
-        replica_width=p.replica_width,
-        gpus=p.gpus,
-        desired=desired,
-        live=live,
-        rollout=compute_actions(desired, live, set(), [r.index for r in p.replicas]),
-    )
+    return decide(s, OWNER, DisaggReplicaSetStatus(), nodes, live, generation=1).observed
 
 
 def test_an_engine_wider_than_a_node_lists_its_ranks_and_is_ready_only_as_a_whole() -> None:

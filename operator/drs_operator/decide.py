@@ -1,0 +1,79 @@
+"""``decide``: steps 3-5 of a reconcile pass as one pure function (plan, place, desire, compare).
+
+Given a valid spec, the previous status (the placement is read back from it: status is the
+operator's memory), the nodes and the live children, it returns the plan, the placement, the
+desired children, the actions that reach them and the :class:`~drs_operator.conditions.Observed`
+that ``compute_status`` turns into the new status. ``reconcile`` calls it between reading and
+writing; the unit tests call the same function, so they exercise the operator's own wiring.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.api.status import DisaggReplicaSetStatus
+from drs_operator.conditions import Manifest, Observed
+from drs_operator.layout import frontend_urls, replica_statuses
+from drs_operator.manifests import Owner, desired_children
+from drs_operator.manifests.children import Children
+from drs_operator.placement import NodeInfo, Placement, place, previous_from_status
+from drs_operator.plan import Plan
+from drs_operator.plan import plan as make_plan
+from drs_operator.rollout import Rollout, compute_actions
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    plan: Plan
+    placement: Placement
+    desired: Children
+    rollout: Rollout
+    moved: list[int]  #: replicas placed before that now sit on other nodes
+    observed: Observed
+
+
+def decide(
+    spec: DisaggReplicaSetSpec,
+    owner: Owner,
+    previous: DisaggReplicaSetStatus,
+    nodes: Sequence[NodeInfo],
+    live: Mapping[str, Mapping[str, Manifest]],
+    *,
+    generation: int,
+    weights_version: str | None = None,
+    engine_weights: Mapping[str, str] | None = None,
+) -> Decision:
+    """Plan, place (sticky on the placement recorded in ``previous``), desire and compare."""
+    plan = make_plan(spec, owner.name)
+    addresses = {n.name: n.address for n in nodes if n.address}
+    prior = previous_from_status(previous.replica_statuses) if previous.replica_statuses else None
+    placement = place(plan, list(nodes), prior)
+    usable = {n.name for n in nodes if n.schedulable}
+    lost = {n for rs in previous.replica_statuses for n in rs.nodes if n not in usable}
+    moved = moved_replicas(prior, placement)
+    desired = desired_children(owner, spec, plan, placement, addresses)
+    rollout = compute_actions(desired, live, lost, [r.index for r in plan.replicas])
+    observed = Observed(
+        generation=generation,
+        replica_statuses=replica_statuses(plan, placement, owner.namespace, addresses),
+        urls=frontend_urls(plan, placement, owner.namespace, addresses),
+        replica_width=plan.replica_width,
+        gpus=plan.gpus,
+        desired=desired,
+        live=live,
+        rollout=rollout,
+        moved=moved,
+        weights_version=weights_version,
+        engine_weights=dict(engine_weights or {}),
+    )
+    return Decision(plan, placement, desired, rollout, moved, observed)
+
+
+def moved_replicas(prior: Placement | None, placement: Placement) -> list[int]:
+    """Replicas that were placed before and now sit on other nodes."""
+    if prior is None:
+        return []
+    before = {r.index: r.nodes for r in prior.replicas if r.placed}
+    return [r.index for r in placement.replicas if r.placed and r.index in before and r.nodes != before[r.index]]
