@@ -65,12 +65,47 @@ def create_app(config: EngineConfig, *, control_token: str | None, gang: GangSpe
     app = FastAPI(title="drs engine", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = state
     install_error_handlers(app, log)
+    _add_serving_routes(app, state)
+    _add_info_routes(app, state)
+    control.register(app, state)
+    return app
+
+
+def _add_serving_routes(app: FastAPI, state: EngineState) -> None:
+    """The two turn routes and the KV hand-off a decode engine fetches from a prefill engine."""
 
     async def chat(request: Request) -> Response:
         return await serving.serve(state, request, chat=True)
 
     async def completions(request: Request) -> Response:
         return await serving.serve(state, request, chat=False)
+
+    async def kv_export(ctx_request_id: int, transport: str | None = None) -> Response:
+        try:
+            backend = state.require_backend()
+            if transport is not None:
+                frame = await backend.export_context_frame(ctx_request_id, transport)
+            else:
+                body = await backend.export_context(ctx_request_id)
+        except EngineError as exc:
+            if state.metrics is not None:
+                state.metrics.kv_exports.labels(status="error").inc()
+            return JSONResponse(exc.to_body(), status_code=exc.status)
+        state.require_metrics().kv_exports.labels(status="ok").inc()
+        if transport is not None:
+            return StreamingResponse(
+                frame.chunks, media_type=frame.media_type, headers={"content-length": str(frame.length)}
+            )
+        return JSONResponse(body)
+
+    app.add_api_route(routes.Endpoint.CHAT, chat, methods=["POST"])
+    app.add_api_route(routes.Endpoint.COMPLETIONS, completions, methods=["POST"])
+    app.add_api_route(routes.KV_EXPORT, kv_export, methods=["GET"])
+
+
+def _add_info_routes(app: FastAPI, state: EngineState) -> None:
+    """Health, the gang report, server info, the model list and metrics."""
+    config = state.config
 
     async def health() -> Response:
         if not state.ready:
@@ -106,34 +141,11 @@ def create_app(config: EngineConfig, *, control_token: str | None, gang: GangSpe
             return Response(b"", media_type=CONTENT_TYPE_LATEST)
         return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def kv_export(ctx_request_id: int, transport: str | None = None) -> Response:
-        try:
-            backend = state.require_backend()
-            if transport is not None:
-                frame = await backend.export_context_frame(ctx_request_id, transport)
-            else:
-                body = await backend.export_context(ctx_request_id)
-        except EngineError as exc:
-            if state.metrics is not None:
-                state.metrics.kv_exports.labels(status="error").inc()
-            return JSONResponse(exc.to_body(), status_code=exc.status)
-        state.require_metrics().kv_exports.labels(status="ok").inc()
-        if transport is not None:
-            return StreamingResponse(
-                frame.chunks, media_type=frame.media_type, headers={"content-length": str(frame.length)}
-            )
-        return JSONResponse(body)
-
-    app.add_api_route(routes.Endpoint.CHAT, chat, methods=["POST"])
-    app.add_api_route(routes.Endpoint.COMPLETIONS, completions, methods=["POST"])
     app.add_api_route(routes.MODELS, models, methods=["GET"])
     app.add_api_route(routes.HEALTH, health, methods=["GET"])
     app.add_api_route(routes.SERVER_INFO, server_info, methods=["GET"])
     app.add_api_route(routes.GANG, gang_report, methods=["GET"])
     app.add_api_route(routes.METRICS, metrics, methods=["GET"])
-    app.add_api_route(routes.KV_EXPORT, kv_export, methods=["GET"])
-    control.register(app, state)
-    return app
 
 
 def _server_info(state: EngineState) -> dict[str, Any]:
