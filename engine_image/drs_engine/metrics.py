@@ -16,6 +16,7 @@ drs_engine_weights_version{version}                gauge    loads so far (0 = in
 drs_engine_kv_exports_total{status}                counter  context states handed to decode engines
 drs_engine_asleep                                  gauge    1 while memory is released (requests get 503)
 drs_engine_control_ops_total{op,status}            counter  control API calls
+drs_engine_token_prefix_total{outcome}             counter  token prefixes spliced into rendered prompts: spliced / divergent
 =================================================  =======  ==========================================
 """
 
@@ -61,6 +62,7 @@ class EngineMetrics:
         )
         self.asleep = Gauge("drs_engine_asleep", "1 while memory is released.", registry=r)
         self.control_ops = Counter("drs_engine_control_ops", "Control API calls.", ["op", "status"], registry=r)
+        self.token_prefix = Counter("drs_engine_token_prefix", "Token prefixes spliced.", ["outcome"], registry=r)
 
     def set_weights_version(self, version: str, *, loaded: bool) -> None:
         """Point the weights gauge at ``version`` (``loaded``: a load happened, bump the count)."""

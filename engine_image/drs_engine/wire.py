@@ -167,6 +167,9 @@ class ChatCompletionRequest(_Common):
     documents: list[dict[str, str]] | None = None
     chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    #: NeMo RL's field (not TensorRT-LLM's): the rendered prompt is spliced after these ids
+    #: (drs_protocol.token_prefix); without it, after the last assistant message's Gym ids.
+    required_prefix_token_ids: list[int] | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -37,6 +37,7 @@ from drs_protocol.errors import error_body
 from drs_protocol.routes import Endpoint
 from drs_protocol.snowflake import SnowflakeMinter
 from drs_protocol.token_ids import encode_token_ids_b64
+from drs_protocol.token_prefix import DIVERGENT_LOG, PREFIX_FIELD, PrefixOutcome, Spliced, TokenPrefixError
 
 from drs_frontend import wire_json
 from drs_frontend.config import FrontendConfig
@@ -55,6 +56,7 @@ from drs_frontend.shaping import (
     build_context_request,
     build_generation_request,
     check_context_response,
+    engine_token_prefix,
     finished_context_response,
     parse_request,
     prompt_ids_of,
@@ -176,10 +178,13 @@ class Relay:
 
     async def _turn(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str], turn: _Turn) -> Reply:
         # 1. the client's request
-        body = strip_client_fields(parse_request(raw, endpoint))
+        request = parse_request(raw, endpoint)
+        body = strip_client_fields(request)
         conversation_id = fields.conversation_id_from(body, headers)
-        # 3. the prompt ids, when this frontend tokenizes
-        turn.ids = self._prompt_ids(endpoint, body, conversation_id)
+        # 3. the prompt ids, when this frontend tokenizes (spliced after the policy's own ids)
+        turn.ids = self._prompt_ids(endpoint, body, conversation_id, request.get(PREFIX_FIELD))
+        if turn.ids is None and endpoint is Endpoint.CHAT:  # the engine renders: it splices
+            body = engine_token_prefix(request, body, continuity=self.config.token_continuity)
         route = self._route_request(endpoint, body, conversation_id, turn.ids)
         turn.routed = True
         reruns = 0
@@ -251,7 +256,9 @@ class Relay:
 
     # -- step 3: tokenization --------------------------------------------------------------------
 
-    def _prompt_ids(self, endpoint: Endpoint, body: Body, conversation_id: str | None) -> array[int] | None:
+    def _prompt_ids(
+        self, endpoint: Endpoint, body: Body, conversation_id: str | None, required_prefix: Any
+    ) -> array[int] | None:
         chat = self.chat_tokenizer
         if chat is None or not self.config.tokenize:
             return None
@@ -261,14 +268,19 @@ class Relay:
                 if any(name in body for name in ENGINE_RENDERS) or body.get("add_special_tokens"):
                     return None
                 shadow = self._rng.random() < self.config.tokenize_shadow_rate
+                continuity = self.config.token_continuity
+                prefix = chat.find_prefix(required_prefix, body["messages"]) if continuity else None
                 result = chat.prompt_ids(
                     conversation_id,
                     body["messages"],
                     tools=body.get("tools"),
                     chat_template_kwargs=body.get("chat_template_kwargs"),
                     add_generation_prompt=body.get("add_generation_prompt", True) is not False,
+                    prefix=prefix,
                     shadow=shadow,
                 )
+                if result.spliced is not None:
+                    self._count_prefix(result.spliced, conversation_id)
                 if result.shadowed:
                     mismatch = result.path is Path.SHADOW_MISMATCH
                     self.metrics.tokenize_shadow.labels(result="mismatch" if mismatch else "match").inc()
@@ -282,6 +294,8 @@ class Relay:
                 path, new = "completion", len(ids)
         except ChatTemplateError as exc:
             raise RequestError(400, str(exc), "messages") from None
+        except TokenPrefixError as exc:
+            raise RequestError(400, exc.message, exc.param) from None
         except Exception:  # a tokenizer failure is no reason to fail the turn: the engine tokenizes
             log.exception("frontend tokenization failed; leaving it to the engine")
             self.metrics.tokenize_errors.inc()
@@ -289,6 +303,18 @@ class Relay:
         self.metrics.tokenize_seconds_of(path).observe(time.perf_counter() - started)
         self.metrics.tokenize_new_tokens_of(path).inc(new)
         return ids
+
+    def _count_prefix(self, spliced: Spliced, conversation_id: str | None) -> None:
+        self.metrics.token_prefix_of(spliced.outcome.value).inc()
+        if spliced.outcome is PrefixOutcome.DIVERGENT:
+            log.warning(
+                "%s (conversation %s): the prefix holds %d end-of-turn tokens before its last, the history %d; "
+                "spliced all the same, as NeMo RL does",
+                DIVERGENT_LOG,
+                conversation_id,
+                spliced.prefix_eos,
+                spliced.history_eos - 1,
+            )
 
     def _route_request(
         self, endpoint: Endpoint, body: Body, conversation_id: str | None, ids: array[int] | None

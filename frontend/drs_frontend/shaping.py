@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from drs_protocol import fields
+from drs_protocol import fields, token_prefix
 from drs_protocol.routes import Endpoint
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 
 from drs_frontend import wire_json
 from drs_frontend.errors import RequestError, UpstreamProtocolError
+from drs_frontend.tokenization.window import GYM_MESSAGE_FIELDS, message_view
 
 Body = dict[str, Any]
 
@@ -72,6 +73,21 @@ def strip_client_fields(body: Body) -> Body:
     if not any(name in body for name in fields.GYM_ONLY_FIELDS):
         return body
     return {k: v for k, v in body.items() if k not in fields.GYM_ONLY_FIELDS}
+
+
+def engine_token_prefix(request: Body, body: Body, *, continuity: bool) -> Body:
+    """The chat body for an engine that renders the prompt itself (this frontend did not
+    tokenize): with ``continuity`` the engine splices, so it gets ``required_prefix_token_ids``
+    back (the drs engine accepts it; PROTOCOL.md section 1) and the messages keep Gym's ids;
+    without, Gym's ids are taken off the messages so that the engine re-tokenizes."""
+    if continuity:
+        if token_prefix.PREFIX_FIELD in request:
+            return {**body, token_prefix.PREFIX_FIELD: request[token_prefix.PREFIX_FIELD]}
+        return body
+    messages = body["messages"]
+    if not any(isinstance(m, dict) and not GYM_MESSAGE_FIELDS.isdisjoint(m) for m in messages):
+        return body
+    return {**body, "messages": [message_view(m) if isinstance(m, dict) else m for m in messages]}
 
 
 def wants_stream(body: Mapping[str, Any]) -> bool:

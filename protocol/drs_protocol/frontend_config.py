@@ -17,6 +17,7 @@ Example::
     genRouter: load_balancing
     tokenize: true
     tokenizeShadowRate: 0.01
+    tokenContinuity: true      # splice the ids NeMo-Gym echoes back (drs_protocol.token_prefix)
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ class FrontendConfig(_Model):
         default=0.0, ge=0.0, le=1.0, description="share of turns re-tokenized in full and compared"
     )
     tokenize_cache: TokenizeCache = TokenizeCache()
+    token_continuity: bool = Field(
+        default=True,
+        description="begin each turn's prompt ids with the ids the policy produced (required_prefix_token_ids, "
+        "else the last assistant message's prompt + generation ids), spliced as NeMo RL does "
+        "(drs_protocol.token_prefix); off: re-tokenize the history",
+    )
     gen_tokids_ctxbytes: bool = Field(default=True, description="ask the context leg for prompt ids as base64 int32")
     gen_strip_message_history: bool = Field(default=True, description="generation leg carries messages[-1:] only")
     timeouts: Timeouts = Timeouts()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from typing import Any, TypeVar
 
@@ -24,6 +25,13 @@ from drs_protocol import fields, lifecycle
 from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.chat import ChatTemplateError, decode_token_ids, render_completion_ids, render_prompt_ids, token_text
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
+from drs_protocol.token_prefix import (
+    DIVERGENT_LOG,
+    PrefixOutcome,
+    TokenPrefixError,
+    find_prefix,
+    render_spliced_ids,
+)
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -35,6 +43,7 @@ from drs_engine.server.detok import IncrementalDetokenizer
 from drs_engine.server.state import EngineState
 from drs_engine.wire import ChatCompletionRequest, CompletionRequest, EngineRequest, RequestType
 
+log = logging.getLogger(__name__)
 SSE_DONE = b"data: [DONE]\n\n"
 T = TypeVar("T")
 
@@ -133,16 +142,11 @@ async def resolve_prompt_ids(state: EngineState, req: EngineRequest) -> list[int
         if not req.messages:
             raise BadRequestError("messages: at least one message is required", param="messages")
         try:
-            ids = await asyncio.to_thread(
-                render_prompt_ids,
-                state.tokenizer,
-                req.messages,
-                tools=req.tools,
-                chat_template_kwargs=req.chat_template_kwargs,
-                add_generation_prompt=req.add_generation_prompt,
-            )
+            ids = await asyncio.to_thread(render_chat_ids, state, req)
         except ChatTemplateError as exc:
             raise BadRequestError(str(exc), param="messages") from exc
+        except TokenPrefixError as exc:
+            raise BadRequestError(exc.message, param=exc.param) from exc
         field = "messages"
     elif isinstance(req.prompt, str):
         ids = await asyncio.to_thread(
@@ -155,6 +159,39 @@ async def resolve_prompt_ids(state: EngineState, req: EngineRequest) -> list[int
         raise BadRequestError("prompt: required (a string or a list of token ids)", param="prompt")
     check_prompt(state, ids, field)
     return ids
+
+
+def render_chat_ids(state: EngineState, req: ChatCompletionRequest) -> list[int]:
+    """Render + tokenize the chat template; spliced after the policy's own ids when the request
+    carries them (``required_prefix_token_ids`` or Gym's ids on the last assistant message), the
+    same splice the frontend does when it tokenizes (:mod:`drs_protocol.token_prefix`)."""
+    tokenizer = state.tokenizer
+    eos = tokenizer.eos_token_id
+    prefix = find_prefix(
+        req.required_prefix_token_ids,
+        req.messages,
+        vocab_size=len(tokenizer),
+        eos_id=eos if isinstance(eos, int) else -1,
+    )
+    kwargs: dict[str, Any] = {
+        "tools": req.tools,
+        "chat_template_kwargs": req.chat_template_kwargs,
+        "add_generation_prompt": req.add_generation_prompt,
+    }
+    if prefix is None:
+        return render_prompt_ids(tokenizer, req.messages, **kwargs)
+    spliced = render_spliced_ids(tokenizer, req.messages, prefix, **kwargs)
+    if state.metrics is not None:
+        state.metrics.token_prefix.labels(outcome=spliced.outcome.value).inc()
+    if spliced.outcome is PrefixOutcome.DIVERGENT:
+        log.warning(
+            "%s (%s): the prefix holds %d end-of-turn tokens before its last, the history %d; spliced all the same",
+            DIVERGENT_LOG,
+            prefix.param,
+            spliced.prefix_eos,
+            spliced.history_eos - 1,
+        )
+    return spliced.ids.tolist()
 
 
 def check_prompt(state: EngineState, ids: list[int], field: str) -> None:

@@ -27,6 +27,16 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from drs_protocol.chat import ChatTemplateError, render_prompt_ids, render_prompt_text
+from drs_protocol.token_prefix import (
+    Spliced,
+    TokenPrefix,
+    TokenPrefixError,
+    find_prefix,
+    history_end,
+    last_assistant_index,
+    render_spliced_ids,
+    splice,
+)
 
 from drs_frontend.tokenization.splice import SpliceTokenizer, Tokenized, common_prefix_length
 from drs_frontend.tokenization.window import Window, message_view, plan_window, same_message, skeleton_for
@@ -54,6 +64,17 @@ class TurnIds:
     path: Path
     new_ids: int  #: ids tokenized this turn (the rest came from the cache)
     shadowed: bool = False
+    spliced: Spliced | None = None  #: set when a token prefix was spliced in
+
+
+def _kept(messages: Sequence[Message], cached: Sequence[Mapping[str, Any]]) -> int:
+    """How many leading messages equal the cached ones (a client may rewrite history)."""
+    kept = 0
+    for a, b in zip(messages, cached, strict=False):
+        if not same_message(a, b):
+            break
+        kept += 1
+    return kept
 
 
 @dataclass(slots=True)
@@ -85,6 +106,7 @@ class ChatTokenizer:
         max_entries: int = 4096,
         max_bytes: int = 512 * 1024 * 1024,
         windowed: bool | None = None,
+        history_eos_cached: bool | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_entries = max_entries
@@ -93,6 +115,19 @@ class ChatTokenizer:
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
         self.windowed = probe_windowing(self) if windowed is None else windowed
+        self.history_eos_cached = probe_history_eos(tokenizer) if history_eos_cached is None else history_eos_cached
+        self.vocab_size = len(tokenizer)  # len() of a fast tokenizer builds its whole vocabulary
+        self.eos_id = self._splicer.eos_id
+
+    def find_prefix(self, required: Any, messages: Sequence[Message]) -> TokenPrefix | None:
+        """The request's token prefix (:func:`drs_protocol.token_prefix.find_prefix`), validated
+        against this tokenizer; raises :class:`TokenPrefixError` naming the field."""
+        prefix = find_prefix(
+            required, messages, vocab_size=self.vocab_size, eos_id=-1 if self.eos_id is None else self.eos_id
+        )
+        if prefix is not None and self.eos_id is None:
+            raise TokenPrefixError(f"{prefix.param}: this tokenizer has no EOS token to splice at", prefix.param)
+        return prefix
 
     # -- the one entry point ---------------------------------------------------------------------
 
@@ -104,39 +139,89 @@ class ChatTokenizer:
         tools: Sequence[Mapping[str, Any]] | None = None,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         add_generation_prompt: bool = True,
+        prefix: TokenPrefix | None = None,
         shadow: bool = False,
     ) -> TurnIds:
-        """The prompt ids of a chat turn; ``shadow`` also runs the full path and compares."""
+        """The prompt ids of a chat turn, spliced after ``prefix`` when one is given
+        (:mod:`drs_protocol.token_prefix`); ``shadow`` also runs the full path and compares."""
         entry = self._entries.get(conversation_id) if conversation_id is not None else None
-        result: TurnIds | None = None
+        made: tuple[Tokenized, Path, int] | None = None
+        history_eos: int | None = None
         if entry is not None and entry.tools == tools and entry.kwargs == chat_template_kwargs:
-            result = self._incremental(
-                conversation_id, entry, messages, tools, chat_template_kwargs, add_generation_prompt
+            kept = _kept(messages, entry.messages)
+            if prefix is not None:
+                history_eos = self._history_eos_from_cache(entry, messages, kept)
+            made = self._incremental(
+                conversation_id, entry, messages, kept, tools, chat_template_kwargs, add_generation_prompt
             )
-        if result is None:
+        if made is None:
             tokenized = self._full_tokenized(messages, tools, chat_template_kwargs, add_generation_prompt)
             self._store(conversation_id, messages, tools, chat_template_kwargs, add_generation_prompt, tokenized)
-            result = TurnIds(tokenized.ids, Path.FULL, len(tokenized.ids))
+            made = (tokenized, Path.FULL, len(tokenized.ids))
+        tokenized, path, new_ids = made
+        result = TurnIds(tokenized.ids, path, new_ids)
+        if prefix is not None:
+            if history_eos is None:
+                history_eos = self._history_eos(messages, tools, chat_template_kwargs)
+            spliced = splice(prefix, tokenized.ids, tokenized.eos_at, history_eos)
+            result = TurnIds(spliced.ids, path, new_ids, spliced=spliced)
         if shadow:
-            full = render_prompt_ids(
-                self.tokenizer,
-                messages,
-                tools=tools,
-                chat_template_kwargs=chat_template_kwargs,
-                add_generation_prompt=add_generation_prompt,
+            return self._shadow(
+                conversation_id, result, messages, tools, chat_template_kwargs, add_generation_prompt, prefix
             )
-            if result.ids.tolist() != full:
-                log.warning(
-                    "tokenization shadow mismatch (conversation %s, path %s): %d ids vs %d in full; using the full ids",
-                    conversation_id,
-                    result.path,
-                    len(result.ids),
-                    len(full),
-                )
-                self.forget(conversation_id)
-                return TurnIds(array("i", full), Path.SHADOW_MISMATCH, len(full), shadowed=True)
-            return TurnIds(result.ids, result.path, result.new_ids, shadowed=True)
         return result
+
+    def _shadow(
+        self,
+        cid: str | None,
+        result: TurnIds,
+        messages: Sequence[Message],
+        tools: Any,
+        kwargs: Any,
+        agp: bool,
+        prefix: TokenPrefix | None,
+    ) -> TurnIds:
+        """``result`` checked against the full path (spliced the same way when there is a prefix)."""
+        spliced: Spliced | None = None
+        if prefix is not None:
+            spliced = render_spliced_ids(
+                self.tokenizer, messages, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
+            )
+            full = spliced.ids.tolist()
+        else:
+            full = render_prompt_ids(
+                self.tokenizer, messages, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
+            )
+        if result.ids.tolist() != full:
+            log.warning(
+                "tokenization shadow mismatch (conversation %s, path %s, %s): %d ids vs %d in full; using the full ids",
+                cid,
+                result.path,
+                "spliced" if prefix is not None else "no prefix",
+                len(result.ids),
+                len(full),
+            )
+            self.forget(cid)
+            return TurnIds(array("i", full), Path.SHADOW_MISMATCH, len(full), shadowed=True, spliced=spliced)
+        return TurnIds(result.ids, result.path, result.new_ids, shadowed=True, spliced=result.spliced)
+
+    # -- where a token prefix is spliced ---------------------------------------------------------
+
+    def _history_eos_from_cache(self, entry: _Entry, messages: Sequence[Message], kept: int) -> int | None:
+        """``k`` without rendering the history: when the cached turn is exactly the messages
+        before the last assistant reply (with the generation prompt), the history holds its EOS
+        tokens plus the reply's one. Only for templates that passed :func:`probe_history_eos`."""
+        if not self.history_eos_cached or not entry.add_generation_prompt:
+            return None
+        a = last_assistant_index(messages)
+        if a is None or a != len(entry.messages) or kept < a:
+            return None
+        return len(entry.tokenized.eos_at) + 1
+
+    def _history_eos(self, messages: Sequence[Message], tools: Any, kwargs: Any) -> int:
+        """``k`` the reference way: the EOS tokens of the history rendered on its own."""
+        text = self._render(messages[: history_end(messages)], tools, kwargs, False)
+        return len(self._splicer.encode(text).eos_at)
 
     def forget(self, conversation_id: str | None) -> None:
         if conversation_id is None:
@@ -169,14 +254,16 @@ class ChatTokenizer:
     # -- incremental -----------------------------------------------------------------------------
 
     def _incremental(
-        self, cid: str | None, entry: _Entry, messages: Sequence[Message], tools: Any, kwargs: Any, agp: bool
-    ) -> TurnIds | None:
+        self,
+        cid: str | None,
+        entry: _Entry,
+        messages: Sequence[Message],
+        kept: int,
+        tools: Any,
+        kwargs: Any,
+        agp: bool,
+    ) -> tuple[Tokenized, Path, int] | None:
         cached = entry.messages
-        kept = 0
-        for a, b in zip(messages, cached, strict=False):
-            if not same_message(a, b):
-                break
-            kept += 1
         try:
             rendered = self._render_windowed(entry, messages, kept, tools, kwargs, agp) if self.windowed else None
             windowed = rendered is not None
@@ -190,7 +277,7 @@ class ChatTokenizer:
         tokenized, new_ids = self._splicer.extend(known, rendered.text, common)
         heads = {k: v for k, v in entry.heads.items() if max(k, default=0) < kept}
         self._store(cid, messages, tools, kwargs, agp, tokenized, reuse=(cached, kept), heads=heads)
-        return TurnIds(tokenized.ids, Path.INCREMENTAL if windowed else Path.RERENDERED, new_ids)
+        return tokenized, Path.INCREMENTAL if windowed else Path.RERENDERED, new_ids
 
     def _render_windowed(
         self, entry: _Entry, messages: Sequence[Message], kept: int, tools: Any, kwargs: Any, agp: bool
@@ -315,5 +402,38 @@ def probe_windowing(
                             return False
     except ChatTemplateError as exc:
         log.warning("chat template failed the window probe (%s); rendering whole conversations", exc)
+        return False
+    return True
+
+
+def probe_history_eos(
+    tokenizer: PreTrainedTokenizerBase,
+    kwargs_variants: Sequence[Mapping[str, Any] | None] = (None, {"enable_thinking": False}),
+) -> bool:
+    """Does the history through an assistant reply hold one EOS token more than the request
+    before it (rendered with the generation prompt)? Then a cached turn gives the splice point
+    ``k`` without rendering the history again. Checked on every reply of the probe conversations."""
+    eos_id = tokenizer.eos_token_id
+    if not isinstance(eos_id, int):
+        return False
+
+    def eos_count(messages: ProbeConversation, tools: Any, kwargs: Any, agp: bool) -> int:
+        ids = render_prompt_ids(
+            tokenizer, messages, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
+        )
+        return ids.count(eos_id)
+
+    try:
+        for kwargs in kwargs_variants:
+            for conversation, tools in probe_conversations():
+                for a, message in enumerate(conversation):
+                    if message["role"] != "assistant" or a == 0:
+                        continue
+                    before = eos_count(conversation[:a], tools, kwargs, True)
+                    if eos_count(conversation[: a + 1], tools, kwargs, False) != before + 1:
+                        log.warning("chat template failed the history probe; rendering the history to splice at")
+                        return False
+    except ChatTemplateError as exc:
+        log.warning("chat template failed the history probe (%s); rendering the history to splice at", exc)
         return False
     return True

@@ -41,12 +41,14 @@ def splice_safe(tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
 
 @dataclass(slots=True)
 class Tokenized:
-    """Text, its ids, and the safe cut points: ``cut_chars[i]`` chars correspond to ``cut_ids[i]`` ids."""
+    """Text, its ids, and the safe cut points: ``cut_chars[i]`` chars correspond to ``cut_ids[i]`` ids.
+    ``eos_at`` are the positions of the EOS tokens in ``ids`` (where a token prefix is spliced)."""
 
     text: str
     ids: array[int]
     cut_chars: list[int] = field(default_factory=list)
     cut_ids: list[int] = field(default_factory=list)
+    eos_at: list[int] = field(default_factory=list)
 
     def last_cut_within(self, chars: int) -> tuple[int, int]:
         """The last cut at or before ``chars`` characters, as (chars, ids); (0, 0) if none."""
@@ -58,7 +60,9 @@ class Tokenized:
     @property
     def nbytes(self) -> int:
         width = 1 if self.text.isascii() else 4
-        return width * len(self.text) + self.ids.itemsize * len(self.ids) + 16 * len(self.cut_chars)
+        return (
+            width * len(self.text) + self.ids.itemsize * len(self.ids) + 16 * (len(self.cut_chars) + len(self.eos_at))
+        )
 
 
 class SpliceTokenizer:
@@ -67,6 +71,8 @@ class SpliceTokenizer:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self._backend = tokenizer.backend_tokenizer
         self.cut_after = splice_safe(tokenizer)
+        eos = tokenizer.eos_token_id
+        self.eos_id: int | None = eos if isinstance(eos, int) else None
 
     @property
     def enabled(self) -> bool:
@@ -78,6 +84,11 @@ class SpliceTokenizer:
         ids = encoding.ids
         cut_after = self.cut_after
         hits = [i for i, t in enumerate(ids) if t in cut_after]
+        eos = self.eos_id
+        if eos in cut_after:
+            eos_at = [i + id_offset for i in hits if ids[i] == eos]
+        else:
+            eos_at = [i + id_offset for i, t in enumerate(ids) if t == eos] if eos is not None else []
         # Only the cut tokens' offsets: ``encoding.offsets`` would build a tuple for every token.
         chars = encoding.token_to_chars
         return Tokenized(
@@ -85,6 +96,7 @@ class SpliceTokenizer:
             array("i", ids),
             [chars(i)[1] + char_offset for i in hits],
             [i + 1 + id_offset for i in hits],
+            eos_at,
         )
 
     def extend(self, known: Tokenized, text: str, common_chars: int) -> tuple[Tokenized, int]:
@@ -94,13 +106,13 @@ class SpliceTokenizer:
         chars, n_ids = known.last_cut_within(common_chars) if self.enabled else (0, 0)
         tail = self.encode(text[chars:], char_offset=chars, id_offset=n_ids)
         if n_ids == 0:
-            return Tokenized(text, tail.ids, tail.cut_chars, tail.cut_ids), len(tail.ids)
+            return Tokenized(text, tail.ids, tail.cut_chars, tail.cut_ids, tail.eos_at), len(tail.ids)
         k = bisect.bisect_right(known.cut_chars, chars)
+        e = bisect.bisect_left(known.eos_at, n_ids)
         ids = known.ids[:n_ids]
         ids.extend(tail.ids)
-        return Tokenized(text, ids, known.cut_chars[:k] + tail.cut_chars, known.cut_ids[:k] + tail.cut_ids), len(
-            tail.ids
-        )
+        cut_chars, cut_ids = known.cut_chars[:k] + tail.cut_chars, known.cut_ids[:k] + tail.cut_ids
+        return Tokenized(text, ids, cut_chars, cut_ids, known.eos_at[:e] + tail.eos_at), len(tail.ids)
 
 
 def common_prefix_length(a: str, b: str) -> int:
