@@ -7,6 +7,7 @@ import httpx
 import openai
 import pytest
 from drs_protocol.chat import load_tokenizer, render_prompt_ids
+from drs_protocol.token_prefix import find_prefix, render_spliced_ids
 
 from .conftest import Replica, ReplicaFactory, chat_body, metric_value
 
@@ -80,12 +81,20 @@ async def test_a_gym_shaped_conversation_gets_token_ids_where_gym_reads_them(
                 top_logprobs=0,
                 chat_template_kwargs={"enable_thinking": False},
                 conversation_params={"conversation_id": "gym-trajectory-1"},
-                **GYM_FIELDS,
+                return_tokens_as_token_ids=True,
+                return_token_ids=True,
             )
             resp = await client.post(replica.url + "/v1/chat/completions", json=body)
             assert resp.status_code == 200, resp.text
             message = resp.json()["choices"][0]["message"]
-            expected_prompt = render_prompt_ids(tokenizer, messages, chat_template_kwargs={"enable_thinking": False})
+            # turn 1 is the template's; every later one is spliced after the ids echoed back
+            kwargs = {"enable_thinking": False}
+            prefix = find_prefix(None, messages, vocab_size=len(tokenizer), eos_id=tokenizer.eos_token_id)
+            expected_prompt = (
+                render_prompt_ids(tokenizer, messages, chat_template_kwargs=kwargs)
+                if prefix is None
+                else render_spliced_ids(tokenizer, messages, prefix, chat_template_kwargs=kwargs).ids.tolist()
+            )
             assert message["prompt_token_ids"] == expected_prompt
             assert len(message["generation_token_ids"]) == 8
             assert len(message["generation_log_probs"]) == 8

@@ -168,3 +168,14 @@ def test_with_host_networking_a_gangs_leader_is_its_nodes_address_and_its_ray_po
         env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
         assert env["DRS_LEADER_ADDRESS"] == leader_ip
         assert env["DRS_RAY_PORT"] == "10001"  # engine port 9001 (slot 1) + 1000
+
+
+@pytest.mark.parametrize("continuity", [None, False], ids=["default", "off"])
+def test_token_continuity_is_rendered_into_a_frontend_config_the_frontend_accepts(continuity: bool | None) -> None:
+    from drs_frontend.config import FrontendConfig
+
+    frontend = {} if continuity is None else {"tokenContinuity": continuity}
+    _, _, children = build(spec(frontend=frontend), nodes_from_manifests(build_nodes("hgx", 2)))
+    rendered = json.loads(children.replicas[0].frontend_config["data"][CONFIG_KEY])
+    config = FrontendConfig.model_validate({**rendered, "port": 8300, "node_id": 0})
+    assert config.token_continuity is (continuity is None)

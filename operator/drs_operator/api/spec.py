@@ -166,6 +166,12 @@ class FrontendSpec(SpecModel):
     tokenize_shadow_rate: float = Field(
         0.0, ge=0, le=1, description="Fraction of requests whose token ids are re-derived prefill-side and compared."
     )
+    token_continuity: bool = Field(
+        True,
+        description="Begin each turn's prompt ids with the ids the policy produced (required_prefix_token_ids, else the "
+        "last assistant message's prompt_token_ids + generation_token_ids), spliced as NeMo RL does: on the frontends "
+        "when they tokenize, else on the engine. Off: the history is re-tokenized as text.",
+    )
     base_port: int = Field(
         DEFAULT_BASE_PORT,
         ge=MIN_PORT,

@@ -79,6 +79,7 @@ def build_frontend_config(
         "max_sessions": spec.router.max_sessions,
         "tokenize": spec.frontend.tokenize,
         "tokenize_shadow_rate": spec.frontend.tokenize_shadow_rate,
+        "token_continuity": spec.frontend.token_continuity,
     }
     if spec.model.tokenizer:
         fields["tokenizer"] = spec.model.tokenizer
