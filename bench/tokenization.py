@@ -16,15 +16,23 @@ Not a test. A conversation grows the way a NeMo-Gym rollout sends it (system pro
 * ``incremental_warm``: the same turn timed right after its cache was filled (and, for every k,
   after one turn-1 request of another conversation), with no collection in between: warm CPU
   caches. The cold start adds about the same few hundred us to every turn, so the warm figures
-  show the ratio between turns more plainly.
+  show the ratio between turns more plainly;
+* ``spliced`` / ``spliced_warm``: what the frontend does with ``token_continuity`` on: the same
+  two, plus reading the token prefix off the last assistant message (validating and converting
+  its ids: the one step whose cost grows with the conversation) and splicing the template's tail
+  after it; checked equal to :func:`drs_protocol.token_prefix.render_spliced_ids`.
+
+The conversation is spliced as it grows: each assistant message carries the spliced prompt ids
+of its turn and the ids of its reply (the reply text tokenized, plus EOS), as NeMo-Gym echoes them.
 
 Each figure is the median of ``--repeats`` rounds (after ``--warmup`` untimed ones). A round
 visits every turn point, in an order that rotates from round to round, so a burst of noise from
 other processes on the machine lands on all turn points alike instead of on whichever one was
 being measured then. The last line is one JSON object: ``{"bench": "tokenize", "turns": {k:
-{"full_us", "full_without_gym_ids_us", "incremental_us", "incremental_warm_us", "speedup",
-"new_tokens", "prompt_tokens"}}, "incremental_turn100_over_turn1": …,
-"incremental_warm_turn100_over_turn1": …}``.
+{"full_us", "full_without_gym_ids_us", "incremental_us", "incremental_warm_us", "spliced_us",
+"spliced_warm_us", "speedup", "new_tokens", "prompt_tokens"}}, "incremental_turn100_over_turn1": …,
+"incremental_warm_turn100_over_turn1": …, "spliced_turn100_over_turn1": …,
+"spliced_warm_turn100_over_turn1": …}``.
 
     .venv/bin/python bench/tokenization.py [--repeats 31] [--warmup 2]
 
@@ -46,9 +54,10 @@ from typing import Any
 
 from drs_frontend.tokenization import ChatTokenizer
 from drs_protocol.chat import load_tokenizer, render_prompt_ids
+from drs_protocol.token_prefix import render_spliced_ids
 
 TURN_POINTS = (1, 10, 30, 100)
-FIGURES = ("full", "full_without_gym_ids", "incremental", "incremental_warm")
+FIGURES = ("full", "full_without_gym_ids", "incremental", "incremental_warm", "spliced", "spliced_warm")
 WORDS = [
     "the",
     "model",
@@ -83,24 +92,36 @@ WORDS = [
 ]
 
 
-def conversation(turns: int, rng: random.Random) -> list[list[dict[str, Any]]]:
-    """The request of every turn of one conversation (request k has k user messages)."""
+def conversation(turns: int, rng: random.Random, chat: ChatTokenizer) -> list[list[dict[str, Any]]]:
+    """The request of every turn of one conversation (request k has k user messages), spliced as
+    the frontend splices it: every assistant message carries its turn's prompt and reply ids."""
+    tokenizer = chat.tokenizer
     messages: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent in a rollout."}]
     requests = []
-    for turn in range(turns):
+    for _ in range(turns):
         messages = [*messages, {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(60))}]
         requests.append(messages)
+        prompt = chat.prompt_ids("build", messages, prefix=chat.find_prefix(None, messages)).ids.tolist()
         reply = " ".join(rng.choice(WORDS) for _ in range(150))
+        generated = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
         messages = [
             *messages,
-            {
-                "role": "assistant",
-                "content": reply,
-                "prompt_token_ids": list(range(300 * (turn + 1))),
-                "generation_token_ids": list(range(200)),
-            },
+            {"role": "assistant", "content": reply, "prompt_token_ids": prompt, "generation_token_ids": generated},
         ]
+    chat.forget("build")
     return requests
+
+
+FIGURE_RUNS = (("incremental", True), ("incremental_warm", False), ("spliced", True), ("spliced_warm", False))
+
+
+def plain_turn(chat: ChatTokenizer, cid: str, request: list[dict[str, Any]]) -> Any:
+    return chat.prompt_ids(cid, request)
+
+
+def spliced_turn(chat: ChatTokenizer, cid: str, request: list[dict[str, Any]]) -> Any:
+    """What the frontend does per chat turn with token continuity on."""
+    return chat.prompt_ids(cid, request, prefix=chat.find_prefix(None, request))
 
 
 def timed(fn: Any, *, collect: bool = True) -> tuple[float, Any]:
@@ -118,7 +139,7 @@ def main() -> None:
     args = parser.parse_args()
     tokenizer = load_tokenizer(None)
     chat = ChatTokenizer(tokenizer)
-    requests = conversation(max(TURN_POINTS), random.Random(0))
+    requests = conversation(max(TURN_POINTS), random.Random(0), chat)
     times: dict[tuple[int, str], list[float]] = {(k, f): [] for k in TURN_POINTS for f in FIGURES}
     counts: dict[int, tuple[int, int]] = {}
     for rnd in range(args.warmup + args.repeats):
@@ -129,16 +150,24 @@ def main() -> None:
             seconds: dict[str, float] = {}
             seconds["full"], full = timed(lambda r=request: render_prompt_ids(tokenizer, r))
             seconds["full_without_gym_ids"], _ = timed(lambda r=plain: render_prompt_ids(tokenizer, r))
-            for figure, collect in (("incremental", True), ("incremental_warm", False)):
+            spliced_full = full
+            if k > 1:
+                prefix = chat.find_prefix(None, request)
+                assert prefix is not None
+                spliced_full = render_spliced_ids(tokenizer, request, prefix).ids.tolist()
+            for figure, collect in FIGURE_RUNS:
                 cid = f"bench-{figure}-{k}-{rnd}"
+                splices = figure.startswith("spliced")
                 gc.collect()
                 chat.prompt_ids(None, requests[0])  # the same warm-up before every turn point
                 for previous in earlier:  # the cache holds turns k-2 and k-1, as in a live conversation
-                    chat.prompt_ids(cid, previous)
-                seconds[figure], turn = timed(lambda r=request, c=cid: chat.prompt_ids(c, r), collect=collect)
-                if turn.ids.tolist() != full:
-                    raise SystemExit(f"turn {k}: incremental ids differ from the full tokenization")
-                counts[k] = (turn.new_ids, len(full))
+                    chat.prompt_ids(cid, previous, prefix=chat.find_prefix(None, previous) if splices else None)
+                turn_fn = spliced_turn if splices else plain_turn
+                seconds[figure], turn = timed(lambda r=request, c=cid, f=turn_fn: f(chat, c, r), collect=collect)
+                if turn.ids.tolist() != (spliced_full if splices else full):
+                    raise SystemExit(f"turn {k}: {figure} ids differ from the full path's")
+                if not splices:
+                    counts[k] = (turn.new_ids, len(full))
                 chat.forget(cid)
             if rnd >= args.warmup:
                 for figure, value in seconds.items():
@@ -152,6 +181,8 @@ def main() -> None:
             "full_without_gym_ids_us": round(us["full_without_gym_ids"], 1),
             "incremental_us": round(us["incremental"], 1),
             "incremental_warm_us": round(us["incremental_warm"], 1),
+            "spliced_us": round(us["spliced"], 1),
+            "spliced_warm_us": round(us["spliced_warm"], 1),
             "speedup": round(us["full"] / us["incremental"], 2),
             "new_tokens": new_tokens,
             "prompt_tokens": prompt_tokens,
@@ -159,6 +190,7 @@ def main() -> None:
         print(
             f"turn {k:>3}: full {us['full']:9.1f} us  (no Gym ids {us['full_without_gym_ids']:8.1f})  "
             f"incremental {us['incremental']:8.1f} us (warm {us['incremental_warm']:7.1f})  "
+            f"spliced {us['spliced']:8.1f} us (warm {us['spliced_warm']:7.1f})  "
             f"({prompt_tokens} ids, {new_tokens} new)"
         )
     summary = {
@@ -172,6 +204,8 @@ def main() -> None:
         "incremental_warm_turn100_over_turn1": round(
             results[100]["incremental_warm_us"] / results[1]["incremental_warm_us"], 2
         ),
+        "spliced_turn100_over_turn1": round(results[100]["spliced_us"] / results[1]["spliced_us"], 2),
+        "spliced_warm_turn100_over_turn1": round(results[100]["spliced_warm_us"] / results[1]["spliced_warm_us"], 2),
         "full_turn100_over_turn1": round(results[100]["full_us"] / results[1]["full_us"], 2),
     }
     print(json.dumps(summary))
