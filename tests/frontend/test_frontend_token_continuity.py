@@ -307,6 +307,7 @@ def test_gym_shaped_sessions_keep_continuity_in_every_later_turn(
         return [k for session in results for k in session]
 
     kept = asyncio.run(run())
+    print(f"{frontends}: {kept.count(True)} of {len(kept)} later turns extend the previous prompt + generated ids")
     assert len(kept) == 24 * 5
     if want_all:
         assert all(kept), f"{kept.count(False)} of {len(kept)} later turns broke continuity"
