@@ -42,7 +42,10 @@ def gym_reply(style: str, text: str, ids: list[int], generated: list[int], token
         return [{"role": "assistant", "content": f"<think>\n{content}\n</think>\n\n{text}", **echo}]
     if style == "tool_call":
         call = {"type": "function", "function": {"name": "f", "arguments": json.dumps({"q": content[:20]})}}
-        return [{"role": "assistant", "content": content, "tool_calls": [call], **echo}, {"role": "tool", "content": text}]
+        return [
+            {"role": "assistant", "content": content, "tool_calls": [call], **echo},
+            {"role": "tool", "content": text},
+        ]
     return [{"role": "assistant", "content": content, **echo}]
 
 
@@ -87,7 +90,12 @@ def test_the_splice_point_comes_from_the_cache_in_a_gym_conversation(chat: ChatT
     first = chat.prompt_ids("cached-k", messages)
     generated = [9707, tokenizer.eos_token_id]
     messages += [
-        {"role": "assistant", "content": "Hello", "prompt_token_ids": first.ids.tolist(), "generation_token_ids": generated},
+        {
+            "role": "assistant",
+            "content": "Hello",
+            "prompt_token_ids": first.ids.tolist(),
+            "generation_token_ids": generated,
+        },
         {"role": "user", "content": "b"},
     ]
     prefix = chat.find_prefix(None, messages)
@@ -104,9 +112,8 @@ def test_the_splice_point_comes_from_the_cache_in_a_gym_conversation(chat: ChatT
 
 
 def test_a_template_without_one_eos_per_reply_fails_the_probe_and_renders_the_history(tokenizer: Any) -> None:
-    from transformers import AutoTokenizer
-
     from drs_protocol.chat import default_tokenizer_dir
+    from transformers import AutoTokenizer
 
     odd = AutoTokenizer.from_pretrained(str(default_tokenizer_dir()), local_files_only=True)
     # an assistant turn closes with two end-of-turn tokens: the history count is not "one more"
