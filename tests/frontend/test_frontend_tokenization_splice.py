@@ -109,6 +109,8 @@ def test_the_splice_point_comes_from_the_cache_in_a_gym_conversation(chat: ChatT
     assert calls == []  # k came from the cached turn, no history render
     assert second.path is Path.INCREMENTAL and second.shadowed
     assert second.ids.tolist()[: len(first.ids) + 2] == first.ids.tolist() + generated
+    # only the tail from the reply's end-of-turn token on was tokenized: the reply is the policy's
+    assert second.new_ids == len(second.ids) - len(first.ids) - len(generated) + 1
 
 
 def test_a_template_without_one_eos_per_reply_fails_the_probe_and_renders_the_history(tokenizer: Any) -> None:

@@ -33,6 +33,7 @@ from drs_protocol.token_prefix import (
     TokenPrefixError,
     find_prefix,
     history_end,
+    join,
     last_assistant_index,
     render_spliced_ids,
     splice,
@@ -65,6 +66,14 @@ class TurnIds:
     new_ids: int  #: ids tokenized this turn (the rest came from the cache)
     shadowed: bool = False
     spliced: Spliced | None = None  #: set when a token prefix was spliced in
+
+
+@dataclass(frozen=True, slots=True)
+class _Made:
+    tokenized: Tokenized
+    path: Path
+    new_ids: int
+    from_eos: bool = False  #: ``tokenized`` is the text from the splice point on (its first id an EOS)
 
 
 def _kept(messages: Sequence[Message], cached: Sequence[Mapping[str, Any]]) -> int:
@@ -145,26 +154,30 @@ class ChatTokenizer:
         """The prompt ids of a chat turn, spliced after ``prefix`` when one is given
         (:mod:`drs_protocol.token_prefix`); ``shadow`` also runs the full path and compares."""
         entry = self._entries.get(conversation_id) if conversation_id is not None else None
-        made: tuple[Tokenized, Path, int] | None = None
+        made: _Made | None = None
         history_eos: int | None = None
         if entry is not None and entry.tools == tools and entry.kwargs == chat_template_kwargs:
             kept = _kept(messages, entry.messages)
             if prefix is not None:
                 history_eos = self._history_eos_from_cache(entry, messages, kept)
             made = self._incremental(
-                conversation_id, entry, messages, kept, tools, chat_template_kwargs, add_generation_prompt
+                conversation_id, entry, messages, kept, tools, chat_template_kwargs, add_generation_prompt, history_eos
             )
         if made is None:
-            tokenized = self._full_tokenized(messages, tools, chat_template_kwargs, add_generation_prompt)
-            self._store(conversation_id, messages, tools, chat_template_kwargs, add_generation_prompt, tokenized)
-            made = (tokenized, Path.FULL, len(tokenized.ids))
-        tokenized, path, new_ids = made
-        result = TurnIds(tokenized.ids, path, new_ids)
-        if prefix is not None:
-            if history_eos is None:
+            if prefix is not None and history_eos is None:
                 history_eos = self._history_eos(messages, tools, chat_template_kwargs)
-            spliced = splice(prefix, tokenized.ids, tokenized.eos_at, history_eos)
-            result = TurnIds(spliced.ids, path, new_ids, spliced=spliced)
+            made = self._full(
+                conversation_id, messages, tools, chat_template_kwargs, add_generation_prompt, history_eos
+            )
+        result = TurnIds(made.tokenized.ids, made.path, made.new_ids)
+        if prefix is not None:
+            if history_eos is None:  # the template failed the history probe
+                history_eos = self._history_eos(messages, tools, chat_template_kwargs)
+            if made.from_eos:  # only the tail from the k-th EOS token was tokenized
+                spliced = join(prefix, made.tokenized.ids, history_eos)
+            else:
+                spliced = splice(prefix, made.tokenized.ids, made.tokenized.eos_at, history_eos)
+            result = TurnIds(spliced.ids, made.path, made.new_ids, spliced=spliced)
         if shadow:
             return self._shadow(
                 conversation_id, result, messages, tools, chat_template_kwargs, add_generation_prompt, prefix
@@ -216,12 +229,14 @@ class ChatTokenizer:
         a = last_assistant_index(messages)
         if a is None or a != len(entry.messages) or kept < a:
             return None
-        return len(entry.tokenized.eos_at) + 1
+        return len(entry.tokenized.eos_chars) + 1
 
     def _history_eos(self, messages: Sequence[Message], tools: Any, kwargs: Any) -> int:
-        """``k`` the reference way: the EOS tokens of the history rendered on its own."""
+        """``k`` the reference way: the EOS tokens of the history rendered on its own (counted in
+        its text when each occurrence of the EOS text is one EOS token)."""
         text = self._render(messages[: history_end(messages)], tools, kwargs, False)
-        return len(self._splicer.encode(text).eos_at)
+        needle = self._splicer.eos_text
+        return text.count(needle) if needle is not None else len(self._splicer.encode(text).eos_at)
 
     def forget(self, conversation_id: str | None) -> None:
         if conversation_id is None:
@@ -247,9 +262,18 @@ class ChatTokenizer:
             self.tokenizer, views, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
         )
 
-    def _full_tokenized(self, messages: Sequence[Message], tools: Any, kwargs: Any, agp: bool) -> Tokenized:
+    def _full(
+        self, cid: str | None, messages: Sequence[Message], tools: Any, kwargs: Any, agp: bool, splice_k: int | None
+    ) -> _Made:
         text = self._render(messages, tools, kwargs, agp)
-        return self._splicer.encode(text)
+        after = self._splicer.after_eos(None, text, 0, splice_k) if splice_k is not None else None
+        if after is not None:
+            tail, keep = after
+            self._store(cid, messages, tools, kwargs, agp, keep)
+            return _Made(tail, Path.FULL, len(tail.ids), from_eos=True)
+        tokenized = self._splicer.encode(text)
+        self._store(cid, messages, tools, kwargs, agp, tokenized)
+        return _Made(tokenized, Path.FULL, len(tokenized.ids))
 
     # -- incremental -----------------------------------------------------------------------------
 
@@ -262,7 +286,10 @@ class ChatTokenizer:
         tools: Any,
         kwargs: Any,
         agp: bool,
-    ) -> tuple[Tokenized, Path, int] | None:
+        splice_k: int | None = None,
+    ) -> _Made | None:
+        """The turn from the cached one; with ``splice_k``, only the text from its ``splice_k``-th
+        EOS token on is tokenized (a token prefix stands for what comes before)."""
         cached = entry.messages
         try:
             rendered = self._render_windowed(entry, messages, kept, tools, kwargs, agp) if self.windowed else None
@@ -274,10 +301,16 @@ class ChatTokenizer:
         known = entry.tokenized
         start = rendered.anchor_pos if rendered.anchor is not None else 0
         common = start + common_prefix_length(known.text[start:], rendered.text[start:])
-        tokenized, new_ids = self._splicer.extend(known, rendered.text, common)
         heads = {k: v for k, v in entry.heads.items() if max(k, default=0) < kept}
+        path = Path.INCREMENTAL if windowed else Path.RERENDERED
+        after = self._splicer.after_eos(known, rendered.text, common, splice_k) if splice_k is not None else None
+        if after is not None:
+            tail, keep = after
+            self._store(cid, messages, tools, kwargs, agp, keep, reuse=(cached, kept), heads=heads)
+            return _Made(tail, path, len(tail.ids), from_eos=True)
+        tokenized, new_ids = self._splicer.extend(known, rendered.text, common)
         self._store(cid, messages, tools, kwargs, agp, tokenized, reuse=(cached, kept), heads=heads)
-        return tokenized, Path.INCREMENTAL if windowed else Path.RERENDERED, new_ids
+        return _Made(tokenized, path, new_ids)
 
     def _render_windowed(
         self, entry: _Entry, messages: Sequence[Message], kept: int, tools: Any, kwargs: Any, agp: bool
