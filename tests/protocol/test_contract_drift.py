@@ -158,8 +158,11 @@ def test_the_crd_enums_and_the_weights_version_bound_come_from_drs_protocol() ->
     assert spec["engine"]["properties"]["backend"]["enum"] == enums.choices(enums.EngineBackend)
     assert spec["router"]["properties"]["ctx"]["enum"] == enums.choices(enums.CtxRouter)
     assert spec["router"]["properties"]["gen"]["enum"] == enums.choices(enums.GenRouter)
-    weights = props["status"]["properties"]["weights"]["properties"]["version"]
+    status = props["status"]["properties"]
+    weights = status["weights"]["properties"]["version"]
     assert weights["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
+    engine = status["replicaStatuses"]["items"]["properties"]["engines"]["items"]["properties"]
+    assert engine["weightsVersion"]["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
 
 
 def test_every_side_bounds_the_weights_version_alike() -> None:

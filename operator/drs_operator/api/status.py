@@ -67,7 +67,9 @@ class EngineStatus(StatusModel):
     ready: bool = Field(False, description="Every pod of the engine is ready (serving), at any spec hash.")
     updated: bool = Field(False, description="Ready, and every pod carries the current spec.")
     weights_version: str | None = Field(
-        None, max_length=256, description="Weights version the engine serves, as the trainer's sidecar last saw it."
+        None,
+        max_length=MAX_WEIGHTS_VERSION_CHARS,
+        description="Weights version the engine serves, as the trainer's sidecar last saw it.",
     )
     problem: str | None = Field(
         None, max_length=128, description="Why a pod of the engine does not run (e.g. Unschedulable, ImagePullBackOff)."
