@@ -8,7 +8,13 @@
 # The Helm chart (helm/drs-operator) runs it as `drs operator`; DisaggReplicaSets name it in
 # spec.images.frontend. Two stages: the first builds a virtualenv from the source tree, the second
 # holds only that virtualenv on the same pinned base. No development or test dependencies.
-FROM python:3.11.14-slim-bookworm AS build
+#
+# With no registry (this repository's dev machines), `drs dev images` builds it on a local Debian
+# base (BASE_IMAGE=drs-base:bookworm, made with mmdebstrap) and passes the host's CA bundle as the
+# BuildKit secret `ca-bundle`, for pip behind a TLS-inspecting proxy; the secret is mounted for
+# the install step only and is in no layer. Both are optional for a plain `docker build`.
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+FROM ${BASE_IMAGE} AS build
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -22,10 +28,12 @@ COPY engine_image/drs_engine/ engine_image/drs_engine/
 COPY protocol/ protocol/
 COPY devcluster/ devcluster/
 COPY sidecar/ sidecar/
-RUN python -m venv /opt/drs \
+RUN --mount=type=secret,id=ca-bundle,required=false \
+    if test -s /run/secrets/ca-bundle; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && python -m venv /opt/drs \
     && /opt/drs/bin/python -m pip install --no-cache-dir .
 
-FROM python:3.11.14-slim-bookworm
+FROM ${BASE_IMAGE}
 
 LABEL org.opencontainers.image.title="drs" \
       org.opencontainers.image.description="DisaggReplicaSet operator, frontend and sidecar" \

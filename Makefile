@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install controlplane test lint typecheck unit demo demo-down bench crd clean gpu gpu-tests gpu-bench
+.PHONY: install controlplane images test lint typecheck unit demo demo-kwok demo-down bench crd clean gpu gpu-tests gpu-bench
 
 install: $(STAMP)
 
@@ -22,6 +22,12 @@ $(STAMP): pyproject.toml
 controlplane: install
 	$(BIN)/drs dev build
 
+# Builds the top-level Dockerfile into drs:<version> (and the sandbox image drs-pause) with no
+# registry: a private dockerd, a Debian base made with mmdebstrap, the host's CA bundle as a build
+# secret. Cached by the sources' digest in ~/.cache/drs/images.
+images: install
+	$(BIN)/drs dev images
+
 lint: install
 	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster sidecar tests bench examples
 	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster sidecar tests bench examples
@@ -35,8 +41,14 @@ test: install controlplane lint typecheck
 unit: install
 	$(BIN)/pytest -m "not cluster" $(PYTEST_ARGS)
 
+# The operator installed by Helm from the image built here, the fleet as containers on a real node
+# (needs root: a kubelet, containerd and a CNI bridge of the dev cluster's own).
 demo: install controlplane
 	$(BIN)/python examples/demo.py
+
+# The same fleet on simulated nodes, its pods run as local processes by the pod runner.
+demo-kwok: install controlplane
+	$(BIN)/python examples/demo_kwok.py
 
 demo-down: install
 	$(BIN)/drs dev down

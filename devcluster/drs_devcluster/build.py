@@ -186,7 +186,7 @@ def _write_wrapper(target: GoTarget, root: Path, go: str) -> Path:
         f"require {target.module} {target.version}",
         "",
     ]
-    if target.name == "kubernetes":
+    if target.module == "k8s.io/kubernetes":
         lines += [*_kubernetes_replaces(_module_gomod(target.module, target.version, wrapper)), ""]
     (wrapper / "go.mod").write_text("\n".join(lines))
     imports = "\n".join(f'\t_ "{p}"' for p in target.packages)
@@ -195,7 +195,7 @@ def _write_wrapper(target: GoTarget, root: Path, go: str) -> Path:
 
 
 def _ldflags(target: GoTarget) -> str:
-    if target.name != "kubernetes":
+    if target.module != "k8s.io/kubernetes":
         return "-s -w"
     major, minor = KUBERNETES_VERSION.removeprefix("v").split(".")[:2]
     pkg = "k8s.io/component-base/version"

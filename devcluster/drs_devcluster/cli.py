@@ -40,17 +40,49 @@ def build_cmd(force: bool) -> None:
     click.echo(str(bins))
 
 
+@dev.command("images")
+@click.option("--force", is_flag=True, help="Rebuild even when this source tree's images are cached.")
+def images_cmd(force: bool) -> None:
+    """Build the project's image (the top-level Dockerfile) and the sandbox image, with no registry."""
+    from . import images
+
+    try:
+        archive = images.ensure_images(force=force)
+    except images.ImageError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{images.image_ref()} and {images.pause_ref()}: {archive}")
+
+
 @dev.command("up")
 @click.option("--profile", default="hgx", show_default=True, help=f"Node profile: {', '.join(profiles.PROFILES)}.")
 @click.option("--nodes", "node_count", type=int, default=None, help="Number of simulated nodes (default per profile).")
+@click.option(
+    "--real-nodes",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Real nodes (kubelet + containerd + CNI + kube-proxy, the project's image imported) beside "
+    "the simulated ones; with --nodes 0, only real nodes. Needs root.",
+)
 @_state_dir
 @_port_base
-def up(profile: str, node_count: int | None, state_dir: Path | None, port_base: int | None) -> None:
+def up(profile: str, node_count: int | None, real_nodes: int, state_dir: Path | None, port_base: int | None) -> None:
     """Start etcd, apiserver, controller-manager, scheduler and kwok; create simulated GPU nodes."""
+    from . import hostnet, images, nodeconfig, realnodes
+
     cluster = DevCluster.at(state_dir, port_base)
     try:
-        cluster.up(profile, node_count)
-    except (profiles.ProfileError, DevClusterError, PortInUseError, build.BuildError) as exc:
+        cluster.up(profile, node_count, real_nodes=real_nodes)
+    except (
+        profiles.ProfileError,
+        DevClusterError,
+        PortInUseError,
+        build.BuildError,
+        nodeconfig.RealNodeError,
+        images.ImageError,
+        hostnet.HostError,
+        realnodes.RealNodeStartError,
+    ) as exc:
         raise click.ClickException(str(exc)) from exc
     lay = cluster.layout
     click.echo(f"kubeconfig: {lay.kubeconfig}")

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from . import build, pki, processes, profiles
+from . import build, hostnet, images, nodebuild, nodeconfig, pki, processes, profiles, realnodes
 from .kwok_stages import runner_aware
 from .layout import COMPONENTS, DEFAULT_PORT_BASE, Layout, component_args, default_state_dir, kubeconfig_yaml
 
@@ -59,32 +59,56 @@ class DevCluster:
         saved = _read_meta(state)
         base = port_base if port_base is not None else int(saved.get("portBase", 0)) or None
         bins = bin_dir or (Path(saved["binDir"]) if "binDir" in saved else None)
-        return cls(Layout(state_dir=state, bin_dir=bins or Path("/nonexistent"), port_base=base or DEFAULT_PORT_BASE))
+        host = str(saved.get("apiserverHost", "127.0.0.1"))
+        lay = Layout(state_dir=state, bin_dir=bins or Path("/nonexistent"), port_base=base or DEFAULT_PORT_BASE)
+        return cls(dataclasses.replace(lay, apiserver_host=host))
 
     # ------------------------------------------------------------------ up
-    def up(self, profile: str, node_count: int | None = None, build_if_missing: bool = True) -> None:
-        nodes = profiles.build_nodes(profile, node_count)  # bad profile or count: fail before anything starts
+    def up(
+        self, profile: str, node_count: int | None = None, build_if_missing: bool = True, real_nodes: int = 0
+    ) -> None:
+        """Start the control plane, ``node_count`` kwok nodes and ``real_nodes`` real nodes.
+
+        With real nodes, ``node_count`` may be 0 (a cluster of real nodes only)."""
+        nodeconfig.check_count(real_nodes)  # bad input: fail before anything starts
+        nodes = [] if real_nodes and node_count == 0 else profiles.build_nodes(profile, node_count)
         self._refuse_if_running()
         self._check_ports()
         bins = build.ensure_built() if build_if_missing else build.bin_dir()
         if not build.is_built(bins):
             raise DevClusterError(f"control-plane binaries missing in {bins}: run `drs dev build`")
+        archive = None
+        if real_nodes:
+            archive = images.ensure_images()
+            nodebuild.ensure_node_built(bins)
+            self.layout = dataclasses.replace(self.layout, apiserver_host=nodeconfig.network().gateway)
         self.layout = dataclasses.replace(self.layout, bin_dir=bins)
-        self._write_files()
+        self.layout.state_dir.mkdir(parents=True, exist_ok=True)
         started: list[processes.Tracked] = []
         t0 = time.monotonic()
         try:
+            if real_nodes:
+                realnodes.prepare_host(self.layout, real_nodes)
+            self._write_files()
             for component in COMPONENTS:
                 started.append(self._start(component))
                 processes.save(self.layout.pids_file, started)
                 self._wait_healthy(component, started[-1])
-            self.create_nodes(nodes)
+            if nodes:
+                self.create_nodes(nodes)
+            if archive is not None:
+                t1 = time.monotonic()
+                realnodes.start(self.layout, real_nodes, archive)
+                _say(f"{real_nodes} real node(s) up in {time.monotonic() - t1:.1f}s")
         except BaseException:
             _say("start-up failed: stopping what was started")
+            realnodes.stop(self.layout)
             processes.stop(started)
             self.layout.pids_file.unlink(missing_ok=True)
             raise
-        _say(f"control plane and {len(nodes)} {profile} nodes ready in {time.monotonic() - t0:.1f}s")
+        _say(
+            f"control plane, {len(nodes)} {profile} kwok nodes and {real_nodes} real nodes ready in {time.monotonic() - t0:.1f}s"
+        )
 
     def _refuse_if_running(self) -> None:
         live = [t.name for t in processes.load(self.layout.pids_file) if processes.is_running(t)]
@@ -102,14 +126,15 @@ class DevCluster:
         lay = self.layout
         for d in (lay.state_dir, lay.log_dir, lay.etcd_dir):
             d.mkdir(parents=True, exist_ok=True)
-        creds = pki.ensure_pki(lay.pki_dir)
+        extra = () if lay.apiserver_host == "127.0.0.1" else (lay.apiserver_host,)
+        creds = pki.ensure_pki(lay.pki_dir, extra_ips=extra)
         config = kubeconfig_yaml(lay, creds.ca_cert.read_text(), creds.admin_token)
         lay.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
         lay.kubeconfig.chmod(0o600)
         stages = build.stages_dir(lay.bin_dir)
         docs = [runner_aware(Path(f).name, (stages / Path(f).name).read_text()).strip() for f in build.KWOK_STAGE_FILES]
         lay.kwok_config.write_text("\n---\n".join(docs) + "\n")
-        meta = {"portBase": lay.port_base, "binDir": str(lay.bin_dir)}
+        meta = {"portBase": lay.port_base, "binDir": str(lay.bin_dir), "apiserverHost": lay.apiserver_host}
         (lay.state_dir / "meta.json").write_text(json.dumps(meta))
 
     def _start(self, component: str) -> processes.Tracked:
@@ -182,13 +207,19 @@ class DevCluster:
     # ------------------------------------------------------------------ down / status
     def down(self) -> list[str]:
         """Stop every process this cluster started (by pid) and remove its state directory."""
+        # Real nodes first, while the apiserver still answers (their pods are deleted through it).
+        real = realnodes.stop(self.layout)
         tracked = processes.load(self.layout.pids_file)
         # What runs on top of the control plane (the pod runner and its pods, a demo's operator)
         # records its processes in ``*-pids.json`` files of the same directory: stopped first.
         extra = [t for f in sorted(self.layout.state_dir.glob("*-pids.json")) for t in processes.load(f)]
         tracked = extra + list(reversed(tracked))
-        stopped = processes.stop(tracked)
+        stopped = real + processes.stop(tracked)
         if self.layout.state_dir.exists():
+            if hostnet.mounts_under(self.layout.state_dir):
+                raise DevClusterError(
+                    f"mounts are left under {self.layout.state_dir}: {hostnet.mounts_under(self.layout.state_dir)}"
+                )
             shutil.rmtree(self.layout.state_dir)
         return stopped
 

@@ -46,6 +46,9 @@ class Layout:
     state_dir: Path
     bin_dir: Path
     port_base: int = DEFAULT_PORT_BASE
+    #: Where the apiserver listens: 127.0.0.1, or with real nodes the CNI bridge's address (pods
+    #: reach it there through the ``kubernetes`` Service; no other interface ever).
+    apiserver_host: str = "127.0.0.1"
 
     def port(self, name: str) -> int:
         return self.port_base + PORT_OFFSETS[name]
@@ -80,7 +83,7 @@ class Layout:
 
     @property
     def apiserver_url(self) -> str:
-        return f"https://127.0.0.1:{self.port('kube-apiserver')}"
+        return f"https://{self.apiserver_host}:{self.port('kube-apiserver')}"
 
     def binary(self, name: str) -> Path:
         return self.bin_dir / name
@@ -109,25 +112,32 @@ def etcd_args(layout: Layout) -> list[str]:
 
 def apiserver_args(layout: Layout) -> list[str]:
     pki = layout.pki_dir
+    host = layout.apiserver_host
     return [
         str(layout.binary("kube-apiserver")),
         f"--etcd-servers=http://127.0.0.1:{layout.port('etcd-client')}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={host}",
+        f"--advertise-address={host}",
         f"--secure-port={layout.port('kube-apiserver')}",
         f"--tls-cert-file={pki / 'apiserver.crt'}",
         f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
         f"--token-auth-file={pki / 'tokens.csv'}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki / 'sa.pub'}",
         f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--authorization-mode=RBAC",
         "--allow-privileged=true",
-        "--endpoint-reconciler-type=none",
-        # Pods may be created before the controller-manager has made the `default` ServiceAccount.
-        "--disable-admission-plugins=ServiceAccount",
+        # With real nodes the `kubernetes` Service must have endpoints (in-cluster clients use it).
+        f"--endpoint-reconciler-type={'none' if host == '127.0.0.1' else 'lease'}",
+        # Logs and exec reach a real kubelet at its node's address, not a DNS name.
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        # Simulated nodes: pods may be created before the controller-manager has made the
+        # `default` ServiceAccount. Real nodes run in-cluster clients: tokens are mounted.
+        *(["--disable-admission-plugins=ServiceAccount"] if host == "127.0.0.1" else []),
         "--profiling=false",
         "--v=1",
     ]

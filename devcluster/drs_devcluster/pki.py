@@ -44,6 +44,14 @@ class Pki:
         return self.dir / "apiserver.key"
 
     @property
+    def kubelet_client_cert(self) -> Path:
+        return self.dir / "apiserver-kubelet-client.crt"
+
+    @property
+    def kubelet_client_key(self) -> Path:
+        return self.dir / "apiserver-kubelet-client.key"
+
+    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -70,10 +78,14 @@ def _pem_key(key: rsa.RSAPrivateKey) -> bytes:
     )
 
 
-def ensure_pki(directory: Path) -> Pki:
-    """Create the credentials under ``directory`` unless they already exist."""
+def ensure_pki(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Create the credentials under ``directory`` unless they already exist.
+
+    ``extra_ips`` are more addresses the apiserver's certificate names (with real nodes, the CNI
+    bridge address it listens on, which pods reach through the ``kubernetes`` Service)."""
     pki = Pki(directory)
-    paths = (pki.ca_cert, pki.serving_cert, pki.serving_key, pki.sa_key, pki.sa_pub, pki.token_file)
+    paths = [pki.ca_cert, pki.serving_cert, pki.serving_key, pki.sa_key, pki.sa_pub, pki.token_file]
+    paths += [pki.kubelet_client_cert, pki.kubelet_client_key]
     if all(p.is_file() for p in paths):
         return pki
     directory.mkdir(parents=True, exist_ok=True)
@@ -115,6 +127,8 @@ def ensure_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default.svc"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address(KUBERNETES_SERVICE_IP)),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
     ]
     serving = (
         x509.CertificateBuilder()
@@ -128,6 +142,27 @@ def ensure_pki(directory: Path) -> Pki:
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
+
+    # The apiserver's client certificate towards real kubelets (logs, exec), which trust the CA.
+    client_key = _key()
+    client_name = [
+        x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+        x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver-kubelet-client"),
+    ]
+    client = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name(client_name))
+        .issuer_name(ca_name)
+        .public_key(client_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + VALIDITY)
+        .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pki.kubelet_client_cert.write_bytes(client.public_bytes(serialization.Encoding.PEM))
+    pki.kubelet_client_key.write_bytes(_pem_key(client_key))
+    pki.kubelet_client_key.chmod(0o600)
 
     sa_key = _key()
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))

@@ -85,6 +85,23 @@ def session_cluster() -> Iterator[RunningCluster]:
         running.cluster.down()
 
 
+#: The real-node cluster: its own ports and state, beside the session's kwok cluster.
+REAL_PORT_BASE = TEST_PORT_BASE + 40
+REAL_STATE_DIR = TEST_STATE_DIR.with_name(TEST_STATE_DIR.name + "-real")
+
+
+def real_node_cluster() -> Iterator[RunningCluster]:
+    """A control plane with one real node and no simulated ones (builds the image if needed)."""
+    cluster = DevCluster.at(REAL_STATE_DIR, REAL_PORT_BASE, bin_dir=build.bin_dir())
+    cluster.down()
+    cluster = DevCluster.at(REAL_STATE_DIR, REAL_PORT_BASE, bin_dir=build.bin_dir())
+    cluster.up("hgx", 0, real_nodes=1)
+    try:
+        yield RunningCluster(cluster)
+    finally:
+        cluster.down()
+
+
 def namespace_for(test_name: str) -> str:
     """A DNS-1123 namespace name unique to one test run."""
     stem = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")

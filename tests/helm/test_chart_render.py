@@ -352,3 +352,64 @@ def test_every_value_has_a_comment_above_it_in_values_yaml() -> None:
             undocumented.append(path)
     assert len(leaves) > 30
     assert not undocumented
+
+
+# --- NetworkPolicies ----------------------------------------------------------------------------
+
+
+def _policies(render: Render, values: dict[str, Any]) -> dict[tuple[str, str], Manifest]:
+    return {
+        (o["metadata"]["namespace"], o["metadata"]["name"].rsplit("-", 1)[1]): o
+        for o in render(values)
+        if o["kind"] == "NetworkPolicy"
+    }
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels + In expressions) against a pod's labels."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        assert expr["operator"] == "In", expr
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def test_no_network_policies_unless_enabled(render: Render) -> None:
+    assert not [o for o in render({}) if o["kind"] == "NetworkPolicy"]
+
+
+def test_network_policies_select_the_operators_pods_by_its_own_labels(render: Render) -> None:
+    from drs_operator.api import names
+
+    policies = _policies(render, {"networkPolicy.enabled": True, **WATCHED})
+    assert set(policies) == {(ns, kind) for ns in WATCHED["watchNamespaces"] for kind in ("frontends", "engines")}
+    frontend = names.labels("fleet", "frontend", 0)
+    prefill, decode = names.labels("fleet", "prefill", 0), names.labels("fleet", "decode", 1)
+    fe, en = policies[("rl-team-a", "frontends")]["spec"], policies[("rl-team-a", "engines")]["spec"]
+    assert _matches(fe["podSelector"], frontend) and not _matches(fe["podSelector"], prefill)
+    assert _matches(en["podSelector"], prefill) and _matches(en["podSelector"], decode)
+    assert not _matches(en["podSelector"], frontend)
+    assert fe["ingress"] == [{}]  # frontends: reachable by any client unless frontendClients says otherwise
+    peers = en["ingress"][0]["from"]
+    same_namespace = [p["podSelector"] for p in peers if "namespaceSelector" not in p]
+    assert len(same_namespace) == 1
+    for labels in (frontend, prefill, decode):  # requests, and the prefill-to-decode KV handoff
+        assert _matches(same_namespace[0], labels)
+    assert not _matches(same_namespace[0], {"app": "something-else"})
+    operator_peer = next(p for p in peers if "namespaceSelector" in p)
+    assert operator_peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "drs-system"}
+    deployment = only(render({}), "Deployment")
+    assert _matches(operator_peer["podSelector"], deployment["spec"]["template"]["metadata"]["labels"])
+
+
+def test_network_policy_clients_are_the_values_given(render: Render) -> None:
+    trainer = {"podSelector": {"matchLabels": {"app": "trainer"}}}
+    clients = {"namespaceSelector": {"matchLabels": {"team": "rl"}}}
+    values = {"networkPolicy.enabled": True, "networkPolicy.frontendClients": [clients]}
+    values["networkPolicy.engineClients"] = [trainer]
+    policies = _policies(render, values)
+    assert set(policies) == {("drs-system", "frontends"), ("drs-system", "engines")}  # the release namespace
+    assert policies[("drs-system", "frontends")]["spec"]["ingress"] == [{"from": [clients]}]
+    assert trainer in policies[("drs-system", "engines")]["spec"]["ingress"][0]["from"]

@@ -179,3 +179,32 @@ def test_token_continuity_is_rendered_into_a_frontend_config_the_frontend_accept
     rendered = json.loads(children.replicas[0].frontend_config["data"][CONFIG_KEY])
     config = FrontendConfig.model_validate({**rendered, "port": 8300, "node_id": 0})
     assert config.token_continuity is (continuity is None)
+
+
+def test_engines_and_frontends_run_restricted_with_a_scratch_emptydir() -> None:
+    """Non-root (the images' uid), read-only root filesystem, no capabilities, RuntimeDefault
+    seccomp, /tmp an emptyDir; a real kubelet enforces it (tests/realnodes)."""
+    _, _, children = build(spec())
+    pod_specs = [p["spec"] for p in children.all_of("Pod").values()]
+    pod_specs += [d["spec"]["template"]["spec"] for d in children.all_of("Deployment").values()]
+    assert len(pod_specs) > 3
+    for ps in pod_specs:
+        assert ps["securityContext"]["runAsNonRoot"] is True and ps["securityContext"]["runAsUser"] == 10001
+        assert ps["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        c = ps["containers"][0]
+        assert c["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        }
+        tmp = next(m for m in c["volumeMounts"] if m["mountPath"] == "/tmp")
+        assert next(v for v in ps["volumes"] if v["name"] == tmp["name"]) == {"name": tmp["name"], "emptyDir": {}}
+
+
+def test_a_frontend_is_not_killed_by_liveness_before_it_has_started() -> None:
+    _, _, children = build(spec())
+    for d in children.all_of("Deployment").values():
+        c = d["spec"]["template"]["spec"]["containers"][0]
+        startup, liveness = c["startupProbe"], c["livenessProbe"]
+        assert startup["httpGet"] == liveness["httpGet"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # minutes, not 30 s

@@ -86,6 +86,37 @@ def node_affinity(node: str) -> dict[str, Any]:
     }
 
 
+#: The uid/gid both images run as (``USER 10001:10001`` in Dockerfile and engine_image/Dockerfile).
+IMAGE_UID: Final = 10001
+SCRATCH_VOLUME: Final = "scratch"
+SCRATCH_PATH: Final = "/tmp"
+
+
+def restricted_pod_security() -> dict[str, Any]:
+    """Pod securityContext of engines and frontends: non-root, the images' user, RuntimeDefault seccomp."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": IMAGE_UID,
+        "runAsGroup": IMAGE_UID,
+        "fsGroup": IMAGE_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def restricted_container_security() -> dict[str, Any]:
+    """Container securityContext: read-only root filesystem, no privilege escalation, no capabilities."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def scratch() -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a read-only container may write: an emptyDir at /tmp (its volume and its mount)."""
+    return {"name": SCRATCH_VOLUME, "emptyDir": {}}, {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_PATH}
+
+
 def field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 

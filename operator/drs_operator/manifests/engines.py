@@ -44,6 +44,9 @@ from drs_operator.manifests.common import (
     field_env,
     node_affinity,
     overlay_pod_template,
+    restricted_container_security,
+    restricted_pod_security,
+    scratch,
     with_hash,
 )
 from drs_operator.placement import EnginePlacement
@@ -180,6 +183,7 @@ def _engine_pod(
     pod_env = _engine_env(owner, plan, slot, rank, world, gpus, leader)
     container = _engine_container(spec, slot, gpus, url, pod_env, mounts)
     pod_spec: dict[str, Any] = {
+        "securityContext": restricted_pod_security(),
         "affinity": node_affinity(node),
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": spec.engine.drain_seconds + TERMINATION_MARGIN_SECONDS,
@@ -232,8 +236,9 @@ def _engine_env(
 
 def _engine_volumes(spec: DisaggReplicaSetSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(volumes, mounts)``: a memory-backed ``/dev/shm`` (NCCL) and the model volume if named."""
-    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
-    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}]
+    scratch_volume, scratch_mount = scratch()
+    mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, scratch_mount]
+    volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}, scratch_volume]
     if spec.model.volume:
         volumes.append({"name": MODEL_VOLUME, **dict(spec.model.volume)})
         mounts.append({"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True})
@@ -267,6 +272,7 @@ def _engine_container(
             "failureThreshold": 3,
         },
         "volumeMounts": mounts,
+        "securityContext": restricted_container_security(),
     }
     if spec.images.pull_policy:
         container["imagePullPolicy"] = spec.images.pull_policy

@@ -29,6 +29,9 @@ from drs_operator.manifests.common import (
     field_env,
     node_affinity,
     overlay_pod_template,
+    restricted_container_security,
+    restricted_pod_security,
+    scratch,
     spec_hash,
     with_hash,
 )
@@ -40,6 +43,11 @@ READINESS_PERIOD_S: Final = 1
 #: Seconds between a frontend's probes of its engines (an engine that comes back is used within this).
 HEALTH_INTERVAL_S: Final = 1.0
 LIVENESS_PERIOD_S: Final = 10
+#: A frontend loads its tokenizer after it starts listening; on a busy node that took over 30 s
+#: (seen on the dev cluster's real node), so liveness waits for a startup probe (up to 5 min).
+STARTUP_PERIOD_S: Final = 2
+STARTUP_FAILURES: Final = 150
+PROBE_TIMEOUT_S: Final = 5
 
 
 def engine_pool(
@@ -124,6 +132,7 @@ def build_frontend_deployment(
     owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, slot: FrontendSlot, node: str, config_hash: str
 ) -> dict[str, Any]:
     labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
+    scratch_volume, scratch_mount = scratch()
     container: dict[str, Any] = {
         "name": FRONTEND_CONTAINER,
         "image": spec.images.frontend,
@@ -140,17 +149,31 @@ def build_frontend_deployment(
         ],
         "ports": [{"name": "http", "containerPort": slot.port}],
         "readinessProbe": {"httpGet": {"path": routes.READY, "port": slot.port}, "periodSeconds": READINESS_PERIOD_S},
+        "startupProbe": {
+            "httpGet": {"path": routes.HEALTH, "port": slot.port},
+            "periodSeconds": STARTUP_PERIOD_S,
+            "failureThreshold": STARTUP_FAILURES,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
+        },
         "livenessProbe": {
             "httpGet": {"path": routes.HEALTH, "port": slot.port},
             "periodSeconds": LIVENESS_PERIOD_S,
             "failureThreshold": 3,
+            "timeoutSeconds": PROBE_TIMEOUT_S,
         },
+        "volumeMounts": [scratch_mount],
+        "securityContext": restricted_container_security(),
     }
     if spec.frontend.resources:
         container["resources"] = dict(spec.frontend.resources)
     if spec.images.pull_policy:
         container["imagePullPolicy"] = spec.images.pull_policy
-    pod_spec: dict[str, Any] = {"affinity": node_affinity(node), "containers": [container]}
+    pod_spec: dict[str, Any] = {
+        "securityContext": restricted_pod_security(),
+        "affinity": node_affinity(node),
+        "containers": [container],
+        "volumes": [scratch_volume],
+    }
     if plan.host_network:
         pod_spec["hostNetwork"] = True
         pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet"

@@ -1,0 +1,95 @@
+"""Build what a real node runs, from Go modules, into the control plane's binary directory.
+
+* ``kubelet`` and ``kube-proxy`` from the same k8s.io/kubernetes wrapper the control plane uses
+  (one ``go build``; most packages are already in Go's build cache);
+* ``drs-device-plugin`` (``devcluster/deviceplugin``): the fake GPU device plugin, against the
+  kubelet's device-plugin API module ``k8s.io/kubelet``;
+* ``drs-coredns`` (``devcluster/coredns``): CoreDNS from ``github.com/coredns/coredns`` with only
+  the plugins cluster DNS needs.
+
+Only missing binaries are built: the directory is keyed by versions and shared, and the control
+plane's binaries in it are never rebuilt here. A file lock keeps two builds from racing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from . import build
+
+COREDNS_VERSION = "v1.14.7"
+NODE_COMMANDS = ("kubelet", "kube-proxy")
+LOCAL_SOURCES = Path(__file__).resolve().parents[1]
+#: binary -> (source directory in this repository, the module it is built against, its version)
+LOCAL_TARGETS = {
+    "drs-device-plugin": ("deviceplugin", "k8s.io/kubelet", "v0." + build.KUBERNETES_VERSION.removeprefix("v1.")),
+    "drs-coredns": ("coredns", "github.com/coredns/coredns", COREDNS_VERSION),
+}
+NODE_BINARIES = (*NODE_COMMANDS, *LOCAL_TARGETS)
+
+
+def node_target() -> build.GoTarget:
+    return build.GoTarget(
+        "kubernetes-node",
+        "k8s.io/kubernetes",
+        build.KUBERNETES_VERSION,
+        tuple(f"k8s.io/kubernetes/cmd/{c}" for c in NODE_COMMANDS),
+        NODE_COMMANDS,
+    )
+
+
+def is_built(bins: Path) -> bool:
+    return all((bins / b).is_file() for b in NODE_BINARIES)
+
+
+@contextlib.contextmanager
+def _lock(bins: Path) -> Iterator[None]:
+    bins.mkdir(parents=True, exist_ok=True)
+    with (bins.parent / ".node-build.lock").open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _build_local(name: str, bins: Path, go: str) -> None:
+    """Build one of this repository's Go programs in a wrapper module that requires its module."""
+    subdir, module, version = LOCAL_TARGETS[name]
+    wrapper = bins.parent / "wrappers" / name
+    shutil.rmtree(wrapper, ignore_errors=True)
+    wrapper.mkdir(parents=True)
+    go_line = ".".join(go.removeprefix("go").split(".")[:2])
+    (wrapper / "go.mod").write_text(f"module drs.local/{name}\n\ngo {go_line}\n\nrequire {module} {version}\n")
+    for src in (LOCAL_SOURCES / subdir).glob("*.go"):
+        shutil.copyfile(src, wrapper / src.name)
+    build._log(f"{name}: resolving {module}@{version}")
+    build._run_go(["mod", "tidy"], wrapper, f"resolve {name}", build.GO_DOWNLOAD_TIMEOUT_S)
+    started = time.monotonic()
+    build._log(f"{name}: compiling")
+    build._run_go(
+        ["build", "-trimpath", "-ldflags=-s -w", "-o", str(bins / name), "."],
+        wrapper,
+        f"build {name}",
+        build.GO_BUILD_TIMEOUT_S,
+    )
+    build._log(f"{name}: done in {time.monotonic() - started:.0f}s")
+
+
+def ensure_node_built(bins: Path | None = None) -> Path:
+    """Build every missing real-node binary into the control plane's directory; return it."""
+    go = build.go_version()
+    bins = bins or build.bin_dir(go)
+    if is_built(bins):
+        return bins
+    with _lock(bins):
+        target = node_target()
+        if not all((bins / o).is_file() for o in target.outputs):
+            build._build_target(target, bins, go)
+        for name in LOCAL_TARGETS:
+            if not (bins / name).is_file():
+                _build_local(name, bins, go)
+        shutil.rmtree(bins.parent / "build-tmp" / target.name, ignore_errors=True)
+    return bins

@@ -1,0 +1,105 @@
+"""The demo's trainer-side client, run in a pod (`make demo` mounts it from a ConfigMap).
+
+It does what NeMo-Gym's rollout client does against the fleet: read the frontends' URLs from the
+DisaggReplicaSet's status (in-cluster credentials: the pod's ServiceAccount), pick one per
+conversation with ``sha256(session) % len(urls)``, and drive multi-turn chat completions through
+it (the OpenAI wire format, sent with httpx, which the image has; the official ``openai`` client
+is a test dependency, not an image one). For every turn it prints which prefill and decode
+engines served it and how many prompt tokens the prefill engines' prefix cache held.
+
+    python gym_client.py --name pod-sim --namespace default
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from typing import Any
+
+import httpx
+from kubernetes import client, config
+
+TURNS = 3
+CONVERSATIONS = 4
+SYSTEM_PROMPT = (
+    "You are a careful assistant inside a reinforcement-learning rollout. Answer briefly, keep the "
+    "conversation's earlier turns in mind, never invent tool results, and when a question is "
+    "ambiguous say what you assumed. Prefer short sentences. Use plain text without markdown. "
+    "If the user asks for code, give the smallest example that runs."
+)
+
+
+def say(msg: str) -> None:
+    print(f"[client] {msg}", flush=True)
+
+
+def read_status(name: str, namespace: str) -> dict[str, Any]:
+    config.load_incluster_config()
+    body = client.CustomObjectsApi().get_namespaced_custom_object(
+        "disagg.dev", "v1alpha1", namespace, "disaggreplicasets", name
+    )
+    status: dict[str, Any] = body.get("status") or {}
+    return status
+
+
+def prefix_cache_hits(http: httpx.Client, engine_urls: list[str]) -> tuple[float, float]:
+    query = hit = 0.0
+    for url in engine_urls:
+        for line in http.get(f"{url}/metrics", timeout=5).text.splitlines():
+            if line.startswith("drs_engine_prefix_cache_query_tokens_total"):
+                query += float(line.split()[-1])
+            elif line.startswith("drs_engine_prefix_cache_hit_tokens_total"):
+                hit += float(line.split()[-1])
+    return query, hit
+
+
+def drive(status: dict[str, Any]) -> None:
+    urls: list[str] = status["urls"]
+    prefills = [e["url"] for r in status["replicaStatuses"] for e in r["engines"] if e["role"] == "prefill"]
+    say(f"status.urls ({len(urls)} frontends, replica-major): {urls}")
+    with httpx.Client(timeout=60) as http:
+        for c in range(CONVERSATIONS):
+            session = f"demo-session-{c}"
+            url = urls[int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)]
+            messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM_PROMPT}]
+            for turn in range(TURNS):
+                messages.append({"role": "user", "content": f"Turn {turn} of conversation {c}: say something."})
+                q0, h0 = prefix_cache_hits(http, prefills)
+                resp = http.post(
+                    f"{url}/v1/chat/completions",
+                    json={
+                        "model": "sim-qwen3",
+                        "messages": messages,
+                        "max_tokens": 12,
+                        "conversation_params": {"conversation_id": session},
+                    },
+                )
+                resp.raise_for_status()
+                reply = resp.json()
+                q1, h1 = prefix_cache_hits(http, prefills)
+                text = reply["choices"][0]["message"]["content"] or ""
+                messages.append({"role": "assistant", "content": text})
+                say(
+                    f"{session} turn {turn} via {url}: prefill={resp.headers.get('x-drs-prefill')} "
+                    f"decode={resp.headers.get('x-drs-decode')} prompt={reply['usage']['prompt_tokens']} "
+                    f"tokens, prefix-cache hits {h1 - h0:.0f}/{q1 - q0:.0f}"
+                )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--namespace", required=True)
+    args = parser.parse_args()
+    status = read_status(args.name, args.namespace)
+    if status.get("phase") != "Ready" or not status.get("urls"):
+        say(f"{args.name} is not Ready (phase {status.get('phase')}, urls {status.get('urls')})")
+        return 1
+    drive(status)
+    say(f"done: {CONVERSATIONS} conversations x {TURNS} turns through Service URLs from the status")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

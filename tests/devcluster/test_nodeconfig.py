@@ -1,0 +1,94 @@
+"""Real-node configuration (pure): addresses stay in the cluster's own network, every port is on
+loopback or a bridge address, DNS forwards nowhere, the kubelet keeps imported images."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+from drs_devcluster import nodeconfig
+from drs_devcluster.layout import Layout
+from hypothesis import given
+from hypothesis import strategies as st
+
+LAYOUT = Layout(state_dir=Path("/state"), bin_dir=Path("/bins"), port_base=28640)
+
+
+@given(st.integers(0, 255), st.integers(0, nodeconfig.MAX_REAL_NODES - 1))
+def test_addresses_stay_inside_the_clusters_own_network(net: int, index: int) -> None:
+    network = nodeconfig.Network(net)
+    cidr = ipaddress.ip_network(network.cidr)
+    first, last = network.pod_range(index)
+    for ip in (network.gateway, network.node_ip(index), first, last):
+        assert ipaddress.ip_address(ip) in cidr
+    assert not cidr.overlaps(ipaddress.ip_network(nodeconfig.service_cidr()))
+    pods = {ipaddress.ip_address(first), ipaddress.ip_address(last)}
+    assert ipaddress.ip_address(network.gateway) not in pods
+    assert ipaddress.ip_address(network.node_ip(index)) < ipaddress.ip_address(first)
+    assert len(network.bridge) <= 15  # IFNAMSIZ - 1
+
+
+def test_other_dev_networks_get_other_bridges_and_subnets() -> None:
+    a, b = nodeconfig.Network(10), nodeconfig.Network(11)
+    assert a.bridge != b.bridge and a.iptables_chain != b.iptables_chain
+    assert not ipaddress.ip_network(a.cidr).overlaps(ipaddress.ip_network(b.cidr))
+
+
+def test_more_real_nodes_than_one_machine_holds_is_refused_naming_the_rule() -> None:
+    with pytest.raises(nodeconfig.RealNodeError, match=r"--real-nodes.*device-plugin"):
+        nodeconfig.check_count(nodeconfig.MAX_REAL_NODES + 1)
+    with pytest.raises(nodeconfig.RealNodeError, match="--real-nodes"):
+        nodeconfig.check_count(-1)
+
+
+def test_ports_are_distinct_and_after_the_control_planes() -> None:
+    ports = nodeconfig.ports(LAYOUT, nodeconfig.MAX_REAL_NODES)
+    assert len(set(ports.values())) == len(ports)
+    assert min(ports.values()) > max(LAYOUT.ports.values())
+
+
+def test_containerd_listens_only_on_its_socket_and_uses_runc_on_cgroupfs() -> None:
+    dirs = nodeconfig.node_dirs(LAYOUT, 0)
+    conf = tomllib.loads(nodeconfig.containerd_toml(dirs, "docker.io/library/drs-pause:1"))
+    assert conf["grpc"]["address"] == str(dirs.containerd_socket)
+    assert conf["ttrpc"]["address"] == conf["debug"]["address"] == conf["metrics"]["address"] == ""
+    cri = conf["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["stream_server_address"] == "127.0.0.1"
+    assert cri["restrict_oom_score_adj"] is True and cri["netns_mounts_under_state_dir"] is True
+    assert cri["containerd"]["runtimes"]["runc"]["options"]["SystemdCgroup"] is False
+
+
+def test_the_cni_network_neither_masquerades_nor_shares_ipam_state() -> None:
+    net = nodeconfig.Network(10)
+    dirs = nodeconfig.node_dirs(LAYOUT, 0)
+    conf = json.loads(nodeconfig.cni_conflist(net, dirs, 0))
+    bridge = conf["plugins"][0]
+    assert bridge["bridge"] == net.bridge and bridge["ipMasq"] is False
+    assert bridge["ipam"]["dataDir"] == str(dirs.ipam_dir)
+    assert bridge["ipam"]["ranges"][0][0]["gateway"] == net.gateway
+
+
+def test_the_kubelet_binds_its_node_address_keeps_images_and_trusts_the_dev_ca() -> None:
+    net = nodeconfig.Network(10)
+    conf = nodeconfig.kubelet_config(LAYOUT, net, nodeconfig.node_dirs(LAYOUT, 0), 0, Path("/state/resolv.conf"))
+    assert conf["address"] == net.node_ip(0) and conf["healthzBindAddress"] == "127.0.0.1"
+    assert conf["readOnlyPort"] == 0 and conf["authentication"]["anonymous"]["enabled"] is False
+    assert conf["imageGCHighThresholdPercent"] == 100  # imported images are never pulled back
+    assert conf["clusterDNS"] == [net.gateway] and conf["failCgroupV1"] is False
+
+
+def test_dns_answers_cluster_names_and_forwards_nowhere() -> None:
+    text = nodeconfig.corefile(LAYOUT, nodeconfig.Network(10))
+    assert "kubernetes cluster.local" in text and "forward" not in text
+    assert "bind 10.110.0.1" in text
+
+
+def test_kube_proxy_opens_node_ports_on_the_bridge_only_and_leaves_conntrack_alone() -> None:
+    net = nodeconfig.Network(10)
+    conf = nodeconfig.kube_proxy_config(LAYOUT, net)
+    assert conf["mode"] == "nftables" and conf["nodePortAddresses"] == [net.cidr]
+    assert conf["conntrack"]["maxPerCore"] == 0
+    assert conf["healthzBindAddress"].startswith("127.0.0.1:")

@@ -1,0 +1,177 @@
+"""The fleet on a real node: the operator installed by Helm from the image built here (a pod with
+its ServiceAccount), a sim fleet in pod networking as containers, the trainer-side client in a pod
+driving turns through the Service URLs of the status; then what kwok's instant readiness hides:
+a roll, a deleted pod, a lost node (its kubelet stopped) and a killed operator pod."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from drs_devcluster import inpod, nodeconfig, realnodes
+from drs_devcluster.testing import RunningCluster
+
+from .pods import wait_phase
+
+pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = yaml.safe_load((ROOT / "examples" / "pod-network-sim.yaml").read_text())
+CLIENT = (ROOT / "examples" / "gym_client.py").read_text()
+READY_S = 300.0
+POLL_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def operator(realcluster: RunningCluster) -> Iterator[str]:
+    """The chart installed with the local image; yields the operator's namespace."""
+    inpod.helm_install(realcluster.cluster, release="drs", namespace="drs-system")
+    yield "drs-system"
+
+
+def drs(cluster: RunningCluster, ns: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(cluster.kubectl("get", "drs", "pod-sim", "-n", ns, "-o", "json").stdout)
+    return body
+
+
+def wait_drs(cluster: RunningCluster, ns: str, ok: Any, what: str, timeout: float = READY_S) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = drs(cluster, ns)
+        if ok(body):
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached after {timeout:.0f}s: {json.dumps(body.get('status'))[:3000]}")
+        time.sleep(POLL_S)
+
+
+def converged(body: dict[str, Any]) -> bool:
+    st = body.get("status") or {}
+    return bool(st.get("phase") == "Ready" and st.get("observedGeneration") == body["metadata"]["generation"])
+
+
+def fleet_pods(cluster: RunningCluster, ns: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", ns, "-l", "disagg.dev/replicaset=pod-sim", "-o", "json").stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
+
+
+def all_ready(pods: list[dict[str, Any]]) -> bool:
+    return bool(pods) and all(
+        any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status", {}).get("conditions") or []))
+        for p in pods
+    )
+
+
+def run_client(cluster: RunningCluster, ns: str, name: str = "gym-client") -> str:
+    objs = inpod.client_objects(name, ns, CLIENT, ["--name", "pod-sim", "--namespace", ns])
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+    phase = wait_phase(cluster, ns, name, {"Succeeded", "Failed"}, timeout=240)["status"]["phase"]
+    out = cluster.kubectl("logs", name, "-n", ns).stdout
+    assert phase == "Succeeded", out
+    return out
+
+
+@pytest.fixture
+def fleet(realcluster: RunningCluster, operator: str, realns: str) -> str:
+    realcluster.kubectl("apply", "-n", realns, "-f", "-", input=yaml.safe_dump(EXAMPLE))
+    wait_drs(realcluster, realns, converged, "pod-sim Ready")
+    return realns
+
+
+def test_the_in_cluster_client_drives_turns_through_service_urls_of_the_status(
+    realcluster: RunningCluster, fleet: str
+) -> None:
+    st = drs(realcluster, fleet)["status"]
+    assert all(u.startswith("http://pod-sim-r") and f".{fleet}.svc:" in u for u in st["urls"]), st["urls"]
+    pods = fleet_pods(realcluster, fleet)
+    assert all_ready(pods) and {p["spec"]["nodeName"] for p in pods} == {nodeconfig.node_name(0)}
+    assert all(not p["spec"].get("hostNetwork") for p in pods)
+    for p in pods:  # the restrictive securityContext, as the real kubelet ran them
+        assert p["spec"]["securityContext"]["runAsNonRoot"] is True
+        assert p["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is True
+    out = run_client(realcluster, fleet)
+    turns = [line for line in out.splitlines() if " turn " in line and " via http://pod-sim-r" in line]
+    assert len(turns) == 12, out
+    assert all("prefill=" in t and "prefill=None" not in t and "decode=None" not in t for t in turns), out
+    later = [t for t in turns if " turn 0 " not in t]
+    assert any(not t.endswith("hits 0/0") and " hits 0/" not in t for t in later), out  # the prefix cache held
+
+
+def test_a_roll_replaces_every_engine_and_status_tracks_real_readiness(realcluster: RunningCluster, fleet: str) -> None:
+    before = {p["metadata"]["uid"] for p in fleet_pods(realcluster, fleet)}
+    realcluster.kubectl(
+        "patch", "drs", "pod-sim", "-n", fleet, "--type=merge", "-p", '{"spec":{"engine":{"simOptions":{"speed":0.2}}}}'
+    )
+    seen_ready_while_pods_unready = []
+    deadline = time.monotonic() + READY_S
+    while True:
+        body = drs(realcluster, fleet)
+        pods = fleet_pods(realcluster, fleet)
+        if converged(body) and not all_ready(pods):
+            seen_ready_while_pods_unready.append([p["metadata"]["name"] for p in pods])
+        engines = [p for p in pods if p["metadata"]["labels"].get("disagg.dev/role") in ("prefill", "decode")]
+        if converged(body) and all_ready(pods) and not ({p["metadata"]["uid"] for p in engines} & before):
+            break
+        assert time.monotonic() < deadline, json.dumps(body.get("status"))[:3000]
+        time.sleep(POLL_S)
+    assert not seen_ready_while_pods_unready
+    run_client(realcluster, fleet, "client-after-roll")
+
+
+def test_a_deleted_engine_pod_is_replaced_and_serves_again(realcluster: RunningCluster, fleet: str) -> None:
+    engines = [p for p in fleet_pods(realcluster, fleet) if p["metadata"]["labels"]["disagg.dev/role"] == "decode"]
+    victim = engines[0]
+    realcluster.kubectl("delete", "pod", victim["metadata"]["name"], "-n", fleet, "--wait=false")
+    wait_drs(realcluster, fleet, lambda b: not converged(b), "the fleet noticing the deleted pod", timeout=60)
+
+    def back(body: dict[str, Any]) -> bool:
+        pods = fleet_pods(realcluster, fleet)
+        uids = {p["metadata"]["uid"] for p in pods}
+        return converged(body) and all_ready(pods) and victim["metadata"]["uid"] not in uids
+
+    wait_drs(realcluster, fleet, back, "the fleet Ready with a new engine pod")
+    run_client(realcluster, fleet, "client-after-delete")
+
+
+def test_a_killed_operator_pod_is_replaced_and_the_new_one_reconciles(
+    realcluster: RunningCluster, operator: str, fleet: str
+) -> None:
+    out = realcluster.kubectl("get", "pods", "-n", operator, "-o", "json").stdout
+    (op,) = json.loads(out)["items"]
+    realcluster.kubectl("delete", "pod", op["metadata"]["name"], "-n", operator, "--grace-period=0", "--force")
+    realcluster.kubectl("patch", "drs", "pod-sim", "-n", fleet, "--type=merge", "-p", '{"spec":{"replicas":1}}')
+
+    def scaled(body: dict[str, Any]) -> bool:
+        return converged(body) and body["status"].get("replicas") == 1 and len(body["status"]["urls"]) == 1
+
+    wait_drs(realcluster, fleet, scaled, "the new operator pod scaling the fleet to 1")
+    pods = json.loads(realcluster.kubectl("get", "pods", "-n", operator, "-o", "json").stdout)["items"]
+    assert [p["metadata"]["uid"] for p in pods] != [op["metadata"]["uid"]]
+
+
+def test_a_lost_node_takes_the_fleet_down_and_its_return_brings_it_back(
+    realcluster: RunningCluster, fleet: str
+) -> None:
+    layout = realcluster.cluster.layout
+    realnodes.stop_kubelet(layout, 0)
+    try:
+
+        def node_not_ready() -> bool:
+            node = json.loads(realcluster.kubectl("get", "node", nodeconfig.node_name(0), "-o", "json").stdout)
+            return any(c["type"] == "Ready" and c["status"] != "True" for c in node["status"]["conditions"])
+
+        deadline = time.monotonic() + 60
+        while not node_not_ready():
+            assert time.monotonic() < deadline, "node still Ready 60 s after its kubelet stopped"
+            time.sleep(POLL_S)
+        wait_drs(realcluster, fleet, lambda b: (b.get("status") or {}).get("phase") != "Ready", "fleet not Ready", 120)
+    finally:
+        realnodes.start_kubelet(layout, 0)
+    wait_drs(realcluster, fleet, lambda b: converged(b) and all_ready(fleet_pods(realcluster, fleet)), "fleet back")
+    run_client(realcluster, fleet, "client-after-node-loss")
