@@ -233,7 +233,7 @@ class Relay:
             if wants_stream(body):
                 include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
                 return Reply(200, SSE, stream=_iterate(sse_events(answer, include_usage=include_usage)))
-            return Reply(200, JSON, dumps(answer), weights_version=_weights_version(ctx))
+            return Reply(200, JSON, dumps(answer), weights_version=ctx_raw.weights_version or _weights_version(ctx))
         # 6. the generation leg
         gen_body = build_generation_request(
             body, ctx, endpoint=endpoint, strip_history=self.config.gen_strip_message_history
@@ -252,7 +252,8 @@ class Relay:
         )
         # 7. the answer, with ids where Gym reads them
         gen = _loads(gen_raw.body, "generation")
-        return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=_weights_version(gen))
+        version = gen_raw.weights_version or _weights_version(gen)
+        return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=version)
 
     # -- step 3: tokenization --------------------------------------------------------------------
 

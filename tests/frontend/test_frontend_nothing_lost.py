@@ -112,3 +112,13 @@ async def test_a_turn_decoding_across_a_refit_answers_with_the_new_version_and_i
     assert resp.headers[HEADER_WEIGHTS_VERSION] == answer["weights_version"] == "step-9"
     assert 1 <= answer["weights_boundary"] < 200
     assert len(answer["choices"][0]["token_ids"]) == 200
+
+
+async def test_the_weights_version_reaches_the_client_from_strict_engines_header_alone(
+    replica_factory: ReplicaFactory, client: httpx.AsyncClient
+) -> None:
+    async with replica_factory(engine={"strictTrtllmResponses": True}) as replica:
+        resp = await client.post(replica.url + CHAT, json=chat_body("strict"))
+    assert resp.status_code == 200, resp.text
+    assert "weights_version" not in resp.json()  # a strict engine answers TensorRT-LLM's fields only
+    assert resp.headers[HEADER_WEIGHTS_VERSION] == "0"

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Final
 
 import aiohttp
+from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
@@ -81,7 +82,12 @@ class AiohttpUpstream:
         try:
             async with self.session.post(url, data=body, headers=JSON_HEADERS, timeout=self._timeout(timeout)) as resp:
                 data = await resp.read()
-                return UpstreamResponse(resp.status, resp.headers.get("content-type", "application/json"), data)
+                return UpstreamResponse(
+                    resp.status,
+                    resp.headers.get("content-type", "application/json"),
+                    data,
+                    resp.headers.get(HEADER_WEIGHTS_VERSION),
+                )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:

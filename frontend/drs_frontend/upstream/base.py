@@ -20,6 +20,9 @@ class UpstreamResponse:
     status: int
     content_type: str
     body: bytes
+    #: the engine's ``x-drs-weights-version`` header (an engine in strict TensorRT-LLM mode names
+    #: the version only there)
+    weights_version: str | None = None
 
 
 class UpstreamStream(Protocol):

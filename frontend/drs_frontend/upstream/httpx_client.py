@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 from typing import Final
 
 import httpx
+from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
@@ -75,7 +76,12 @@ class HttpxUpstream:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except httpx.TransportError as exc:
             raise UpstreamConnectError(f"{url}: {exc!r}") from exc
-        return UpstreamResponse(resp.status_code, resp.headers.get("content-type", "application/json"), resp.content)
+        return UpstreamResponse(
+            resp.status_code,
+            resp.headers.get("content-type", "application/json"),
+            resp.content,
+            resp.headers.get(HEADER_WEIGHTS_VERSION),
+        )
 
     @asynccontextmanager
     async def stream_json(self, url: str, body: bytes, timeout: float) -> AsyncIterator[_HttpxStream]:

@@ -32,11 +32,15 @@ from typing import Final, cast
 from urllib.parse import urlsplit
 
 import httptools
+from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
 from drs_frontend.upstream.aiohttp_client import AiohttpUpstream
 from drs_frontend.upstream.base import UpstreamResponse, UpstreamStream
+
+#: The engine header naming the weights version (lower-case, as compared).
+WEIGHTS_HEADER: Final = HEADER_WEIGHTS_VERSION.encode()
 
 KEEPALIVE_SECONDS: Final = 4.0
 
@@ -60,6 +64,7 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.body: list[bytes] = []
         self.content_type = b""
+        self.weights_version = b""
         self.got_bytes = False
         self.keep_alive = False
 
@@ -81,8 +86,11 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"content-type":
+        lowered = name.lower()
+        if lowered == b"content-type":
             self.content_type = value
+        elif lowered == WEIGHTS_HEADER:
+            self.weights_version = value
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
@@ -111,6 +119,7 @@ class _Connection(asyncio.Protocol):
         assert self.transport is not None
         self.body = []
         self.content_type = b""
+        self.weights_version = b""
         self.got_bytes = False
         self.keep_alive = False
         loop = asyncio.get_running_loop()
@@ -125,7 +134,8 @@ class _Connection(asyncio.Protocol):
         status = self.parser.get_status_code()
         if not self.keep_alive:
             self.close()
-        return UpstreamResponse(status, self.content_type.decode("latin-1") or "application/json", body)
+        version = self.weights_version.decode("latin-1") or None
+        return UpstreamResponse(status, self.content_type.decode("latin-1") or "application/json", body, version)
 
 
 class _Slots:
