@@ -44,7 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
-from drs_devcluster import build, runner  # noqa: E402
+from drs_devcluster import build, runner_daemon  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster  # noqa: E402
 from drs_protocol import routes  # noqa: E402
@@ -373,8 +373,8 @@ def deployed(rc: RunningCluster, namespace: str, workdir: Path) -> Iterator[Flee
         ),
         60,
     )
-    if runner.running_runner(rc.cluster) is None:
-        runner.start_runner(rc.cluster)
+    if runner_daemon.running_runner(rc.cluster) is None:
+        runner_daemon.start_runner(rc.cluster)
     operator = OperatorProcess(rc, workdir / "operator.log").start()
     f = Fleet(rc, namespace, operator, workdir)
     try:
@@ -409,7 +409,7 @@ def main() -> None:
         with deployed(rc, "default", state) as f:
             results = run_scenarios(f, names, args.clients, args.settle, say=lambda m: print(m, file=sys.stderr))
     finally:
-        runner.stop_runner(cluster)
+        runner_daemon.stop_runner(cluster)
         cluster.down()
     base = (results.get("baseline") or {}).get("p50_ms")
     for r in results.values():

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import yaml
 from demo import kubectl, say, wait_serving
-from drs_devcluster import build, processes, runner
+from drs_devcluster import build, processes, runner_daemon
 from drs_devcluster.cluster import DevCluster
 from drs_protocol import routes
 
@@ -113,8 +113,8 @@ def main() -> None:
     kubectl(cluster, "apply", "-f", str(ROOT / "crds"))
     kubectl(cluster, "wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
     ensure_operator(cluster)
-    if runner.running_runner(cluster) is None:
-        runner.start_runner(cluster)
+    if runner_daemon.running_runner(cluster) is None:
+        runner_daemon.start_runner(cluster)
     kubectl(cluster, "apply", "-f", "-", input=json.dumps(local_variant()))
     say(f"applied {EXAMPLE.relative_to(ROOT)} (sim backend, host networking); waiting for Ready")
     status = wait_ready(cluster)

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from drs_devcluster import runner
+from drs_devcluster import runner_daemon
 from drs_devcluster.testing import RunningCluster
 from operator_harness import ROOT, OperatorProcess, apply, drs_status, engine_pods, get_json, wait_for
 
@@ -29,16 +29,16 @@ UP_TIMEOUT_S = 300.0
 def stack(devcluster: RunningCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     devcluster.kubectl("apply", "-f", str(ROOT / "crds"))
     devcluster.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
-    started = runner.running_runner(devcluster.cluster) is None
+    started = runner_daemon.running_runner(devcluster.cluster) is None
     if started:
-        runner.start_runner(devcluster.cluster)
+        runner_daemon.start_runner(devcluster.cluster)
     op = OperatorProcess(devcluster, tmp_path_factory.mktemp("wide") / "operator.log").start()
     try:
         yield op
     finally:
         op.kill(signal.SIGTERM)
         if started:
-            runner.stop_runner(devcluster.cluster)
+            runner_daemon.stop_runner(devcluster.cluster)
 
 
 def wide_fleet(name: str, wide_role: str, engine_port: int, base_port: int) -> dict[str, Any]:
