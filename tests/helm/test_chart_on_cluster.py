@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from drs_devcluster import runner_daemon
 from drs_devcluster.testing import RunningCluster, namespace_for
 from drs_operator.api.constants import CRD_NAME, Phase
 from drs_operator.leader import LEASE_NAME
@@ -401,8 +402,24 @@ def drs_status(cluster: RunningCluster, namespace: str, name: str) -> dict[str, 
     return status if status.get("observedGeneration") == obj["metadata"]["generation"] else {}
 
 
+@pytest.fixture
+def pod_runner(devcluster: RunningCluster) -> Iterator[None]:
+    """The pod runner, so the example's host-network ``drs`` pods run and turn Ready from their probes.
+
+    kwok leaves those pods not Ready until the runner's real probe passes (``kwok_stages``).
+    """
+    started = runner_daemon.running_runner(devcluster.cluster) is None
+    if started:
+        runner_daemon.start_runner(devcluster.cluster)
+    try:
+        yield
+    finally:
+        if started:
+            runner_daemon.stop_runner(devcluster.cluster)
+
+
 def test_the_operator_under_the_service_account_token_reconciles_an_example_and_hands_over_its_lease(
-    devcluster: RunningCluster, scoped_release: Release, tmp_path: Path
+    devcluster: RunningCluster, scoped_release: Release, tmp_path: Path, pod_runner: None
 ) -> None:
     release = scoped_release
     served = release.workload_namespace
