@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Over the bounds when the check was added (issue 16), landed by other issues the same night.
 KNOWN_OVER = {
     "function bench/operator_scale.py main": "issue 17's benchmark driver, landed while this check was written",
-    "function devcluster/drs_devcluster/pki.py ensure_pki": "issue 10's real-node certificates, landed at the deadline",
 }
 
 
