@@ -1,36 +1,40 @@
-"""Every error the frontend raises on the request path, and what the client gets for it.
+"""The frontend's errors: the shared tree of :mod:`drs_protocol.errors`, with the relay's leaves.
+
+Every error on the request path is an :class:`FrontendError` (:class:`drs_protocol.errors.ApiError`),
+so ``exc.status`` and ``exc.to_body()`` answer it in the one error body
+``{"error": {"message", "type", "param", "code", …}}``, as the engine and the sidecar do:
 
 ::
 
-    FrontendError
-    ├── RequestError              the client's request is unusable        -> its 4xx, OpenAI-shaped
-    ├── EngineRejected            an engine answered 4xx                  -> that status and body, verbatim
-    ├── NoEngineAvailable         every engine of a role failed this turn -> 503 naming the role
-    └── UpstreamError             talking to one engine went wrong
-        ├── UpstreamUnavailable   refused, reset or timed out             -> engine marked down, leg retried
+    FrontendError = ApiError                      (500 internal_error)
+    ├── BadRequestError                           (400 invalid_request_error)
+    │   └── RequestError                          the client's request is unusable (names the field)
+    ├── EngineRejected                            an engine answered 4xx -> that status and body, verbatim
+    ├── UnavailableError                          (503 service_unavailable)
+    │   └── NoEngineAvailable                     every engine of a role failed this turn (names the role)
+    └── UpstreamError                             (502 upstream_error) talking to one engine went wrong
+        ├── UpstreamUnavailable                   refused, reset or timed out -> engine marked down, leg retried
         │   ├── UpstreamConnectError
         │   └── UpstreamTimeout
-        └── UpstreamProtocolError 2xx with a body that breaks PROTOCOL.md -> 502
+        └── UpstreamProtocolError                 2xx with a body that breaks PROTOCOL.md -> 502
 """
 
 from __future__ import annotations
 
+from typing import Any
 
-class FrontendError(Exception):
-    """Base of every error on the request path."""
+from drs_protocol import errors as protocol
+from drs_protocol.errors import ApiError, BadRequestError, UnavailableError, error_type
 
-
-class RequestError(FrontendError, ValueError):
-    """The client's request is unusable: answered with ``status`` and an OpenAI-shaped error."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
+#: Base of every error the frontend reports to a client.
+FrontendError = ApiError
 
 
-class EngineRejected(FrontendError):
+class RequestError(BadRequestError, ValueError):
+    """The client's request is unusable: 400 with a message (and ``param``) naming the field."""
+
+
+class EngineRejected(ApiError):
     """An engine answered with a client error; the client gets the same status and body."""
 
     def __init__(self, role: str, url: str, status: int, body: bytes, content_type: str) -> None:
@@ -38,12 +42,13 @@ class EngineRejected(FrontendError):
         self.role = role
         self.url = url
         self.status = status
+        self.type = error_type(status)
         self.body = body
         self.content_type = content_type
 
 
-class NoEngineAvailable(FrontendError):
-    """No engine of ``role`` could serve this turn (all down, or all tried and failed)."""
+class NoEngineAvailable(UnavailableError):
+    """No engine of ``role`` could serve this turn (all down, or all tried and failed): 503 naming the role."""
 
     def __init__(self, role: str, tried: list[str]) -> None:
         detail = f"tried {', '.join(tried)}" if tried else "none is up"
@@ -51,9 +56,12 @@ class NoEngineAvailable(FrontendError):
         self.role = role
         self.tried = tried
 
+    def extra(self) -> dict[str, Any]:
+        return {"role": self.role}
 
-class UpstreamError(FrontendError):
-    """Talking to one engine went wrong."""
+
+class UpstreamError(protocol.UpstreamError):
+    """Talking to one engine went wrong (502 when it reaches the client)."""
 
 
 class UpstreamUnavailable(UpstreamError):
@@ -78,3 +86,6 @@ class UpstreamProtocolError(UpstreamError, ValueError):
     """An engine answered 2xx with a body that breaks the protocol (answered 502)."""
 
     kind = "protocol"
+
+    def to_body(self) -> dict[str, Any]:
+        return protocol.error_body(self.status, f"engine response: {self.message}", type_=self.type)

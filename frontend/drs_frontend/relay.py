@@ -157,19 +157,16 @@ class Relay:
         turn = _Turn()
         try:
             reply = await self._turn(endpoint, raw, headers, turn)
-        except RequestError as exc:
-            reply = Reply(exc.status, JSON, dumps(error_body(exc.status, exc.message, param=exc.param)))
         except EngineRejected as exc:
             reply = Reply(exc.status, exc.content_type or JSON, exc.body)
             if exc.role == self.prefill.role:
                 turn.prefill = exc.url
             else:
                 turn.decode = exc.url
-        except NoEngineAvailable as exc:
-            reply = Reply(503, JSON, dumps(error_body(503, str(exc), role=exc.role)))
-        except UpstreamProtocolError as exc:
-            log.warning("engine broke the protocol: %s", exc)
-            reply = Reply(502, JSON, dumps(error_body(502, f"engine response: {exc}")))
+        except (RequestError, NoEngineAvailable, UpstreamProtocolError) as exc:
+            if isinstance(exc, UpstreamProtocolError):
+                log.warning("engine broke the protocol: %s", exc)
+            reply = Reply(exc.status, JSON, dumps(exc.to_body()))
         reply.prefill = reply.prefill or turn.prefill
         reply.decode = reply.decode or turn.decode
         reply.routed = turn.routed
@@ -294,9 +291,9 @@ class Relay:
                 ids = array("i", render_completion_ids(chat.tokenizer, prompt, add_special_tokens=add_special))
                 path, new = "completion", len(ids)
         except ChatTemplateError as exc:
-            raise RequestError(400, str(exc), "messages") from None
+            raise RequestError(str(exc), param="messages") from None
         except TokenPrefixError as exc:
-            raise RequestError(400, exc.message, exc.param) from None
+            raise RequestError(exc.message, param=exc.param) from None
         except Exception:  # a tokenizer failure is no reason to fail the turn: the engine tokenizes
             log.exception("frontend tokenization failed; leaving it to the engine")
             self.metrics.tokenize_errors.inc()

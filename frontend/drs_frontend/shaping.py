@@ -41,30 +41,29 @@ def parse_request(raw: bytes, endpoint: Endpoint) -> Body:
     try:
         body = wire_json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestError(400, f"request body is not valid JSON: {exc}") from None
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise RequestError(400, "request body must be a JSON object")
+        raise RequestError("request body must be a JSON object")
     if endpoint is Endpoint.CHAT:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise RequestError(400, "messages: a non-empty list of messages is required", "messages")
+            raise RequestError("messages: a non-empty list of messages is required", param="messages")
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-                raise RequestError(400, f"messages[{i}]: must be an object with a string role", "messages")
+                raise RequestError(f"messages[{i}]: must be an object with a string role", param="messages")
     elif "prompt" not in body and "prompt_token_ids" not in body:
-        raise RequestError(400, "prompt: required", "prompt")
+        raise RequestError("prompt: required", param="prompt")
     params = body.get("conversation_params")
     if params is not None:
         cid = params.get("conversation_id") if isinstance(params, dict) else None
         if not isinstance(cid, str) or not cid.strip():
             raise RequestError(
-                400,
                 "conversation_params: must be an object with a non-empty string conversation_id",
-                "conversation_params",
+                param="conversation_params",
             )
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
-        raise RequestError(400, "stream: must be a boolean", "stream")
+        raise RequestError("stream: must be a boolean", param="stream")
     return body
 
 

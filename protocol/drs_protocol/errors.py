@@ -19,9 +19,11 @@ needs to answer one:
     ├── UpstreamError             (502 upstream_error)         a process this one called failed
     └── UnavailableError          (503 service_unavailable)    not loaded, asleep, or not ready
 
-Leaves: ``drs_engine.errors`` (context length, weights load …), ``drs_sidecar.errors`` (refit
-busy, no group, fleet unreadable …), ``drs_frontend.errors`` (the relay's own tree, answered
-with the same body).
+A status class is one line, ``class NotFoundError(ApiError, status=404)``: its ``type`` comes from
+the same status table :func:`error_body` uses. Leaves: ``drs_engine.errors`` (context length,
+weights load, draining …), ``drs_sidecar.errors`` (refit busy, no group, fleet unreadable …),
+``drs_frontend.errors`` (a bad request, no engine of a role, an engine's answer that breaks the
+protocol, an engine's own 4xx passed on verbatim).
 """
 
 from __future__ import annotations
@@ -60,10 +62,20 @@ def error_body(
 
 
 class ApiError(Exception):
-    """Base of every error a server reports to its caller; answered with :meth:`to_body`."""
+    """Base of every error a server reports to its caller; answered with :meth:`to_body`.
+
+    A subclass names its status as a class keyword (``class NotFoundError(ApiError, status=404)``);
+    its ``type`` is that status's :func:`error_type` unless it sets ``type`` itself."""
 
     status: int = 500
     type: str = "internal_error"
+
+    def __init_subclass__(cls, *, status: int | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if status is not None:
+            cls.status = status
+            if "type" not in cls.__dict__:
+                cls.type = error_type(status)
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -78,46 +90,37 @@ class ApiError(Exception):
         return error_body(self.status, self.message, type_=self.type, param=self.param, **self.extra())
 
 
-class BadRequestError(ApiError):
-    status = 400
-    type = "invalid_request_error"
+class BadRequestError(ApiError, status=400):
+    """Malformed JSON or bad fields; the message (and ``param``) names the field."""
 
 
-class UnauthorizedError(ApiError):
-    status = 401
-    type = "authentication_error"
+class UnauthorizedError(ApiError, status=401):
+    """No credentials where the route wants them."""
 
 
-class ForbiddenError(ApiError):
-    status = 403
-    type = "permission_error"
+class ForbiddenError(ApiError, status=403):
+    """Credentials that do not grant the route, or a route switched off."""
 
 
-class NotFoundError(ApiError):
-    status = 404
-    type = "not_found_error"
+class NotFoundError(ApiError, status=404):
+    """An unknown route or object."""
 
 
-class ConflictError(ApiError):
-    status = 409
-    type = "conflict_error"
+class ConflictError(ApiError, status=409):
+    """Another operation holds the resource."""
 
 
-class PayloadTooLargeError(ApiError):
-    status = 413
-    type = "request_too_large"
+class PayloadTooLargeError(ApiError, status=413):
+    """A body over the server's cap."""
 
 
-class NotSupportedError(ApiError):
-    status = 501
-    type = "not_implemented"
+class NotSupportedError(ApiError, status=501):
+    """An operation this server does not offer."""
 
 
-class UpstreamError(ApiError):
-    status = 502
-    type = "upstream_error"
+class UpstreamError(ApiError, status=502):
+    """A process this one called failed."""
 
 
-class UnavailableError(ApiError):
-    status = 503
-    type = "service_unavailable"
+class UnavailableError(ApiError, status=503):
+    """Not loaded, asleep, or not ready."""
