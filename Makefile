@@ -33,7 +33,7 @@ lint: install
 	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster sidecar tests bench examples
 
 typecheck: install
-	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster sidecar/drs_sidecar
+	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster sidecar/drs_sidecar bench examples
 
 test: install controlplane lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -170,7 +170,7 @@ async def refit(client: httpx.AsyncClient, engine_url: str) -> dict[str, Any]:
 async def main() -> dict[str, Any]:
     peer = {"256MiB": round(peer_copy_gbps(256 << 20), 1), "1GiB": round(peer_copy_gbps(1 << 30), 1)}
     base = peer["1GiB"]
-    no_cache = {"cacheCapacityTokens": 0}
+    no_cache: dict[str, Any] = {"cacheCapacityTokens": 0}
     async with (
         procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **no_cache)) as p,
         procs.engine(procs.engine_config("decode", DECODE, MODEL, kvTransport="cuda_ipc", **no_cache)) as d_ipc,

@@ -17,19 +17,14 @@ the host changes. `make demo-kwok` is the simulated-node demo (with the trainer 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import yaml
+from demo_steps import ROOT, kubectl, running, say, wait_ready
 from drs_devcluster import build, inpod, nodeconfig
 from drs_devcluster.cluster import DevCluster
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "pod-network-sim.yaml"
 CLIENT = ROOT / "examples" / "gym_client.py"
 NAME = "pod-sim"
@@ -38,29 +33,9 @@ READY_TIMEOUT_S = 300.0
 CLIENT_TIMEOUT_S = 300.0
 
 
-def say(msg: str) -> None:
-    print(f"[demo] {msg}", flush=True)
-
-
-def kubectl(cluster: DevCluster, *args: str, input: str | None = None, check: bool = True) -> str:
-    out = subprocess.run(
-        [str(cluster.layout.bin_dir / "kubectl"), *args],
-        input=input,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)},
-        timeout=120,
-        check=False,
-    )
-    if check and out.returncode != 0:
-        raise SystemExit(f"kubectl {' '.join(args)} failed: {out.stderr.strip()}")
-    return out.stdout
-
-
 def ensure_cluster() -> DevCluster:
     cluster = DevCluster.at()
-    status = cluster.status()
-    if status["components"] and all(c["running"] for c in status["components"].values()):
+    if running(cluster):
         nodes = kubectl(DevCluster.at(bin_dir=build.bin_dir()), "get", "nodes", "-o", "name", check=False)
         if f"node/{nodeconfig.node_name(0)}" in nodes:
             say("reusing the running dev cluster with its real node")
@@ -72,23 +47,6 @@ def ensure_cluster() -> DevCluster:
     cluster.up("hgx", 0, real_nodes=1)
     say(f"dev cluster with 1 real node up in {time.monotonic() - t0:.0f}s")
     return cluster
-
-
-def wait_ready(cluster: DevCluster) -> dict[str, Any]:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    last = ""
-    while time.monotonic() < deadline:
-        body = json.loads(kubectl(cluster, "get", "drs", NAME, "-n", NAMESPACE, "-o", "json"))
-        st = body.get("status") or {}
-        progress = next((c["message"] for c in st.get("conditions", []) if c["type"] == "Progressing"), "")
-        line = f"phase={st.get('phase')} ready={st.get('readyReplicas', 0)}/{st.get('replicas', '?')} {progress}"
-        if line != last:
-            say(line)
-            last = line
-        if st.get("phase") == "Ready" and st.get("observedGeneration") == body["metadata"]["generation"]:
-            return st
-        time.sleep(1)
-    raise SystemExit(f"{NAME} not Ready after {READY_TIMEOUT_S:.0f}s; see `drs dev kubectl describe drs {NAME}`")
 
 
 def run_client(cluster: DevCluster) -> int:
@@ -115,7 +73,7 @@ def main() -> int:
     )
     t0 = time.monotonic()
     kubectl(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
-    status = wait_ready(cluster)
+    status = wait_ready(cluster, NAME, READY_TIMEOUT_S, NAMESPACE)
     say(f"{NAME} Ready in {time.monotonic() - t0:.0f}s; frontends: {status['urls']}")
     pods = kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-o", "wide", "-l", f"disagg.dev/replicaset={NAME}")
     print(pods, end="")

@@ -7,6 +7,9 @@ it (the OpenAI wire format, sent with httpx, which the image has; the official `
 is a test dependency, not an image one). For every turn it prints which prefill and decode
 engines served it and how many prompt tokens the prefill engines' prefix cache held.
 
+`make demo-kwok` drives its local fleet with the same ``drive`` (one client loop for both demos);
+this file stays self-contained (httpx and kubernetes only), as the pod gets only this file.
+
     python gym_client.py --name pod-sim --namespace default
 """
 
@@ -39,6 +42,8 @@ def read_status(name: str, namespace: str) -> dict[str, Any]:
     body = client.CustomObjectsApi().get_namespaced_custom_object(
         "disagg.dev", "v1alpha1", namespace, "disaggreplicasets", name
     )
+    if not isinstance(body, dict):
+        raise SystemExit(f"{namespace}/{name}: the API answered {type(body).__name__}, not an object")
     status: dict[str, Any] = body.get("status") or {}
     return status
 

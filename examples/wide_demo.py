@@ -17,21 +17,24 @@ Real Ray: the leader pod runs ``ray start --head``, the three other rank pods ``
 from __future__ import annotations
 
 import json
-import os
-import socket
-import sys
-import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
-from demo import kubectl, say, wait_serving
-from drs_devcluster import build, processes, runner_daemon
-from drs_devcluster.cluster import DevCluster
+from demo_steps import (
+    ROOT,
+    ensure_operator,
+    ensure_sim_cluster,
+    free_port,
+    install_crd,
+    kubectl,
+    say,
+    wait_ready,
+    wait_serving,
+)
+from drs_devcluster import runner_daemon
 from drs_protocol import routes
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "gb200-wide.yaml"
 NAME = "gb200-wide"
 TRAYS = 8
@@ -48,55 +51,6 @@ def local_variant() -> dict[str, Any]:
     return doc
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def ensure_cluster() -> DevCluster:
-    """The dev cluster of ``$DRS_DEV_STATE_DIR`` (on ``$DRS_DEV_PORT_BASE`` when set), up with 8 trays."""
-    port_base = int(os.environ.get("DRS_DEV_PORT_BASE", "0")) or None
-    cluster = DevCluster.at(port_base=port_base)
-    status = cluster.status()
-    if status["components"] and all(c["running"] for c in status["components"].values()):
-        say(f"reusing the running dev cluster ({status.get('nodes')})")
-        return DevCluster.at(bin_dir=build.bin_dir())
-    cluster.down()
-    cluster = DevCluster.at(port_base=port_base)
-    cluster.up("gb200", TRAYS)
-    return cluster
-
-
-def ensure_operator(cluster: DevCluster) -> None:
-    pids = cluster.layout.state_dir / "operator-pids.json"
-    if any(processes.is_running(t) for t in processes.load(pids)):
-        return
-    drs = str(Path(sys.executable).parent / "drs")
-    argv = [sys.executable, drs, "operator", "--metrics-port", str(free_port()), "--health-port", str(free_port())]
-    argv += ["--lease-namespace", "default"]
-    env = {**os.environ, "KUBECONFIG": str(cluster.layout.kubeconfig)}
-    tracked = processes.start("operator", argv, cluster.layout.log("operator"), env=env)
-    processes.save(pids, [tracked])
-    say(f"operator started (pid {tracked.pid})")
-
-
-def wait_ready(cluster: DevCluster) -> dict[str, Any]:
-    started, last = time.monotonic(), ""
-    while time.monotonic() - started < READY_TIMEOUT_S:
-        body = json.loads(kubectl(cluster, "get", "drs", NAME, "-o", "json"))
-        st = body.get("status") or {}
-        line = f"phase={st.get('phase')} ready={st.get('readyReplicas', 0)}/{st.get('replicas', '?')}"
-        if line != last:
-            say(f"{line} after {time.monotonic() - started:.0f}s")
-            last = line
-        if st.get("phase") == "Ready" and st.get("observedGeneration") == body["metadata"]["generation"]:
-            return st
-        time.sleep(1)
-    raise SystemExit(f"{NAME} not Ready after {READY_TIMEOUT_S:.0f}s")
-
-
 def rank_table(status: dict[str, Any]) -> str:
     rows = [("ENGINE", "RANK", "POD", "NODE", "JOINED", "READY")]
     for replica in status["replicaStatuses"]:
@@ -109,15 +63,14 @@ def rank_table(status: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    cluster = ensure_cluster()
-    kubectl(cluster, "apply", "-f", str(ROOT / "crds"))
-    kubectl(cluster, "wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
-    ensure_operator(cluster)
+    cluster = ensure_sim_cluster("gb200", TRAYS)
+    install_crd(cluster)
+    ensure_operator(cluster, metrics_port=free_port(), health_port=free_port())
     if runner_daemon.running_runner(cluster) is None:
         runner_daemon.start_runner(cluster)
     kubectl(cluster, "apply", "-f", "-", input=json.dumps(local_variant()))
     say(f"applied {EXAMPLE.relative_to(ROOT)} (sim backend, host networking); waiting for Ready")
-    status = wait_ready(cluster)
+    status = wait_ready(cluster, NAME, READY_TIMEOUT_S)
     print(kubectl(cluster, "get", "drs", NAME), flush=True)
     print(rank_table(status), flush=True)
     wide = next(e for e in status["replicaStatuses"][0]["engines"] if e.get("ranks"))
@@ -127,7 +80,7 @@ def main() -> None:
         say(
             f"  rank {r['rank']}: node_ip={r['node_ip']} joined={r['joined']} gpus={r['gpus']} actors={r['workers_alive']}"
         )
-    wait_serving(status["urls"])
+    wait_serving(status["urls"], READY_TIMEOUT_S)
     url = status["urls"][0]
     reply = httpx.post(
         url + routes.Endpoint.CHAT,
