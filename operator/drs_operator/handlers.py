@@ -26,7 +26,7 @@ from drs_operator.api.constants import GROUP, PLURAL, VERSION
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.client import REQUEST_TIMEOUT_S, make_api_client
-from drs_operator.kube.throttle import Limits, Throttle
+from drs_operator.kube.throttle import Throttle
 from drs_operator.leader import LeaderElector
 from drs_operator.reconcile import Context, reconcile
 from drs_operator.workqueue import WorkQueue, run_workers
@@ -80,7 +80,7 @@ async def _lead(memo: kopf.Memo) -> None:
     memo.metrics.is_leader.set(1)
     metrics = memo.metrics
     throttle = Throttle(
-        Limits(max_in_flight=opts.max_in_flight, qps=opts.qps, burst=opts.burst),
+        opts.limits,
         on_retry=lambda code, _delay: metrics.api_retries.labels(code=str(code)).inc(),
         on_in_flight=metrics.api_in_flight.set,
     )

@@ -6,16 +6,18 @@ import dataclasses
 import logging
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import click
-from drs_protocol import routes
+from drs_protocol import env, routes
+
+from drs_operator.kube.throttle import Limits
 
 DEFAULT_METRICS_PORT = 9090
 DEFAULT_HEALTH_PORT = 8080
-#: Client-side limits on write requests (kube/throttle.py Limits has the same defaults and why).
-DEFAULT_MAX_IN_FLIGHT = 16
-DEFAULT_QPS = 100.0
-DEFAULT_BURST = 200
+#: Client-side limits on write requests: kube/throttle.py's defaults (and why they suit).
+DEFAULT_LIMITS = Limits()
 
 
 @dataclasses.dataclass
@@ -27,37 +29,41 @@ class Options:
     watch_timeout_s: int
     stop_flag: threading.Event
     namespaces: tuple[str, ...] = ()
-    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
-    qps: float = DEFAULT_QPS
-    burst: int = DEFAULT_BURST
+    limits: Limits = DEFAULT_LIMITS
+
+
+def _option(
+    flag: str, kind: click.ParamType[Any], default: object, help: str, envvar: str | None = None
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A typed flag whose default ``--help`` shows; with ``envvar``, also set from that variable."""
+    return click.option(
+        flag, type=kind, default=default, show_default=True, envvar=envvar, show_envvar=envvar is not None, help=help
+    )
+
+
+#: The write limits (``kube/throttle.py``): flag, range, default, the variable that also sets it, help.
+WRITE_LIMIT_FLAGS: tuple[tuple[str, click.ParamType[Any], float, str, str], ...] = (
+    ("--max-in-flight", click.IntRange(1, 1024), DEFAULT_LIMITS.max_in_flight, "DRS_OPERATOR_MAX_IN_FLIGHT",
+     "Write requests to the apiserver in flight at once."),
+    ("--qps", click.FloatRange(0, 100000), DEFAULT_LIMITS.qps, "DRS_OPERATOR_QPS",
+     "Client-side rate of write requests per second (0: unlimited)."),
+    ("--burst", click.IntRange(1, 100000), DEFAULT_LIMITS.burst, "DRS_OPERATOR_BURST",
+     "Write requests allowed at once above the rate."),
+)  # fmt: skip
+
+
+def _write_limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    for flag, kind, default, envvar, help in reversed(WRITE_LIMIT_FLAGS):
+        command = _option(flag, kind, default, help, envvar=envvar)(command)
+    return command
 
 
 @click.command(name="operator")
 @click.option("-n", "--namespace", "namespaces", multiple=True, help="Namespace to watch (repeat); default: all.")
-@click.option(
-    "--metrics-port",
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_METRICS_PORT,
-    show_default=True,
-    help="Prometheus /metrics (0: off).",
-)
-@click.option(
-    "--health-port",
-    type=click.IntRange(0, 65535),
-    default=DEFAULT_HEALTH_PORT,
-    show_default=True,
-    help="Liveness /healthz (0: off).",
-)
-@click.option(
-    "--workers",
-    type=click.IntRange(1, 64),
-    default=4,
-    show_default=True,
-    help="Concurrent reconciles (of different resources).",
-)
-@click.option(
-    "--resync-seconds", type=click.FloatRange(1, 3600), default=60.0, show_default=True, help="Full resync period."
-)
+@_option("--metrics-port", click.IntRange(0, 65535), DEFAULT_METRICS_PORT, "Prometheus /metrics (0: off).")
+@_option("--health-port", click.IntRange(0, 65535), DEFAULT_HEALTH_PORT, "Liveness /healthz (0: off).")
+@_option("--workers", click.IntRange(1, 64), 4, "Concurrent reconciles (of different resources).")
+@_option("--resync-seconds", click.FloatRange(1, 3600), 60.0, "Full resync period.")
 @click.option(
     "--leader-election/--no-leader-election",
     default=True,
@@ -66,43 +72,11 @@ class Options:
 )
 @click.option(
     "--lease-namespace",
-    default=lambda: os.environ.get("POD_NAMESPACE", "default"),
+    default=lambda: os.environ.get(env.POD_NAMESPACE, "default"),
     help="Namespace of the leader Lease.",
 )
-@click.option(
-    "--watch-timeout",
-    type=click.IntRange(5, 3600),
-    default=300,
-    show_default=True,
-    help="Server-side watch timeout (s).",
-)
-@click.option(
-    "--max-in-flight",
-    type=click.IntRange(1, 1024),
-    default=DEFAULT_MAX_IN_FLIGHT,
-    show_default=True,
-    envvar="DRS_OPERATOR_MAX_IN_FLIGHT",
-    show_envvar=True,
-    help="Write requests to the apiserver in flight at once.",
-)
-@click.option(
-    "--qps",
-    type=click.FloatRange(0, 100000),
-    default=DEFAULT_QPS,
-    show_default=True,
-    envvar="DRS_OPERATOR_QPS",
-    show_envvar=True,
-    help="Client-side rate of write requests per second (0: unlimited).",
-)
-@click.option(
-    "--burst",
-    type=click.IntRange(1, 100000),
-    default=DEFAULT_BURST,
-    show_default=True,
-    envvar="DRS_OPERATOR_BURST",
-    show_envvar=True,
-    help="Write requests allowed at once above the rate.",
-)
+@_option("--watch-timeout", click.IntRange(5, 3600), 300, "Server-side watch timeout (s).")
+@_write_limit_options
 @click.option("-v", "--verbose", is_flag=True)
 def operator(
     namespaces: tuple[str, ...],
@@ -147,9 +121,7 @@ def operator(
             watch_timeout,
             stop_flag,
             namespaces=namespaces,
-            max_in_flight=max_in_flight,
-            qps=qps,
-            burst=burst,
+            limits=dataclasses.replace(DEFAULT_LIMITS, max_in_flight=max_in_flight, qps=qps, burst=burst),
         ),
     )
     kopf.run(

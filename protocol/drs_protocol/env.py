@@ -19,6 +19,8 @@ FRONTEND_CONFIG_JSON: Final = "DRS_FRONTEND_CONFIG_JSON"
 POD_IP: Final = "POD_IP"
 #: The pod's name (downward API ``metadata.name``).
 POD_NAME: Final = "POD_NAME"
+#: The pod's namespace (downward API ``metadata.namespace``; the chart sets it for the operator's Lease).
+POD_NAMESPACE: Final = "POD_NAMESPACE"
 #: The node's address, set by the dev cluster's pod runner (plays the kubelet's part).
 NODE_IP: Final = "DRS_NODE_IP"
 #: A multi-node engine's pods: this pod's rank (0 serves HTTP), the pod count, rank 0's address.
