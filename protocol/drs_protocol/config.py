@@ -19,8 +19,12 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 
-class ConfigModel(BaseModel):
-    """camelCase aliases (snake_case names accepted), unknown keys rejected."""
+class CamelModel(BaseModel):
+    """The one key convention: camelCase aliases (snake_case names accepted), unknown keys rejected.
+
+    The rendered configs and the operator's own models of the resource (spec, status, metadata)
+    derive from it; a subclass changes only what differs (``frozen``, or which unknown keys it
+    keeps), and pydantic merges that into this config."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -29,6 +33,10 @@ class ConfigModel(BaseModel):
         serialize_by_alias=True,
         extra="forbid",
     )
+
+
+class ConfigModel(CamelModel):
+    """Base of the process configs the operator renders (:func:`render`) and the processes parse."""
 
 
 def render(config: BaseModel) -> str:

@@ -4,24 +4,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from drs_protocol.config import CamelModel
+from pydantic import ConfigDict, Field
 
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.api.status import DisaggReplicaSetStatus
 
 
-class ObjectMeta(BaseModel):
+class ObjectMeta(CamelModel):
     """The parts of ``metadata`` the operator reads; everything else is kept as is."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="allow",
-        frozen=True,
-    )
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     name: str = Field(min_length=1, max_length=253)
     namespace: str | None = None
@@ -31,17 +24,10 @@ class ObjectMeta(BaseModel):
     annotations: dict[str, str] = Field(default_factory=dict)
 
 
-class DisaggReplicaSet(BaseModel):
+class DisaggReplicaSet(CamelModel):
     """A DisaggReplicaSet resource. The literals equal ``constants.API_VERSION`` and ``constants.KIND`` (a test checks)."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="forbid",
-        frozen=True,
-    )
+    model_config = ConfigDict(frozen=True)
 
     api_version: Literal["disagg.dev/v1alpha1"] = "disagg.dev/v1alpha1"
     kind: Literal["DisaggReplicaSet"] = "DisaggReplicaSet"

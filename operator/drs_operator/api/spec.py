@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from drs_protocol.config import CamelModel
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
 
 from drs_operator.api.constants import (
     DEFAULT_BASE_PORT,
@@ -43,17 +43,10 @@ from drs_operator.api.rules import ROLE_RULES, SPEC_RULES, schema_extra
 FreeForm = dict[str, Any]
 
 
-class SpecModel(BaseModel):
+class SpecModel(CamelModel):
     """Base of the spec models: camelCase aliases, unknown fields rejected, immutable."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="forbid",
-        frozen=True,
-    )
+    model_config = ConfigDict(frozen=True)
 
 
 class ParsersSpec(SpecModel):

@@ -11,24 +11,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from drs_protocol.config import CamelModel
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
-from pydantic import BaseModel, ConfigDict, Field
-from pydantic.alias_generators import to_camel
+from pydantic import ConfigDict, Field
 
 from drs_operator.api.constants import MAX_FRONTENDS, ConditionStatus, Phase, Role
 
 
-class StatusModel(BaseModel):
+class StatusModel(CamelModel):
     """Base of the status models: camelCase aliases, unknown fields ignored, immutable."""
 
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        validate_by_name=True,
-        validate_by_alias=True,
-        serialize_by_alias=True,
-        extra="ignore",
-        frozen=True,
-    )
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class Condition(StatusModel):
