@@ -180,8 +180,9 @@ class Relay:
         conversation_id = fields.conversation_id_from(body, headers)
         # 3. the prompt ids, when this frontend tokenizes (spliced after the policy's own ids)
         turn.ids = self._prompt_ids(endpoint, body, conversation_id, request.get(PREFIX_FIELD))
-        if turn.ids is None and endpoint is Endpoint.CHAT:  # the engine renders: it splices
-            body = engine_token_prefix(request, body, continuity=self.config.token_continuity)
+        if endpoint is Endpoint.CHAT:  # Gym's ids of earlier turns only to an engine that splices
+            tokenized = turn.ids is not None
+            body = engine_token_prefix(request, body, tokenized=tokenized, continuity=self.config.token_continuity)
         route = self._route_request(endpoint, body, conversation_id, turn.ids)
         turn.routed = True
         reruns = 0

@@ -74,12 +74,17 @@ def strip_client_fields(body: Body) -> Body:
     return {k: v for k, v in body.items() if k not in fields.GYM_ONLY_FIELDS}
 
 
-def engine_token_prefix(request: Body, body: Body, *, continuity: bool) -> Body:
-    """The chat body for an engine that renders the prompt itself (this frontend did not
-    tokenize): with ``continuity`` the engine splices, so it gets ``required_prefix_token_ids``
-    back (the drs engine accepts it; PROTOCOL.md section 1) and the messages keep Gym's ids;
-    without, Gym's ids are taken off the messages so that the engine re-tokenizes."""
-    if continuity:
+def engine_token_prefix(request: Body, body: Body, *, tokenized: bool, continuity: bool) -> Body:
+    """The chat body the engines get. Gym's ids on earlier assistant messages (``prompt_token_ids``,
+    ``generation_token_ids``, ``generation_log_probs``: O(turns²) ids over a conversation) go
+    only where they are used:
+
+    * ``tokenized`` (this frontend built the prompt ids, spliced or not): taken off the messages;
+      the engines get the ids and never render the template;
+    * the engine renders the prompt and ``continuity`` is on: kept, and ``required_prefix_token_ids``
+      given back (the drs engine accepts it; PROTOCOL.md section 1), so that the engine splices;
+    * the engine renders and ``continuity`` is off: taken off, so that the engine re-tokenizes."""
+    if continuity and not tokenized:
         if token_prefix.PREFIX_FIELD in request:
             return {**body, token_prefix.PREFIX_FIELD: request[token_prefix.PREFIX_FIELD]}
         return body

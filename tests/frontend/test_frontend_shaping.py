@@ -10,6 +10,7 @@ from drs_frontend.shaping import (
     build_context_request,
     build_generation_request,
     check_context_response,
+    engine_token_prefix,
     finished_context_response,
     parse_request,
     shape_response,
@@ -115,6 +116,21 @@ def test_the_gym_only_fields_are_stripped_and_nothing_else() -> None:
         "required_prefix_token_ids",
     }
     assert "return_token_ids" in GYM_BODY  # the caller's dict is untouched
+
+
+@pytest.mark.parametrize(
+    ("tokenized", "continuity", "gym_ids", "prefix"),
+    [(True, True, False, False), (True, False, False, False), (False, True, True, True), (False, False, False, False)],
+)
+def test_gym_ids_go_to_the_engine_only_when_it_splices(
+    tokenized: bool, continuity: bool, gym_ids: bool, prefix: bool
+) -> None:
+    body = engine_token_prefix(GYM_BODY, strip_client_fields(GYM_BODY), tokenized=tokenized, continuity=continuity)
+    assistant = body["messages"][1]
+    assert ("prompt_token_ids" in assistant and "generation_token_ids" in assistant) is gym_ids
+    assert assistant["content"] == "hello" and [m["role"] for m in body["messages"]] == ["user", "assistant", "user"]
+    assert ("required_prefix_token_ids" in body) is prefix
+    assert "prompt_token_ids" in GYM_BODY["messages"][1]  # type: ignore[index]  # the caller's dict is untouched
 
 
 def test_the_context_leg_is_a_non_streamed_context_only_copy() -> None:

@@ -143,3 +143,35 @@ def test_a_malformed_prefix_is_refused_before_any_rendering(chat: ChatTokenizer)
     with pytest.raises(TokenPrefixError) as caught:
         chat.find_prefix([0, chat.vocab_size], [{"role": "user", "content": "a"}])
     assert caught.value.param == "required_prefix_token_ids"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    turns=st.integers(1, 6),
+    field=st.sampled_from(["prompt_token_ids", "generation_token_ids"]),
+    data=st.data(),
+)
+def test_a_prefix_changed_anywhere_is_used_as_sent_not_as_cached(
+    chat: ChatTokenizer, tokenizer: Any, turns: int, field: str, data: Any
+) -> None:
+    """The conversation's cache holds the ids of the turn before; the client echoes them back with
+    one id changed (anywhere): the turn begins with the ids as sent, exactly as the reference path."""
+    cid = f"changed-{random.random()}"
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
+    for turn in range(turns + 1):
+        prefix = chat.find_prefix(None, messages)
+        ids = chat.prompt_ids(cid, messages, prefix=prefix).ids.tolist()
+        generated = [9707 + turn, 11, tokenizer.eos_token_id]
+        reply = {"role": "assistant", "content": "Hello", "prompt_token_ids": ids, "generation_token_ids": generated}
+        messages = [*messages, reply, {"role": "user", "content": f"turn {turn}"}]
+    echoed = list(messages[-2][field])
+    at = data.draw(st.integers(0, len(echoed) - 2), label="position")  # the final EOS stays
+    echoed[at] = data.draw(st.integers(0, len(tokenizer) - 1).filter(lambda t: t != echoed[at]), label="id")
+    messages[-2] = {**messages[-2], field: echoed}
+    prefix = chat.find_prefix(None, messages)
+    assert prefix is not None
+    got = chat.prompt_ids(cid, messages, prefix=prefix).ids.tolist()
+    sent = messages[-2]["prompt_token_ids"] + messages[-2]["generation_token_ids"]
+    assert got[: len(sent) - 1] == sent[:-1]
+    assert got == render_spliced_ids(tokenizer, messages, prefix).ids.tolist()
+    chat.forget(cid)

@@ -14,6 +14,7 @@ from drs_protocol.token_prefix import (
     find_prefix,
     history_end,
     splice,
+    token_ids,
 )
 from hypothesis import given
 from hypothesis import strategies as st
@@ -125,3 +126,26 @@ def test_a_malformed_prefix_names_its_field(required: Any, message: dict[str, An
         find_prefix(required, [assistant(**message)], vocab_size=10, eos_id=EOS)
     assert caught.value.param == param
     assert caught.value.message.startswith(param)
+
+
+VOCAB = 151_669
+
+
+@given(st.lists(st.integers(0, VOCAB - 1), max_size=300), st.integers(0, VOCAB - 1))
+def test_prefix_ids_are_read_exactly(ids: list[int], eos: int) -> None:
+    got, eos_count = token_ids(list(ids), "p", VOCAB, eos)
+    assert got.tolist() == ids
+    assert eos_count == ids.count(eos)
+
+
+BAD_ID = st.sampled_from([-1, VOCAB, 2**31, 2**32, 2**40, -(2**40), 1.0, 7.5, "7", None, [7]])
+
+
+@given(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=300), st.data(), BAD_ID)
+def test_one_bad_id_anywhere_is_refused_naming_the_field(ids: list[int], data: Any, bad: Any) -> None:
+    at = data.draw(st.integers(0, len(ids) - 1))
+    corrupted = [*ids[:at], bad, *ids[at + 1 :]]
+    with pytest.raises(TokenPrefixError) as caught:
+        token_ids(corrupted, "messages[3].prompt_token_ids", VOCAB, 2)
+    assert caught.value.param == "messages[3].prompt_token_ids"
+    assert caught.value.message.startswith("messages[3].prompt_token_ids: ")
