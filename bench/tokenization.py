@@ -20,7 +20,12 @@ Not a test. A conversation grows the way a NeMo-Gym rollout sends it (system pro
 * ``spliced`` / ``spliced_warm``: what the frontend does with ``token_continuity`` on: the same
   two, plus reading the token prefix off the last assistant message (validating and converting
   its ids: the one step whose cost grows with the conversation) and splicing the template's tail
-  after it; checked equal to :func:`drs_protocol.token_prefix.render_spliced_ids`.
+  after it; checked equal to :func:`drs_protocol.token_prefix.render_spliced_ids`;
+* ``prefix_check``: that first step alone (cold), the exact check of the prefix's ids
+  (:func:`drs_protocol.token_prefix.token_ids`), part of ``spliced``; and, for scale, two things
+  the frontend does before any of the above and this benchmark does not count:
+  ``prefix_parse`` (JSON-parsing the same ids, as they arrive in the request) and
+  ``request_parse`` (parsing the whole request, as Gym sends it, with every earlier turn's ids).
 
 The conversation is spliced as it grows: each assistant message carries the spliced prompt ids
 of its turn and the ids of its reply (the reply text tokenized, plus EOS), as NeMo-Gym echoes them.
@@ -30,7 +35,8 @@ visits every turn point, in an order that rotates from round to round, so a burs
 other processes on the machine lands on all turn points alike instead of on whichever one was
 being measured then. The last line is one JSON object: ``{"bench": "tokenize", "turns": {k:
 {"full_us", "full_without_gym_ids_us", "incremental_us", "incremental_warm_us", "spliced_us",
-"spliced_warm_us", "speedup", "new_tokens", "prompt_tokens"}}, "incremental_turn100_over_turn1": …,
+"spliced_warm_us", "prefix_check_us", "prefix_parse_us", "request_parse_us", "speedup",
+"new_tokens", "prompt_tokens", "prefix_ids", "request_bytes"}}, "incremental_turn100_over_turn1": …,
 "incremental_warm_turn100_over_turn1": …, "spliced_turn100_over_turn1": …,
 "spliced_warm_turn100_over_turn1": …}``.
 
@@ -52,12 +58,23 @@ import statistics
 import time
 from typing import Any
 
+from drs_frontend import wire_json
 from drs_frontend.tokenization import ChatTokenizer
 from drs_protocol.chat import load_tokenizer, render_prompt_ids
 from drs_protocol.token_prefix import render_spliced_ids
 
 TURN_POINTS = (1, 10, 30, 100)
-FIGURES = ("full", "full_without_gym_ids", "incremental", "incremental_warm", "spliced", "spliced_warm")
+FIGURES = (
+    "full",
+    "full_without_gym_ids",
+    "incremental",
+    "incremental_warm",
+    "spliced",
+    "spliced_warm",
+    "prefix_check",
+    "prefix_parse",
+    "request_parse",
+)
 WORDS = [
     "the",
     "model",
@@ -119,6 +136,12 @@ def plain_turn(chat: ChatTokenizer, cid: str, request: list[dict[str, Any]]) -> 
     return chat.prompt_ids(cid, request)
 
 
+def prefix_ids(request: list[dict[str, Any]]) -> list[int]:
+    """The last assistant message's prompt + generation ids (empty when there is none)."""
+    last = [m for m in request if m["role"] == "assistant"][-1:]
+    return [*last[0]["prompt_token_ids"], *last[0]["generation_token_ids"]] if last else []
+
+
 def spliced_turn(chat: ChatTokenizer, cid: str, request: list[dict[str, Any]]) -> Any:
     """What the frontend does per chat turn with token continuity on."""
     return chat.prompt_ids(cid, request, prefix=chat.find_prefix(None, request))
@@ -132,6 +155,39 @@ def timed(fn: Any, *, collect: bool = True) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
+def time_scale(chat: ChatTokenizer, request: list[dict[str, Any]]) -> tuple[dict[str, float], tuple[int, int]]:
+    """The prefix check alone and, for scale, JSON-parsing the prefix ids and the whole request;
+    and (prefix ids, request bytes)."""
+    ids = prefix_ids(request)
+    prefix_json, request_json = wire_json.dumps(ids), wire_json.dumps({"messages": request})
+    seconds: dict[str, float] = {}
+    seconds["prefix_check"], _ = timed(lambda: chat.find_prefix(None, request))
+    seconds["prefix_parse"], _ = timed(lambda: wire_json.loads(prefix_json))
+    seconds["request_parse"], _ = timed(lambda: wire_json.loads(request_json))
+    return seconds, (len(ids), len(request_json))
+
+
+def report(k: int, us: dict[str, float], counts: tuple[int, int], sizes: tuple[int, int]) -> dict[str, Any]:
+    """One turn point's figures (medians, in us), printed and as the JSON line has them."""
+    (new_tokens, prompt_tokens), (prefix_count, request_bytes) = counts, sizes
+    print(
+        f"turn {k:>3}: full {us['full']:9.1f} us  (no Gym ids {us['full_without_gym_ids']:8.1f})  "
+        f"incremental {us['incremental']:8.1f} us (warm {us['incremental_warm']:7.1f})  "
+        f"spliced {us['spliced']:8.1f} us (warm {us['spliced_warm']:7.1f})  "
+        f"({prompt_tokens} ids, {new_tokens} new)\n"
+        f"          prefix check {us['prefix_check']:8.1f} us ({prefix_count} ids; parsing them "
+        f"{us['prefix_parse']:8.1f} us; parsing the request, {request_bytes} bytes, {us['request_parse']:9.1f} us)"
+    )
+    return {
+        **{f"{f}_us": round(us[f], 1) for f in FIGURES},
+        "speedup": round(us["full"] / us["incremental"], 2),
+        "new_tokens": new_tokens,
+        "prompt_tokens": prompt_tokens,
+        "prefix_ids": prefix_count,
+        "request_bytes": request_bytes,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=31)
@@ -142,6 +198,7 @@ def main() -> None:
     requests = conversation(max(TURN_POINTS), random.Random(0), chat)
     times: dict[tuple[int, str], list[float]] = {(k, f): [] for k in TURN_POINTS for f in FIGURES}
     counts: dict[int, tuple[int, int]] = {}
+    sizes: dict[int, tuple[int, int]] = {}
     for rnd in range(args.warmup + args.repeats):
         shift = rnd % len(TURN_POINTS)
         for k in TURN_POINTS[shift:] + TURN_POINTS[:shift]:
@@ -155,6 +212,8 @@ def main() -> None:
                 prefix = chat.find_prefix(None, request)
                 assert prefix is not None
                 spliced_full = render_spliced_ids(tokenizer, request, prefix).ids.tolist()
+            scale, sizes[k] = time_scale(chat, request)
+            seconds.update(scale)
             for figure, collect in FIGURE_RUNS:
                 cid = f"bench-{figure}-{k}-{rnd}"
                 splices = figure.startswith("spliced")
@@ -172,27 +231,10 @@ def main() -> None:
             if rnd >= args.warmup:
                 for figure, value in seconds.items():
                     times[k, figure].append(value)
-    results: dict[int, dict[str, Any]] = {}
-    for k in TURN_POINTS:
-        us = {f: statistics.median(times[k, f]) * 1e6 for f in FIGURES}
-        new_tokens, prompt_tokens = counts[k]
-        results[k] = {
-            "full_us": round(us["full"], 1),
-            "full_without_gym_ids_us": round(us["full_without_gym_ids"], 1),
-            "incremental_us": round(us["incremental"], 1),
-            "incremental_warm_us": round(us["incremental_warm"], 1),
-            "spliced_us": round(us["spliced"], 1),
-            "spliced_warm_us": round(us["spliced_warm"], 1),
-            "speedup": round(us["full"] / us["incremental"], 2),
-            "new_tokens": new_tokens,
-            "prompt_tokens": prompt_tokens,
-        }
-        print(
-            f"turn {k:>3}: full {us['full']:9.1f} us  (no Gym ids {us['full_without_gym_ids']:8.1f})  "
-            f"incremental {us['incremental']:8.1f} us (warm {us['incremental_warm']:7.1f})  "
-            f"spliced {us['spliced']:8.1f} us (warm {us['spliced_warm']:7.1f})  "
-            f"({prompt_tokens} ids, {new_tokens} new)"
-        )
+    results = {
+        k: report(k, {f: statistics.median(times[k, f]) * 1e6 for f in FIGURES}, counts[k], sizes[k])
+        for k in TURN_POINTS
+    }
     summary = {
         "bench": "tokenize",
         "cpu": platform.processor() or platform.machine(),
