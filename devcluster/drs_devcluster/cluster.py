@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from . import build, hostnet, images, nodebuild, nodeconfig, pki, processes, profiles, realnodes
-from .kwok_stages import runner_aware
+from .kwok_stages import adjust
 from .layout import COMPONENTS, DEFAULT_PORT_BASE, Layout, component_args, default_state_dir, kubeconfig_yaml
 
 HEALTH_TIMEOUT_S = {
@@ -132,7 +132,7 @@ class DevCluster:
         lay.kubeconfig.write_text(yaml.safe_dump(config, sort_keys=False))
         lay.kubeconfig.chmod(0o600)
         stages = build.stages_dir(lay.bin_dir)
-        docs = [runner_aware(Path(f).name, (stages / Path(f).name).read_text()).strip() for f in build.KWOK_STAGE_FILES]
+        docs = [adjust(Path(f).name, (stages / Path(f).name).read_text()).strip() for f in build.KWOK_STAGE_FILES]
         lay.kwok_config.write_text("\n---\n".join(docs) + "\n")
         meta = {"portBase": lay.port_base, "binDir": str(lay.bin_dir), "apiserverHost": lay.apiserver_host}
         (lay.state_dir / "meta.json").write_text(json.dumps(meta))

@@ -1,4 +1,6 @@
-"""kwok's stage files, adjusted so that a pod the pod runner runs is never Ready before its process is.
+"""kwok's stage files, adjusted where kwok's simulation departs from what a kubelet does.
+
+**pod-ready**: a pod the pod runner runs is never Ready before its process is.
 
 kwok's ``pod-ready`` stage marks every pod on a simulated node Running **and Ready** the instant
 it is bound. For our own pods (host network, first container's command ``drs``) the pod runner
@@ -7,6 +9,12 @@ said Ready for a process that did not exist yet: a freshly replaced engine pod l
 a roll, and the operator's status with it. Here that stage writes ``Ready``, ``ContainersReady``
 and the containers' ``ready`` as False for those pods (everything else as kwok ships it); the
 runner turns them True when the probe passes, as a kubelet would.
+
+**node-not-ready** (the chaos stage a node label turns on): kwok writes the Ready condition's
+``lastTransitionTime`` as the node's creation time, so a node that just went NotReady looked
+NotReady for as long as it had existed, and anything timed from that transition (the operator's
+``topology.notReadyTolerationSeconds``, as a kubelet's node would report it) expired at once.
+Here it is the moment Ready turned False, kept while it stays False.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from __future__ import annotations
 from typing import Final
 
 POD_READY_STAGE: Final = "pod-ready.yaml"
+NODE_NOT_READY_STAGE: Final = "node-not-ready.yaml"
 
 #: Template prologue: ``$ready`` is "False" for a host-network pod whose first container runs ``drs``.
 _PROLOGUE: Final = (
@@ -33,6 +42,37 @@ _REPLACEMENTS: Final = (
 
 class StageFormatError(ValueError):
     """kwok's stage file does not have the shape this adjustment expects (a kwok upgrade changed it)."""
+
+
+#: node-not-ready: when the Ready condition turned False (now, or kept from the last write).
+_READY_SINCE: Final = (
+    "      {{ $readySince := $now }}\n"
+    '      {{ range .status.conditions }}{{ if and (eq .type "Ready") (eq .status "False") }}'
+    "{{ $readySince = .lastTransitionTime }}{{ end }}{{ end }}\n"
+)
+_NOT_READY_OLD: Final = (
+    '      {{ if eq .type "Ready" }}\n'
+    "      - lastHeartbeatTime: {{ $now | Quote }}\n"
+    "        lastTransitionTime: {{ $lastTransitionTime | Quote }}\n"
+)
+
+
+def adjust(name: str, text: str) -> str:
+    """``text`` of the stage file ``name``, with this module's adjustments."""
+    if name == POD_READY_STAGE:
+        return runner_aware(name, text)
+    if name == NODE_NOT_READY_STAGE:
+        return ready_transition_time(name, text)
+    return text
+
+
+def ready_transition_time(name: str, text: str) -> str:
+    """kwok's node-not-ready stage with a real ``lastTransitionTime`` on its Ready condition."""
+    anchor = "      {{ $now := Now }}\n"
+    if anchor not in text or _NOT_READY_OLD not in text:
+        raise StageFormatError(f"{name}: no {anchor.strip()!r} line or Ready condition to adjust")
+    text = text.replace(anchor, anchor + _READY_SINCE, 1)
+    return text.replace(_NOT_READY_OLD, _NOT_READY_OLD.replace("$lastTransitionTime", "$readySince"), 1)
 
 
 def runner_aware(name: str, text: str) -> str:

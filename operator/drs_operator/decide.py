@@ -10,14 +10,17 @@ writing; the unit tests call the same function, so they exercise the operator's 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping, Sequence
 
+from drs_operator.api.constants import LABEL_REPLICA
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Manifest, Observed
 from drs_operator.layout import frontend_urls, replica_statuses
 from drs_operator.manifests import Owner, desired_children
 from drs_operator.manifests.children import Children
+from drs_operator.nodepool import pod_gpus
 from drs_operator.placement import NodeInfo, Placement, place, previous_from_status
 from drs_operator.plan import Plan
 from drs_operator.plan import plan as make_plan
@@ -32,6 +35,8 @@ class Decision:
     rollout: Rollout
     moved: list[int]  #: replicas placed before that now sit on other nodes
     observed: Observed
+    #: The earliest end of a not-Ready node's toleration that holds a replica (look again then).
+    tolerated_until: datetime.datetime | None = None
 
 
 def decide(
@@ -49,8 +54,8 @@ def decide(
     plan = make_plan(spec, owner.name)
     addresses = {n.name: n.address for n in nodes if n.address}
     prior = previous_from_status(previous.replica_statuses) if previous.replica_statuses else None
-    placement = place(plan, list(nodes), prior)
-    usable = {n.name for n in nodes if n.schedulable}
+    placement = place(plan, list(nodes), prior, held_by_replica(live.get("Pod", {})))
+    usable = {n.name for n in nodes if n.schedulable or n.tolerated_until is not None}
     lost = {n for rs in previous.replica_statuses for n in rs.nodes if n not in usable}
     moved = moved_replicas(prior, placement)
     desired = desired_children(owner, spec, plan, placement, addresses)
@@ -68,7 +73,24 @@ def decide(
         weights_version=weights_version,
         engine_weights=dict(engine_weights or {}),
     )
-    return Decision(plan, placement, desired, rollout, moved, observed)
+    held = {n for r in placement.replicas if r.placed for n in r.nodes}
+    until = min((n.tolerated_until for n in nodes if n.name in held and n.tolerated_until is not None), default=None)
+    return Decision(plan, placement, desired, rollout, moved, observed, until)
+
+
+def held_by_replica(pods: Mapping[str, Manifest]) -> dict[str, dict[int, int]]:
+    """GPUs our live engine pods hold, per node and replica: bound and not finished, terminating
+    ones included (a draining engine still has its GPUs)."""
+    held: dict[str, dict[int, int]] = {}
+    for pod in pods.values():
+        node = (pod.get("spec") or {}).get("nodeName")
+        label = str(((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_REPLICA) or "")
+        finished = (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        gpus = pod_gpus(pod)
+        if node and label.isdigit() and not finished and gpus > 0:
+            by_replica = held.setdefault(str(node), {})
+            by_replica[int(label)] = by_replica.get(int(label), 0) + gpus
+    return held
 
 
 def moved_replicas(prior: Placement | None, placement: Placement) -> list[int]:

@@ -79,10 +79,19 @@ async def _lead(memo: kopf.Memo) -> None:
     await memo.cache.wait_synced()
     memo.metrics.is_leader.set(1)
     metrics = memo.metrics
+
+    def retried(code: int, wait: float, from_retry_after: bool) -> None:
+        metrics.api_retries.labels(code=str(code)).inc()
+        metrics.api_retry_wait.labels(source="retry-after" if from_retry_after else "backoff").observe(wait)
+
+    def in_flight(count: int) -> None:
+        metrics.api_in_flight.set(count)
+        metrics.api_in_flight_peak.set(throttle.peak)
+
     throttle = Throttle(
         opts.limits,
-        on_retry=lambda code, _delay: metrics.api_retries.labels(code=str(code)).inc(),
-        on_in_flight=metrics.api_in_flight.set,
+        on_retry=retried,
+        on_in_flight=in_flight,
     )
     ctx = Context(
         api=memo.api, applier=Applier(memo.api, metrics, throttle, memo.cache), metrics=metrics, cache=memo.cache

@@ -16,6 +16,8 @@ class OperatorMetrics:
     api_writes: Counter
     api_retries: Counter
     api_in_flight: Gauge
+    api_in_flight_peak: Gauge
+    api_retry_wait: Histogram
     watch_events: Counter
     replicas_desired: Gauge
     replicas_ready: Gauge
@@ -46,6 +48,16 @@ class OperatorMetrics:
                 registry=r,
             ),
             api_in_flight=Gauge("drs_operator_api_in_flight", "Write requests in flight now", registry=r),
+            api_in_flight_peak=Gauge(
+                "drs_operator_api_in_flight_peak", "The most write requests ever in flight at once", registry=r
+            ),
+            api_retry_wait=Histogram(
+                "drs_operator_api_retry_wait_seconds",
+                "Waits before a retry, by what set them (the answer's Retry-After, or back-off)",
+                ["source"],
+                buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+                registry=r,
+            ),
             watch_events=Counter(
                 "drs_operator_watch_events", "Watch events received by the caches", ["cache"], registry=r
             ),

@@ -9,12 +9,18 @@ Nodes
     ``topology.gpusPerNode`` GPUs when that is set, and its size is tiled by the replica's engine
     widths (``plan.tiling_problem``: packed node by node, no engine crosses a node boundary).
     Others are listed in ``Placement.excluded`` with the reason. ``free`` GPUs are allocatable
-    minus what pods that are not ours request, so our own engines never count against us.
+    minus what pods that are not ours request, so our own engines never count against us. A node
+    that is not Ready but within its toleration (``NodeInfo.tolerated_until``) keeps the replicas
+    placed on it and takes no new one (its free GPUs count as 0 after step 1).
 
 Algorithm
     1. Sticky: in replica order, a replica of ``previous`` keeps its nodes when its engines are
-       unchanged (names, widths), every node is still usable and the free GPUs still hold it.
-    2. The other replicas, in order, each placed whole (gang) in the first tier that works:
+       unchanged (names, widths), every node is still usable (or tolerated) and the free GPUs
+       still hold it (what an earlier kept replica took is gone: no node is ever promised twice).
+    2. What our own pods still hold on nodes their replica is not kept on (``held``) is not
+       free for any *other* replica (the replica itself may use it again), and a node that is
+       not Ready but tolerated offers nothing new.
+    3. The other replicas, in order, each placed whole (gang) in the first tier that works:
        a. one node: the tightest fit (fewest free GPUs left, then name);
        b. one segment: the segment whose packing uses the fewest nodes (then tightest, then name);
        c. split across segments (``split=True``, with a reason).
@@ -24,11 +30,12 @@ Algorithm
        exhaustive search with best-fit order). A replica that fits nowhere gets no nodes and a
        reason naming the shortfall (computed after every replica was placed, so placing twice
        gives the same words).
-    3. Frontend ``f`` of a replica runs on ``nodes[f % len(nodes)]``, where ``nodes`` are the
+    4. Frontend ``f`` of a replica runs on ``nodes[f % len(nodes)]``, where ``nodes`` are the
        replica's distinct engine nodes in slot order.
 
 Invariants (tested by hypothesis): no engine straddles a node (an engine is on one node, or on
-whole nodes of one segment); no node gets more GPUs than it has free; the output is a function
+whole nodes of one segment); no node gets more GPUs than it has free, counting what other
+replicas' live pods still hold there (no node's GPUs are double-booked, however nodes flap); the output is a function
 of the input (candidates sorted by name); ``place(plan, nodes, place(plan, nodes, p))`` equals
 ``place(plan, nodes, p)``, because kept replicas are kept and every tier's feasibility test is
 exact, so a replica that failed with more free GPUs fails again with fewer.
@@ -36,6 +43,8 @@ exact, so a replica that failed with more free GPUs fails again with fewer.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +67,9 @@ class NodeInfo:
     schedulable: bool = True
     unschedulable_reason: str | None = None
     address: str | None = None  #: InternalIP (host networking URLs)
+    #: Not schedulable only because it is not Ready, within ``topology.notReadyTolerationSeconds``:
+    #: replicas already there stay until then; no replica is newly placed there.
+    tolerated_until: datetime.datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ class ReplicaPlacement:
     frontends: tuple[FrontendPlacement, ...]  #: with ``node=None`` when not placed
     segments: tuple[str, ...] = ()  #: sorted
     split: bool = False
-    reason: str | None = None  #: why split, or why not placed
+    reason: str | None = None  #: why split, why not placed, or until when it waits on a node that is not Ready
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -140,8 +152,19 @@ class _Pool:
     segments: Mapping[str, tuple[str, ...]]  # segment -> its nodes, sorted
 
 
-def place(plan: Plan, nodes: Iterable[NodeInfo], previous: Placement | None = None) -> Placement:
-    """Place every replica of ``plan`` on ``nodes``, keeping ``previous`` where it still holds."""
+#: GPUs held on a node by live pods of ours, per replica index: node -> replica -> GPUs.
+Held = Mapping[str, Mapping[int, int]]
+
+
+def place(
+    plan: Plan, nodes: Iterable[NodeInfo], previous: Placement | None = None, held: Held | None = None
+) -> Placement:
+    """Place every replica of ``plan`` on ``nodes``, keeping ``previous`` where it still holds.
+
+    ``held``: GPUs our live pods hold per node and replica. ``NodeInfo.free`` leaves our pods out;
+    pods on a node their replica is not kept on (moved or unplaced, terminating, written by a pass
+    whose status write was lost, scaled away) hold those GPUs from every other replica.
+    """
     usable, excluded = _usable(plan, sorted(nodes, key=lambda n: n.name))
     segments: dict[str, list[str]] = {}
     for n in usable:
@@ -163,15 +186,45 @@ def place(plan: Plan, nodes: Iterable[NodeInfo], previous: Placement | None = No
             if _holds(rep, assignment, pool, free):
                 chosen[rep.index] = assignment
                 _take(rep, assignment, pool, free)
+    strays = _strays(held or {}, chosen, free)
+    waiting = {n.name: n.tolerated_until for n in usable if not n.schedulable and n.tolerated_until is not None}
+    free.update(dict.fromkeys(waiting, 0))  # a node that is not Ready keeps what it has, takes nothing new
     for rep in plan.replicas:
         if rep.index not in chosen:
-            found = _place_replica(rep, pool, free)
+            found = _place_replica(rep, pool, _available(free, strays, rep.index))
             if found is not None:
                 chosen[rep.index] = found
-                _take(rep, found, pool, free)
+                for node, gpus in _booked(rep, found, pool).items():
+                    free[node] -= gpus
+                    mine = strays.get(node, {})
+                    if rep.index in mine:  # its new engines there supersede its old pods
+                        mine[rep.index] = max(0, mine[rep.index] - gpus)
+    free = _available(free, strays, None)
 
-    replicas = tuple(_result(rep, chosen.get(rep.index), pool, free, bool(usable), excluded) for rep in plan.replicas)
+    replicas = tuple(
+        _waiting(_result(rep, chosen.get(rep.index), pool, free, bool(usable), excluded), waiting)
+        for rep in plan.replicas
+    )
     return Placement(replicas=replicas, excluded=tuple(excluded))
+
+
+def _strays(held: Held, chosen: Mapping[int, Assignment], free: Mapping[str, int]) -> dict[str, dict[int, int]]:
+    """What our pods hold on (usable) nodes their replica is not kept on: node -> replica -> GPUs."""
+    strays: dict[str, dict[int, int]] = {}
+    for node, by_replica in held.items():
+        if node not in free:
+            continue
+        kept_here = {r for r, assignment in chosen.items() if any(node in ns for ns in assignment.values())}
+        mine = {r: gpus for r, gpus in by_replica.items() if r not in kept_here and gpus > 0}
+        if mine:
+            strays[node] = mine
+    return strays
+
+
+def _available(free: Mapping[str, int], strays: Mapping[str, Mapping[int, int]], replica: int | None) -> dict[str, int]:
+    """Free GPUs for ``replica``: what every *other* replica's pods still hold is taken (a
+    replica's own pods hold GPUs it may use again)."""
+    return {n: max(0, f - sum(g for r, g in strays.get(n, {}).items() if r != replica)) for n, f in free.items()}
 
 
 def _usable(plan: Plan, nodes: Sequence[NodeInfo]) -> tuple[list[NodeInfo], list[tuple[str, str]]]:
@@ -180,7 +233,7 @@ def _usable(plan: Plan, nodes: Sequence[NodeInfo]) -> tuple[list[NodeInfo], list
     tiles: dict[int, str | None] = {}
     widths = plan.replica_widths
     for n in nodes:
-        if not n.schedulable:
+        if not n.schedulable and n.tolerated_until is None:
             excluded.append((n.name, n.unschedulable_reason or "not schedulable"))
         elif n.allocatable <= 0:
             excluded.append((n.name, "no allocatable GPUs"))
@@ -226,12 +279,20 @@ def _holds(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: Mapping[
     return all(free[n] >= g for n, g in need.items())
 
 
-def _take(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: dict[str, int]) -> None:
+def _booked(rep: ReplicaPlan, assignment: Assignment, pool: _Pool) -> dict[str, int]:
+    """GPUs ``rep`` takes per node under ``assignment``."""
+    booked: dict[str, int] = {}
     for e in rep.engines:
         demand = _demand(e.width, assignment[e.name], pool)
         assert demand is not None
         for n, g in demand.items():
-            free[n] -= g
+            booked[n] = booked.get(n, 0) + g
+    return booked
+
+
+def _take(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: dict[str, int]) -> None:
+    for n, g in _booked(rep, assignment, pool).items():
+        free[n] -= g
 
 
 def _place_replica(rep: ReplicaPlan, pool: _Pool, free: Mapping[str, int]) -> Assignment | None:
@@ -370,6 +431,19 @@ def _result(
         f"segment had {rep.width} free GPUs for it, so its KV transfers cross a segment boundary"
     )
     return ReplicaPlacement(rep.index, True, engines, frontends, segments, split=True, reason=why)
+
+
+def _waiting(rp: ReplicaPlacement, waiting: Mapping[str, datetime.datetime]) -> ReplicaPlacement:
+    """A replica kept on nodes that are not Ready says until when it waits there."""
+    held = [n for n in rp.nodes if n in waiting]
+    if not rp.placed or not held:
+        return rp
+    until = min(waiting[n] for n in held).strftime("%Y-%m-%dT%H:%M:%SZ")
+    why = (
+        f"replica {rp.index} stays on {', '.join(held)} (not Ready) until {until} "
+        "(topology.notReadyTolerationSeconds), then moves"
+    )
+    return dataclasses.replace(rp, reason=why if rp.reason is None else f"{rp.reason}; {why}")
 
 
 def _widths(rep: ReplicaPlan) -> str:

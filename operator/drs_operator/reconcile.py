@@ -4,12 +4,16 @@
 2. validate the spec (invalid → ``Valid=False``, an Event, no child touched);
 3. plan (pure) and read the children, the nodes and the GPUs other pods use (from the watch
    caches, ``kube/cache.py``: no request);
-4. place (pure, sticky: the previous placement comes from status, the operator's memory);
+4. place (pure, sticky: the previous placement comes from status, the operator's memory; what
+   our live pods still hold on other nodes is booked; a node that is not Ready keeps its
+   replicas for ``topology.notReadyTolerationSeconds``, and the pass looks again when that ends);
 5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
    frontend updates after their engines);
 6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
    phases: configs, Services and the Secret, then engine pods, then frontends;
-7. compute the status (pure) and write it only if it changed; post Events for transitions.
+7. compute the status (pure) and write it only if it changed, also when a write of step 6
+   failed (the placement those writes acted on must be in the memory); post Events for
+   transitions.
 
 Returns the delay before the next look (sooner while something is in flight), or None when the
 periodic resync is enough. A converged fleet makes no write at all: every step compares before
@@ -32,7 +36,7 @@ from kubernetes_asyncio import client
 from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, CHILD_KINDS, Reason
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
-from drs_operator.decide import decide
+from drs_operator.decide import Decision, decide
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.observe import read_drs
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_REQUEUE_S: Final = 2.0
 #: Next look when replicas cannot be placed (node events also trigger a reconcile).
 UNPLACED_REQUEUE_S: Final = 15.0
+#: The soonest look again when a not-Ready node's toleration ends (never a busy loop).
+MIN_REQUEUE_S: Final = 0.5
 #: The order children are applied in: what others read first, frontends last. Within a phase
 #: every action is sent at once; the throttle bounds how many are in flight.
 APPLY_PHASES: Final = (("ConfigMap", "Service", "Secret"), ("Pod",), ("Deployment",))
@@ -108,7 +114,10 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     owner = Owner(name=name, namespace=namespace, uid=meta["uid"])
     live = ctx.cache.live_children(namespace, name, owner.uid)
     nodes = nodes_from_manifests(
-        ctx.cache.node_manifests(), used=ctx.cache.usage.used_by_others(namespace, name), topology=spec.topology
+        ctx.cache.node_manifests(),
+        used=ctx.cache.usage.used_by_others(namespace, name),
+        topology=spec.topology,
+        now=now,
     )
     live_by_kind = {kind: live.of(kind) for kind in CHILD_KINDS}
 
@@ -125,22 +134,32 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     )
     placement, rollout, moved = decision.placement, decision.rollout, decision.moved
 
-    # 6. apply
-    if not live.of("Secret") and any(r.placed for r in placement.replicas):
-        await ctx.applier.create(build_control_secret(owner))
-    await _apply_all(ctx.applier, namespace, rollout.actions)
-
-    # 7. status and events
-    observed = decision.observed
-    status, notes = compute_status(name, previous, observed, now)
-    notes += _action_notes(rollout.actions, moved, placement)
-    await _write_status(ctx, body, status, notes)
+    # 6. apply; 7. status and events, written even when a write of step 6 failed: the status
+    # records the placement those writes acted on (it is the memory the next pass starts from)
+    status, notes = compute_status(name, previous, decision.observed, now)
+    try:
+        if not live.of("Secret") and any(r.placed for r in placement.replicas):
+            await ctx.applier.create(build_control_secret(owner))
+        await _apply_all(ctx.applier, namespace, rollout.actions)
+        notes += _action_notes(rollout.actions, moved, placement)
+    finally:
+        await _write_status(ctx, body, status, notes)
     _export(ctx, namespace, name, status, placement)
+    return _next_look(decision, status, now)
+
+
+def _next_look(decision: Decision, status: DisaggReplicaSetStatus, now: datetime.datetime) -> float | None:
+    """Seconds until the next pass: soon while children are in flight; when a not-Ready node's
+    toleration ends (time passing is no watch event); later while replicas are unplaced."""
+    placement, rollout = decision.placement, decision.rollout
+    delays: list[float] = []
     if rollout.actions or rollout.waiting or status.ready_replicas < sum(r.placed for r in placement.replicas):
-        return IN_FLIGHT_REQUEUE_S
+        delays.append(IN_FLIGHT_REQUEUE_S)
+    if decision.tolerated_until is not None:
+        delays.append(max(MIN_REQUEUE_S, (decision.tolerated_until - now).total_seconds()))
     if not placement.complete:
-        return UNPLACED_REQUEUE_S
-    return None
+        delays.append(UNPLACED_REQUEUE_S)
+    return min(delays, default=None)
 
 
 def _forget(ctx: Context, namespace: str, name: str) -> None:

@@ -179,7 +179,9 @@ def test_losing_a_node_moves_only_the_replica_on_it(
 ) -> None:
     # width-8 replicas: one per 8-GPU node, so losing one node touches exactly one replica
     wide = {"engines": 1, "tensorParallelSize": 4}
-    apply(devcluster, namespace, small("move", replicas=2, prefill=wide, decode=wide))
+    # moves at once (the toleration of a node that is not Ready: tests/cluster/test_node_toleration.py)
+    topology = {"gpusPerNode": 8, "notReadyTolerationSeconds": 0}
+    apply(devcluster, namespace, small("move", replicas=2, prefill=wide, decode=wide, topology=topology))
     before = wait_ready(devcluster, namespace, "move", 2)
     lost = before["replicaStatuses"][0]["nodes"][0]
     kept = before["replicaStatuses"][1]

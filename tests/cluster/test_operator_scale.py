@@ -1,7 +1,8 @@
 """The operator's Kubernetes layer against the real control plane: watch caches (a restarted
 operator lists before it reconciles and writes nothing; GPUs held by other pods come from the
 field-selected pod watch) and the write throttle (429 answers from the apiserver's priority and
-fairness are retried, and the fleet converges). Each test runs its own operator limited to its
+fairness are retried after the Retry-After they carry, within the in-flight bound, and the fleet
+converges). Each test runs its own operator limited to its
 namespace, so counts are its alone."""
 
 from __future__ import annotations
@@ -184,7 +185,12 @@ def throttled_identity(devcluster: RunningCluster, namespace: str, tmp_path: Pat
             devcluster.kubectl("delete", kind, level, "--ignore-not-found", check=False)
 
 
-def test_creates_the_apiserver_rejects_with_429_are_retried_and_the_fleet_converges(
+#: The operator's in-flight limit in the 429 test: above the ~3 the priority level admits, so
+#: the apiserver really rejects, and small enough that the bound is reached and measurable.
+TIGHT_IN_FLIGHT = 6
+
+
+def test_creates_the_apiserver_rejects_with_429_are_retried_after_retry_after_within_the_in_flight_bound(
     devcluster: RunningCluster, namespace: str, crd: None, tmp_path: Path, throttled_identity: dict[str, str]
 ) -> None:
     op = start(
@@ -192,13 +198,21 @@ def test_creates_the_apiserver_rejects_with_429_are_retried_and_the_fleet_conver
         tmp_path / "operator.log",
         namespace,
         env=throttled_identity,
-        extra=("--max-in-flight", "32"),
+        extra=("--max-in-flight", str(TIGHT_IN_FLIGHT)),
     )
     try:
         apply(devcluster, namespace, fleet("tight", 4, frontends=3))
         wait_ready(devcluster, namespace, "tight", 4, timeout=180)
         retried = op.total('drs_operator_api_retries_total{code="429"}')
         assert retried > 0, "the apiserver never answered 429: the priority level did not bind"
+        # every 429 of priority and fairness carries Retry-After, and the retry waited what it asked
+        # (the back-off would start at 0.2 s with jitter: a mean of 1 s or more is the header's)
+        asked = op.total('drs_operator_api_retry_wait_seconds_count{source="retry-after"}')
+        waited = op.total('drs_operator_api_retry_wait_seconds_sum{source="retry-after"}')
+        assert asked == retried, "a 429 without Retry-After, or one whose Retry-After was not used"
+        assert waited / asked >= 1.0, f"retries waited {waited / asked:.2f}s on average"
+        peak = op.total("drs_operator_api_in_flight_peak")
+        assert 2 <= peak <= TIGHT_IN_FLIGHT, f"in flight at once: {peak} (limit {TIGHT_IN_FLIGHT})"
         names = [p["metadata"]["name"] for p in pods(devcluster, namespace)]
         assert len(names) == len(set(names)) == 4 * 2 + 4 * 3
     finally:

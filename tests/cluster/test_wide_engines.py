@@ -58,7 +58,7 @@ def wide_fleet(name: str, wide_role: str, engine_port: int, base_port: int) -> d
             "frontend": {"workers": 1, "basePort": base_port},
             "trtllm": {"enginePort": engine_port},
             "network": {"hostNetwork": True},
-            "topology": {"gpusPerNode": 4, "segmentLabel": "nvidia.com/gpu.clique"},
+            "topology": {"gpusPerNode": 4, "segmentLabel": "nvidia.com/gpu.clique", "notReadyTolerationSeconds": 0},
             "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
         },
     }

@@ -1,9 +1,10 @@
-"""kwok's pod-ready stage, adjusted: pods the runner runs start not Ready (checked on kwok's own file)."""
+"""kwok's stages, adjusted: pods the runner runs start not Ready; a node turned NotReady by the chaos
+stage reports when that happened (checked on kwok's own files)."""
 
 from __future__ import annotations
 
 import pytest
-from drs_devcluster.kwok_stages import POD_READY_STAGE, StageFormatError, runner_aware
+from drs_devcluster.kwok_stages import NODE_NOT_READY_STAGE, POD_READY_STAGE, StageFormatError, adjust, runner_aware
 
 #: kwok v0.8.0's kustomize/stage/pod/fast/pod-ready.yaml, the part this adjustment touches.
 KWOK_POD_READY = """apiVersion: kwok.x-k8s.io/v1alpha1
@@ -51,3 +52,36 @@ def test_other_stages_are_left_alone_and_an_unexpected_shape_is_refused() -> Non
     assert runner_aware("pod-delete.yaml", KWOK_POD_READY) == KWOK_POD_READY
     with pytest.raises(StageFormatError, match=r"pod-ready\.yaml"):
         runner_aware(POD_READY_STAGE, KWOK_POD_READY.replace("type: ContainersReady", "type: Other"))
+
+
+#: kwok v0.8.0's kustomize/stage/node/chaos/node-not-ready.yaml, the part this adjustment touches.
+KWOK_NODE_NOT_READY = """    statusTemplate: |
+      {{ $now := Now }}
+      {{ $lastTransitionTime := or .metadata.creationTimestamp $now }}
+      conditions:
+      {{ range NodeConditions }}
+      {{ if eq .type "Ready" }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $lastTransitionTime | Quote }}
+        status: "False"
+      {{ else }}
+      - lastHeartbeatTime: {{ $now | Quote }}
+        lastTransitionTime: {{ $lastTransitionTime | Quote }}
+      {{ end }}
+      {{ end }}
+"""
+
+
+def test_the_node_not_ready_stage_writes_when_ready_turned_false_and_keeps_it() -> None:
+    out = adjust(NODE_NOT_READY_STAGE, KWOK_NODE_NOT_READY)
+    assert "{{ $readySince := $now }}" in out
+    assert '(eq .type "Ready") (eq .status "False") }}{{ $readySince = .lastTransitionTime }}' in out
+    assert (
+        'if eq .type "Ready" }}\n      - lastHeartbeatTime: {{ $now | Quote }}\n        lastTransitionTime: {{ $readySince'
+        in out
+    )
+    assert out.count("{{ $lastTransitionTime | Quote }}") == 1  # the other conditions as kwok ships them
+    assert adjust(POD_READY_STAGE, KWOK_POD_READY) == runner_aware(POD_READY_STAGE, KWOK_POD_READY)
+    assert adjust("pod-delete.yaml", KWOK_NODE_NOT_READY) == KWOK_NODE_NOT_READY
+    with pytest.raises(StageFormatError, match=r"node-not-ready\.yaml"):
+        adjust(NODE_NOT_READY_STAGE, KWOK_NODE_NOT_READY.replace('"Ready"', '"Other"'))

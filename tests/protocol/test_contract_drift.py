@@ -39,6 +39,8 @@ NOT_OURS = {
     # kubelet, kube-proxy and CoreDNS of a real dev node
     ("devcluster/drs_devcluster/realnodes.py", "/healthz"),
     ("devcluster/drs_devcluster/realnodes.py", "/ready"),
+    # the kube-apiserver's metrics, read by the scale benchmark
+    ("bench/operator_scale.py", "/metrics"),
 }
 #: Example clients that stand for a user's program outside the project (the in-pod Gym client
 #: depends only on httpx and kubernetes, as NeMo-Gym would): they spell the public paths.

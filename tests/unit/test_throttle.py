@@ -58,6 +58,7 @@ async def test_never_more_requests_in_flight_than_the_limit() -> None:
     await asyncio.gather(*(throttle.call(request) for _ in range(40)))
     assert peak == 3
     assert throttle.in_flight == 0
+    assert throttle.peak == 3  # the high-water mark the operator exports
 
 
 async def test_the_rate_lets_a_burst_through_then_spaces_requests_at_one_over_qps() -> None:
@@ -83,15 +84,14 @@ async def test_concurrent_waiters_are_spaced_in_the_order_they_asked() -> None:
 
 async def test_429_is_retried_after_the_seconds_retry_after_asks() -> None:
     t = FakeTime()
-    retried: list[tuple[int, float]] = []
-    throttle = Throttle(
-        Limits(qps=0), clock=t.clock, sleep=t.sleep, on_retry=lambda code, delay: retried.append((code, delay))
-    )
-    calls, request = failing(answer(429, "2"), answer(429, "3"))
+    retried: list[tuple[int, float, bool]] = []
+    throttle = Throttle(Limits(qps=0), clock=t.clock, sleep=t.sleep, on_retry=lambda *args: retried.append(args))
+    calls, request = failing(answer(429, "2"), answer(429, "3"), answer(503))
     assert await throttle.call(request) == "ok"  # type: ignore[arg-type]
-    assert len(calls) == 3
-    assert t.sleeps == [2.0, 3.0]
-    assert retried == [(429, 2.0), (429, 3.0)]
+    assert len(calls) == 4
+    assert t.sleeps[:2] == [2.0, 3.0]
+    assert retried[:2] == [(429, 2.0, True), (429, 3.0, True)]
+    assert retried[2][0] == 503 and retried[2][2] is False  # no Retry-After: back-off
 
 
 async def test_5xx_without_retry_after_backs_off_exponentially() -> None:

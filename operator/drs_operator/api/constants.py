@@ -66,6 +66,12 @@ HASHED_CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap")
 # --- scheduling -----------------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 DEFAULT_SEGMENT_LABEL: Final = "nvidia.com/gpu.clique"
+#: How long a replica stays on a node that is not Ready before it moves: Kubernetes' own default
+#: toleration of the not-ready/unreachable taints (kube-apiserver
+#: ``--default-not-ready-toleration-seconds``), after which a pod there would be evicted anyway.
+DEFAULT_NOT_READY_TOLERATION_S: Final = 300
+#: The taints the node lifecycle controller puts on a node that is not Ready (NoSchedule and NoExecute).
+NODE_NOT_READY_TAINTS: Final = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
 
 # --- limits ---------------------------------------------------------------------------------
 #: Frontend node ids are 8 bits (the snowflake request id), so N × F ≤ 256.

@@ -26,6 +26,7 @@ from drs_operator.api.constants import (
     DEFAULT_FRONTEND_IMAGE,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MODEL_MOUNT_PATH,
+    DEFAULT_NOT_READY_TOLERATION_S,
     DEFAULT_SEGMENT_LABEL,
     MAX_ENGINES_PER_ROLE,
     MAX_FRONTENDS,
@@ -246,6 +247,17 @@ class TopologySpec(SpecModel):
     )
     tolerations: list[Toleration] | None = Field(
         None, max_length=64, description="Taints the fleet tolerates (GPU nodes are usually tainted)."
+    )
+    not_ready_toleration_seconds: int = Field(
+        DEFAULT_NOT_READY_TOLERATION_S,
+        ge=0,
+        le=86_400,
+        description=(
+            "How long a placed replica stays on a node that is not Ready (NotReady or Unknown, or still "
+            "tainted node.kubernetes.io/not-ready or unreachable) before it moves, counted from the node's "
+            "Ready transition, as a pod's toleration of those taints counts (Kubernetes' default 300). "
+            "0 moves at once. New replicas never go to such a node."
+        ),
     )
 
 

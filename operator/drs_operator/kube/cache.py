@@ -7,8 +7,8 @@ Three kinds of watch, each narrowed on the server where the API allows it:
   cluster-wide or per namespace). Indexed by (namespace, owner name), so reading one resource's
   children costs its own children only. A change enqueues the owner (``on_owner``).
 * **nodes**: all of them (any node may be a placement target), reduced to what placement reads
-  (labels, taints, cordon, Ready, GPU allocatable, addresses). Only a change of that reduction
-  enqueues every DisaggReplicaSet (``on_nodes``); heartbeats do not.
+  (labels, taints, cordon, Ready and when it last changed, GPU allocatable, addresses). Only a
+  change of that reduction enqueues every DisaggReplicaSet (``on_nodes``); heartbeats do not.
 * **GPU pods**: pods bound to a node and not finished (field selector
   ``spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed``), cluster-wide, reduced to
   (node, GPUs, owner label) and kept only when they request GPUs. Per-node sums are kept as
@@ -60,7 +60,12 @@ def project_node(node: Manifest) -> Manifest:
         "status": {
             "allocatable": {GPU_RESOURCE: gpus} if gpus is not None else {},
             "conditions": [
-                {"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason")}
+                {
+                    "type": c.get("type"),
+                    "status": c.get("status"),
+                    "reason": c.get("reason"),
+                    "lastTransitionTime": c.get("lastTransitionTime"),
+                }
                 for c in status.get("conditions") or []
                 if c.get("type") == "Ready"
             ],

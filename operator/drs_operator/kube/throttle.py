@@ -12,7 +12,8 @@ Every write of a reconcile goes through one :class:`Throttle` (``kube/apply.py``
   back-off from ``backoff_s`` doubling to ``backoff_cap_s`` with full jitter. A retry releases its
   in-flight slot while it waits and takes a fresh rate token, so a rejected burst slows itself
   down instead of holding slots. Every other error (4xx) is raised at once: the level-based
-  reconcile decides again on its next pass.
+  reconcile decides again on its next pass. ``on_retry(code, wait, from_retry_after)`` reports
+  each retry (the operator exports the waits by source and the in-flight high-water mark).
 
 Retrying is safe for every verb the operator sends: a create that did land answers 409
 (AlreadyExists, success for the caller), a delete that did land answers 404 (success), and a
@@ -86,7 +87,7 @@ class Throttle:
         self,
         limits: Limits,
         *,
-        on_retry: Callable[[int, float], None] | None = None,
+        on_retry: Callable[[int, float, bool], None] | None = None,
         on_in_flight: Callable[[int], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
@@ -95,6 +96,7 @@ class Throttle:
         self.limits = limits
         self._slots = asyncio.Semaphore(limits.max_in_flight)
         self._in_flight = 0
+        self._peak = 0
         self._tat = float("-inf")  # when the bucket is next full-minus-one ("theoretical arrival time")
         self._on_retry = on_retry
         self._on_in_flight = on_in_flight
@@ -105,6 +107,11 @@ class Throttle:
     @property
     def in_flight(self) -> int:
         return self._in_flight
+
+    @property
+    def peak(self) -> int:
+        """The most requests that were ever in flight at once (never above ``max_in_flight``)."""
+        return self._peak
 
     def _reserve(self) -> float:
         """Take the next token; return how long to wait until it is due."""
@@ -144,7 +151,7 @@ class Throttle:
                     if delay is None:
                         raise
                     if self._on_retry is not None:
-                        self._on_retry(int(exc.status), delay)
+                        self._on_retry(int(exc.status), delay, retry_after_s(exc.headers) is not None)
                 finally:
                     self._enter(-1)
             attempt += 1
@@ -152,5 +159,6 @@ class Throttle:
 
     def _enter(self, step: int) -> None:
         self._in_flight += step
+        self._peak = max(self._peak, self._in_flight)
         if self._on_in_flight is not None:
             self._on_in_flight(self._in_flight)
