@@ -1,24 +1,53 @@
-"""Fixtures for the ``torch`` backend's tests.
+"""Fixtures, and the one skip rule, of the ``torch`` backend's tests.
 
-The modules here import PyTorch with ``pytest.importorskip`` (it is the ``gpu`` extra, not a
-default dependency), so without it they are skipped, saying why. Tests that need GPUs carry
-``@pytest.mark.gpu`` and skip without enough CUDA devices. Engines run ``random:tiny`` in float32
-on the CPU unless a test says otherwise, so greedy tokens are exact to compare.
+Skips live here, not in each module: every test in this folder needs PyTorch (the ``gpu`` extra,
+never a default dependency), and a test marked ``@pytest.mark.gpu(n)`` needs ``n`` CUDA GPUs
+(``gpu`` alone: one). Without them the test is skipped, saying what is missing; the modules import
+torch only inside their tests, so they collect anywhere. Engines run ``random:tiny`` in float32 on
+the CPU unless a test says otherwise, so greedy tokens are exact to compare.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from functools import cache
 from typing import Any
 
+import pytest
 from drs_engine.config import EngineConfig, build_config
+
+from .procs import NO_MULTICAST
 
 CONTROL_TOKEN = "torch-test-token"
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
-#: NVLink multicast stays off in every process these tests start (a shared host's GPUs).
-NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
-os.environ.update(NO_MULTICAST)
+os.environ.update(NO_MULTICAST)  # NVLink multicast stays off in every process these tests start
+
+
+@cache
+def cuda_devices() -> int:
+    """CUDA GPUs this machine has (0 without PyTorch or CUDA)."""
+    if importlib.util.find_spec("torch") is None:
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def decode_gpu() -> int:
+    """The decode engine's GPU: the second where there are two (KV crosses the link), else the one."""
+    return 1 if cuda_devices() >= 2 else 0
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("needs PyTorch, the torch backend's optional extra (pip install '.[gpu]')")
+    marker = item.get_closest_marker("gpu")
+    if marker is not None:
+        need = int(marker.args[0]) if marker.args else 1
+        if cuda_devices() < need:
+            pytest.skip(f"needs {need} CUDA GPU(s), this machine has {cuda_devices()}")
 
 
 def torch_config(

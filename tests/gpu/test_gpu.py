@@ -18,23 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-torch = pytest.importorskip("torch", reason="the GPU tests need PyTorch (pip install '.[gpu]')")
+from . import procs
+from .conftest import COMPLETIONS, completion_body, decode_gpu, prompt_ids
 
-from drs_engine.backends.torch_model import SIZES, expected_shapes  # noqa: E402
-
-from . import procs  # noqa: E402
-from .conftest import COMPLETIONS, completion_body, prompt_ids  # noqa: E402
-
-
-def gpus(n: int) -> pytest.MarkDecorator:
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return pytest.mark.skipif(have < n, reason=f"needs {n} CUDA GPU(s), this machine has {have}")
-
-
-pytestmark = pytest.mark.gpu
 MODEL = "random:0.6b"
-#: The decode engine's GPU: the second one where there are two (KV crosses NVLink), else the same.
-DECODE_GPU = 1 if torch.cuda.is_available() and torch.cuda.device_count() >= 2 else 0
 
 
 async def tokens(client: httpx.AsyncClient, url: str, ids: list[int], **extra: Any) -> list[int]:
@@ -59,7 +46,7 @@ async def disaggregated(
     return list(gen.json()["choices"][0]["token_ids"])
 
 
-@gpus(1)
+@pytest.mark.gpu(1)
 @pytest.mark.parametrize("transport", ["auto", "http"])
 async def test_decoding_from_handed_off_kv_equals_one_engine(transport: str) -> None:
     ids = prompt_ids(2048)
@@ -67,7 +54,7 @@ async def test_decoding_from_handed_off_kv_equals_one_engine(transport: str) -> 
         # no prefix cache on the prefill engine: the context leg would reuse the first run's KV
         # blocks and compute only the last token (a different kernel path, other bf16 rounding)
         procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, cacheCapacityTokens=0)) as p,
-        procs.engine(procs.engine_config("decode", f"cuda:{DECODE_GPU}", MODEL, kvTransport=transport)) as d,
+        procs.engine(procs.engine_config("decode", f"cuda:{decode_gpu()}", MODEL, kvTransport=transport)) as d,
         httpx.AsyncClient(timeout=300) as client,
     ):
         single = await tokens(client, p, ids, max_tokens=48)
@@ -78,7 +65,7 @@ async def test_decoding_from_handed_off_kv_equals_one_engine(transport: str) -> 
         assert info["kv_transfers"][used]["count"] == 1, info["kv_transfers"]
 
 
-@gpus(1)
+@pytest.mark.gpu(1)
 async def test_a_later_turn_reuses_its_prefix_kv_on_the_gpu() -> None:
     first = prompt_ids(1000)
     later = first + prompt_ids(300, offset=40000)
@@ -115,7 +102,7 @@ async def _refit_through_sidecar(engines: list[str], backend: str, tmp_path: Pat
     assert len({tuple(t) for t in after}) == 1  # every engine serves the same new weights
 
 
-@gpus(2)
+@pytest.mark.gpu(2)
 async def test_an_nccl_refit_through_drs_sidecar_serves_the_trainers_weights(tmp_path: Path) -> None:
     async with (
         procs.engine(procs.engine_config("decode", "cuda:1", MODEL)) as e,
@@ -124,20 +111,23 @@ async def test_an_nccl_refit_through_drs_sidecar_serves_the_trainers_weights(tmp
         await _refit_through_sidecar([e], "nccl", tmp_path, client)
 
 
-@gpus(1)
+@pytest.mark.gpu(1)
 async def test_a_two_engine_fleet_refits_through_drs_sidecar(tmp_path: Path) -> None:
     async with (
         procs.engine(procs.engine_config("prefill", "cuda:0", MODEL)) as a,
-        procs.engine(procs.engine_config("decode", f"cuda:{DECODE_GPU}", MODEL)) as b,
+        procs.engine(procs.engine_config("decode", f"cuda:{decode_gpu()}", MODEL)) as b,
         httpx.AsyncClient(timeout=600) as client,
     ):
         await _refit_through_sidecar([a, b], "gloo", tmp_path, client)
 
 
-@gpus(1)
+@pytest.mark.gpu(1)
 async def test_sleep_frees_the_gpu_memory_and_wake_gives_the_same_tokens() -> None:
+    import torch
+    from drs_engine.backends.torch_model import SIZES, expected_shapes
+
     ids = prompt_ids(500)
-    gpu = DECODE_GPU
+    gpu = decode_gpu()
     async with (
         procs.engine(procs.engine_config("decode", f"cuda:{gpu}", MODEL)) as e,
         httpx.AsyncClient(timeout=300) as client,

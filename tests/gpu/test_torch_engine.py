@@ -15,12 +15,9 @@ from typing import Any
 
 import httpx
 import pytest
+from drs_engine.server.runner import start_engine
 
-torch = pytest.importorskip("torch", reason="the torch backend needs PyTorch (pip install '.[gpu]')")
-
-from drs_engine.server.runner import start_engine  # noqa: E402
-
-from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config  # noqa: E402
+from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +46,8 @@ async def disaggregated(
 
 
 async def test_the_model_matches_transformers_qwen3() -> None:
-    transformers = pytest.importorskip("transformers")
+    import torch
+    import transformers
     from drs_engine.backends.torch_model import SIZES, decode_step, new_kv, prefill, random_state_dict
 
     shape = SIZES["tiny"]
@@ -147,6 +145,7 @@ async def test_streaming_logprobs_and_chat() -> None:
 
 
 async def test_load_from_safetensors_serves_those_weights_and_sleep_wake_keeps_them(tmp_path: Path) -> None:
+    import torch
     from drs_engine.backends.torch_model import SIZES, random_state_dict
     from safetensors.torch import save_file
 

@@ -83,6 +83,16 @@ class LegFinished:
 LegEvent = TokenStep | LegFinished
 
 
+def restate_after_refit(prompt: list[int], generated: list[int], computed: int | None = None) -> tuple[list[int], int]:
+    """Refit safety, the one rule every backend follows: when the weights change between two decode
+    steps of a leg, the leg's KV is dropped and ``prompt`` plus the tokens generated so far (the
+    first ``computed`` of them when given: the ids whose KV the leg holds) are prefilled again under
+    the new weights before the next step. Returns those ids and the leg's ``weights_boundary`` (how
+    many tokens the old weights produced)."""
+    ids = [*prompt, *generated]
+    return (ids if computed is None else ids[:computed]), len(generated)
+
+
 @dataclass(frozen=True, slots=True)
 class BinaryExport:
     """A context handed over as one binary body (``GET /v1/disagg/kv/{id}?transport=…``)."""

@@ -39,6 +39,7 @@ from drs_engine.backends.base import (
     LegRequest,
     TokenStep,
     finish_after,
+    restate_after_refit,
 )
 from drs_engine.backends.sim_model import PrefixState, TokenChoice, TokenFunction, block_hashes
 from drs_engine.backends.sim_weights import SimWeights, hash_weights_path, initial_weights
@@ -209,8 +210,9 @@ class SimBackend(EngineBackend):
                     new_blocks.append(closed)
                 await self._latency.sleep(self._latency.decode_step_seconds(self._decodes_in_flight))
                 if self._weights is not weights:
-                    weights, fn, boundary = self._weights, self._token_function(self._weights), len(generated)
-                    state = await self._restate(fn, [*leg.prompt_token_ids, *generated])
+                    weights, fn = self._weights, self._token_function(self._weights)
+                    ids, boundary = restate_after_refit(leg.prompt_token_ids, generated)
+                    state = await self._restate(fn, ids)
                     new_blocks = []
                 allow_eos = _eos_allowed(leg, len(generated))
                 choice = fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=allow_eos)

@@ -37,6 +37,7 @@ from drs_engine.backends.base import (
     LegRequest,
     TokenStep,
     finish_after,
+    restate_after_refit,
 )
 from drs_engine.backends.sim_model import block_hashes
 from drs_engine.backends.torch_batch import Choice, DecodeBatcher, DecodeSeq, GpuWorker, Sampling, choose_tokens
@@ -207,10 +208,10 @@ class TorchBackend(TorchControl, EngineBackend):
         weights (the prompt and the tokens generated so far: refit safety)."""
         capacity = seq.kv.shape[3]
         if seq.weights_gen != self._weights_gen:
-            ids = (seq.prompt + seq.generated)[: seq.length]
+            ids, boundary = restate_after_refit(seq.prompt, seq.generated, seq.length)
             fresh = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
             prefill(self._params, self._shape, ids, fresh, 0)
-            seq.kv, seq.weights_gen, seq.boundary = fresh, self._weights_gen, len(seq.generated)
+            seq.kv, seq.weights_gen, seq.boundary = fresh, self._weights_gen, boundary
         if seq.length < capacity:
             return
         grown = max(seq.grow_to, capacity + self._spec.decode_growth_tokens)
