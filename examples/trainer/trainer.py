@@ -1,13 +1,20 @@
-"""An example trainer process: broadcast new weights into every ``torch`` engine through ``drs sidecar``.
+"""An example trainer process: refit every ``torch`` engine with new weights through ``drs sidecar``.
 
-What a NeMo RL trainer does at a non-colocated refit, in one script (rank 0 of the refit group):
+Its weights live packed in one buffer, in the one refit layout (:mod:`drs_protocol.weights_pack`:
+``state_dict_info`` order, no padding; the parameters are views of it, as a Megatron-style trainer
+keeps its parameters in contiguous buffers), so a refit sends the buffer itself, cut into batches.
 
-1. host a TCPStore at ``--ip``/a free port and write the group's backend and bucket size into it
-   (:mod:`drs_protocol.weights_pack`);
+``--backend nccl|gloo``: what a NeMo RL trainer does at a non-colocated refit (rank 0 of the group):
+
+1. host a TCPStore at ``--ip``/a free port and write the group's backend and batch target into it;
 2. ``POST /v1/collective/init`` to the sidecar (which gives every engine its ranks) while joining
    the group as rank 0 — the group's size is the one the engines write into the store;
 3. ``POST /v1/collective/prepare`` with every tensor's name, shape and dtype;
-4. ``POST /v1/collective/update`` while broadcasting the tensors packed into large buckets.
+4. ``POST /v1/collective/update`` while broadcasting each batch (one range of the packed buffer).
+
+``--backend ipc``: the colocated refit (trainer and engines on the same host, sharing GPUs):
+``POST /v1/weights/ipc`` with ``state_dict_info`` and the batches as CUDA IPC handles of the packed
+buffer; every engine copies them into its weights while the trainer keeps the buffer unchanged.
 
 The "new weights" are a seeded random Qwen3 model (``--model random:<size> --seed N``); ``--save
 DIR`` also writes them as a Hugging Face checkpoint (``config.json`` + ``model.safetensors``), so
@@ -16,7 +23,8 @@ engines that come back later, or a test, can load the same weights from disk.
     python examples/trainer/trainer.py --sidecar http://127.0.0.1:8400 --model random:0.6b \\
         --seed 7 --version step-7 --device cuda:0 --backend nccl
 
-Prints one JSON line: bytes, buckets, and the broadcast's seconds and GB/s (trainer side).
+Prints one JSON line: bytes, batches, and the refit's seconds and GB/s (trainer side: the
+broadcast; for ``ipc``, the whole call through the sidecar).
 """
 
 from __future__ import annotations
@@ -32,16 +40,17 @@ from typing import Any
 import httpx
 import torch
 import torch.distributed as dist
+from drs_engine.backends.torch_kv import gpu_uuid, ipc_export
 from drs_engine.backends.torch_model import parse_dtype, random_state_dict, resolve_model
-from drs_engine.backends.torch_refit import GROUP_TIMEOUT, make_group, pack_bucket
+from drs_engine.backends.torch_refit import GROUP_TIMEOUT, make_group
+from drs_engine.backends.torch_weights import pack, specs_of
 from drs_protocol.routes import TrainerRoute
 from drs_protocol.weights_pack import (
-    DEFAULT_BUCKET_BYTES,
+    DEFAULT_TARGET_BYTES,
     STORE_KEY_BACKEND,
-    STORE_KEY_BUCKET_BYTES,
+    STORE_KEY_TARGET_BYTES,
     STORE_KEY_WORLD_SIZE,
-    parse_state_dict_info,
-    plan_buckets,
+    batch_ranges,
 )
 
 #: Seconds for the sidecar's answer to each step (a step waits for every engine).
@@ -56,9 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--version", default=None, help="version the engines serve them as (default step-SEED)")
     p.add_argument("--precision", default="bfloat16")
     p.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--backend", choices=["nccl", "gloo"], default="nccl" if torch.cuda.is_available() else "gloo")
+    p.add_argument(
+        "--backend", choices=["nccl", "gloo", "ipc"], default="nccl" if torch.cuda.is_available() else "gloo"
+    )
     p.add_argument("--ip", default="127.0.0.1", help="address the engines reach this trainer's store at")
-    p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
+    p.add_argument("--target-bytes", type=int, default=DEFAULT_TARGET_BYTES, help="batch target of the packing")
     p.add_argument("--save", type=Path, default=None, help="also write the weights as an HF checkpoint here")
     p.add_argument("--updates", type=int, default=1, help="broadcast this many times (the last one is timed)")
     return p.parse_args(argv)
@@ -80,33 +91,30 @@ def post(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]
     return data
 
 
-def broadcast(group: Any, tensors: dict[str, Any], info: dict[str, Any], bucket_bytes: int, where: Any) -> float:
-    """Pack and broadcast every bucket; returns the seconds from the first pack to the last send."""
-    buckets = plan_buckets(parse_state_dict_info(info), bucket_bytes)
+def broadcast(group: Any, flat: Any, ranges: list[tuple[int, int, Any]], where: Any) -> float:
+    """Broadcast every batch (a range of the packed buffer); the seconds from the first send to
+    the last one's completion."""
     started = time.perf_counter()
-    for bucket in buckets:
-        group.broadcast([pack_bucket(bucket, tensors, where)], dist.BroadcastOptions()).wait()
+    for start, end, _ in ranges:
+        buffer = flat[start:end] if where.type == flat.device.type else flat[start:end].to(where)
+        group.broadcast([buffer], dist.BroadcastOptions()).wait()
     if where.type == "cuda":
         torch.cuda.synchronize(where)
     return time.perf_counter() - started
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    source = resolve_model(args.model)
+def collective(
+    args: argparse.Namespace, client: httpx.Client, flat: Any, info: dict[str, Any], body: dict[str, Any]
+) -> dict[str, Any]:
+    """The non-colocated refit: form the group, prepare, broadcast ``--updates`` times."""
     device = torch.device(args.device)
-    tensors = random_state_dict(source.shape, seed=args.seed, device=device, dtype=parse_dtype(args.precision))
-    version = args.version or f"step-{args.seed}"
-    if args.save is not None:
-        save_checkpoint(args.save, source.shape.to_hf_config(), tensors)
-    info = {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors.items()}
-    nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
     store = dist.TCPStore(args.ip, 0, is_master=True, timeout=GROUP_TIMEOUT, wait_for_workers=False)
     store.set(STORE_KEY_BACKEND, args.backend)
-    store.set(STORE_KEY_BUCKET_BYTES, str(args.bucket_bytes))
+    store.set(STORE_KEY_TARGET_BYTES, str(args.target_bytes))
     sidecar = args.sidecar.rstrip("/")
     where = device if args.backend == "nccl" else torch.device("cpu")
-    with httpx.Client() as client, ThreadPoolExecutor(max_workers=1) as pool:
+    ranges = batch_ranges(list(specs_of_info(info)), args.target_bytes)
+    with ThreadPoolExecutor(max_workers=1) as pool:
         joining = pool.submit(
             post,
             client,
@@ -118,26 +126,79 @@ def main(argv: list[str] | None = None) -> int:
         group = make_group(store, args.backend, 0, world_size, device)
         init = joining.result()
         post(client, sidecar + TrainerRoute.COLLECTIVE_PREPARE, {"state_dict_info": info})
-        body: dict[str, Any] = {"version": version}
-        if args.save is not None:
-            body["path"] = str(args.save)
-        seconds = 0.0
+        seconds, update = 0.0, {}
         for _ in range(args.updates):
             updating = pool.submit(post, client, sidecar + TrainerRoute.COLLECTIVE_UPDATE, body)
-            seconds = broadcast(group, tensors, info, args.bucket_bytes, where)
+            seconds = broadcast(group, flat, ranges, where)
             update = updating.result()
+    return {
+        "world_size": world_size,
+        "batches": len(ranges),
+        "seconds": seconds,
+        "group": init.get("group"),
+        "update": update,
+    }
+
+
+def colocated(
+    args: argparse.Namespace, client: httpx.Client, flat: Any, info: dict[str, Any], body: dict[str, Any]
+) -> dict[str, Any]:
+    """The colocated refit: the batches as CUDA IPC handles of the packed buffer, ``--updates`` times."""
+    ranges = batch_ranges(list(specs_of_info(info)), args.target_bytes)
+    uuid = gpu_uuid(flat.device)
+    buffers = [{"gpu_uuid": uuid, "offset": a, "nbytes": b - a, "ipc": ipc_export(flat[a:b])} for a, b, _ in ranges]
+    torch.cuda.synchronize(flat.device)  # the buffer is complete before any engine reads it
+    seconds, update = 0.0, {}
+    for _ in range(args.updates):
+        started = time.perf_counter()
+        update = post(
+            client,
+            args.sidecar.rstrip("/") + TrainerRoute.IPC_UPDATE,
+            {**body, "state_dict_info": info, "buffers": buffers},
+        )
+        seconds = time.perf_counter() - started
+    return {"world_size": None, "batches": len(ranges), "seconds": seconds, "group": None, "update": update}
+
+
+def specs_of_info(info: dict[str, Any]) -> Any:
+    from drs_protocol.nemo_rl_refit import parse_state_dict_info
+
+    return parse_state_dict_info(info)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    source = resolve_model(args.model)
+    device = torch.device(args.device)
+    if args.backend == "ipc" and device.type != "cuda":
+        raise SystemExit("trainer: --backend ipc shares GPU buffers: --device must be a CUDA device")
+    weights = pack(
+        random_state_dict(source.shape, seed=args.seed, device=device, dtype=parse_dtype(args.precision)), device
+    )
+    version = args.version or f"step-{args.seed}"
+    if args.save is not None:
+        save_checkpoint(args.save, source.shape.to_hf_config(), weights.params)
+    info = {s.name: [list(s.shape), s.dtype] for s in specs_of(weights.params)}
+    body: dict[str, Any] = {"version": version}
+    if args.save is not None:
+        body["path"] = str(args.save)
+    with httpx.Client() as client:
+        run = colocated if args.backend == "ipc" else collective
+        done = run(args, client, weights.flat, info, body)
+    nbytes = weights.nbytes
+    seconds = done["seconds"]
     print(
         json.dumps(
             {
                 "version": version,
-                "world_size": world_size,
+                "world_size": done["world_size"],
                 "backend": args.backend,
                 "bytes": nbytes,
-                "buckets": len(plan_buckets(parse_state_dict_info(info), args.bucket_bytes)),
+                "buckets": done["batches"],
                 "broadcast_s": round(seconds, 6),
                 "broadcast_gb_per_s": round(nbytes / seconds / 1e9, 3) if seconds else None,
-                "group": init.get("group"),
-                "engines_ok": update.get("ok"),
+                "group": done["group"],
+                "engines_ok": done["update"].get("ok"),
             }
         ),
         flush=True,

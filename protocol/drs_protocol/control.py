@@ -47,6 +47,29 @@ class CollectiveUpdate(_Strict):
     recompute_kv: bool = False
 
 
+class IpcBuffer(_Strict):
+    """One packed weights buffer a colocated trainer shares by CUDA IPC: ``nbytes`` bytes of the
+    packed layout (:mod:`drs_protocol.nemo_rl_refit`) from byte ``offset`` on, on the GPU
+    ``gpu_uuid``. ``ipc``: the CUDA IPC fields of the buffer (handle, sizes, reference counter,
+    event; plain base64/ints, never a pickle), as the engine's ``torch_kv.ipc_export`` writes them."""
+
+    gpu_uuid: str = Field(min_length=1)
+    offset: int = Field(ge=0)
+    nbytes: int = Field(ge=0)
+    ipc: dict[str, Any]
+
+
+class IpcUpdate(_Strict):
+    """The colocated refit (NeMo RL's colocated path: the trainer on the engines' GPUs shares its
+    packed weight buffers by CUDA IPC handles): copy the tensors of ``state_dict_info``, packed in
+    that order with no padding, out of ``buffers`` into the engine's weights; serve them as
+    ``version``. The trainer keeps the buffers alive and unchanged until the call returns."""
+
+    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
+    state_dict_info: dict[str, Any]
+    buffers: list[IpcBuffer] = Field(min_length=1)
+
+
 class MemoryTags(_Strict):
     """Memory to release (sleep) or resume (wake); empty means every tag (TensorRT-LLM's tags:
     ``model``, ``kv_cache``, ``sampler``, ``drafter``, … — any string is accepted)."""

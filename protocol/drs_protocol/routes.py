@@ -60,6 +60,7 @@ class ControlOp(StrEnum):
     INIT_COLLECTIVE = "init_collective"
     PREPARE_REFIT_INFO = "prepare_refit_info"
     UPDATE_WEIGHTS_FROM_COLLECTIVE = "update_weights_from_collective"
+    UPDATE_WEIGHTS_FROM_IPC = "update_weights_from_ipc"
     RESET_PREFIX_CACHE = "reset_prefix_cache"
     RELEASE_MEMORY = "release_memory"
     RESUME_MEMORY = "resume_memory"
@@ -77,6 +78,7 @@ CONTROL_ROUTES: Final[Mapping[ControlOp, str]] = MappingProxyType(
         ControlOp.INIT_COLLECTIVE: "/control/collective/init",
         ControlOp.PREPARE_REFIT_INFO: "/control/collective/prepare",
         ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: "/control/collective/update",
+        ControlOp.UPDATE_WEIGHTS_FROM_IPC: "/control/weights/ipc",
         ControlOp.RESET_PREFIX_CACHE: "/control/prefix_cache/reset",
         ControlOp.RELEASE_MEMORY: "/control/memory/release",
         ControlOp.RESUME_MEMORY: "/control/memory/resume",
@@ -93,6 +95,7 @@ class TrainerRoute(StrEnum):
     COLLECTIVE_INIT = "/v1/collective/init"
     COLLECTIVE_PREPARE = "/v1/collective/prepare"
     COLLECTIVE_UPDATE = "/v1/collective/update"
+    IPC_UPDATE = "/v1/weights/ipc"
     PREFIX_CACHE_RESET = "/v1/prefix_cache/reset"
     SLEEP = "/v1/sleep"
     WAKE = "/v1/wake"

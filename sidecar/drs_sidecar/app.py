@@ -18,6 +18,9 @@
 ``POST /v1/collective/update``   ``{"version", "drain", "recompute_kv",  receive the broadcast; ``path``: a
                                  "path"}``                            checkpoint of the same weights for
                                                                       engines that come back later
+``POST /v1/weights/ipc``    ``{"version", "state_dict_info",         colocated refit: every engine copies
+                            "buffers", "path"}``                      the trainer's CUDA-IPC-shared packed
+                                                                      buffers (same host; torch engines)
 ``GET /v1/fleet``           —                                         engines, the version each serves,
                                                                       desired and published weights
 ``GET /healthz``            —                                         liveness
@@ -49,7 +52,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Final, TypeVar
 
 from drs_protocol.body import read_body
-from drs_protocol.control import MemoryTags
+from drs_protocol.control import IpcBuffer, IpcUpdate, MemoryTags
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.routes import HEALTHZ, METRICS, ControlOp, TrainerRoute
 from fastapi import FastAPI, Request
@@ -91,6 +94,13 @@ class CollectiveUpdate(_Strict):
     version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS)
     drain: bool = True
     recompute_kv: bool = False
+    path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
+
+
+class IpcRefit(_Strict):
+    version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS)
+    state_dict_info: dict[str, Any]
+    buffers: list[IpcBuffer] = Field(min_length=1, description="the trainer's packed buffers, by CUDA IPC")
     path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
 
 
@@ -176,6 +186,12 @@ def _add_collective_routes(app: FastAPI, refitter: Refitter) -> None:
             body.version, drain=body.drain, recompute_kv=body.recompute_kv, path=body.path
         )
         return report_response(report)
+
+    @app.post(TrainerRoute.IPC_UPDATE)
+    async def ipc_update(request: Request) -> Response:
+        body = await parse_body(request, IpcRefit)
+        update = IpcUpdate(version=body.version, state_dict_info=body.state_dict_info, buffers=body.buffers)
+        return report_response(await refitter.ipc_update(update, path=body.path))
 
 
 def _add_broadcast_routes(app: FastAPI, refitter: Refitter) -> None:

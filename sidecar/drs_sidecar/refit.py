@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from drs_protocol.control import CollectiveInit, CollectiveUpdate, MemoryTags, PrepareRefitInfo
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, MemoryTags, PrepareRefitInfo
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 from drs_protocol.routes import ControlOp
 
@@ -208,6 +208,30 @@ class Refitter:
             if path is None:
                 log.warning("weights %s came by broadcast, no checkpoint path: restarted engines keep theirs", version)
             await self._publish(version)
+        return report
+
+    async def ipc_update(self, body: IpcUpdate, *, path: str | None) -> Report:
+        """The colocated refit: every ready engine copies the trainer's CUDA-IPC-shared packed
+        buffers into its weights and serves them as ``body.version`` (engines on the trainer's host;
+        no group to form). ``path`` as for :meth:`collective_update`."""
+        check_weights(path or "-", body.version)
+        if self._lock.locked():
+            raise RefitBusy()
+        async with self._lock:
+            op = ControlOp.UPDATE_WEIGHTS_FROM_IPC
+            report = await self._fan_out(
+                op,
+                await self.fleet.engines(),
+                lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
+                all_at_once=True,
+            )
+            await self._record_engines(
+                {**self.engine_versions, **{o.engine: body.version for o in report.outcomes if o.ok}}
+            )
+        if report.complete:
+            self.desired = Weights(path, body.version) if path else None
+            self._backoff.clear()
+            await self._publish(body.version)
         return report
 
     async def _collective(self, op: ControlOp, body: PrepareRefitInfo | CollectiveUpdate) -> Report:

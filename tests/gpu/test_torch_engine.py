@@ -222,7 +222,7 @@ async def test_a_gloo_collective_refit_through_the_sidecar_serves_the_trainers_w
             "cpu",
             "--backend",
             "gloo",
-            "--bucket-bytes",
+            "--target-bytes",
             str(1 << 20),
             "--save",
             str(tmp_path / "step-9"),

@@ -1,9 +1,9 @@
-"""The collective refit's packing plan (pure; both trainer and engine compute it)."""
+"""The one packed refit layout (pure; trainer and engines, torch and trtllm, compute it alike)."""
 
 from __future__ import annotations
 
-import pytest
-from drs_protocol.weights_pack import ALIGN_BYTES, PackError, TensorSpec, parse_state_dict_info, plan_buckets
+from drs_protocol.nemo_rl_refit import TensorSpec, packed_batches
+from drs_protocol.weights_pack import batch_ranges, flat_slots
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -14,26 +14,22 @@ specs = st.lists(st.tuples(shapes, st.sampled_from(["bfloat16", "float32", "int8
 
 
 @given(specs, st.integers(1, 40_000))
-def test_every_tensor_lands_once_in_order_aligned_and_without_overlap(tensors: list[TensorSpec], size: int) -> None:
-    buckets = plan_buckets(tensors, size)
-    placed = [slot for bucket in buckets for slot in bucket.slots]
-    assert [slot.spec for slot in placed] == tensors
-    for bucket in buckets:
-        end = 0
-        for slot in bucket.slots:
-            assert slot.offset % ALIGN_BYTES == 0 and slot.offset >= end
-            end = slot.offset + slot.spec.nbytes
-        assert bucket.nbytes == end
-        assert bucket.nbytes <= size or len(bucket.slots) == 1  # only a lone oversized tensor exceeds it
+def test_batches_are_consecutive_ranges_of_one_unpadded_concatenation(tensors: list[TensorSpec], target: int) -> None:
+    flat = flat_slots(tensors)
+    assert [s.offset for s in flat] == [sum(t.nbytes for t in tensors[:i]) for i in range(len(tensors))]
+    ranges = batch_ranges(tensors, target)
+    assert ranges[0][0] == 0 and ranges[-1][1] == sum(t.nbytes for t in tensors)
+    for (_, end, _), (start, _, _) in zip(ranges, ranges[1:], strict=False):
+        assert end == start  # no gap, no overlap
+    placed = [(start + slot.offset, slot.spec) for start, _, batch in ranges for slot in batch]
+    assert placed == [(s.offset, s.spec) for s in flat]  # the same bytes as the flat layout
+    nemo = packed_batches(tensors, target)  # and exactly NeMo RL's batches (what trtllm engines receive)
+    assert [[slot.spec.name for slot in b] for b in nemo] == [[s.spec.name for s in b] for _, _, b in ranges]
+    for start, end, _ in ranges[:-1]:
+        assert end - start > target  # a batch closes right after it first exceeds the target
 
 
-def test_state_dict_info_accepts_nemo_pairs_and_objects_and_names_what_is_wrong() -> None:
-    parsed = parse_state_dict_info({"a": [[2, 3], "torch.bfloat16"], "b": {"shape": [4], "dtype": "float32"}})
-    assert [(s.name, s.shape, s.dtype, s.nbytes) for s in parsed] == [
-        ("a", (2, 3), "bfloat16", 12),
-        ("b", (4,), "float32", 16),
-    ]
-    with pytest.raises(PackError, match=r"state_dict_info\.c: dtype 'complex7'"):
-        parse_state_dict_info({"c": [[1], "complex7"]})
-    with pytest.raises(PackError, match=r"state_dict_info\.d: shape must be a list of integers"):
-        parse_state_dict_info({"d": ["x", "float32"]})
+def test_a_bfloat16_then_float32_layout_has_no_padding() -> None:
+    tensors = [TensorSpec("a", (3,), "bfloat16"), TensorSpec("b", (2,), "float32")]
+    assert [s.offset for s in flat_slots(tensors)] == [0, 6]
+    assert [(a, b) for a, b, _ in batch_ranges(tensors, 4)] == [(0, 6), (6, 14)]

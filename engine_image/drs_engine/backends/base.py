@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
 
 from drs_engine.errors import NotSupportedError
 from drs_engine.wire import EngineRequest, RequestType
@@ -180,6 +180,13 @@ class EngineBackend(abc.ABC):
 
     @abc.abstractmethod
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]: ...
+
+    async def update_weights_from_ipc(self, params: IpcUpdate) -> dict[str, Any]:
+        """The colocated refit: copy the trainer's CUDA-IPC-shared packed buffers into the weights."""
+        raise NotSupportedError(
+            f"update_weights_from_ipc (the colocated CUDA IPC refit) is not supported by the {self.name} backend; "
+            "the torch backend offers it (the trtllm backend refits by collective broadcast or from a path)"
+        )
 
     @abc.abstractmethod
     async def reset_prefix_cache(self) -> dict[str, Any]: ...

@@ -51,6 +51,7 @@ from drs_engine.backends.torch_model import (
     read_safetensors,
     resolve_model,
 )
+from drs_engine.backends.torch_weights import PackedWeights, pack
 from drs_engine.config import EngineConfig
 from drs_engine.errors import BadRequestError, ContextMismatchError, ContextStateMissingError, EngineError
 from drs_engine.kv_store import ContextStore
@@ -99,7 +100,8 @@ class TorchBackend(TorchControl, EngineBackend):
         self._vocab_limit = min(vocab_size, self._shape.vocab_size) if self._source.random_seed is not None else None
         self._version = config.weights_version
         self._seed = self._weights_seed()
-        self._params: dict[str, Any] = {}
+        self._weights = PackedWeights({})
+        self._ipc_maps = torch_refit.IpcMaps()
         self._host_params: dict[str, Any] | None = None
         self._cache = PrefixCache(
             tokens_per_block=self._spec.tokens_per_block, capacity_tokens=self._spec.cache_capacity_tokens
@@ -123,7 +125,7 @@ class TorchBackend(TorchControl, EngineBackend):
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self._params = await self._worker.run(self._initial_params)
+        self._weights = pack(await self._worker.run(self._initial_params), self._device)
         self._bans = await self._worker.run(self._ban_masks)
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=300.0, write=60.0, pool=10.0))
 
@@ -222,7 +224,7 @@ class TorchBackend(TorchControl, EngineBackend):
     def _install(self, params: dict[str, Any] | None) -> None:
         """New weights (or the same tensors, changed in place): on the GPU thread, between steps."""
         if params is not None:
-            self._params = params
+            self._weights = pack(params, self._device)
         self._weights_gen += 1
 
     def _prefill_job(

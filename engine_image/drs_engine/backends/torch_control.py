@@ -10,11 +10,13 @@ import time
 from typing import Any, Final
 
 import torch
-from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcBuffer, IpcUpdate, PrepareRefitInfo
+from drs_protocol.nemo_rl_refit import TensorSpec
 
 from drs_engine.backends import torch_refit
 from drs_engine.backends.torch_batch import DecodeBatcher, GpuWorker
 from drs_engine.backends.torch_model import ModelShape, read_safetensors
+from drs_engine.backends.torch_weights import PackedWeights, pack
 from drs_engine.errors import BadRequestError, EngineError
 from drs_engine.kv_store import ContextStore
 from drs_engine.prefix_cache import PrefixCache
@@ -30,7 +32,8 @@ class TorchControl:
     _cache: PrefixCache
     _contexts: ContextStore[Any]
     _lent: list[tuple[float, Any]]
-    _params: dict[str, Any]
+    _weights: PackedWeights
+    _ipc_maps: torch_refit.IpcMaps
     _host_params: dict[str, Any] | None
     _group: torch_refit.RefitGroup | None
     _device: Any
@@ -40,6 +43,11 @@ class TorchControl:
     _seed: bytes
     _last_refit: dict[str, Any] | None
     _profile_started: float | None
+
+    @property
+    def _params(self) -> dict[str, Any]:
+        """The model's parameters (views of the packed weights)."""
+        return self._weights.params
 
     def _weights_seed(self) -> bytes:
         raise NotImplementedError
@@ -95,9 +103,20 @@ class TorchControl:
 
     def _receive(self, group: torch_refit.RefitGroup) -> dict[str, Any]:
         try:
-            return torch_refit.receive_update(group, self._params, self._device)
+            return torch_refit.receive_update(group, self._weights, self._device)
         finally:
             self._install(None)  # tensors changed in place (even a partial update)
+
+    async def update_weights_from_ipc(self, params: IpcUpdate) -> dict[str, Any]:
+        specs = torch_refit.check_specs(params.state_dict_info, self._params)
+        result = await self._worker.run(self._receive_ipc, specs, params.buffers)
+        return self._new_weights(params.version, result)
+
+    def _receive_ipc(self, specs: list[TensorSpec], buffers: list[IpcBuffer]) -> dict[str, Any]:
+        try:
+            return torch_refit.receive_ipc(self._ipc_maps, self._weights, specs, buffers, self._device)
+        finally:
+            self._install(None)  # tensors changed in place (even a partial copy)
 
     def _require_group(self) -> torch_refit.RefitGroup:
         if self._group is None:
@@ -117,7 +136,9 @@ class TorchControl:
             self._lent.clear()
             self._batcher.fail_all(EngineError("the engine released its KV cache (sleep)"))
         if "model" in released and self._host_params is None:
-            self._host_params, self._params = await self._worker.run(self._to_host, self._params), {}
+            self._host_params = await self._worker.run(self._to_host, self._params)
+            self._weights = PackedWeights({})
+            self._ipc_maps.clear()
         after = await self._worker.run(self._empty_cache)
         return {
             "released": released,
@@ -139,7 +160,7 @@ class TorchControl:
         return {k: v.to("cpu") for k, v in params.items()}
 
     def _restore(self, host: dict[str, Any]) -> None:
-        self._params = {k: v.to(self._device) for k, v in host.items()}  # the same values: KV stays valid
+        self._weights = pack(host, self._device)  # the same values: KV stays valid
 
     def _memory(self) -> dict[str, int | None]:
         """This engine's GPU memory: tensors it holds, and the device's free bytes."""

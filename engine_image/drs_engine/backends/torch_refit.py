@@ -1,44 +1,52 @@
-"""The ``torch`` backend's collective refit: join the trainer's group, receive packed weights.
+"""The ``torch`` backend's refit: receive packed weights by collective broadcast, or by CUDA IPC.
 
-NeMo RL's non-colocated refit, on ``torch.distributed``: ``init`` connects to the TCPStore the
-trainer hosts at ``ip:port``, reads the group's backend and bucket size from it
+Collective (NeMo RL's non-colocated refit, on ``torch.distributed``): ``init`` connects to the
+TCPStore the trainer hosts at ``ip:port``, reads the group's backend and batch target from it
 (:mod:`drs_protocol.weights_pack`), and joins as rank ``train_world_size + rank_prefix``;
-``prepare`` checks the announced tensors against the model; ``update`` receives each bucket by
-broadcast from rank 0 and copies the tensors out of it. The group is a process group object of
-its own (never the default group), so a later ``init`` replaces it cleanly.
+``prepare`` checks the announced tensors against the model; ``update`` receives each batch by
+broadcast from rank 0, straight into the engine's packed weights when the batch is one range of
+them (:mod:`.torch_weights`). The group is a process group object of its own (never the default
+group), so a later ``init`` replaces it cleanly.
 
-Every function here blocks (a collective waits for every rank): the backend runs them on its GPU
-worker thread.
+Colocated (NeMo RL's colocated refit: the trainer shares its packed buffers by CUDA IPC handles,
+on the same host; one GPU, or any GPU this engine sees): :func:`receive_ipc` maps each buffer
+(once: mappings are kept by handle) and copies it into the weights, one copy per buffer when the
+layouts agree. The same layout both ways, so one trainer refits either way.
+
+Every function here blocks: the backend runs them on its GPU worker thread.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
 import torch
 import torch.distributed as dist
+from drs_protocol.control import IpcBuffer
+from drs_protocol.nemo_rl_refit import RefitSpecError, Slot, TensorSpec, parse_state_dict_info
 from drs_protocol.weights_pack import (
     REFIT_BACKENDS,
     STORE_KEY_BACKEND,
-    STORE_KEY_BUCKET_BYTES,
+    STORE_KEY_TARGET_BYTES,
     STORE_KEY_WORLD_SIZE,
     STORE_PREFIX,
-    Bucket,
-    PackError,
-    TensorSpec,
-    parse_state_dict_info,
-    plan_buckets,
+    batch_ranges,
+    flat_slots,
 )
 
-from drs_engine.backends.torch_model import DTYPES
+from drs_engine.backends import torch_kv
+from drs_engine.backends.torch_weights import PackedWeights
 from drs_engine.errors import BadRequestError, WeightsLoadError
 
 #: How long joining the group, and each broadcast, may wait for the other ranks.
 GROUP_TIMEOUT: Final = timedelta(seconds=300)
+#: CUDA IPC mappings of trainers' buffers kept open (a trainer reuses its buffers refit after refit).
+IPC_MAPS_KEPT: Final = 4
 
 
 @dataclass
@@ -49,7 +57,7 @@ class RefitGroup:
     backend: str
     rank: int
     world_size: int
-    bucket_bytes: int
+    target_bytes: int
     specs: list[TensorSpec] | None = None
 
 
@@ -59,7 +67,7 @@ def join_group(*, ip: str, port: int, rank: int, world_size: int, device: Any) -
         store = dist.TCPStore(ip, port, is_master=False, timeout=GROUP_TIMEOUT)
         store.set(STORE_KEY_WORLD_SIZE, str(world_size))
         backend = store.get(STORE_KEY_BACKEND).decode()
-        bucket_bytes = int(store.get(STORE_KEY_BUCKET_BYTES).decode())
+        target_bytes = int(store.get(STORE_KEY_TARGET_BYTES).decode())
     except (RuntimeError, ValueError, OSError) as exc:
         raise WeightsLoadError(f"cannot reach the trainer's refit store at {ip}:{port}: {exc}") from exc
     if backend not in REFIT_BACKENDS:
@@ -67,7 +75,7 @@ def join_group(*, ip: str, port: int, rank: int, world_size: int, device: Any) -
     if backend == "nccl" and device.type != "cuda":
         raise WeightsLoadError("the trainer's refit group is NCCL, and this engine runs on the CPU")
     group = make_group(store, backend, rank, world_size, device)
-    return RefitGroup(group=group, backend=backend, rank=rank, world_size=world_size, bucket_bytes=bucket_bytes)
+    return RefitGroup(group=group, backend=backend, rank=rank, world_size=world_size, target_bytes=target_bytes)
 
 
 def make_group(store: Any, backend: str, rank: int, world_size: int, device: Any) -> Any:
@@ -86,20 +94,11 @@ def make_group(store: Any, backend: str, rank: int, world_size: int, device: Any
     return group
 
 
-def pack_bucket(bucket: Bucket, tensors: dict[str, Any], where: Any) -> Any:
-    """The trainer's side of one bucket: its tensors laid into one flat ``uint8`` buffer."""
-    buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=where)
-    for slot in bucket.slots:
-        flat = tensors[slot.spec.name].detach().contiguous().reshape(-1).view(torch.uint8)
-        buffer[slot.offset : slot.offset + slot.spec.nbytes].copy_(flat)
-    return buffer
-
-
 def check_specs(info: dict[str, Any], params: dict[str, Any]) -> list[TensorSpec]:
     """``state_dict_info`` parsed and checked against the model (every name known, shapes equal)."""
     try:
         specs = parse_state_dict_info(info)
-    except PackError as exc:
+    except RefitSpecError as exc:
         raise BadRequestError(str(exc), param="state_dict_info") from exc
     for spec in specs:
         if spec.name not in params:
@@ -115,34 +114,93 @@ def check_specs(info: dict[str, Any], params: dict[str, Any]) -> list[TensorSpec
     return specs
 
 
-def receive_update(member: RefitGroup, params: dict[str, Any], device: Any) -> dict[str, Any]:
-    """Receive every bucket the trainer broadcasts and copy its tensors into ``params``."""
+def receive_update(member: RefitGroup, weights: PackedWeights, device: Any) -> dict[str, Any]:
+    """Receive every batch the trainer broadcasts into ``weights`` (in place where it is one range)."""
     if member.specs is None:
         raise BadRequestError("update_weights_from_collective before prepare_refit_info")
     started = time.perf_counter()
-    buckets = plan_buckets(member.specs, member.bucket_bytes)
+    ranges = batch_ranges(member.specs, member.target_bytes)
     where = device if member.backend == "nccl" else torch.device("cpu")
-    total = 0
-    for bucket in buckets:
-        buffer = torch.empty(bucket.nbytes, dtype=torch.uint8, device=where)
+    in_place = 0
+    for start, end, batch in ranges:
+        place = weights.target(batch, end - start) if member.backend == "nccl" else None
+        buffer = place if place is not None else torch.empty(end - start, dtype=torch.uint8, device=where)
         member.group.broadcast([buffer], dist.BroadcastOptions()).wait()
-        for slot in bucket.slots:
-            spec = slot.spec
-            raw = buffer[slot.offset : slot.offset + spec.nbytes]
-            tensor = raw.view(DTYPES[spec.dtype]).view(spec.shape)
-            params[spec.name].copy_(tensor, non_blocking=True)
-        total += bucket.nbytes
+        if place is None:
+            weights.copy_batch(batch, buffer)
+        else:
+            in_place += 1
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
+    total = ranges[-1][1] if ranges else 0
+    return _report(member.backend, len(member.specs), len(ranges), in_place, total, seconds)
+
+
+def _report(how: str, tensors: int, batches: int, in_place: int, total: int, seconds: float) -> dict[str, Any]:
     return {
-        "tensors": len(member.specs),
-        "buckets": len(buckets),
+        "backend": how,
+        "tensors": tensors,
+        "buckets": batches,
+        "buckets_in_place": in_place,
         "bytes": total,
         "seconds": round(seconds, 6),
         "gb_per_s": round(total / seconds / 1e9, 3) if seconds > 0 else None,
-        "backend": member.backend,
     }
+
+
+class IpcMaps:
+    """Trainers' buffers mapped into this process by CUDA IPC, kept by handle (most recent few)."""
+
+    def __init__(self) -> None:
+        self._maps: OrderedDict[str, Any] = OrderedDict()
+
+    def get(self, buffer: IpcBuffer) -> Any:
+        key = f"{buffer.gpu_uuid}/{buffer.ipc.get('handle')}/{buffer.ipc.get('storage_offset_bytes')}"
+        mapped = self._maps.get(key)
+        if mapped is None:
+            producer = torch_kv.local_gpu_uuids().get(buffer.gpu_uuid)
+            if producer is None:
+                raise BadRequestError(
+                    f"buffers: GPU {buffer.gpu_uuid} is not visible to this engine (CUDA IPC needs the same host "
+                    "and the trainer's GPU visible here)",
+                    param="buffers",
+                )
+            mapped = torch_kv.ipc_import(buffer.ipc, torch.uint8, producer).reshape(-1)
+            self._maps[key] = mapped
+            while len(self._maps) > IPC_MAPS_KEPT:
+                self._maps.popitem(last=False)
+        self._maps.move_to_end(key)
+        if mapped.numel() < buffer.nbytes:
+            raise BadRequestError(f"buffers: the shared buffer has {mapped.numel()} bytes, not {buffer.nbytes}")
+        return mapped[: buffer.nbytes]
+
+    def clear(self) -> None:
+        self._maps.clear()
+
+
+def receive_ipc(
+    maps: IpcMaps, weights: PackedWeights, specs: list[TensorSpec], buffers: list[IpcBuffer], device: Any
+) -> dict[str, Any]:
+    """Copy the tensors of ``specs`` (the packed layout) out of the trainer's shared ``buffers``."""
+    if device.type != "cuda":
+        raise BadRequestError("update_weights_from_ipc: this engine runs on the CPU (CUDA IPC needs a GPU)")
+    started = time.perf_counter()
+    slots = flat_slots(specs)
+    copied = in_place = 0
+    for buf in buffers:
+        end = buf.offset + buf.nbytes
+        batch = [Slot(s.spec, s.offset - buf.offset) for s in slots if buf.offset <= s.offset < end]
+        if any(s.offset + s.spec.nbytes > buf.nbytes for s in batch):
+            raise BadRequestError("buffers: a tensor straddles two buffers (cut them at tensor boundaries)")
+        in_place += weights.copy_batch(batch, maps.get(buf))
+        copied += len(batch)
+    if copied != len(specs):
+        raise BadRequestError(f"buffers: they hold {copied} of the {len(specs)} tensors of state_dict_info")
+    torch.cuda.synchronize(device)
+    seconds = time.perf_counter() - started
+    total = sum(s.nbytes for s in specs)
+    return _report("cuda_ipc", len(specs), len(buffers), in_place, total, seconds)
 
 
 def leave_group(member: RefitGroup | None) -> None:

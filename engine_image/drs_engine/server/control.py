@@ -38,7 +38,14 @@ from typing import Any
 
 from drs_protocol import env
 from drs_protocol.body import parse_json_object, read_body
-from drs_protocol.control import CollectiveInit, CollectiveUpdate, LoadWeights, MemoryTags, PrepareRefitInfo
+from drs_protocol.control import (
+    CollectiveInit,
+    CollectiveUpdate,
+    IpcUpdate,
+    LoadWeights,
+    MemoryTags,
+    PrepareRefitInfo,
+)
 from drs_protocol.limits import MAX_CONTROL_BODY_BYTES
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
 from pydantic import BaseModel
@@ -147,6 +154,11 @@ def register(app: Any, state: EngineState) -> None:
         state.require_metrics().set_weights_version(params.version, loaded=True)
         return result
 
+    async def update_ipc(params: IpcUpdate) -> dict[str, Any]:
+        result = await state.require_backend().update_weights_from_ipc(params)
+        state.require_metrics().set_weights_version(params.version, loaded=True)
+        return result
+
     async def release(params: MemoryTags) -> dict[str, Any]:
         result = await state.require_backend().release_memory(params.tags)
         state.released_tags.update(result.get("released", params.tags))
@@ -164,6 +176,7 @@ def register(app: Any, state: EngineState) -> None:
         ControlOp.INIT_COLLECTIVE: (CollectiveInit, backend_op(ControlOp.INIT_COLLECTIVE)),
         ControlOp.PREPARE_REFIT_INFO: (PrepareRefitInfo, backend_op(ControlOp.PREPARE_REFIT_INFO)),
         ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: (CollectiveUpdate, update),
+        ControlOp.UPDATE_WEIGHTS_FROM_IPC: (IpcUpdate, update_ipc),
         ControlOp.RESET_PREFIX_CACHE: (None, backend_op(ControlOp.RESET_PREFIX_CACHE)),
         ControlOp.RELEASE_MEMORY: (MemoryTags, release),
         ControlOp.RESUME_MEMORY: (MemoryTags, resume),
