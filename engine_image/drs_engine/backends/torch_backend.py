@@ -18,7 +18,6 @@ backend is chosen.
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from drs_engine.backends.torch_model import (
     decode_step,
     new_kv,
     parse_dtype,
+    pick_device,
     prefill,
     random_state_dict,
     read_safetensors,
@@ -73,14 +73,6 @@ class TorchContext:
     kv: Any
     weights_version: str
     cached_tokens: int
-
-
-def pick_device(name: str | None) -> Any:
-    if name:
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-    return torch.device("cpu")
 
 
 class TorchBackend(TorchControl, EngineBackend):
@@ -428,7 +420,7 @@ class TorchBackend(TorchControl, EngineBackend):
         opaque = torch_kv.read_opaque_state(dp.encoded_opaque_state)
         transport, producer = torch_kv.choose_transport(self._spec.kv_transport, opaque, self._device)
         started = time.perf_counter()
-        header, kv = await fetch_context(
+        header, kv, copy_s = await fetch_context(
             self._client,
             self._worker,
             dp.ctx_info_endpoint.rstrip("/"),
@@ -438,7 +430,7 @@ class TorchBackend(TorchControl, EngineBackend):
             device=self._device,
             dtype=self._dtype,
         )
-        self._count_transfer(transport.value, kv.shape, time.perf_counter() - started)
+        self._count_transfer(transport.value, kv.shape, time.perf_counter() - started, copy_s)
         ids = _decode_ids(header.prompt_token_ids_b64)
         if ids != leg.prompt_token_ids:
             raise ContextMismatchError(
@@ -459,15 +451,20 @@ class TorchBackend(TorchControl, EngineBackend):
         gen = self._weights_gen if header.weights_version == self._version else -1
         return self._new_seq(leg, kv, first, s, gen), first, cached
 
-    def _count_transfer(self, transport: str, shape: Any, seconds: float) -> None:
-        tokens = int(shape[3])
+    def _count_transfer(self, transport: str, shape: Any, seconds: float, copy_s: float | None) -> None:
+        """``last_gb_per_s``: the whole fetch (request, mapping or bytes, copy); ``last_copy_gb_per_s``:
+        the GPU copy alone (CUDA IPC; CUDA events)."""
+        nbytes = int(shape[3]) * self._shape.kv_bytes_per_token(self._dtype)
         stats = self.kv_stats.setdefault(transport, {"count": 0, "bytes": 0, "seconds": 0.0})
         stats["count"] += 1
-        stats["bytes"] += tokens * self._shape.kv_bytes_per_token(self._dtype)
+        stats["bytes"] += nbytes
         stats["seconds"] += seconds
-        stats["last_gb_per_s"] = round(
-            tokens * self._shape.kv_bytes_per_token(self._dtype) / max(seconds, 1e-9) / 1e9, 3
-        )
+        stats["last_bytes"] = nbytes
+        stats["last_seconds"] = round(seconds, 6)
+        stats["last_gb_per_s"] = round(nbytes / max(seconds, 1e-9) / 1e9, 3)
+        if copy_s is not None:
+            stats["last_copy_seconds"] = round(copy_s, 6)
+            stats["last_copy_gb_per_s"] = round(nbytes / max(copy_s, 1e-9) / 1e9, 3)
 
     def pending_handoffs(self) -> int:
         return len(self._contexts)

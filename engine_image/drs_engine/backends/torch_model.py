@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -385,3 +386,11 @@ def decode_step(
 def check_capacity(shape: ModelShape, total: int) -> None:
     if total > shape.max_positions:
         raise BadRequestError(f"the sequence needs {total} positions; the model has {shape.max_positions}")
+
+
+def pick_device(name: str | None) -> Any:
+    if name:
+        return torch.device(name)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")

@@ -156,9 +156,12 @@ class IpcMaps:
         self._maps: OrderedDict[str, Any] = OrderedDict()
 
     def get(self, buffer: IpcBuffer) -> Any:
-        key = f"{buffer.gpu_uuid}/{buffer.ipc.get('handle')}/{buffer.ipc.get('storage_offset_bytes')}"
-        mapped = self._maps.get(key)
-        if mapped is None:
+        """``buffer``'s bytes, from its allocation mapped once (every batch of a trainer's packed
+        buffer shares one handle: the mapping covers the allocation, the batch is a slice of it)."""
+        fields = buffer.ipc
+        key = f"{buffer.gpu_uuid}/{fields.get('handle')}/{fields.get('storage_offset_bytes')}"
+        whole = self._maps.get(key)
+        if whole is None:
             producer = torch_kv.local_gpu_uuids().get(buffer.gpu_uuid)
             if producer is None:
                 raise BadRequestError(
@@ -166,14 +169,20 @@ class IpcMaps:
                     "and the trainer's GPU visible here)",
                     param="buffers",
                 )
-            mapped = torch_kv.ipc_import(buffer.ipc, torch.uint8, producer).reshape(-1)
-            self._maps[key] = mapped
+            storage = {**fields, "offset": 0, "size": [int(fields.get("storage_size_bytes", 0))], "stride": [1]}
+            whole = torch_kv.ipc_import(storage, torch.uint8, producer)
+            self._maps[key] = whole
             while len(self._maps) > IPC_MAPS_KEPT:
                 self._maps.popitem(last=False)
         self._maps.move_to_end(key)
-        if mapped.numel() < buffer.nbytes:
-            raise BadRequestError(f"buffers: the shared buffer has {mapped.numel()} bytes, not {buffer.nbytes}")
-        return mapped[: buffer.nbytes]
+        start = int(fields.get("offset", 0))
+        if list(fields.get("size", [])) != [buffer.nbytes] or start + buffer.nbytes > whole.numel():
+            raise BadRequestError(
+                f"buffers: the shared buffer's fields (offset {start}, size {fields.get('size')}) do not hold "
+                f"{buffer.nbytes} bytes",
+                param="buffers",
+            )
+        return whole[start : start + buffer.nbytes]
 
     def clear(self) -> None:
         self._maps.clear()

@@ -82,9 +82,10 @@ async def fetch_context(
     producer_device: int | None,
     device: Any,
     dtype: Any,
-) -> tuple[KvHeader, Any]:
-    """The context's header and its KV on ``device``, exactly the context's tokens (the decode
-    loop grows it before the first step, off the time to first token)."""
+) -> tuple[KvHeader, Any, float | None]:
+    """The context's header, its KV on ``device`` (exactly the context's tokens: the decode loop
+    grows it before the first step, off the time to first token), and for CUDA IPC the seconds of
+    the GPU copy itself (the rest of the fetch is the request and mapping the handle)."""
     url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={transport.value}"
     try:
         async with client.stream("GET", url) as response:
@@ -109,10 +110,10 @@ async def fetch_context(
     if transport is KvTransport.CUDA_IPC:
         if producer_device is None:
             raise KvTransferError("cuda_ipc without the prefill engine's GPU")
-        kv = await worker.run(_from_ipc, header, producer_device, device, dtype)
-    else:
-        kv = await worker.run(_from_host, header, host, device, dtype)
-    return header, kv
+        kv, copy_s = await worker.run(_from_ipc, header, producer_device, device, dtype)
+        return header, kv, copy_s
+    kv = await worker.run(_from_host, header, host, device, dtype)
+    return header, kv, None
 
 
 async def _read_frame(chunks: AsyncIterator[bytes], *, pin: bool) -> tuple[KvHeader, Any]:
@@ -151,16 +152,35 @@ async def _read_frame(chunks: AsyncIterator[bytes], *, pin: bool) -> tuple[KvHea
 def _from_host(header: KvHeader, host: Any, device: Any, dtype: Any) -> Any:
     kv = host.view(dtype).view(header.kv_shape).to(device, non_blocking=True)
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        torch.cuda.current_stream(device).synchronize()
     return kv
 
 
-def _from_ipc(header: KvHeader, producer_device: int, device: Any, dtype: Any) -> Any:
+def _from_ipc(header: KvHeader, producer_device: int, device: Any, dtype: Any) -> tuple[Any, float]:
+    """The context's KV copied out of the prefill engine's tensor, and the copy's own seconds
+    (CUDA events around the one bulk copy, on a stream of its own: no device-wide sync)."""
     remote = ipc_import(header.ipc, dtype, producer_device)
     if list(remote.shape) != header.kv_shape:
         raise KvTransferError(f"CUDA IPC KV has shape {list(remote.shape)}, the header says {header.kv_shape}")
     kv = torch.empty(remote.shape, dtype=dtype, device=device)
-    kv.copy_(remote)  # one contiguous copy: GPU to GPU over NVLink, or within the GPU when it is the same
-    torch.cuda.synchronize(device)
+    stream = _copy_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))  # the allocation is ordered before the copy
+    began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        began.record(stream)
+        kv.copy_(remote, non_blocking=True)  # one contiguous copy: GPU to GPU, or within the GPU
+        ended.record(stream)
+    ended.synchronize()
+    kv.record_stream(stream)
     del remote
-    return kv
+    return kv, began.elapsed_time(ended) / 1000.0
+
+
+_STREAMS: dict[Any, Any] = {}
+
+
+def _copy_stream(device: Any) -> Any:
+    """The stream KV copies run on (one per device, made once)."""
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device)
+    return _STREAMS[device]
