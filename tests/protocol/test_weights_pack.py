@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from drs_protocol.nemo_rl_refit import TensorSpec, packed_batches
 from drs_protocol.weights_pack import batch_ranges, flat_slots
 from hypothesis import given
@@ -19,7 +21,7 @@ def test_batches_are_consecutive_ranges_of_one_unpadded_concatenation(tensors: l
     assert [s.offset for s in flat] == [sum(t.nbytes for t in tensors[:i]) for i in range(len(tensors))]
     ranges = batch_ranges(tensors, target)
     assert ranges[0][0] == 0 and ranges[-1][1] == sum(t.nbytes for t in tensors)
-    for (_, end, _), (start, _, _) in zip(ranges, ranges[1:], strict=False):
+    for (_, end, _), (start, _, _) in itertools.pairwise(ranges):
         assert end == start  # no gap, no overlap
     placed = [(start + slot.offset, slot.spec) for start, _, batch in ranges for slot in batch]
     assert placed == [(s.offset, s.spec) for s in flat]  # the same bytes as the flat layout
