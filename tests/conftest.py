@@ -3,6 +3,9 @@
 * ``devcluster`` (session): the real control plane (etcd, kube-apiserver, kube-scheduler,
   kube-controller-manager, kwok) started once, torn down at the end even when tests fail.
 * ``namespace``: a fresh namespace per test, deleted afterwards.
+* ``pod_runner`` (module): the pod runner, so pods whose command is ``drs`` run as local processes
+  on their node's address and turn Ready from their real probes (started unless one runs already;
+  stopped after the module only when started here).
 Tests that use them carry ``@pytest.mark.cluster`` (``make unit`` deselects them).
 """
 
@@ -11,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from drs_devcluster import profiles
+from drs_devcluster import profiles, testing
 from drs_devcluster.testing import RunningCluster, namespace_for, session_cluster
 
 
@@ -28,6 +31,12 @@ def namespace(devcluster: RunningCluster, request: pytest.FixtureRequest) -> Ite
         yield name
     finally:
         devcluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def pod_runner(devcluster: RunningCluster) -> Iterator[None]:
+    with testing.pod_runner(devcluster.cluster):
+        yield
 
 
 @pytest.fixture(autouse=True)

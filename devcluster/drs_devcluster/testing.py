@@ -1,4 +1,5 @@
-"""pytest support: one real control plane per test session, a fresh namespace per test.
+"""pytest support: one real control plane per test session, a fresh namespace per test, the CRD,
+the pod runner for a module's tests, and waiting on a condition with a bounded timeout.
 
 The session cluster lives in its own state directory and port range (``DRS_TEST_PORT_BASE``,
 default 27300), so it never collides with a person's ``drs dev up``. It is torn down at the end of
@@ -7,16 +8,20 @@ the session whether tests passed or not; leftovers of a killed earlier run are s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
 import subprocess
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import build, profiles
+from drs_operator.api.constants import CRD_NAME
+
+from . import build, profiles, runner_daemon
 from .cluster import DevCluster
 
 TEST_PORT_BASE = int(os.environ.get("DRS_TEST_PORT_BASE", "27300"))
@@ -25,6 +30,11 @@ TEST_STATE_DIR = Path(os.environ.get("DRS_TEST_STATE_DIR", Path.home() / ".cache
 TEST_HGX_NODES = 8
 TEST_GB200_NODES = 2 * profiles.GB200_NODES_PER_CLIQUE
 KUBECTL_TIMEOUT_S = 120.0
+#: How long :func:`wait_for` waits unless told, and how often it looks.
+WAIT_S = 90.0
+POLL_S = 0.3
+#: The committed CRD (``make crd`` writes it).
+CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
 
 
 @dataclasses.dataclass
@@ -61,6 +71,11 @@ class RunningCluster:
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
+
+    def install_crd(self) -> None:
+        """Apply the committed CRD and return once it is Established (served)."""
+        self.kubectl("apply", "-f", str(CRD_DIR))
+        self.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
 
     def api_client(self) -> Any:
         from kubernetes import config
@@ -106,3 +121,30 @@ def namespace_for(test_name: str) -> str:
     """A DNS-1123 namespace name unique to one test run."""
     stem = re.sub(r"[^a-z0-9-]+", "-", test_name.lower()).strip("-")[:40].strip("-")
     return f"t-{stem}-{uuid.uuid4().hex[:6]}"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S, poll_s: float = POLL_S) -> Any:
+    """``check()``'s first truthy value, asked every ``poll_s``; after ``timeout`` an
+    AssertionError naming ``what`` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {str(last)[:2000]}")
+
+
+@contextlib.contextmanager
+def pod_runner(cluster: DevCluster) -> Iterator[None]:
+    """The pod runner of ``cluster`` while the block runs: started unless one runs already, and then
+    stopped afterwards only when started here."""
+    started = runner_daemon.running_runner(cluster) is None
+    if started:
+        runner_daemon.start_runner(cluster)
+    try:
+        yield
+    finally:
+        if started:
+            runner_daemon.stop_runner(cluster)

@@ -12,18 +12,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
-from drs_devcluster.testing import RunningCluster
+from drs_devcluster.testing import WAIT_S, RunningCluster, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DRS = str(Path(sys.executable).parent / "drs")
-WAIT_S = 90.0
-POLL_S = 0.3
 
 
 def free_port() -> int:
@@ -121,17 +118,6 @@ def running_operator(cluster: RunningCluster, log: Path, **kw: Any) -> Iterator[
         yield op
     finally:
         op.kill(signal.SIGTERM)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(POLL_S)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {str(last)[:2000]}")
 
 
 def get_json(cluster: RunningCluster, *args: str) -> dict[str, Any]:

@@ -3,28 +3,13 @@
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from drs_devcluster import profiles
-from drs_devcluster.testing import TEST_GB200_NODES, TEST_HGX_NODES, RunningCluster
+from drs_devcluster.testing import TEST_GB200_NODES, TEST_HGX_NODES, RunningCluster, wait_for
 
 pytestmark = pytest.mark.cluster
-
-WAIT_S = 60.0
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last value: {last!r}")
 
 
 def get(devcluster: RunningCluster, *args: str) -> dict[str, Any]:
@@ -53,7 +38,8 @@ def test_simulated_gpu_nodes_carry_capacity_addresses_and_cliques(devcluster: Ru
     nodes = get(devcluster, "nodes")["items"]
     assert len(nodes) == TEST_HGX_NODES + TEST_GB200_NODES
     ips = [a["address"] for n in nodes for a in n["status"]["addresses"] if a["type"] == "InternalIP"]
-    assert len(set(ips)) == len(nodes) and all(ip.startswith("127.0.") and ip != "127.0.0.1" for ip in ips)
+    assert sorted(ips) == sorted(profiles.node_ip(i) for i in range(len(nodes)))  # 127.<DRS_DEV_NODE_NET>.x.y
+    assert "127.0.0.1" not in ips
     by_gpus: dict[str, int] = {}
     for n in nodes:
         gpus = n["status"]["allocatable"][profiles.GPU_RESOURCE]

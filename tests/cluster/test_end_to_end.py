@@ -9,6 +9,7 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,8 +17,8 @@ from typing import Any
 
 import openai
 import pytest
-from drs_devcluster import runner_daemon as runner
-from drs_devcluster.testing import RunningCluster
+from drs_devcluster import profiles
+from drs_devcluster.testing import TEST_GB200_NODES, TEST_HGX_NODES, RunningCluster
 from operator_harness import (
     ROOT,
     OperatorProcess,
@@ -25,6 +26,7 @@ from operator_harness import (
     drs_status,
     engine_pods,
     free_port,
+    running_operator,
     wait_for,
     wait_ready,
 )
@@ -35,17 +37,12 @@ pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
-def stack(devcluster: RunningCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    devcluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    devcluster.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
-    if runner.running_runner(devcluster.cluster) is None:
-        runner.start_runner(devcluster.cluster)
-    op = OperatorProcess(devcluster, tmp_path_factory.mktemp("e2e") / "operator.log").start()
-    try:
+def stack(
+    devcluster: RunningCluster, pod_runner: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    devcluster.install_crd()
+    with running_operator(devcluster, tmp_path_factory.mktemp("e2e") / "operator.log") as op:
         yield op
-    finally:
-        op.kill(signal.SIGTERM)
-        runner.stop_runner(devcluster.cluster)
 
 
 def sim_fleet(name: str) -> dict[str, Any]:
@@ -84,7 +81,8 @@ def test_a_chat_turn_sent_to_a_status_url_is_served_by_that_replicas_engines(
     apply(devcluster, namespace, sim_fleet("e2e"))
     status = wait_ready(devcluster, namespace, "e2e", 2, timeout=180)
     urls = status["urls"]
-    assert len(urls) == 4 and all(u.startswith("http://127.0.") for u in urls)
+    node_ips = {profiles.node_ip(i) for i in range(TEST_HGX_NODES + TEST_GB200_NODES)}
+    assert len(urls) == 4 and all(urllib.parse.urlsplit(u).hostname in node_ips for u in urls)
     assert [u.rsplit(":", 1)[1] for u in urls] == ["18300", "18301", "18302", "18303"]
 
     def serving() -> bool:  # the frontends' own /ready: both of their engines answer

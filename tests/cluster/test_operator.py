@@ -14,7 +14,6 @@ import pytest
 from drs_devcluster import profiles
 from drs_devcluster.testing import RunningCluster
 from operator_harness import (
-    ROOT,
     OperatorProcess,
     apply,
     condition,
@@ -33,8 +32,7 @@ pytestmark = pytest.mark.cluster
 
 @pytest.fixture(scope="module")
 def crd(devcluster: RunningCluster) -> None:
-    devcluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    devcluster.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
+    devcluster.install_crd()
 
 
 @pytest.fixture(scope="module")

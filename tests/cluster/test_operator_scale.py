@@ -17,15 +17,14 @@ from typing import Any
 import pytest
 import yaml
 from drs_devcluster.testing import RunningCluster
-from operator_harness import ROOT, OperatorProcess, apply, drs_status, engine_pods, pods, wait_for, wait_ready
+from operator_harness import OperatorProcess, apply, drs_status, engine_pods, pods, wait_for, wait_ready
 
 pytestmark = pytest.mark.cluster
 
 
 @pytest.fixture(scope="module")
 def crd(devcluster: RunningCluster) -> None:
-    devcluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    devcluster.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
+    devcluster.install_crd()
 
 
 def fleet(name: str, replicas: int, width: int = 2, frontends: int = 2, **topology: Any) -> dict[str, Any]:

@@ -9,16 +9,14 @@ and a node is lost.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from drs_devcluster import runner_daemon
 from drs_devcluster.testing import RunningCluster
-from operator_harness import ROOT, OperatorProcess, apply, drs_status, engine_pods, get_json, wait_for
+from operator_harness import OperatorProcess, apply, drs_status, engine_pods, get_json, running_operator, wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -26,19 +24,12 @@ UP_TIMEOUT_S = 300.0
 
 
 @pytest.fixture(scope="module")
-def stack(devcluster: RunningCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    devcluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    devcluster.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
-    started = runner_daemon.running_runner(devcluster.cluster) is None
-    if started:
-        runner_daemon.start_runner(devcluster.cluster)
-    op = OperatorProcess(devcluster, tmp_path_factory.mktemp("wide") / "operator.log").start()
-    try:
+def stack(
+    devcluster: RunningCluster, pod_runner: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    devcluster.install_crd()
+    with running_operator(devcluster, tmp_path_factory.mktemp("wide") / "operator.log") as op:
         yield op
-    finally:
-        op.kill(signal.SIGTERM)
-        if started:
-            runner_daemon.stop_runner(devcluster.cluster)
 
 
 def wide_fleet(name: str, wide_role: str, engine_port: int, base_port: int) -> dict[str, Any]:

@@ -14,14 +14,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 from drs_devcluster.profiles import node_net
+from drs_devcluster.testing import wait_for
 from drs_engine.gang.spec import EXIT_GANG_LOST, head_temp_dir
 
 DRS = str(Path(sys.executable).parent / "drs")
@@ -35,17 +34,6 @@ def free_port(host: str) -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def wait_for(what: str, check: Any, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last}")
 
 
 def get(url: str) -> httpx.Response | None:

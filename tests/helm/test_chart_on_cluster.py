@@ -22,17 +22,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from drs_devcluster import runner_daemon
-from drs_devcluster.testing import RunningCluster, namespace_for
+from drs_devcluster.testing import RunningCluster, namespace_for, pod_runner, wait_for
 from drs_operator.api.constants import CRD_NAME, Phase
 from drs_operator.leader import LEASE_NAME
 
@@ -67,17 +65,6 @@ class Release:
     def workload_namespace(self) -> str:
         """A namespace the operator serves."""
         return self.watched[0] if self.watched else "default"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {str(last)[:2000]}")
 
 
 def get(cluster: RunningCluster, *args: str, check: bool = True) -> Manifest | None:
@@ -402,24 +389,8 @@ def drs_status(cluster: RunningCluster, namespace: str, name: str) -> dict[str, 
     return status if status.get("observedGeneration") == obj["metadata"]["generation"] else {}
 
 
-@pytest.fixture
-def pod_runner(devcluster: RunningCluster) -> Iterator[None]:
-    """The pod runner, so the example's host-network ``drs`` pods run and turn Ready from their probes.
-
-    kwok leaves those pods not Ready until the runner's real probe passes (``kwok_stages``).
-    """
-    started = runner_daemon.running_runner(devcluster.cluster) is None
-    if started:
-        runner_daemon.start_runner(devcluster.cluster)
-    try:
-        yield
-    finally:
-        if started:
-            runner_daemon.stop_runner(devcluster.cluster)
-
-
 def test_the_operator_under_the_service_account_token_reconciles_an_example_and_hands_over_its_lease(
-    devcluster: RunningCluster, scoped_release: Release, tmp_path: Path, pod_runner: None
+    devcluster: RunningCluster, scoped_release: Release, tmp_path: Path
 ) -> None:
     release = scoped_release
     served = release.workload_namespace
@@ -429,7 +400,8 @@ def test_the_operator_under_the_service_account_token_reconciles_an_example_and_
     example = yaml.safe_load((ROOT / "examples" / "local-sim.yaml").read_text())
     name = example["metadata"]["name"]
 
-    with operators(first, second):
+    # the pod runner, so the example's host-network `drs` pods run and turn Ready from their probes
+    with pod_runner(devcluster.cluster), operators(first, second):
         first.start()
         wait_for("the first operator to lead", first.is_leader, timeout=60)
         devcluster.kubectl("apply", "-n", served, "-f", "-", input=json.dumps(example))
@@ -441,7 +413,7 @@ def test_the_operator_under_the_service_account_token_reconciles_an_example_and_
             urls: list[str] = status.get("urls") or []
             return urls if status.get("phase") == Phase.READY and len(urls) == count else None
 
-        assert wait_for("the example to be Ready with 4 URLs", lambda: ready_urls(4))
+        assert wait_for("the example to be Ready with 4 URLs", lambda: ready_urls(4), timeout=WAIT_S)
         assert lease_holder(devcluster, release).startswith("operator-first_")
 
         second.start()
@@ -452,7 +424,7 @@ def test_the_operator_under_the_service_account_token_reconciles_an_example_and_
 
         # the new leader scales down: deletes children, patches status
         devcluster.kubectl("patch", "drs", name, "-n", served, "--type=merge", "-p", '{"spec": {"replicas": 1}}')
-        assert wait_for("the example to be Ready with 2 URLs", lambda: ready_urls(2))
+        assert wait_for("the example to be Ready with 2 URLs", lambda: ready_urls(2), timeout=WAIT_S)
 
     assert not first.errors() + second.errors()
 
