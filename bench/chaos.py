@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 from drs_devcluster import build, runner_daemon  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster  # noqa: E402
-from drs_protocol import routes  # noqa: E402
+from drs_protocol import fields, routes  # noqa: E402
 from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
 
 NAME = "chaos"
@@ -142,7 +142,7 @@ class Load:
         import aiohttp
 
         body = {"model": "sim-qwen3", "messages": messages, "max_tokens": self.max_tokens}
-        headers = {"x-session-id": sid}
+        headers = {fields.SESSION_HEADER: sid}
         started = time.monotonic()
         status: int | None = None
         for attempt in range(1, ATTEMPTS + 1):

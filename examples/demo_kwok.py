@@ -83,7 +83,7 @@ def refit(cluster: DevCluster, status: dict[str, Any]) -> None:
     with urllib.request.urlopen(request, timeout=120) as resp:
         report = json.loads(resp.read())
     say(
-        f"POST /v1/refit {version}: complete={report['complete']} engines={report['engines']} ok={report['ok']} "
+        f"POST {routes.TrainerRoute.REFIT} {version}: complete={report['complete']} engines={report['engines']} ok={report['ok']} "
         f"in {report['elapsed_s']}s"
     )
     deadline = time.monotonic() + 30

@@ -33,7 +33,7 @@ from demo_steps import (
     wait_serving,
 )
 from drs_devcluster import runner_daemon
-from drs_protocol import routes
+from drs_protocol import fields, routes
 
 EXAMPLE = ROOT / "examples" / "gb200-wide.yaml"
 NAME = "gb200-wide"
@@ -87,7 +87,7 @@ def main() -> None:
         json={"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8},
         timeout=60,
     )
-    say(f"a turn via {url}: HTTP {reply.status_code}, prefill={reply.headers.get('x-drs-prefill')}")
+    say(f"a turn via {url}: HTTP {reply.status_code}, prefill={reply.headers.get(fields.HEADER_PREFILL_ENGINE)}")
 
 
 if __name__ == "__main__":

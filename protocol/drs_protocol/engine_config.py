@@ -26,7 +26,7 @@ from typing import Any, Final, Self
 from pydantic import ConfigDict, Field, model_validator
 
 from drs_protocol.config import ConfigModel
-from drs_protocol.enums import EngineBackend, Role
+from drs_protocol.enums import EngineBackend, Precision, Role
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
 
 #: Largest request body the serving routes accept (bytes); larger gets 413.
@@ -45,7 +45,10 @@ class ModelSpec(ConfigModel):
         description="Tokenizer directory; default: the model path (trtllm) or the bundled Qwen3 tokenizer (sim).",
     )
     max_model_len: int = Field(default=32768, ge=2, description="Longest prompt + completion, in tokens.")
-    precision: str = Field(default="bfloat16", description="bfloat16 | float16 | float32 | auto | fp8 | nvfp4 ….")
+    precision: str = Field(
+        default=Precision.BFLOAT16.value,
+        description="A Precision (bfloat16 | float16 | float32 | auto | fp8 | nvfp4) ….",
+    )
     served_name: str | None = Field(default=None, description="Model name echoed in responses; default: the path.")
 
 

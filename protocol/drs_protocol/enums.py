@@ -1,4 +1,4 @@
-"""Names several processes share: engine roles, engine backends, router names.
+"""Names several processes share: engine roles, engine backends, router names, precisions.
 
 The operator's CRD enums are generated from these classes (``drs_operator.api.spec`` types its
 fields with them), the engine and frontend config models parse them, and the command lines offer
@@ -48,6 +48,18 @@ class GenRouter(StrEnum):
 
     LOAD_BALANCING = "load_balancing"
     ROUND_ROBIN = "round_robin"
+
+
+class Precision(StrEnum):
+    """``spec.model.precision``: ``auto`` or an activation dtype (TensorRT-LLM ``dtype``), or
+    ``fp8`` / ``nvfp4`` for a pre-quantized checkpoint (the dtype is then the checkpoint's)."""
+
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+    FP8 = "fp8"
+    NVFP4 = "nvfp4"
 
 
 def choices(enum: type[StrEnum]) -> list[str]:

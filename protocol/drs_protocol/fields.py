@@ -9,14 +9,22 @@ from typing import Any, Final
 #: the frontend strips them before relaying.
 GYM_ONLY_FIELDS: Final = ("return_tokens_as_token_ids", "return_token_ids", "required_prefix_token_ids")
 
+#: The first header that carries a conversation id (a client that sends one sends this).
+SESSION_HEADER: Final = "x-session-id"
 #: Headers that carry a conversation id, in priority order (after the body's conversation_params).
-CONVERSATION_HEADERS: Final = ("x-session-id", "x-correlation-id", "x-session-affinity", "x-multi-turn-session-id")
+CONVERSATION_HEADERS: Final = (SESSION_HEADER, "x-correlation-id", "x-session-affinity", "x-multi-turn-session-id")
 
 #: Response headers naming the engines that served a turn.
 HEADER_PREFILL_ENGINE: Final = "x-drs-prefill"
 HEADER_DECODE_ENGINE: Final = "x-drs-decode"
 #: Response header of an engine: the weights version that produced the response.
 HEADER_WEIGHTS_VERSION: Final = "x-drs-weights-version"
+
+#: The engine control API's credential: ``authorization: Bearer <token>`` (the token of
+#: ``env.CONTROL_TOKEN``); a 401 names the scheme in ``www-authenticate``.
+CONTROL_AUTH_HEADER: Final = "authorization"
+CONTROL_AUTH_CHALLENGE_HEADER: Final = "www-authenticate"
+CONTROL_AUTH_SCHEME: Final = "Bearer"
 
 CONTEXT_ONLY: Final = "context_only"
 GENERATION_ONLY: Final = "generation_only"
@@ -40,3 +48,16 @@ def conversation_id_from(body: Mapping[str, Any], headers: Mapping[str, str]) ->
         if value:
             return value
     return None
+
+
+def control_auth(token: str) -> dict[str, str]:
+    """The header a control-API caller sends."""
+    return {CONTROL_AUTH_HEADER: f"{CONTROL_AUTH_SCHEME} {token}"}
+
+
+def bearer_token(header: str) -> str | None:
+    """The token of an ``authorization`` value in the control API's scheme (case-insensitive), or None."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != CONTROL_AUTH_SCHEME.lower() or not token.strip():
+        return None
+    return token.strip()

@@ -22,7 +22,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -32,6 +32,12 @@ from drs_protocol.enums import CtxRouter, GenRouter
 UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
 
 MIB = 1024 * 1024
+#: Defaults the operator's CRD and the frontend's router use too (one definition).
+DEFAULT_PORT: Final = 8300
+DEFAULT_MAX_SESSIONS: Final = 100_000
+DEFAULT_AFFINITY_LOAD_FACTOR: Final = 1.25
+DEFAULT_PREFIX_MATCH_RATIO: Final = 0.75
+DEFAULT_PREFIX_BLOCK_TOKENS: Final = 32
 
 
 class _Model(ConfigModel):
@@ -80,7 +86,7 @@ class FrontendConfig(_Model):
     node_id: int = Field(default=0, ge=0, le=255, description="snowflake node id: replica_idx * F + frontend_idx")
     host: str = Field(default="0.0.0.0", description="address to listen on")
     port: int = Field(
-        default=8300, ge=0, le=65535, description="port to listen on: basePort + r*F + f (0: any free port)"
+        default=DEFAULT_PORT, ge=0, le=65535, description="port to listen on: basePort + r*F + f (0: any free port)"
     )
     ctx_router: CtxRouter = CtxRouter.CONVERSATION
     gen_router: GenRouter = GenRouter.LOAD_BALANCING
@@ -111,12 +117,18 @@ class FrontendConfig(_Model):
         default=2, ge=0, le=8, description="times a turn re-runs its context leg when the decode engine lost its state"
     )
     health_interval: float = Field(default=2.0, gt=0, description="seconds between /health probes of every engine")
-    max_sessions: int = Field(default=100_000, ge=1, description="conversations the ctx router remembers (LRU)")
-    affinity_load_factor: float = Field(default=1.25, ge=1.0, description="bounded-load c for new conversations")
-    prefix_match_ratio: float = Field(
-        default=0.75, gt=0.0, le=1.0, description="prefix share needed to follow a prefix"
+    max_sessions: int = Field(
+        default=DEFAULT_MAX_SESSIONS, ge=1, description="conversations the ctx router remembers (LRU)"
     )
-    prefix_block_tokens: int = Field(default=32, ge=1, description="tokens per hashed block (prefix matching)")
+    affinity_load_factor: float = Field(
+        default=DEFAULT_AFFINITY_LOAD_FACTOR, ge=1.0, description="bounded-load c for new conversations"
+    )
+    prefix_match_ratio: float = Field(
+        default=DEFAULT_PREFIX_MATCH_RATIO, gt=0.0, le=1.0, description="prefix share needed to follow a prefix"
+    )
+    prefix_block_tokens: int = Field(
+        default=DEFAULT_PREFIX_BLOCK_TOKENS, ge=1, description="tokens per hashed block (prefix matching)"
+    )
     upstream_client: UpstreamClientName = Field(
         default="raw", description="HTTP client to the engines (bench/relay.py)"
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
+from drs_protocol import fields
 from drs_protocol.control import LoadWeights
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
 from pydantic import BaseModel
@@ -35,7 +36,7 @@ class ControlClient:
         self.call_s = call_s
         self.load_s = load_s
         self._client = httpx.AsyncClient(
-            headers={"authorization": f"Bearer {token}"},
+            headers=fields.control_auth(token),
             timeout=httpx.Timeout(call_s, connect=connect_s),
             limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS),
         )

@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, MemoryTags, PrepareRefitInfo
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
-from drs_protocol.routes import ControlOp
+from drs_protocol.routes import ControlOp, TrainerRoute
 
 from drs_sidecar.collective import GroupLayout, group_layout
 from drs_sidecar.control import CallResult, ControlClient
@@ -240,7 +240,7 @@ class Refitter:
         async with self._lock:
             group = self.group
             if group is None:
-                raise NoGroup("no collective group: POST /v1/collective/init first")
+                raise NoGroup(f"no collective group: POST {TrainerRoute.COLLECTIVE_INIT} first")
             report = await self._fan_out(
                 op,
                 [m.engine for m in group.members],

@@ -1,7 +1,7 @@
 """Every contract between two processes is spelled once, in ``drs_protocol``, and both sides use it.
 
 The scan reads the non-test code's syntax trees (docstrings aside): a route path, an environment
-variable name or a role/backend/router enum spelled outside ``drs_protocol`` is drift, reported
+variable name, a header name or a role/backend/router enum spelled outside ``drs_protocol`` is drift, reported
 with its file and line. The CRD's enums and bounds, the command lines' choices and the rendered
 configs are checked against the same definitions.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
-from drs_protocol import enums, env, routes
+from drs_protocol import enums, env, fields, routes
 from drs_protocol.config import render
 from drs_protocol.control import CollectiveUpdate, LoadWeights
 from drs_protocol.engine_config import EngineConfig
@@ -47,7 +47,13 @@ NOT_OURS = {
 EXTERNAL_CLIENTS = ("examples/gym_client.py",)
 #: A literal that looks like one of the project's environment variables.
 ENV_LIKE = re.compile(r"^DRS_[A-Z0-9_]+$")
-SHARED_ENUMS: tuple[type[enum.StrEnum], ...] = (enums.Role, enums.EngineBackend, enums.CtxRouter, enums.GenRouter)
+SHARED_ENUMS: tuple[type[enum.StrEnum], ...] = (
+    enums.Role,
+    enums.EngineBackend,
+    enums.CtxRouter,
+    enums.GenRouter,
+    enums.Precision,
+)
 
 
 def _python_files() -> Iterator[Path]:
@@ -112,10 +118,45 @@ def test_no_route_path_is_spelled_outside_drs_protocol() -> None:
     assert not drift, "route paths belong in drs_protocol.routes:\n" + "\n".join(drift)
 
 
+#: A control-API or trainer-API path inside a message ("POST /control/weights/load first").
+ROUTE_INSIDE = re.compile(r"(?<![\w./-])/(v1|control)/[a-z_]")
+
+
+def test_no_message_spells_an_operations_path() -> None:
+    drift = [
+        f"{where}:{line}: {value!r}"
+        for where, line, value in _literals_outside_protocol()
+        if ROUTE_INSIDE.search(value) and not ROUTE_LIKE.match(value) and where not in EXTERNAL_CLIENTS
+    ]
+    assert not drift, "name the path from drs_protocol.routes in messages too:\n" + "\n".join(drift)
+
+
 def test_no_contract_env_name_is_spelled_outside_drs_protocol() -> None:
     contract = _contract_env_names()
     drift = [f"{where}:{line}: {value!r}" for where, line, value in _literals_outside_protocol() if value in contract]
     assert not drift, "environment variable names belong in drs_protocol.env:\n" + "\n".join(drift)
+
+
+def _contract_headers() -> set[str]:
+    names = {fields.HEADER_PREFILL_ENGINE, fields.HEADER_DECODE_ENGINE, fields.HEADER_WEIGHTS_VERSION}
+    return names | set(fields.CONVERSATION_HEADERS) | {fields.CONTROL_AUTH_CHALLENGE_HEADER}
+
+
+def test_no_header_name_is_spelled_outside_drs_protocol() -> None:
+    contract = _contract_headers()
+    drift = [
+        f"{where}:{line}: {value!r}"
+        for where, line, value in _literals_outside_protocol()
+        if (value.lower() in contract or value.lower().startswith("x-drs-")) and where not in EXTERNAL_CLIENTS
+    ]
+    assert not drift, "header names belong in drs_protocol.fields:\n" + "\n".join(drift)
+
+
+def test_the_control_api_credential_round_trips() -> None:
+    ((header, value),) = fields.control_auth("s3cret").items()
+    assert header == fields.CONTROL_AUTH_HEADER and fields.bearer_token(value) == "s3cret"
+    assert fields.bearer_token("bearer  s3cret ") == "s3cret"
+    assert fields.bearer_token("Basic s3cret") is None and fields.bearer_token("Bearer ") is None
 
 
 def test_every_drs_env_name_is_defined_once_in_non_test_code() -> None:

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Final
 
 import httpx
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
-from drs_protocol.routes import kv_export_path
+from drs_protocol.routes import CONTROL_ROUTES, ControlOp, kv_export_path
 
 from drs_engine.backends.base import (
     ContextHandoff,
@@ -406,7 +406,7 @@ class SimBackend(EngineBackend):
     def _no_collective(self, op: str) -> NotSupportedError:
         return NotSupportedError(
             f"{op} is not supported by the sim backend (a test double with no GPU or NCCL); "
-            "it needs the trtllm backend. Use POST /control/weights/load on sim engines."
+            f"it needs the trtllm backend. Use POST {CONTROL_ROUTES[ControlOp.LOAD_WEIGHTS]} on sim engines."
         )
 
     async def reset_prefix_cache(self) -> dict[str, Any]:

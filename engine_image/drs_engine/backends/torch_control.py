@@ -12,6 +12,7 @@ from typing import Any, Final
 import torch
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcBuffer, IpcUpdate, PrepareRefitInfo
 from drs_protocol.nemo_rl_refit import TensorSpec
+from drs_protocol.routes import CONTROL_ROUTES, ControlOp
 
 from drs_engine.backends import torch_refit
 from drs_engine.backends.torch_batch import DecodeBatcher, GpuWorker
@@ -120,7 +121,7 @@ class TorchControl:
 
     def _require_group(self) -> torch_refit.RefitGroup:
         if self._group is None:
-            raise BadRequestError("no refit group: POST /control/collective/init first")
+            raise BadRequestError(f"no refit group: POST {CONTROL_ROUTES[ControlOp.INIT_COLLECTIVE]} first")
         return self._group
 
     async def reset_prefix_cache(self) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from drs_protocol.enums import Precision
 from drs_protocol.trtllm_kwargs import deep_merge
 
 from drs_engine.backends.base import ContextHandoff, LegFinished, TokenStep
@@ -35,7 +36,7 @@ from drs_engine.wire import ChatCompletionRequest, DisaggregatedParams, EngineRe
 #: Precisions that are a torch dtype; anything else (fp8, nvfp4, w4a16 …) is a quantized
 #: checkpoint whose dtype TensorRT-LLM reads from the checkpoint ("auto").
 _DTYPE_ALIASES: Final = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-_PLAIN_DTYPES: Final = frozenset({"auto", "bfloat16", "float16", "float32"})
+_PLAIN_DTYPES: Final = frozenset({Precision.AUTO, Precision.BFLOAT16, Precision.FLOAT16, Precision.FLOAT32})
 
 #: ``DisaggScheduleStyle`` (an IntEnum in TensorRT-LLM) by wire name.
 SCHEDULE_STYLES: Final = {"context_first": 0, "generation_first": 1}

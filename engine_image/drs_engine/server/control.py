@@ -36,7 +36,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from drs_protocol import env
+from drs_protocol import env, fields
 from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.control import (
     CollectiveInit,
@@ -65,11 +65,10 @@ def check_token(state: EngineState, request: Request) -> None:
         raise ForbiddenError(
             f"the control API is disabled on this engine: start it with --control-token-file or {env.CONTROL_TOKEN}"
         )
-    header = request.headers.get("authorization", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not presented.strip():
-        raise UnauthorizedError("the control API needs 'Authorization: Bearer <token>'")
-    if not hmac.compare_digest(presented.strip().encode(), state.control_token.encode()):
+    presented = fields.bearer_token(request.headers.get(fields.CONTROL_AUTH_HEADER, ""))
+    if presented is None:
+        raise UnauthorizedError(f"the control API needs 'Authorization: {fields.CONTROL_AUTH_SCHEME} <token>'")
+    if not hmac.compare_digest(presented.encode(), state.control_token.encode()):
         raise ForbiddenError("wrong control token")
 
 
@@ -120,7 +119,8 @@ async def run_op(
 
 
 def _error(exc: EngineError) -> Response:
-    headers = {"www-authenticate": "Bearer"} if isinstance(exc, UnauthorizedError) else None
+    challenge = {fields.CONTROL_AUTH_CHALLENGE_HEADER: fields.CONTROL_AUTH_SCHEME}
+    headers = challenge if isinstance(exc, UnauthorizedError) else None
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from drs_protocol.chat import load_tokenizer
+from drs_protocol.routes import CONTROL_ROUTES, ControlOp
 
 from drs_engine.backends import create_backend
 from drs_engine.backends.base import EngineBackend
@@ -189,7 +190,8 @@ class EngineState:
         if self.released_tags:
             tags = ", ".join(sorted(self.released_tags))
             raise UnavailableError(
-                f"the engine is asleep (memory released: {tags}); POST /control/memory/resume wakes it"
+                f"the engine is asleep (memory released: {tags}); "
+                f"POST {CONTROL_ROUTES[ControlOp.RESUME_MEMORY]} wakes it"
             )
 
     def next_local_ctx_request_id(self) -> int:

@@ -24,15 +24,18 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from drs_protocol.frontend_config import (
+    DEFAULT_AFFINITY_LOAD_FACTOR,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_PREFIX_BLOCK_TOKENS,
+    DEFAULT_PREFIX_MATCH_RATIO,
+)
+
 from drs_frontend.routing.balance import LeastLoadedRouter
 from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest
 from drs_frontend.routing.prefix import BlockChain, PrefixIndex, chain_from_ids, chain_from_messages, chain_from_text
 from drs_frontend.routing.rendezvous import bounded_pick, hrw_order, load_bound, share_bound
 
-DEFAULT_MAX_SESSIONS = 100_000
-DEFAULT_LOAD_FACTOR = 1.25
-DEFAULT_MATCH_RATIO = 0.75
-DEFAULT_BLOCK_TOKENS = 32
 DEFAULT_PREFIX_BLOCKS = 262_144
 
 
@@ -41,9 +44,9 @@ class ConversationRouter:
         self,
         *,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
-        load_factor: float = DEFAULT_LOAD_FACTOR,
-        match_ratio: float = DEFAULT_MATCH_RATIO,
-        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        load_factor: float = DEFAULT_AFFINITY_LOAD_FACTOR,
+        match_ratio: float = DEFAULT_PREFIX_MATCH_RATIO,
+        block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS,
         prefix_blocks: int = DEFAULT_PREFIX_BLOCKS,
     ) -> None:
         if max_sessions < 1:

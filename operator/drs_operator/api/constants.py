@@ -9,9 +9,10 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Final
 
-from drs_protocol.enums import ROLES, CtxRouter, EngineBackend, GenRouter, Role
+from drs_protocol import engine_config, frontend_config
+from drs_protocol.enums import ROLES, CtxRouter, EngineBackend, GenRouter, Precision, Role
 
-__all__ = ["ROLES", "CtxRouter", "EngineBackend", "GenRouter", "Role"]  # defined in drs_protocol.enums
+__all__ = ["ROLES", "CtxRouter", "EngineBackend", "GenRouter", "Precision", "Role"]  # defined in drs_protocol.enums
 
 # --- identity of the resource ---------------------------------------------------------------
 GROUP: Final = "disagg.dev"
@@ -141,22 +142,11 @@ class Phase(StrEnum):
     INVALID = "Invalid"
 
 
-class Precision(StrEnum):
-    """``spec.model.precision``: ``auto`` or an activation dtype (TensorRT-LLM ``dtype``), or
-    ``fp8`` / ``nvfp4`` for a pre-quantized checkpoint (the dtype is then the checkpoint's)."""
-
-    AUTO = "auto"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-    FLOAT32 = "float32"
-    FP8 = "fp8"
-    NVFP4 = "nvfp4"
-
-
 # --- defaults -------------------------------------------------------------------------------
-DEFAULT_BASE_PORT: Final = 8300
-DEFAULT_ENGINE_PORT: Final = 8000
-DEFAULT_MAX_SESSIONS: Final = 100_000
+#: A frontend's and an engine's own defaults (``drs frontend`` / ``drs engine`` without a config).
+DEFAULT_BASE_PORT: Final = frontend_config.DEFAULT_PORT
+DEFAULT_ENGINE_PORT: Final = engine_config.DEFAULT_PORT
+DEFAULT_MAX_SESSIONS: Final = frontend_config.DEFAULT_MAX_SESSIONS
 DEFAULT_MODEL_MOUNT_PATH: Final = "/models"
 #: The project's images (the engine image adds TensorRT-LLM to the same Python package).
 DEFAULT_ENGINE_IMAGE: Final = "ghcr.io/disagg-dev/drs-engine:0.1.0"
