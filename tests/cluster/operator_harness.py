@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from drs_devcluster.testing import WAIT_S, RunningCluster, wait_for
+from drs_devcluster import testing
+from drs_devcluster.testing import WAIT_S, RunningCluster
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The cluster tests and benchmarks take it from here.
+wait_for = testing.wait_for
 DRS = str(Path(sys.executable).parent / "drs")
 
 
