@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, render_completion_ids
+from drs_protocol.enums import Role
 from drs_protocol.errors import error_body
 from drs_protocol.routes import Endpoint
 from drs_protocol.snowflake import SnowflakeMinter
@@ -140,10 +141,10 @@ class Relay:
         self.metrics = metrics
         self.chat_tokenizer = chat_tokenizer
         self.prefill = EnginePool(
-            "prefill", config.prefill, cooldown=config.engine_cooldown, clock=clock, fallback=config.fallback_prefill
+            Role.PREFILL, config.prefill, cooldown=config.engine_cooldown, clock=clock, fallback=config.fallback_prefill
         )
         self.decode = EnginePool(
-            "decode", config.decode, cooldown=config.engine_cooldown, clock=clock, fallback=config.fallback_decode
+            Role.DECODE, config.decode, cooldown=config.engine_cooldown, clock=clock, fallback=config.fallback_decode
         )
         self.ctx_router = build_ctx_router(config)
         self.gen_router = build_gen_router(config.gen_router)
@@ -457,7 +458,7 @@ class Relay:
             async for chunk in chunks:
                 yield chunk
         except UpstreamUnavailable as exc:
-            self.metrics.upstream_errors.labels(role="decode", kind=exc.kind).inc()
+            self.metrics.upstream_errors.labels(role=Role.DECODE, kind=exc.kind).inc()
             log.warning("decode engine %s failed mid-stream: %s", url, exc)
             yield b"data: " + dumps(error_body(502, f"decode engine failed mid-stream: {exc}")) + b"\n\n"
         finally:

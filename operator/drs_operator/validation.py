@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from drs_operator.api import rules
-from drs_operator.api.constants import API_VERSION, KIND, MAX_FRONTENDS, MAX_NAME_LENGTH, MAX_PORT, ROLES
+from drs_operator.api.constants import API_VERSION, KIND, MAX_FRONTENDS, MAX_NAME_LENGTH, MAX_PORT, ROLES, Role
 from drs_operator.api.resource import DisaggReplicaSet
 from drs_operator.api.spec import (
     DisaggReplicaSetSpec,
@@ -240,7 +240,7 @@ def _parse_block(name: str, data: Mapping[str, Any]) -> tuple[Any, bool]:
 def _cross_field(p: _Parts, path: str) -> list[Problem]:
     problems: list[Problem] = []
     for role in ROLES:
-        block = p.prefill if role == "prefill" else p.decode
+        block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:
             problems.extend(_role_problems(block, f"{path}.{role}"))
     if p.trtllm is not None:

@@ -10,13 +10,21 @@ moves its replica, and not before.
 from __future__ import annotations
 
 import datetime
-import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from drs_devcluster.testing import RunningCluster
-from operator_harness import ROOT, OperatorProcess, apply, drs_status, engine_pods, get_json, wait_for, wait_ready
+from operator_harness import (
+    OperatorProcess,
+    apply,
+    drs_status,
+    engine_pods,
+    get_json,
+    running_operator,
+    wait_for,
+    wait_ready,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -29,11 +37,9 @@ HELD_TOLERATION_S = 12
 
 @pytest.fixture(scope="module")
 def operator(devcluster: RunningCluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    devcluster.kubectl("apply", "-f", str(ROOT / "crds"))
-    devcluster.kubectl("wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=60s")
-    op = OperatorProcess(devcluster, tmp_path_factory.mktemp("operator") / "operator.log").start()
-    yield op
-    op.kill(signal.SIGTERM)
+    devcluster.install_crd()
+    with running_operator(devcluster, tmp_path_factory.mktemp("operator") / "operator.log") as op:
+        yield op
 
 
 def fleet(name: str, toleration_s: int, base_port: int) -> dict[str, Any]:

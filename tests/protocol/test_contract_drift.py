@@ -199,6 +199,21 @@ def test_role_backend_and_router_names_are_enumerated_only_in_drs_protocol() -> 
     assert not drift, "enumerate shared names with drs_protocol.enums:\n" + "\n".join(drift)
 
 
+def test_no_shared_name_is_compared_as_a_literal() -> None:
+    """``role == "prefill"`` drifts silently when the name changes; ``role == Role.PREFILL`` fails."""
+    shared = {value for enum_class in SHARED_ENUMS for value in enums.choices(enum_class)}
+    drift = []
+    for path in _python_files():
+        where = str(path.relative_to(ROOT))
+        if PROTOCOL in path.parents or where in EXTERNAL_CLIENTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                literals = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)]
+                drift += [f"{where}:{node.lineno}: {value!r}" for value in literals if value in shared]
+    assert not drift, "compare with the drs_protocol.enums member:\n" + "\n".join(drift)
+
+
 def _crd_spec_schema() -> dict[str, object]:
     crd = yaml.safe_load((ROOT / "crds" / "disagg.dev_disaggreplicasets.yaml").read_text())
     schema: dict[str, object] = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]

@@ -43,7 +43,7 @@ from drs_engine.backends.base import (
 )
 from drs_engine.backends.sim_model import PrefixState, TokenChoice, TokenFunction, block_hashes
 from drs_engine.backends.sim_weights import SimWeights, hash_weights_path, initial_weights
-from drs_engine.config import EngineConfig
+from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import (
     BadRequestError,
     ContextMismatchError,
@@ -71,7 +71,7 @@ OPAQUE_STATE_KIND: Final = "drs-sim-kv/1"
 class SimBackend(EngineBackend):
     """The sim test double (see the module docstring)."""
 
-    name: ClassVar[str] = "sim"
+    name: ClassVar[str] = BackendName.SIM
     test_double: ClassVar[bool] = True
 
     def __init__(self, config: EngineConfig, *, vocab_size: int, eos_token_id: int) -> None:

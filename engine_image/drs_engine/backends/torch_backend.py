@@ -52,7 +52,7 @@ from drs_engine.backends.torch_model import (
     resolve_model,
 )
 from drs_engine.backends.torch_weights import PackedWeights, pack
-from drs_engine.config import EngineConfig
+from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, ContextMismatchError, ContextStateMissingError, EngineError
 from drs_engine.kv_store import ContextStore
 from drs_engine.prefix_cache import PrefixCache
@@ -78,7 +78,7 @@ class TorchContext:
 class TorchBackend(TorchControl, EngineBackend):
     """A real model on one GPU (or the CPU, for tests of the logic)."""
 
-    name: ClassVar[str] = "torch"
+    name: ClassVar[str] = BackendName.TORCH
     test_double: ClassVar[bool] = False
 
     def __init__(self, config: EngineConfig, *, vocab_size: int, eos_token_id: int) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import torch
 import torch.nn.functional as F
+from drs_protocol.enums import Precision
 
 from drs_engine.errors import BadRequestError, WeightsLoadError
 
@@ -99,8 +100,8 @@ def _itemsize(dtype: Any) -> int:
 
 def parse_dtype(name: str) -> Any:
     key = name.removeprefix("torch.")
-    if key == "auto":
-        key = "bfloat16"
+    if key == Precision.AUTO:
+        key = Precision.BFLOAT16
     if key not in DTYPES:
         raise ValueError(f"model.precision: the torch backend serves {', '.join(DTYPES)} or auto, not {name!r}")
     return DTYPES[key]

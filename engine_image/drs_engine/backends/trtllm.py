@@ -35,7 +35,7 @@ from drs_engine.backends.trtllm_translate import (
     token_steps_from_output,
     tokens_per_block_of,
 )
-from drs_engine.config import EngineConfig
+from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError, NotSupportedError, UnavailableError, WeightsLoadError
 from drs_engine.wire import RequestType
 
@@ -52,7 +52,7 @@ def _optional(module: str, name: str) -> Any:
 class TrtllmBackend(EngineBackend):
     """TensorRT-LLM behind the engine server (a real GPU engine, not a test double)."""
 
-    name: ClassVar[str] = "trtllm"
+    name: ClassVar[str] = BackendName.TRTLLM
     test_double: ClassVar[bool] = False
 
     def __init__(self, config: EngineConfig) -> None:

@@ -33,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from drs_engine import __version__
-from drs_engine.config import EngineConfig
+from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import EngineError
 from drs_engine.gang.spec import GangSpec
 from drs_engine.metrics import CONTENT_TYPE_LATEST
@@ -175,6 +175,6 @@ def _server_info(state: EngineState) -> dict[str, Any]:
 def _transceiver(backend: Any) -> str:
     if backend.test_double:
         return "http-kv-fetch (sim)"
-    if backend.name == "torch":
+    if backend.name == BackendName.TORCH:
         return "torch kv fetch (cuda_ipc on one host, else http)"
     return "trtllm cache transceiver"

@@ -37,6 +37,7 @@ from drs_operator.api.constants import (
     EngineBackend,
     GenRouter,
     Precision,
+    Role,
 )
 from drs_operator.api.rules import ROLE_RULES, SPEC_RULES, schema_extra
 
@@ -301,9 +302,9 @@ class DisaggReplicaSetSpec(SpecModel):
 
     def role(self, role: str) -> RoleSpec:
         """The block of ``role`` (``prefill`` or ``decode``)."""
-        if role == "prefill":
+        if role == Role.PREFILL:
             return self.prefill
-        if role == "decode":
+        if role == Role.DECODE:
             return self.decode
         raise ValueError(f"unknown role {role!r}")
 
