@@ -28,6 +28,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drs_protocol.config import ConfigModel
 from drs_protocol.enums import CtxRouter, GenRouter
+from drs_protocol.snowflake import NODE_IDS
 
 UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
 
@@ -83,7 +84,9 @@ class FrontendConfig(_Model):
     fallback_decode: list[str] = Field(
         default_factory=list, description="other replicas' decode engines, used while none of ours is up"
     )
-    node_id: int = Field(default=0, ge=0, le=255, description="snowflake node id: replica_idx * F + frontend_idx")
+    node_id: int = Field(
+        default=0, ge=0, le=NODE_IDS - 1, description="snowflake node id: replica_idx * F + frontend_idx"
+    )
     host: str = Field(default="0.0.0.0", description="address to listen on")
     port: int = Field(
         default=DEFAULT_PORT, ge=0, le=65535, description="port to listen on: basePort + r*F + f (0: any free port)"

@@ -12,9 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Final
 
 TIMESTAMP_BITS = 39
-NODE_ID_BITS = 8
+NODE_ID_BITS: Final = 8
+#: Node ids a fleet can give its frontends (``N * F`` at most this many): 0 … NODE_IDS - 1.
+NODE_IDS: Final = 2**NODE_ID_BITS
 PROCESS_ID_BITS = 6
 COUNTER_BITS = 10
 MIN_ID = 2**40

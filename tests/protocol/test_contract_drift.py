@@ -242,6 +242,20 @@ def test_every_side_bounds_the_weights_version_alike() -> None:
         assert model.model_json_schema()["properties"]["version"]["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
 
 
+def test_the_frontend_node_id_bound_is_the_snowflakes_everywhere() -> None:
+    from drs_operator.api.status import FrontendStatus
+    from drs_protocol.snowflake import NODE_IDS, SnowflakeMinter
+
+    SnowflakeMinter(NODE_IDS - 1)
+    with pytest.raises(ValueError):
+        SnowflakeMinter(NODE_IDS)
+    for model in (FrontendConfig, FrontendStatus):
+        assert model.model_json_schema()["properties"]["nodeId"]["maximum"] == NODE_IDS - 1, model.__name__
+    props = _crd_spec_schema()["properties"]
+    assert isinstance(props, dict)
+    assert props["spec"]["properties"]["frontend"]["properties"]["workers"]["maximum"] == NODE_IDS
+
+
 @pytest.mark.parametrize(
     ("command", "option", "shared"),
     [

@@ -11,6 +11,7 @@ from typing import Final
 
 from drs_protocol import engine_config, frontend_config
 from drs_protocol.enums import ROLES, CtxRouter, EngineBackend, GenRouter, Precision, Role
+from drs_protocol.snowflake import NODE_IDS
 
 __all__ = ["ROLES", "CtxRouter", "EngineBackend", "GenRouter", "Precision", "Role"]  # defined in drs_protocol.enums
 
@@ -76,7 +77,7 @@ NODE_NOT_READY_TAINTS: Final = ("node.kubernetes.io/not-ready", "node.kubernetes
 
 # --- limits ---------------------------------------------------------------------------------
 #: Frontend node ids are 8 bits (the snowflake request id), so N × F ≤ 256.
-MAX_FRONTENDS: Final = 256
+MAX_FRONTENDS: Final = NODE_IDS
 MAX_PORT: Final = 65535
 MIN_PORT: Final = 1
 #: Longest DisaggReplicaSet name: the longest child name (an engine pod's hostname, a DNS label)

@@ -79,7 +79,7 @@ class FrontendStatus(StatusModel):
     index: int = Field(ge=0, description="Frontend index f within the replica.")
     url: str | None = Field(None, max_length=512)
     port: int = Field(ge=1, le=65535)
-    node_id: int = Field(ge=0, le=255, description="Snowflake node id r*F + f.")
+    node_id: int = Field(ge=0, le=MAX_FRONTENDS - 1, description="Snowflake node id r*F + f.")
     node: str | None = Field(None, max_length=253)
     ready: bool = Field(False, description="The frontend's pod is ready (serving), at any spec hash.")
     updated: bool = Field(False, description="Ready, and running the current spec.")
