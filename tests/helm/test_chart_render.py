@@ -17,6 +17,7 @@ from drs_operator.crd import render_crd
 from drs_operator.leader import LEASE_NAME
 from drs_operator.run import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT
 from drs_operator.run import operator as operator_command
+from drs_protocol import routes
 
 from .chart import CHART, KUBE_VERSION, ROOT, Manifest, container, only, set_args
 from .conftest import Helm, Render
@@ -162,7 +163,7 @@ def test_liveness_and_readiness_probe_healthz_on_the_health_port(render: Render)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": DEFAULT_METRICS_PORT, "health": 8181}
     for probe in (c["livenessProbe"], c["readinessProbe"]):
-        assert probe["httpGet"] == {"path": "/healthz", "port": "health"}
+        assert probe["httpGet"] == {"path": routes.HEALTHZ, "port": "health"}  # the route kopf serves
 
 
 def test_port_zero_turns_probes_and_the_metrics_service_off(render: Render) -> None:
@@ -206,6 +207,7 @@ def test_the_service_monitor_is_off_by_default_and_scrapes_the_metrics_service_w
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["endpoints"][0]["path"] == routes.METRICS
 
 
 def test_a_service_monitor_without_the_metrics_service_does_not_render(helm: Helm) -> None:
