@@ -12,15 +12,25 @@
 # With no registry (this repository's dev machines), `drs dev images` builds it on a local Debian
 # base (BASE_IMAGE=drs-base:bookworm, made with mmdebstrap) and passes the host's CA bundle as the
 # BuildKit secret `ca-bundle`, for pip behind a TLS-inspecting proxy; the secret is mounted for
-# the install step only and is in no layer. Both are optional for a plain `docker build`.
+# the pip steps only and is in no layer. Both are optional for a plain `docker build`.
+#
+# Rebuilds are fast: the dependencies are installed from pyproject.toml's list before any source
+# is copied (a source change reuses that layer), and pip's downloads live in a BuildKit cache
+# mount (a dependency change downloads only what changed); neither cache is in the image.
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 FROM ${BASE_IMAGE} AS build
 
-ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+RUN --mount=type=secret,id=ca-bundle,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
+    if test -s /run/secrets/ca-bundle; then export PIP_CERT=/run/secrets/ca-bundle; fi \
+    && python -m venv /opt/drs \
+    && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
+       > /tmp/requirements.txt \
+    && /opt/drs/bin/python -m pip install -r /tmp/requirements.txt
 COPY cli/ cli/
 COPY operator/ operator/
 COPY frontend/ frontend/
@@ -29,9 +39,9 @@ COPY protocol/ protocol/
 COPY devcluster/ devcluster/
 COPY sidecar/ sidecar/
 RUN --mount=type=secret,id=ca-bundle,required=false \
+    --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if test -s /run/secrets/ca-bundle; then export PIP_CERT=/run/secrets/ca-bundle; fi \
-    && python -m venv /opt/drs \
-    && /opt/drs/bin/python -m pip install --no-cache-dir .
+    && /opt/drs/bin/python -m pip install --no-deps .
 
 FROM ${BASE_IMAGE}
 

@@ -68,7 +68,7 @@ def images_cmd(force: bool) -> None:
 @_port_base
 def up(profile: str, node_count: int | None, real_nodes: int, state_dir: Path | None, port_base: int | None) -> None:
     """Start etcd, apiserver, controller-manager, scheduler and kwok; create simulated GPU nodes."""
-    from . import hostnet, images, nodeconfig, realnodes
+    from . import hostnet, images, nodeconfig, packages, realnodes
 
     cluster = DevCluster.at(state_dir, port_base)
     try:
@@ -80,6 +80,7 @@ def up(profile: str, node_count: int | None, real_nodes: int, state_dir: Path | 
         build.BuildError,
         nodeconfig.RealNodeError,
         images.ImageError,
+        packages.PackageError,
         hostnet.HostError,
         realnodes.RealNodeStartError,
     ) as exc:
@@ -113,10 +114,16 @@ def status(state_dir: Path | None, output: str) -> None:
         sys.exit(1)
     for name, c in comps.items():
         click.echo(f"{name:<26} pid {c['pid']:<8} {'running' if c['running'] else 'NOT RUNNING'}  {c['log']}")
+    real = info.get("realNodes", {})
+    if real:
+        click.echo("real nodes:")
+    for name, c in real.items():
+        state = c["state"] if c["running"] else "NOT RUNNING"
+        click.echo(f"  {name:<24} pid {c['pid']:<8} {state:<12} {c['log']}")
     if "nodes" in info:
         click.echo(f"nodes: {info['nodes']}")
         click.echo(f"export KUBECONFIG={info['kubeconfig']}")
-    if not all(c["running"] for c in comps.values()):
+    if not all(c["running"] for c in [*comps.values(), *real.values()]):
         sys.exit(1)
 
 

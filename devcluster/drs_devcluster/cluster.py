@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from . import build, hostnet, images, nodebuild, nodeconfig, pki, processes, profiles, realnodes
+from . import build, hostnet, images, nodebuild, nodeconfig, packages, pki, processes, profiles, realnodes
 from .kwok_stages import adjust
 from .layout import COMPONENTS, DEFAULT_PORT_BASE, Layout, component_args, default_state_dir, kubeconfig_yaml
 
@@ -60,16 +60,23 @@ class DevCluster:
         base = port_base if port_base is not None else int(saved.get("portBase", 0)) or None
         bins = bin_dir or (Path(saved["binDir"]) if "binDir" in saved else None)
         host = str(saved.get("apiserverHost", "127.0.0.1"))
+        net = saved.get("podNet")
         lay = Layout(state_dir=state, bin_dir=bins or Path("/nonexistent"), port_base=base or DEFAULT_PORT_BASE)
-        return cls(dataclasses.replace(lay, apiserver_host=host))
+        return cls(dataclasses.replace(lay, apiserver_host=host, pod_net=int(net) if net is not None else None))
 
     # ------------------------------------------------------------------ up
     def up(
-        self, profile: str, node_count: int | None = None, build_if_missing: bool = True, real_nodes: int = 0
+        self,
+        profile: str,
+        node_count: int | None = None,
+        build_if_missing: bool = True,
+        real_nodes: int = 0,
+        pod_net: int | None = None,
     ) -> None:
         """Start the control plane, ``node_count`` kwok nodes and ``real_nodes`` real nodes.
 
-        With real nodes, ``node_count`` may be 0 (a cluster of real nodes only)."""
+        With real nodes, ``node_count`` may be 0 (a cluster of real nodes only); ``pod_net``
+        picks the real nodes' network (default ``DRS_DEV_NODE_NET``)."""
         nodeconfig.check_count(real_nodes)  # bad input: fail before anything starts
         nodes = [] if real_nodes and node_count == 0 else profiles.build_nodes(profile, node_count)
         self._refuse_if_running()
@@ -79,9 +86,11 @@ class DevCluster:
             raise DevClusterError(f"control-plane binaries missing in {bins}: run `drs dev build`")
         archive = None
         if real_nodes:
+            packages.ensure_packages()  # containerd, runc, the CNI plugins, iproute2, nftables
             archive = images.ensure_images()
             nodebuild.ensure_node_built(bins)
-            self.layout = dataclasses.replace(self.layout, apiserver_host=nodeconfig.network().gateway)
+            net = nodeconfig.Network(pod_net) if pod_net is not None else nodeconfig.network()
+            self.layout = dataclasses.replace(self.layout, apiserver_host=net.host_ip, pod_net=net.net)
         self.layout = dataclasses.replace(self.layout, bin_dir=bins)
         self.layout.state_dir.mkdir(parents=True, exist_ok=True)
         started: list[processes.Tracked] = []
@@ -134,7 +143,12 @@ class DevCluster:
         stages = build.stages_dir(lay.bin_dir)
         docs = [adjust(Path(f).name, (stages / Path(f).name).read_text()).strip() for f in build.KWOK_STAGE_FILES]
         lay.kwok_config.write_text("\n---\n".join(docs) + "\n")
-        meta = {"portBase": lay.port_base, "binDir": str(lay.bin_dir), "apiserverHost": lay.apiserver_host}
+        meta = {
+            "portBase": lay.port_base,
+            "binDir": str(lay.bin_dir),
+            "apiserverHost": lay.apiserver_host,
+            "podNet": lay.pod_net,
+        }
         (lay.state_dir / "meta.json").write_text(json.dumps(meta))
 
     def _start(self, component: str) -> processes.Tracked:
@@ -227,6 +241,14 @@ class DevCluster:
         tracked = processes.load(self.layout.pids_file)
         comps = {t.name: {"pid": t.pid, "running": processes.is_running(t), "log": t.log} for t in tracked}
         info: dict[str, Any] = {"stateDir": str(self.layout.state_dir), "components": comps}
+        real = processes.load(realnodes.pids_file(self.layout))
+        if real:
+            # kubelet, containerd, the device plugin and the mount-namespace holder of each node;
+            # kube-proxy and CoreDNS of the cluster: pid and kernel state (or "exited").
+            info["realNodes"] = {
+                t.name: {"pid": t.pid, "running": processes.is_running(t), "state": processes.state(t), "log": t.log}
+                for t in real
+            }
         if tracked and all(c["running"] for c in comps.values()):
             info["kubeconfig"] = str(self.layout.kubeconfig)
             info["apiserver"] = self.layout.apiserver_url

@@ -33,19 +33,19 @@ from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 
-from . import build, processes
+from . import build, packages, processes
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "drs-base:bookworm"
 #: Debian packages of the base image: the interpreter the Dockerfile's venv is made with.
 BASE_PACKAGES = ("python3", "python3-venv", "python-is-python3", "ca-certificates")
 PAUSE_SOURCE = ROOT / "devcluster" / "pause" / "pause.go"
-#: The apt packages the build and the real nodes use (``ensure_packages`` installs the missing).
-APT_PACKAGES = ("docker.io", "containerd", "runc", "containernetworking-plugins", "mmdebstrap", "iptables", "nftables")
 DOCKERD_START_TIMEOUT_S = 60.0
 MMDEBSTRAP_TIMEOUT_S = 900.0
 BUILD_TIMEOUT_S = 1800.0
-APT_TIMEOUT_S = 900.0
+#: BuildKit's cache (the dependency layer, pip's cache mount) is pruned, least recently used
+#: first, down to this.
+BUILD_CACHE_KEEP = "3gb"
 
 
 class ImageError(RuntimeError):
@@ -106,41 +106,6 @@ def inputs_digest(files: list[str]) -> str:
 def archive_path() -> Path:
     """The ``docker save`` archive of this source tree's images."""
     return images_dir() / f"drs-{version()}-{inputs_digest(context_files())}.tar"
-
-
-# ---------------------------------------------------------------------------------------- apt
-
-
-def missing_commands() -> list[str]:
-    needed = {
-        "dockerd": "docker.io",
-        "containerd": "containerd",
-        "runc": "runc",
-        "mmdebstrap": "mmdebstrap",
-        "nft": "nftables",
-    }
-    missing = [pkg for cmd, pkg in needed.items() if shutil.which(cmd) is None]
-    if not Path("/usr/lib/cni/bridge").is_file():
-        missing.append("containernetworking-plugins")
-    return missing
-
-
-def ensure_packages() -> None:
-    """Install the Debian packages the build and the real nodes need, when any is missing."""
-    missing = missing_commands()
-    if not missing:
-        return
-    if os.geteuid() != 0:
-        raise ImageError(f"missing Debian packages {', '.join(missing)}: install them (as root) and retry")
-    _say(f"installing {' '.join(APT_PACKAGES)} with apt-get (missing: {', '.join(missing)})")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (
-        ["apt-get", "update", "-q"],
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *APT_PACKAGES],
-    ):
-        out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=APT_TIMEOUT_S, check=False)
-        if out.returncode != 0:
-            raise ImageError(f"`{' '.join(argv)}` failed:\n{out.stderr.strip()[-2000:]}")
 
 
 # ---------------------------------------------------------------------------------------- dockerd
@@ -277,13 +242,29 @@ def build_argv(docker: Docker, ca: Path | None) -> list[str]:
     return [*argv, "-t", image_ref(), str(ROOT)]
 
 
+def _ensure_packages() -> None:
+    try:
+        packages.ensure_packages()
+    except packages.PackageError as exc:
+        raise ImageError(str(exc)) from exc
+
+
+def _prune(docker: Docker) -> None:
+    """Drop what the new build superseded: the untagged images of earlier builds, and BuildKit's
+    cache beyond ``BUILD_CACHE_KEEP``."""
+    images = docker.run("image", "prune", "--force", timeout=600, check=False).stdout.strip().splitlines()
+    cache = docker.run("builder", "prune", "--force", "--keep-storage", BUILD_CACHE_KEEP, timeout=600, check=False)
+    freed = [line for line in [*images, *cache.stdout.strip().splitlines()] if "reclaimed" in line.lower()]
+    _say(f"pruned superseded images and build cache ({'; '.join(freed) or 'nothing to reclaim'})")
+
+
 def ensure_images(force: bool = False) -> Path:
     """Build ``drs:<version>`` and ``drs-pause:<version>`` unless this tree's archive exists."""
     with _lock():
         archive = archive_path()
         if archive.is_file() and not force:
             return archive
-        ensure_packages()
+        _ensure_packages()
         t0 = time.monotonic()
         with private_dockerd() as docker:
             _build_base(docker)
@@ -295,5 +276,6 @@ def ensure_images(force: bool = False) -> Path:
             tmp = archive.with_suffix(".partial")
             docker.run("save", "-o", str(tmp), image_ref(), pause_ref(), timeout=600)
             tmp.replace(archive)
+            _prune(docker)
         _say(f"{image_ref()} and {pause_ref()} built in {time.monotonic() - t0:.0f}s: {archive}")
         return archive

@@ -46,9 +46,12 @@ class Layout:
     state_dir: Path
     bin_dir: Path
     port_base: int = DEFAULT_PORT_BASE
-    #: Where the apiserver listens: 127.0.0.1, or with real nodes the CNI bridge's address (pods
-    #: reach it there through the ``kubernetes`` Service; no other interface ever).
+    #: Where the apiserver listens: 127.0.0.1, or with real nodes the host end of the veth into
+    #: the cluster's network namespace (pods reach it there through the ``kubernetes`` Service;
+    #: no other interface ever).
     apiserver_host: str = "127.0.0.1"
+    #: With real nodes: the cluster's pod network (``nodeconfig.Network``), fixed at ``up``.
+    pod_net: int | None = None
 
     def port(self, name: str) -> int:
         return self.port_base + PORT_OFFSETS[name]

@@ -3,9 +3,21 @@ here starts a process or touches the host.
 
 A real node is a kubelet with its own containerd (CRI, cgroupfs, runc), pods on one CNI bridge
 of the cluster's own (``drs<net>br``, ``10.<100 + net>.0.0/16``), kube-proxy (nftables) and
-CoreDNS for Services, and a fake GPU device plugin. Every address is on this machine: the bridge
-gateway (where the apiserver and CoreDNS listen for pods), one address per node on the bridge,
-and the pods' addresses behind it; health ports are on 127.0.0.1.
+CoreDNS for Services, and a fake GPU device plugin. Every address is on this machine.
+
+Nothing a real node uses is named machine-wide, so several nodes per cluster and several
+clusters per machine coexist:
+
+* the cluster's network lives in a network namespace of its own (``drs<net>``): the bridge, the
+  node addresses, the pods' routes, kube-proxy's nftables table ``kube-proxy`` (a fixed name), the
+  kubelet's iptables chains (fixed names) and ``ip_forward``. A veth pair joins it to the host:
+  the host end (``drs<net>h``) holds the address the apiserver listens on, so pods reach the
+  apiserver and the host (tests, the apiserver's calls to kubelets) reaches pods and nodes;
+* each node runs in a mount namespace of its own (slave to the host's, so nothing propagates
+  back), where node directories are bind-mounted over the paths the kubelet, containerd and CNI
+  fix: the device-plugin directory, containerd's shim and runc state under /run/containerd, the
+  CNI result cache and /var/log/containers (see ``NODE_BINDS``);
+* per-node cgroup roots (the kubelet removes pod cgroups it does not know under its root).
 """
 
 from __future__ import annotations
@@ -24,15 +36,33 @@ REAL_NODE_LABEL: Final = "disagg.dev/real-node"
 #: Offsets from the port base (after the control plane's 0-6).
 PORT_OFFSETS: Final = {"coredns-health": 7, "coredns-ready": 8, "kube-proxy-healthz": 9, "kube-proxy-metrics": 10}
 NODE_PORT_OFFSET: Final = 11  # node i: kubelet 11 + 2i, its healthz 12 + 2i
-MAX_REAL_NODES: Final = 1
-#: The kubelet's device-plugin directory is fixed (not under --root-dir), so one machine holds one
-#: real node's device plugins.
+MAX_REAL_NODES: Final = 8
+#: The kubelet's device-plugin directory is fixed (not under --root-dir): bind-mounted per node.
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
+#: Machine-wide paths the kubelet, containerd 1.6 (shim sockets, runc state) and libcni (its
+#: result cache) fix, and the node subdirectory bind-mounted over each in the node's mount
+#: namespace.
+NODE_BINDS: Final = {
+    DEVICE_PLUGIN_DIR: "device-plugins",
+    Path("/run/containerd"): "run-containerd",
+    Path("/var/lib/cni"): "cni-cache",
+    Path("/var/log/containers"): "container-logs",
+}
 GPUS_PER_REAL_NODE: Final = 8
 GPU_PRODUCT: Final = "NVIDIA-H100-80GB-HBM3"
 #: Lease and status cadence the dev controller-manager's 10 s grace period accepts.
 NODE_LEASE_DURATION_S: Final = 8
 NODE_STATUS_UPDATE: Final = "2s"
+
+
+#: Pod networks one machine offers (10.100.0.0/16 - 10.249.0.0/16).
+NETWORKS: Final = 150
+
+
+def test_network(dev_net: int) -> int:
+    """The test session's real-node network: half the range away from the dev cluster's own, so a
+    person's ``drs dev up --real-nodes`` and the tests' cluster coexist."""
+    return (dev_net + NETWORKS // 2) % NETWORKS
 
 
 class RealNodeError(ValueError):
@@ -46,12 +76,17 @@ class Network:
     net: int
 
     @property
+    def slot(self) -> int:
+        """Which of the NETWORKS /16s (10.100-10.249): networks of one slot are the same network."""
+        return self.net % NETWORKS
+
+    @property
     def bridge(self) -> str:
-        return f"drs{self.net}br"
+        return f"drs{self.slot}br"
 
     @property
     def cidr(self) -> str:
-        return f"10.{100 + self.net % 150}.0.0/16"
+        return f"10.{100 + self.slot}.0.0/16"
 
     @property
     def gateway(self) -> str:
@@ -60,17 +95,37 @@ class Network:
     def node_ip(self, index: int) -> str:
         return str(ipaddress.ip_network(self.cidr).network_address + 10 + index)
 
+    @property
+    def host_ip(self) -> str:
+        """The host end of the veth into the cluster's namespace: where the apiserver listens."""
+        return str(ipaddress.ip_network(self.cidr).network_address + 2)
+
+    @property
+    def netns(self) -> str:
+        return f"drs{self.slot}"
+
+    @property
+    def host_veth(self) -> str:
+        return f"drs{self.slot}h"
+
+    @property
+    def peer_veth(self) -> str:
+        return f"drs{self.slot}p"
+
+    @property
+    def netns_path(self) -> Path:
+        return Path("/run/netns") / self.netns
+
     def pod_range(self, index: int) -> tuple[str, str]:
         """The first and last pod address of node ``index`` (10.x.<1+i>.2 - .254)."""
         base = ipaddress.ip_network(self.cidr).network_address + 256 * (1 + index)
         return str(base + 2), str(base + 254)
 
-    @property
-    def iptables_chain(self) -> str:
-        return f"DRS-{self.net}-FORWARD"
 
-
-def network() -> Network:
+def network(layout: Layout | None = None) -> Network:
+    """The cluster's network: the one recorded for ``layout``, else ``DRS_DEV_NODE_NET``'s."""
+    if layout is not None and layout.pod_net is not None:
+        return Network(layout.pod_net)
     return Network(profiles.node_net())
 
 
@@ -81,8 +136,8 @@ def node_name(index: int) -> str:
 def check_count(real: int) -> None:
     if not 0 <= real <= MAX_REAL_NODES:
         raise RealNodeError(
-            f"--real-nodes must be between 0 and {MAX_REAL_NODES}, got {real}: the kubelet's device-plugin "
-            f"socket is fixed at {DEVICE_PLUGIN_DIR}/kubelet.sock, so one machine runs one real node"
+            f"--real-nodes must be between 0 and {MAX_REAL_NODES}, got {real}: each real node takes a slice "
+            f"of the cluster's pod network and two ports, and this machine's budget is {MAX_REAL_NODES}"
         )
 
 
@@ -144,14 +199,19 @@ class NodeDirs:
     def kubelet_config(self) -> Path:
         return self.root / "kubelet.yaml"
 
+    @property
+    def binds(self) -> dict[Path, Path]:
+        """Machine-wide path -> this node's directory mounted over it (in the node's namespace)."""
+        return {target: self.root / sub for target, sub in NODE_BINDS.items()}
+
 
 def node_dirs(layout: Layout, index: int) -> NodeDirs:
     return NodeDirs(layout.state_dir / "nodes" / node_name(index))
 
 
-def cgroup_root(net: Network) -> str:
-    """The kubelet's cgroup root (its pods live under it, apart from anyone else's)."""
-    return f"/drs-{net.net}"
+def cgroup_root(net: Network, index: int) -> str:
+    """Node ``index``'s cgroup root (its pods live under it, apart from any other kubelet's)."""
+    return f"/drs-{net.slot}-{index}"
 
 
 def containerd_toml(dirs: NodeDirs, sandbox_image: str) -> str:
@@ -226,7 +286,8 @@ def kubelet_config(layout: Layout, net: Network, dirs: NodeDirs, index: int, res
         "address": net.node_ip(index),
         "port": kubelet_port(layout, index),
         "readOnlyPort": 0,
-        "healthzBindAddress": "127.0.0.1",
+        # The kubelet runs in the cluster's network namespace: health on its node address.
+        "healthzBindAddress": net.node_ip(index),
         "healthzPort": kubelet_healthz_port(layout, index),
         "authentication": {
             "anonymous": {"enabled": False},
@@ -235,7 +296,7 @@ def kubelet_config(layout: Layout, net: Network, dirs: NodeDirs, index: int, res
         },
         "authorization": {"mode": "Webhook"},
         "cgroupDriver": "cgroupfs",
-        "cgroupRoot": cgroup_root(net),
+        "cgroupRoot": cgroup_root(net, index),
         "failCgroupV1": False,
         "failSwapOn": False,
         "containerRuntimeEndpoint": f"unix://{dirs.containerd_socket}",
@@ -274,8 +335,9 @@ def kube_proxy_config(layout: Layout, net: Network) -> dict[str, Any]:
         "mode": "nftables",
         "hostnameOverride": node_name(0),
         "bindAddress": net.gateway,
-        "healthzBindAddress": f"127.0.0.1:{port(layout, 'kube-proxy-healthz')}",
-        "metricsBindAddress": f"127.0.0.1:{port(layout, 'kube-proxy-metrics')}",
+        # It runs in the cluster's network namespace: health and metrics on the gateway.
+        "healthzBindAddress": f"{net.gateway}:{port(layout, 'kube-proxy-healthz')}",
+        "metricsBindAddress": f"{net.gateway}:{port(layout, 'kube-proxy-metrics')}",
         "clusterCIDR": net.cidr,
         # NodePorts open on the bridge only, never on the machine's other interfaces.
         "nodePortAddresses": [net.cidr],
@@ -296,8 +358,8 @@ def corefile(layout: Layout, net: Network) -> str:
     return f""".:53 {{
     bind {net.gateway}
     errors
-    health 127.0.0.1:{port(layout, "coredns-health")}
-    ready 127.0.0.1:{port(layout, "coredns-ready")}
+    health {net.gateway}:{port(layout, "coredns-health")}
+    ready {net.gateway}:{port(layout, "coredns-ready")}
     kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{
         kubeconfig {layout.kubeconfig} drs-dev
         pods insecure

@@ -17,7 +17,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 STOP_GRACE_S = 10.0
@@ -59,8 +59,18 @@ def port_is_listening(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def start(name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None = None) -> Tracked:
-    """Start ``argv`` detached in its own session, output appended to ``log``."""
+def start(
+    name: str,
+    argv: Sequence[str],
+    log: Path,
+    env: dict[str, str] | None = None,
+    preexec: Callable[[], None] | None = None,
+    exe: str | None = None,
+) -> Tracked:
+    """Start ``argv`` detached in its own session, output appended to ``log``.
+
+    ``preexec`` runs in the child before exec (entering namespaces); ``exe`` is the executable
+    the pid ends up running when ``argv[0]`` execs another one."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         proc = subprocess.Popen(
@@ -71,8 +81,9 @@ def start(name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None 
             start_new_session=True,
             env=env,
             close_fds=True,
+            preexec_fn=preexec,
         )
-    return Tracked(name=name, pid=proc.pid, exe=str(argv[0]), log=str(log))
+    return Tracked(name=name, pid=proc.pid, exe=exe or str(argv[0]), log=str(log))
 
 
 def is_running(t: Tracked) -> bool:
@@ -88,6 +99,19 @@ def is_running(t: Tracked) -> bool:
             os.waitpid(t.pid, os.WNOHANG)
         return False
     return os.path.realpath(exe.removesuffix(" (deleted)")) == os.path.realpath(t.exe)
+
+
+def state(t: Tracked) -> str:
+    """What ``t`` is doing: its kernel state (``sleeping``, ``running``, ``disk sleep``, ``stopped``
+    …) while it runs ``t.exe``, else ``exited``."""
+    if not is_running(t):
+        return "exited"
+    try:
+        with open(f"/proc/{t.pid}/status") as f:
+            line = next(line for line in f if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return "exited"
+    return line.split("(", 1)[1].rstrip(")\n") if "(" in line else line.split()[1]
 
 
 def stop(procs: Iterable[Tracked], grace_s: float = STOP_GRACE_S) -> list[str]:

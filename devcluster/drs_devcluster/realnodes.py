@@ -1,22 +1,24 @@
 """Start and stop the dev cluster's real nodes (``drs dev up --real-nodes R``).
 
-For each node: its own containerd (CRI plugin, runc on cgroupfs, the cluster's CNI bridge) with
-the project's images imported (nothing is ever pulled), a kubelet registered under the node's
-name with GPU topology labels, and the fake GPU device plugin, which registers with the kubelet
-so ``nvidia.com/gpu`` capacity comes from a real device-plugin registration. Once per cluster:
-kube-proxy (nftables) for Services and CoreDNS (on the bridge gateway) for their names.
+For each node, in the cluster's network namespace and a mount namespace of the node's own
+(``namespaces``): its own containerd (CRI plugin, runc on cgroupfs, the cluster's CNI bridge)
+with the project's images imported (nothing is ever pulled), a kubelet registered under the
+node's name with GPU topology labels, and the fake GPU device plugin, which registers with the
+kubelet so ``nvidia.com/gpu`` capacity comes from a real device-plugin registration. Once per
+cluster, in its network namespace: kube-proxy (nftables) for Services and CoreDNS (on the bridge
+gateway) for their names.
 
 Stopping deletes the nodes' pods through the API first (so the kubelet tears down their
-sandboxes and CNI networking), stops every process by pid, kills containers that are left,
-unmounts what is left under the node directories, and undoes the host changes (hostnet).
+sandboxes and CNI networking), stops every process by pid, kills containers that are left (and
+their shims), then the namespace holders (the nodes' mounts go with them), and undoes the host
+changes (hostnet).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -25,11 +27,12 @@ from typing import Any
 
 import yaml
 
-from . import hostnet, images, nodebuild, nodeconfig, processes
+from . import hostnet, images, namespaces, nodebuild, nodeconfig, processes
 from .layout import Layout
 
 PIDS_FILE = "real-nodes-pids.json"
 HOST_RECORD = "real-nodes-host.json"
+HOLDER_START_TIMEOUT_S = 10.0
 CONTAINERD_START_TIMEOUT_S = 30.0
 IMPORT_TIMEOUT_S = 600.0
 KUBELET_HEALTHY_TIMEOUT_S = 60.0
@@ -82,20 +85,19 @@ def _ctr(dirs: nodeconfig.NodeDirs, *args: str, timeout: float = 60.0) -> subpro
 
 
 def prepare_host(layout: Layout, real: int) -> None:
-    """The host side, before the control plane starts (the apiserver listens on the gateway)."""
+    """The host side, before the control plane starts (the apiserver listens on the veth)."""
     nodeconfig.check_count(real)
-    net = nodeconfig.network()
-    for name, port in nodeconfig.ports(layout, real).items():
-        processes.check_port_free("127.0.0.1", port, name)
+    net = nodeconfig.network(layout)
     record = hostnet.HostRecord(layout.state_dir / HOST_RECORD)
-    hostnet.setup(net, record, [net.node_ip(i) for i in range(real)], nodeconfig.cgroup_root(net))
-    nodeconfig.DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
+    roots = [nodeconfig.cgroup_root(net, i) for i in range(real)]
+    hostnet.setup(net, record, [net.node_ip(i) for i in range(real)], roots)
+    hostnet.share(record, list(nodeconfig.NODE_BINDS))
 
 
 def start(layout: Layout, real: int, archive: Path) -> list[processes.Tracked]:
     """Start ``real`` nodes and the cluster services; every process is recorded as it starts."""
     bins = nodebuild.ensure_node_built(layout.bin_dir)
-    net = nodeconfig.network()
+    net = nodeconfig.network(layout)
     started: list[processes.Tracked] = []
 
     def track(t: processes.Tracked) -> processes.Tracked:
@@ -118,14 +120,16 @@ def _start_node(
 ) -> None:
     name = nodeconfig.node_name(i)
     dirs = nodeconfig.node_dirs(layout, i)
-    for d in (dirs.root, dirs.cni_conf_dir, dirs.ipam_dir, dirs.kubelet_root):
+    for d in (dirs.root, dirs.cni_conf_dir, dirs.ipam_dir, dirs.kubelet_root, *dirs.binds.values()):
         d.mkdir(parents=True, exist_ok=True)
     sandbox = f"docker.io/library/{images.pause_ref()}"
     dirs.containerd_config.write_text(nodeconfig.containerd_toml(dirs, sandbox))
     (dirs.cni_conf_dir / "10-drs.conflist").write_text(nodeconfig.cni_conflist(net, dirs, i))
+    holder = track(_start_holder(layout, dirs, name))
+    inside = namespaces.entering(net.netns_path, holder.pid)
     containerd = track(
         processes.start(f"containerd {name}", ["/usr/bin/containerd", "--config", str(dirs.containerd_config)],
-                        layout.log(f"containerd-{name}"))
+                        layout.log(f"containerd-{name}"), preexec=inside)
     )  # fmt: skip
     took = _wait(f"containerd {name}", lambda: _ctr(dirs, "version", timeout=5).returncode == 0,
                  CONTAINERD_START_TIMEOUT_S, containerd)  # fmt: skip
@@ -138,11 +142,43 @@ def _start_node(
     config = nodeconfig.kubelet_config(layout, net, dirs, i, resolv)
     config["podLogsDir"] = str(dirs.root / "pod-logs")
     dirs.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
-    kubelet = track(processes.start(f"kubelet {name}", kubelet_argv(layout, i, bins), layout.log(f"kubelet-{name}")))
+    kubelet = track(_start_kubelet_process(layout, i, bins, holder.pid))
     _wait_kubelet(layout, i, kubelet)
     plugin = [str(bins / "drs-device-plugin"), f"--dir={nodeconfig.DEVICE_PLUGIN_DIR}",
               f"--count={nodeconfig.GPUS_PER_REAL_NODE}", "--resource=nvidia.com/gpu"]  # fmt: skip
-    track(processes.start(f"device-plugin {name}", plugin, layout.log(f"device-plugin-{name}")))
+    track(processes.start(f"device-plugin {name}", plugin, layout.log(f"device-plugin-{name}"), preexec=inside))
+
+
+def _start_holder(layout: Layout, dirs: nodeconfig.NodeDirs, name: str) -> processes.Tracked:
+    """The process holding node ``name``'s mount namespace; waited on until its mounts are made."""
+    log = layout.log(f"mount-namespace-{name}")
+    holder = processes.start(
+        f"mount-namespace {name}", namespaces.holder_argv(dirs.binds), log, exe=namespaces.sleep_binary()
+    )
+    alive = Path(f"/proc/{holder.pid}")
+    deadline = time.monotonic() + HOLDER_START_TIMEOUT_S
+    while not processes.is_running(holder):  # runs `sleep` once every bind mount is made
+        if not alive.exists() or time.monotonic() > deadline:
+            processes.stop([dataclasses.replace(holder, exe=str(Path(f"/proc/{holder.pid}/exe").resolve()))])
+            raise RealNodeStartError(f"{name}: its mount namespace was not made; last lines of {log}:\n"
+                                     f"{processes.log_tail(log)}")  # fmt: skip
+        time.sleep(0.05)
+    return holder
+
+
+def _holder_pid(layout: Layout, i: int) -> int:
+    name = f"mount-namespace {nodeconfig.node_name(i)}"
+    for t in processes.load(pids_file(layout)):
+        if t.name == name and processes.is_running(t):
+            return t.pid
+    raise RealNodeStartError(f"{nodeconfig.node_name(i)}: its mount namespace holder is not running")
+
+
+def _start_kubelet_process(layout: Layout, i: int, bins: Path, holder_pid: int) -> processes.Tracked:
+    name = nodeconfig.node_name(i)
+    inside = namespaces.entering(nodeconfig.network(layout).netns_path, holder_pid)
+    return processes.start(f"kubelet {name}", kubelet_argv(layout, i, bins), layout.log(f"kubelet-{name}"),
+                           preexec=inside)  # fmt: skip
 
 
 def kubelet_argv(layout: Layout, i: int, bins: Path) -> list[str]:
@@ -156,14 +192,15 @@ def kubelet_argv(layout: Layout, i: int, bins: Path) -> list[str]:
         f"--root-dir={dirs.kubelet_root}",
         f"--cert-dir={dirs.root / 'kubelet-pki'}",
         f"--hostname-override={name}",
-        f"--node-ip={nodeconfig.network().node_ip(i)}",
+        f"--node-ip={nodeconfig.network(layout).node_ip(i)}",
         f"--node-labels={labels}",
         "--v=1",
     ]
 
 
 def _wait_kubelet(layout: Layout, i: int, kubelet: processes.Tracked) -> None:
-    healthz = f"http://127.0.0.1:{nodeconfig.kubelet_healthz_port(layout, i)}/healthz"
+    ip = nodeconfig.network(layout).node_ip(i)
+    healthz = f"http://{ip}:{nodeconfig.kubelet_healthz_port(layout, i)}/healthz"
     took = _wait(f"kubelet {nodeconfig.node_name(i)}", lambda: _http_ok(healthz), KUBELET_HEALTHY_TIMEOUT_S, kubelet)
     _say(f"{nodeconfig.node_name(i)}: kubelet healthy in {took:.1f}s")
 
@@ -178,10 +215,7 @@ def stop_kubelet(layout: Layout, i: int) -> None:
 
 def start_kubelet(layout: Layout, i: int) -> None:
     """Start node ``i``'s kubelet again with the same configuration; wait until it is healthy."""
-    name = f"kubelet {nodeconfig.node_name(i)}"
-    kubelet = processes.start(
-        name, kubelet_argv(layout, i, layout.bin_dir), layout.log(f"kubelet-{nodeconfig.node_name(i)}")
-    )
+    kubelet = _start_kubelet_process(layout, i, layout.bin_dir, _holder_pid(layout, i))
     processes.save(pids_file(layout), [*processes.load(pids_file(layout)), kubelet])
     _wait_kubelet(layout, i, kubelet)
 
@@ -189,19 +223,23 @@ def start_kubelet(layout: Layout, i: int) -> None:
 def _start_services(layout: Layout, net: nodeconfig.Network, bins: Path, track: Any) -> None:
     proxy_config = layout.state_dir / "kube-proxy.yaml"
     proxy_config.write_text(yaml.safe_dump(nodeconfig.kube_proxy_config(layout, net), sort_keys=False))
+    inside = namespaces.entering(net.netns_path)
     proxy = track(
         processes.start("kube-proxy", [str(bins / "kube-proxy"), f"--config={proxy_config}", "--v=1"],
-                        layout.log("kube-proxy"))
+                        layout.log("kube-proxy"), preexec=inside)
     )  # fmt: skip
-    healthz = f"http://127.0.0.1:{nodeconfig.port(layout, 'kube-proxy-healthz')}/healthz"
+    healthz = f"http://{net.gateway}:{nodeconfig.port(layout, 'kube-proxy-healthz')}/healthz"
     # kube-proxy's /healthz says 503 until its first sync; /livez answers once it serves.
     livez = healthz.replace("/healthz", "/livez")
     took = _wait("kube-proxy", lambda: _http_ok(healthz) or _http_ok(livez), SERVICE_START_TIMEOUT_S, proxy)
     _say(f"kube-proxy (nftables) serving in {took:.1f}s")
     corefile = layout.state_dir / "Corefile"
     corefile.write_text(nodeconfig.corefile(layout, net))
-    dns = track(processes.start("coredns", [str(bins / "drs-coredns"), "-conf", str(corefile)], layout.log("coredns")))
-    ready = f"http://127.0.0.1:{nodeconfig.port(layout, 'coredns-ready')}/ready"
+    dns = track(
+        processes.start("coredns", [str(bins / "drs-coredns"), "-conf", str(corefile)], layout.log("coredns"),
+                        preexec=inside)
+    )  # fmt: skip
+    ready = f"http://{net.gateway}:{nodeconfig.port(layout, 'coredns-ready')}/ready"
     took = _wait("coredns", lambda: _http_ok(ready), SERVICE_START_TIMEOUT_S, dns)
     _say(f"CoreDNS ready in {took:.1f}s on {net.gateway}:53")
 
@@ -257,18 +295,6 @@ def _running_tasks(dirs: nodeconfig.NodeDirs) -> list[str]:
     return [row[0] for row in rows if len(row) >= 3 and row[2] == "RUNNING"]
 
 
-def _sandbox_netns(dirs: nodeconfig.NodeDirs) -> list[str]:
-    """The network namespace paths of this node's containers (CRI bind-mounts them in /run/netns)."""
-    paths: list[str] = []
-    out = _ctr(dirs, "containers", "ls", "-q", timeout=10)
-    for cid in out.stdout.split() if out.returncode == 0 else []:
-        info = _ctr(dirs, "containers", "info", cid, timeout=10)
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            spec = json.loads(info.stdout)["Spec"]
-            paths += [n["path"] for n in spec["linux"]["namespaces"] if n["type"] == "network" and n.get("path")]
-    return sorted(set(paths))
-
-
 def _kill_tasks(dirs: nodeconfig.NodeDirs) -> None:
     for task in _running_tasks(dirs):
         _ctr(dirs, "tasks", "kill", "-s", "SIGKILL", task, timeout=10)
@@ -304,48 +330,17 @@ def stop(layout: Layout) -> list[str]:
         deadline = time.monotonic() + DRAIN_TIMEOUT_S
         while any(_running_tasks(d) for d in all_dirs) and time.monotonic() < deadline:
             time.sleep(0.5)
-    netns = [p for d in all_dirs for p in _sandbox_netns(d)]
-    stopped = processes.stop(reversed([t for t in tracked if not t.name.startswith("containerd")]))
+    last = ("containerd", "mount-namespace")
+    stopped = processes.stop(reversed([t for t in tracked if not t.name.startswith(last)]))
     for d in all_dirs:
         _kill_tasks(d)
     stopped += processes.stop([t for t in tracked if t.name.startswith("containerd")])
     for d in all_dirs:
         processes.stop(_shims_of(d))
-    _cleanup_kube_proxy(layout)
-    unmounted = hostnet.unmount_under(*(d.root for d in all_dirs))
-    for path in netns:
-        if hostnet.mounts_under(Path(path)):
-            hostnet.unmount_under(Path(path))
-        Path(path).unlink(missing_ok=True)
-    _cleanup_device_plugin_dir()
-    for d in all_dirs:
-        hostnet.remove_log_links(d.root / "pod-logs")
+    # The last processes of each node's mount namespace: its mounts (pod volumes, container
+    # root filesystems, pod network namespaces) go with it.
+    stopped += processes.stop([t for t in tracked if t.name.startswith("mount-namespace")])
     undone = hostnet.teardown(record)
     pids_file(layout).unlink(missing_ok=True)
-    _say(
-        f"real nodes: stopped {len(stopped)} processes, {len(unmounted)} mounts, undid {', '.join(undone) or 'nothing'}"
-    )
+    _say(f"real nodes: stopped {len(stopped)} processes, undid {', '.join(undone) or 'nothing'}")
     return stopped
-
-
-def _cleanup_kube_proxy(layout: Layout) -> None:
-    binary = layout.bin_dir / "kube-proxy"
-    config = layout.state_dir / "kube-proxy.yaml"
-    if binary.is_file() and config.is_file():
-        subprocess.run([str(binary), "--cleanup", f"--config={config}"], capture_output=True, timeout=60, check=False)
-
-
-def _cleanup_device_plugin_dir() -> None:
-    d = nodeconfig.DEVICE_PLUGIN_DIR
-    for name in ("kubelet.sock", "drs-gpu.sock", "kubelet_internal_checkpoint"):
-        (d / name).unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        d.rmdir()
-    with contextlib.suppress(OSError):
-        d.parent.rmdir()
-
-
-def remove_node_dirs(layout: Layout) -> None:
-    root = layout.state_dir / "nodes"
-    if root.is_dir() and not hostnet.mounts_under(root):
-        shutil.rmtree(root, ignore_errors=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 from drs_operator.api.constants import CRD_NAME
 
-from . import build, profiles, runner_daemon
+from . import build, nodeconfig, profiles, runner_daemon
 from .cluster import DevCluster
 
 TEST_PORT_BASE = int(os.environ.get("DRS_TEST_PORT_BASE", "27300"))
@@ -103,14 +103,19 @@ def session_cluster() -> Iterator[RunningCluster]:
 #: The real-node cluster: its own ports and state, beside the session's kwok cluster.
 REAL_PORT_BASE = TEST_PORT_BASE + 40
 REAL_STATE_DIR = TEST_STATE_DIR.with_name(TEST_STATE_DIR.name + "-real")
+REAL_NODES = 2
 
 
-def real_node_cluster() -> Iterator[RunningCluster]:
-    """A control plane with one real node and no simulated ones (builds the image if needed)."""
-    cluster = DevCluster.at(REAL_STATE_DIR, REAL_PORT_BASE, bin_dir=build.bin_dir())
+def real_node_cluster(
+    state_dir: Path = REAL_STATE_DIR, port_base: int = REAL_PORT_BASE, nodes: int = REAL_NODES, net_offset: int = 0
+) -> Iterator[RunningCluster]:
+    """A control plane with ``nodes`` real nodes and no simulated ones (builds the image if needed),
+    on the test session's pod network (``nodeconfig.test_network``) plus ``net_offset``."""
+    net = (nodeconfig.test_network(profiles.node_net()) + net_offset) % nodeconfig.NETWORKS
+    cluster = DevCluster.at(state_dir, port_base, bin_dir=build.bin_dir())
     cluster.down()
-    cluster = DevCluster.at(REAL_STATE_DIR, REAL_PORT_BASE, bin_dir=build.bin_dir())
-    cluster.up("hgx", 0, real_nodes=1)
+    cluster = DevCluster.at(state_dir, port_base, bin_dir=build.bin_dir())
+    cluster.up("hgx", 0, real_nodes=nodes, pod_net=net)
     try:
         yield RunningCluster(cluster)
     finally:

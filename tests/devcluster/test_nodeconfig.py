@@ -28,17 +28,42 @@ def test_addresses_stay_inside_the_clusters_own_network(net: int, index: int) ->
     pods = {ipaddress.ip_address(first), ipaddress.ip_address(last)}
     assert ipaddress.ip_address(network.gateway) not in pods
     assert ipaddress.ip_address(network.node_ip(index)) < ipaddress.ip_address(first)
-    assert len(network.bridge) <= 15  # IFNAMSIZ - 1
+    for name in (network.bridge, network.host_veth, network.peer_veth):
+        assert len(name) <= 15  # IFNAMSIZ - 1
+    host = ipaddress.ip_address(network.host_ip)
+    assert host in cidr and host != ipaddress.ip_address(network.gateway)
+    assert host < ipaddress.ip_address(network.node_ip(0))
 
 
-def test_other_dev_networks_get_other_bridges_and_subnets() -> None:
-    a, b = nodeconfig.Network(10), nodeconfig.Network(11)
-    assert a.bridge != b.bridge and a.iptables_chain != b.iptables_chain
-    assert not ipaddress.ip_network(a.cidr).overlaps(ipaddress.ip_network(b.cidr))
+@given(st.integers(0, 255), st.integers(0, 255))
+def test_networks_of_other_slots_share_no_name_or_address(a_net: int, b_net: int) -> None:
+    a, b = nodeconfig.Network(a_net), nodeconfig.Network(b_net)
+    names = ("bridge", "netns", "host_veth", "peer_veth", "cidr")
+    if a.slot == b.slot:  # one network under two numbers: the clash is detected by its names
+        assert all(getattr(a, n) == getattr(b, n) for n in names)
+    else:
+        assert all(getattr(a, n) != getattr(b, n) for n in names)
+        assert not ipaddress.ip_network(a.cidr).overlaps(ipaddress.ip_network(b.cidr))
+        assert nodeconfig.cgroup_root(a, 0) != nodeconfig.cgroup_root(b, 0)
+
+
+@given(st.integers(0, 255))
+def test_the_test_sessions_network_is_never_the_dev_clusters(dev_net: int) -> None:
+    assert nodeconfig.Network(nodeconfig.test_network(dev_net)).slot != nodeconfig.Network(dev_net).slot
+
+
+def test_each_node_has_its_own_cgroup_root_and_bind_mounts() -> None:
+    net = nodeconfig.Network(10)
+    roots = {nodeconfig.cgroup_root(net, i) for i in range(nodeconfig.MAX_REAL_NODES)}
+    assert len(roots) == nodeconfig.MAX_REAL_NODES
+    a, b = nodeconfig.node_dirs(LAYOUT, 0).binds, nodeconfig.node_dirs(LAYOUT, 1).binds
+    assert set(a) == set(b) == set(nodeconfig.NODE_BINDS) and nodeconfig.DEVICE_PLUGIN_DIR in a
+    assert not set(a.values()) & set(b.values())
+    assert all(src.is_relative_to(LAYOUT.state_dir) for src in [*a.values(), *b.values()])
 
 
 def test_more_real_nodes_than_one_machine_holds_is_refused_naming_the_rule() -> None:
-    with pytest.raises(nodeconfig.RealNodeError, match=r"--real-nodes.*device-plugin"):
+    with pytest.raises(nodeconfig.RealNodeError, match=r"--real-nodes.*between 0 and"):
         nodeconfig.check_count(nodeconfig.MAX_REAL_NODES + 1)
     with pytest.raises(nodeconfig.RealNodeError, match="--real-nodes"):
         nodeconfig.check_count(-1)
@@ -74,7 +99,8 @@ def test_the_cni_network_neither_masquerades_nor_shares_ipam_state() -> None:
 def test_the_kubelet_binds_its_node_address_keeps_images_and_trusts_the_dev_ca() -> None:
     net = nodeconfig.Network(10)
     conf = nodeconfig.kubelet_config(LAYOUT, net, nodeconfig.node_dirs(LAYOUT, 0), 0, Path("/state/resolv.conf"))
-    assert conf["address"] == net.node_ip(0) and conf["healthzBindAddress"] == "127.0.0.1"
+    assert conf["address"] == conf["healthzBindAddress"] == net.node_ip(0)
+    assert conf["cgroupRoot"] == nodeconfig.cgroup_root(net, 0)
     assert conf["readOnlyPort"] == 0 and conf["authentication"]["anonymous"]["enabled"] is False
     assert conf["imageGCHighThresholdPercent"] == 100  # imported images are never pulled back
     assert conf["clusterDNS"] == [net.gateway] and conf["failCgroupV1"] is False
@@ -91,4 +117,4 @@ def test_kube_proxy_opens_node_ports_on_the_bridge_only_and_leaves_conntrack_alo
     conf = nodeconfig.kube_proxy_config(LAYOUT, net)
     assert conf["mode"] == "nftables" and conf["nodePortAddresses"] == [net.cidr]
     assert conf["conntrack"]["maxPerCore"] == 0
-    assert conf["healthzBindAddress"].startswith("127.0.0.1:")
+    assert conf["healthzBindAddress"].startswith(f"{net.gateway}:")

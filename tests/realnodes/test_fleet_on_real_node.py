@@ -15,6 +15,8 @@ import pytest
 import yaml
 from drs_devcluster import inpod, nodeconfig, realnodes
 from drs_devcluster.testing import RunningCluster
+from drs_operator.api.constants import LABEL_ROLE
+from drs_protocol.enums import ROLES
 
 from .pods import wait_phase
 
@@ -159,11 +161,16 @@ def test_a_lost_node_takes_the_fleet_down_and_its_return_brings_it_back(
     realcluster: RunningCluster, fleet: str
 ) -> None:
     layout = realcluster.cluster.layout
-    realnodes.stop_kubelet(layout, 0)
+    # The node of an engine pod: losing it takes a replica, so the fleet down.
+    engine = next(p for p in fleet_pods(realcluster, fleet) if p["metadata"]["labels"][LABEL_ROLE] in ROLES)
+    lost = engine["spec"]["nodeName"]
+    index = int(lost.split("-")[1])
+    assert lost == nodeconfig.node_name(index)
+    realnodes.stop_kubelet(layout, index)
     try:
 
         def node_not_ready() -> bool:
-            node = json.loads(realcluster.kubectl("get", "node", nodeconfig.node_name(0), "-o", "json").stdout)
+            node = json.loads(realcluster.kubectl("get", "node", lost, "-o", "json").stdout)
             return any(c["type"] == "Ready" and c["status"] != "True" for c in node["status"]["conditions"])
 
         deadline = time.monotonic() + 60
@@ -172,6 +179,6 @@ def test_a_lost_node_takes_the_fleet_down_and_its_return_brings_it_back(
             time.sleep(POLL_S)
         wait_drs(realcluster, fleet, lambda b: (b.get("status") or {}).get("phase") != "Ready", "fleet not Ready", 120)
     finally:
-        realnodes.start_kubelet(layout, 0)
+        realnodes.start_kubelet(layout, index)
     wait_drs(realcluster, fleet, lambda b: converged(b) and all_ready(fleet_pods(realcluster, fleet)), "fleet back")
     run_client(realcluster, fleet, "client-after-node-loss")
