@@ -15,15 +15,16 @@
 # the pip steps only and is in no layer. Both are optional for a plain `docker build`.
 #
 # Rebuilds are fast: the dependencies are installed from pyproject.toml's list before any source
-# is copied (a source change reuses that layer), and pip's downloads live in a BuildKit cache
-# mount (a dependency change downloads only what changed); neither cache is in the image.
+# (or the README) is copied, so a source change reuses that layer; pip's downloads live in a
+# BuildKit cache mount, so a dependency change downloads only what changed. Neither cache is in
+# the image.
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
 FROM ${BASE_IMAGE} AS build
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN --mount=type=secret,id=ca-bundle,required=false \
     --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if test -s /run/secrets/ca-bundle; then export PIP_CERT=/run/secrets/ca-bundle; fi \
@@ -31,6 +32,7 @@ RUN --mount=type=secret,id=ca-bundle,required=false \
     && python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies'], sep='\n')" \
        > /tmp/requirements.txt \
     && /opt/drs/bin/python -m pip install -r /tmp/requirements.txt
+COPY README.md ./
 COPY cli/ cli/
 COPY operator/ operator/
 COPY frontend/ frontend/

@@ -45,7 +45,7 @@ MMDEBSTRAP_TIMEOUT_S = 900.0
 BUILD_TIMEOUT_S = 1800.0
 #: BuildKit's cache (the dependency layer, pip's cache mount) is pruned, least recently used
 #: first, down to this.
-BUILD_CACHE_KEEP = "3gb"
+BUILD_CACHE_KEEP = "2gb"
 
 
 class ImageError(RuntimeError):

@@ -96,7 +96,7 @@ def test_dependencies_are_a_layer_of_their_own_and_pips_cache_is_a_cache_mount()
     assert all("--mount=type=cache,target=/root/.cache/pip" in r for r in installs)
     assert "PIP_NO_CACHE_DIR" not in TEXT  # it would switch the cache mount off
     joined = re.sub(r"\\\n\s*", " ", TEXT)
-    first_source = min(joined.index(f"COPY {d}") for d in ("cli/", "operator/", "protocol/"))
+    first_source = min(joined.index(f"COPY {d}") for d in ("README.md", "cli/", "operator/", "protocol/"))
     assert joined.index("pip install -r") < first_source < joined.index("pip install --no-deps")
     assert instructions("COPY")[-1].startswith("--from=build /opt/drs")  # only the venv reaches the image
 
