@@ -22,7 +22,10 @@ Not a test. A conversation grows the way a NeMo-Gym rollout sends it (system pro
   its ids: the one step whose cost grows with the conversation) and splicing the template's tail
   after it; checked equal to :func:`drs_protocol.token_prefix.render_spliced_ids`;
 * ``prefix_check``: that first step alone (cold), the exact check of the prefix's ids
-  (:func:`drs_protocol.token_prefix.token_ids`), part of ``spliced``; and, for scale, two things
+  (:func:`drs_protocol.token_prefix.token_ids`: every id is read; the ids the conversation's
+  cached turn returned, which head the prefix, are not bounded and counted again), part of
+  ``spliced``; ``prefix_check_uncached``: the same without the conversation's cache (a
+  frontend that did not serve the turn before); and, for scale, two things
   the frontend does before any of the above and this benchmark does not count:
   ``prefix_parse`` (JSON-parsing the same ids, as they arrive in the request) and
   ``request_parse`` (parsing the whole request, as Gym sends it, with every earlier turn's ids).
@@ -35,7 +38,7 @@ visits every turn point, in an order that rotates from round to round, so a burs
 other processes on the machine lands on all turn points alike instead of on whichever one was
 being measured then. The last line is one JSON object: ``{"bench": "tokenize", "turns": {k:
 {"full_us", "full_without_gym_ids_us", "incremental_us", "incremental_warm_us", "spliced_us",
-"spliced_warm_us", "prefix_check_us", "prefix_parse_us", "request_parse_us", "speedup",
+"spliced_warm_us", "prefix_check_us", "prefix_check_uncached_us", "prefix_parse_us", "request_parse_us", "speedup",
 "new_tokens", "prompt_tokens", "prefix_ids", "request_bytes"}}, "incremental_turn100_over_turn1": …,
 "incremental_warm_turn100_over_turn1": …, "spliced_turn100_over_turn1": …,
 "spliced_warm_turn100_over_turn1": …}``.
@@ -72,6 +75,7 @@ FIGURES = (
     "spliced",
     "spliced_warm",
     "prefix_check",
+    "prefix_check_uncached",
     "prefix_parse",
     "request_parse",
 )
@@ -118,7 +122,7 @@ def conversation(turns: int, rng: random.Random, chat: ChatTokenizer) -> list[li
     for _ in range(turns):
         messages = [*messages, {"role": "user", "content": " ".join(rng.choice(WORDS) for _ in range(60))}]
         requests.append(messages)
-        prompt = chat.prompt_ids("build", messages, prefix=chat.find_prefix(None, messages)).ids.tolist()
+        prompt = chat.prompt_ids("build", messages, prefix=chat.find_prefix(None, messages, "build")).ids.tolist()
         reply = " ".join(rng.choice(WORDS) for _ in range(150))
         generated = [*tokenizer.encode(reply, add_special_tokens=False), tokenizer.eos_token_id]
         messages = [
@@ -144,7 +148,7 @@ def prefix_ids(request: list[dict[str, Any]]) -> list[int]:
 
 def spliced_turn(chat: ChatTokenizer, cid: str, request: list[dict[str, Any]]) -> Any:
     """What the frontend does per chat turn with token continuity on."""
-    return chat.prompt_ids(cid, request, prefix=chat.find_prefix(None, request))
+    return chat.prompt_ids(cid, request, prefix=chat.find_prefix(None, request, cid))
 
 
 def timed(fn: Any, *, collect: bool = True) -> tuple[float, Any]:
@@ -161,7 +165,7 @@ def time_scale(chat: ChatTokenizer, request: list[dict[str, Any]]) -> tuple[dict
     ids = prefix_ids(request)
     prefix_json, request_json = wire_json.dumps(ids), wire_json.dumps({"messages": request})
     seconds: dict[str, float] = {}
-    seconds["prefix_check"], _ = timed(lambda: chat.find_prefix(None, request))
+    seconds["prefix_check_uncached"], _ = timed(lambda: chat.find_prefix(None, request))
     seconds["prefix_parse"], _ = timed(lambda: wire_json.loads(prefix_json))
     seconds["request_parse"], _ = timed(lambda: wire_json.loads(request_json))
     return seconds, (len(ids), len(request_json))
@@ -175,7 +179,8 @@ def report(k: int, us: dict[str, float], counts: tuple[int, int], sizes: tuple[i
         f"incremental {us['incremental']:8.1f} us (warm {us['incremental_warm']:7.1f})  "
         f"spliced {us['spliced']:8.1f} us (warm {us['spliced_warm']:7.1f})  "
         f"({prompt_tokens} ids, {new_tokens} new)\n"
-        f"          prefix check {us['prefix_check']:8.1f} us ({prefix_count} ids; parsing them "
+        f"          prefix check {us['prefix_check']:7.1f} us (uncached {us['prefix_check_uncached']:7.1f}; "
+        f"{prefix_count} ids; parsing them "
         f"{us['prefix_parse']:8.1f} us; parsing the request, {request_bytes} bytes, {us['request_parse']:9.1f} us)"
     )
     return {
@@ -220,7 +225,9 @@ def main() -> None:
                 gc.collect()
                 chat.prompt_ids(None, requests[0])  # the same warm-up before every turn point
                 for previous in earlier:  # the cache holds turns k-2 and k-1, as in a live conversation
-                    chat.prompt_ids(cid, previous, prefix=chat.find_prefix(None, previous) if splices else None)
+                    chat.prompt_ids(cid, previous, prefix=chat.find_prefix(None, previous, cid) if splices else None)
+                if figure == "spliced":  # the first step of the spliced turn, alone
+                    seconds["prefix_check"], _ = timed(lambda r=request, c=cid: chat.find_prefix(None, r, c))
                 turn_fn = spliced_turn if splices else plain_turn
                 seconds[figure], turn = timed(lambda r=request, c=cid, f=turn_fn: f(chat, c, r), collect=collect)
                 if turn.ids.tolist() != (spliced_full if splices else full):

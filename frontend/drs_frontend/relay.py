@@ -269,7 +269,7 @@ class Relay:
                     return None
                 shadow = self._rng.random() < self.config.tokenize_shadow_rate
                 continuity = self.config.token_continuity
-                prefix = chat.find_prefix(required_prefix, body["messages"]) if continuity else None
+                prefix = chat.find_prefix(required_prefix, body["messages"], conversation_id) if continuity else None
                 result = chat.prompt_ids(
                     conversation_id,
                     body["messages"],

@@ -109,16 +109,34 @@ def history_end(messages: Sequence[Mapping[str, Any]]) -> int:
     return len(messages) if a is None else a + 1
 
 
-def token_ids(value: Any, param: str, vocab_size: int, eos_id: int) -> tuple[array[int], int]:
+#: Ids past a known head are bounded and counted with builtins (``max``, ``list.count``) up to this
+#: many, with numpy beyond: a numpy call costs ~0.1 ms with cold CPU caches whatever the length,
+#: which only long lists pay back (bench/tokenization.py, ``prefix_check``).
+SMALL_IDS: Final = 2048
+
+
+@dataclass(frozen=True, slots=True)
+class KnownIds:
+    """Ids this process has already checked, packed as :func:`token_ids` packs them (little-endian
+    uint32), and how many are EOS: a conversation's previous prompt, which the next turn echoes
+    back at the head of its prefix."""
+
+    raw: bytes
+    eos_count: int
+
+
+def token_ids(
+    value: Any, param: str, vocab_size: int, eos_id: int, known: KnownIds | None = None
+) -> tuple[array[int], int]:
     """``value`` as int32 ids, each in ``[0, vocab_size)``, and how many are ``eos_id``; a
     TokenPrefixError naming ``param`` else.
 
-    Exact, and one pass in C over the Python ints: they are packed as uint32 by a
-    :class:`struct.Struct` (which refuses anything but integers in ``[0, 2**32)``; a ``Struct``'s
-    own ``pack`` takes the list as its arguments directly, ~25% cheaper than
-    ``struct.pack(fmt, *value)``, which first copies it behind the format), then bounded and
-    counted with numpy over the packed bytes. Reading each Python int once is the floor of any
-    exact check: comparing the list with a cached one costs about the same per id (bench/README)."""
+    Exact: every id is read, in C. The list is packed as uint32 by a :class:`struct.Struct`
+    (which refuses anything but integers in ``[0, 2**32)``; a ``Struct``'s own ``pack`` is ~25%
+    cheaper than ``struct.pack(fmt, *value)``). When the packed bytes begin with ``known``'s
+    (compared byte for byte), those ids are not bounded or counted again: only the ids after them
+    are. Reading each Python int once is the floor of any exact check, so ``known`` saves the
+    bounding and counting (numpy's per-call cost, mostly), not the per-id packing."""
     if not isinstance(value, list):
         raise TokenPrefixError(f"{param}: must be a list of token ids", param)
     try:
@@ -127,25 +145,53 @@ def token_ids(value: Any, param: str, vocab_size: int, eos_id: int) -> tuple[arr
         raise TokenPrefixError(
             f"{param}: every element must be a token id, an integer in [0, {vocab_size})", param
         ) from None
-    packed = numpy.frombuffer(raw, dtype="<u4")
-    if len(packed) and int(packed.max()) >= vocab_size:
-        bad = int(packed[int(numpy.argmax(packed >= vocab_size))])
-        raise TokenPrefixError(f"{param}: token id {bad} is outside the vocabulary [0, {vocab_size})", param)
+    start, eos_count = 0, 0
+    if known is not None and known.raw and raw.startswith(known.raw):
+        start, eos_count = len(known.raw) // 4, known.eos_count
+    eos_count += _bound_and_count(value, raw, start, param, vocab_size, eos_id)
     ids = array("i")
     ids.frombytes(raw)
     if sys.byteorder != "little":  # pragma: no cover - every platform this runs on is little-endian
         ids.byteswap()
-    return ids, int(numpy.count_nonzero(packed == eos_id)) if eos_id >= 0 else 0
+    return ids, eos_count
+
+
+def _bound_and_count(value: list[Any], raw: bytes, start: int, param: str, vocab_size: int, eos_id: int) -> int:
+    """Check ``value[start:]`` (already packed into ``raw``: integers in ``[0, 2**32)``) against the
+    vocabulary; return how many of them are ``eos_id``."""
+    if start == len(value):
+        return 0
+    bad: int | None = None
+    if len(value) - start <= SMALL_IDS:
+        rest = value[start:] if start else value
+        if max(rest) >= vocab_size:
+            bad = next(int(t) for t in rest if t >= vocab_size)
+        count = rest.count(eos_id) if eos_id >= 0 else 0
+    else:
+        packed = numpy.frombuffer(raw, dtype="<u4", offset=4 * start)
+        if int(packed.max()) >= vocab_size:
+            bad = int(packed[int(numpy.argmax(packed >= vocab_size))])
+        count = int(numpy.count_nonzero(packed == eos_id)) if eos_id >= 0 else 0
+    if bad is not None:
+        raise TokenPrefixError(f"{param}: token id {bad} is outside the vocabulary [0, {vocab_size})", param)
+    return count
 
 
 def find_prefix(
-    required: Any, messages: Sequence[Mapping[str, Any]], *, vocab_size: int, eos_id: int
+    required: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    vocab_size: int,
+    eos_id: int,
+    known: KnownIds | None = None,
 ) -> TokenPrefix | None:
     """The prefix of a chat request: ``required`` (the request's ``required_prefix_token_ids``)
     when not None, else the last assistant message's prompt + generation ids; None when there
-    is none or it is empty (NeMo RL splices nothing then either)."""
+    is none or it is empty (NeMo RL splices nothing then either). ``known``: the conversation's
+    previous prompt ids, which the prefix (or the message's ``prompt_token_ids``) should begin
+    with (:func:`token_ids`); the result is the same with or without it."""
     if required is not None:
-        ids, eos_count = token_ids(required, PREFIX_FIELD, vocab_size, eos_id)
+        ids, eos_count = token_ids(required, PREFIX_FIELD, vocab_size, eos_id, known)
         param = PREFIX_FIELD
     else:
         a = last_assistant_index(messages)
@@ -162,7 +208,7 @@ def find_prefix(
                     f"{GENERATION_IDS_FIELD if name == PROMPT_IDS_FIELD else PROMPT_IDS_FIELD}",
                     f"{param}.{name}",
                 )
-        ids, eos_count = token_ids(message[PROMPT_IDS_FIELD], f"{param}.{PROMPT_IDS_FIELD}", vocab_size, eos_id)
+        ids, eos_count = token_ids(message[PROMPT_IDS_FIELD], f"{param}.{PROMPT_IDS_FIELD}", vocab_size, eos_id, known)
         generated, generated_eos = token_ids(
             message[GENERATION_IDS_FIELD], f"{param}.{GENERATION_IDS_FIELD}", vocab_size, eos_id
         )

@@ -63,9 +63,13 @@ def test_incremental_spliced_ids_equal_the_reference_and_extend_the_last_turn(
     messages.append({"role": "user", "content": "go"})
     previous: list[int] | None = None
     for style, text, seed, ends_with_eos in turns:
-        prefix = chat.find_prefix(None, messages)
+        prefix = chat.find_prefix(None, messages, cid)
+        assert prefix == chat.find_prefix(None, messages)  # the cached turn changes nothing but the cost
         got = chat.prompt_ids(cid, messages, chat_template_kwargs=thinking, prefix=prefix)
         ids = got.ids.tolist()
+        known = chat._entries[cid].known
+        assert known is not None and known.raw == got.ids.tobytes()
+        assert known.eos_count == ids.count(tokenizer.eos_token_id)
         if prefix is not None:
             want = render_spliced_ids(tokenizer, messages, prefix, chat_template_kwargs=thinking)
             assert ids == want.ids.tolist()
@@ -159,7 +163,7 @@ def test_a_prefix_changed_anywhere_is_used_as_sent_not_as_cached(
     cid = f"changed-{random.random()}"
     messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}, {"role": "user", "content": "go"}]
     for turn in range(turns + 1):
-        prefix = chat.find_prefix(None, messages)
+        prefix = chat.find_prefix(None, messages, cid)
         ids = chat.prompt_ids(cid, messages, prefix=prefix).ids.tolist()
         generated = [9707 + turn, 11, tokenizer.eos_token_id]
         reply = {"role": "assistant", "content": "Hello", "prompt_token_ids": ids, "generation_token_ids": generated}
@@ -168,8 +172,8 @@ def test_a_prefix_changed_anywhere_is_used_as_sent_not_as_cached(
     at = data.draw(st.integers(0, len(echoed) - 2), label="position")  # the final EOS stays
     echoed[at] = data.draw(st.integers(0, len(tokenizer) - 1).filter(lambda t: t != echoed[at]), label="id")
     messages[-2] = {**messages[-2], field: echoed}
-    prefix = chat.find_prefix(None, messages)
-    assert prefix is not None
+    prefix = chat.find_prefix(None, messages, cid)  # the cache holds the ids as they were
+    assert prefix is not None and prefix == chat.find_prefix(None, messages)
     got = chat.prompt_ids(cid, messages, prefix=prefix).ids.tolist()
     sent = messages[-2]["prompt_token_ids"] + messages[-2]["generation_token_ids"]
     assert got[: len(sent) - 1] == sent[:-1]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import random
 from array import array
 from typing import Any
 
 import pytest
 from drs_protocol.token_prefix import (
+    SMALL_IDS,
+    KnownIds,
     PrefixOutcome,
     TokenPrefix,
     TokenPrefixError,
@@ -149,3 +152,43 @@ def test_one_bad_id_anywhere_is_refused_naming_the_field(ids: list[int], data: A
         token_ids(corrupted, "messages[3].prompt_token_ids", VOCAB, 2)
     assert caught.value.param == "messages[3].prompt_token_ids"
     assert caught.value.message.startswith("messages[3].prompt_token_ids: ")
+
+
+def known_ids(ids: list[int], eos: int) -> KnownIds:
+    return KnownIds(array("I", ids).tobytes(), ids.count(eos))
+
+
+@given(
+    st.lists(st.integers(0, VOCAB - 1), max_size=200),
+    st.lists(st.integers(0, VOCAB - 1), max_size=50),
+    st.data(),
+)
+def test_known_ids_change_the_cost_not_the_result(head: list[int], tail: list[int], data: Any) -> None:
+    """The known head (a conversation's previous prompt) is used only where the ids sent begin
+    with it exactly: one id changed anywhere in the head, or a shorter list, reads as sent."""
+    eos = data.draw(st.sampled_from([*head[:3], 151_645]))
+    sent = head + tail
+    if head and data.draw(st.booleans()):
+        at = data.draw(st.integers(0, len(head) - 1))
+        sent[at] = data.draw(st.integers(0, VOCAB - 1))
+    if data.draw(st.booleans()):
+        sent = sent[: data.draw(st.integers(0, len(sent)))]
+    got, eos_count = token_ids(list(sent), "p", VOCAB, eos, known_ids(head, eos))
+    assert got.tolist() == sent
+    assert eos_count == sent.count(eos)
+
+
+@pytest.mark.parametrize("size", [SMALL_IDS - 1, SMALL_IDS, SMALL_IDS + 1, 3 * SMALL_IDS])
+@pytest.mark.parametrize("head", [0, 1, SMALL_IDS])
+def test_long_and_short_tails_are_bounded_and_counted_alike(size: int, head: int) -> None:
+    """After a known head, the rest is checked with builtins (short) or numpy (long): same answers."""
+    rng = random.Random(size * 7 + head)
+    ids = [rng.randrange(VOCAB) for _ in range(head + size)]
+    known = known_ids(ids[:head], 5) if head else None
+    ids[-1] = 5
+    got, eos_count = token_ids(list(ids), "p", VOCAB, 5, known)
+    assert got.tolist() == ids and eos_count == ids.count(5)
+    for at in (0, head // 2, head, head + size // 2, head + size - 1):  # in the known head too
+        bad = [*ids[:at], VOCAB + at, *ids[at + 1 :]]
+        with pytest.raises(TokenPrefixError, match=f"token id {VOCAB + at} is outside"):
+            token_ids(bad, "p", VOCAB, 5, known)

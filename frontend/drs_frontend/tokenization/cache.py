@@ -19,6 +19,7 @@ in full and compared; a mismatch is counted, logged, and the full ids are used.
 from __future__ import annotations
 
 import logging
+import sys
 from array import array
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from drs_protocol.chat import ChatTemplateError, render_prompt_ids, render_prompt_text
 from drs_protocol.token_prefix import (
+    KnownIds,
     Spliced,
     TokenPrefix,
     TokenPrefixError,
@@ -96,6 +98,8 @@ class _Entry:
     nbytes: int
     #: rendered heads (first message + skeleton, by skeleton indices); valid while those messages are kept
     heads: dict[tuple[int, ...], str]
+    #: the ids this turn returned (spliced or not): the head of the next turn's token prefix
+    known: KnownIds | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +132,17 @@ class ChatTokenizer:
         self.vocab_size = len(tokenizer)  # len() of a fast tokenizer builds its whole vocabulary
         self.eos_id = self._splicer.eos_id
 
-    def find_prefix(self, required: Any, messages: Sequence[Message]) -> TokenPrefix | None:
+    def find_prefix(
+        self, required: Any, messages: Sequence[Message], conversation_id: str | None = None
+    ) -> TokenPrefix | None:
         """The request's token prefix (:func:`drs_protocol.token_prefix.find_prefix`), validated
-        against this tokenizer; raises :class:`TokenPrefixError` naming the field."""
-        prefix = find_prefix(
-            required, messages, vocab_size=self.vocab_size, eos_id=-1 if self.eos_id is None else self.eos_id
-        )
+        against this tokenizer; raises :class:`TokenPrefixError` naming the field. With the
+        conversation's cached turn, the ids it returned are not bounded and counted again when
+        the prefix begins with them byte for byte (:func:`drs_protocol.token_prefix.token_ids`)."""
+        entry = self._entries.get(conversation_id) if conversation_id is not None else None
+        known = entry.known if entry is not None else None
+        eos_id = -1 if self.eos_id is None else self.eos_id
+        prefix = find_prefix(required, messages, vocab_size=self.vocab_size, eos_id=eos_id, known=known)
         if prefix is not None and self.eos_id is None:
             raise TokenPrefixError(f"{prefix.param}: this tokenizer has no EOS token to splice at", prefix.param)
         return prefix
@@ -170,6 +179,7 @@ class ChatTokenizer:
                 conversation_id, messages, tools, chat_template_kwargs, add_generation_prompt, history_eos
             )
         result = TurnIds(made.tokenized.ids, made.path, made.new_ids)
+        eos_count = len(made.tokenized.eos_at)  # EOS ids in ``result.ids``
         if prefix is not None:
             if history_eos is None:  # the template failed the history probe
                 history_eos = self._history_eos(messages, tools, chat_template_kwargs)
@@ -177,7 +187,10 @@ class ChatTokenizer:
                 spliced = join(prefix, made.tokenized.ids, history_eos)
             else:
                 spliced = splice(prefix, made.tokenized.ids, made.tokenized.eos_at, history_eos)
+                eos_count -= history_eos - 1  # the template's EOS ids before the splice point
+            eos_count += prefix.eos_count
             result = TurnIds(spliced.ids, made.path, made.new_ids, spliced=spliced)
+        self._remember(conversation_id, result.ids, eos_count)
         if shadow:
             return self._shadow(
                 conversation_id, result, messages, tools, chat_template_kwargs, add_generation_prompt, prefix
@@ -237,6 +250,14 @@ class ChatTokenizer:
         text = self._render(messages[: history_end(messages)], tools, kwargs, False)
         needle = self._splicer.eos_text
         return text.count(needle) if needle is not None else len(self._splicer.encode(text).eos_at)
+
+    def _remember(self, cid: str | None, ids: array[int], eos_count: int) -> None:
+        """Keep the ids a turn returned with its cache entry (see :meth:`find_prefix`)."""
+        entry = self._entries.get(cid) if cid is not None else None
+        if entry is not None and sys.byteorder == "little":  # KnownIds are little-endian
+            entry.known = KnownIds(ids.tobytes(), eos_count)
+            entry.nbytes, self._bytes = entry.nbytes + 4 * len(ids), self._bytes + 4 * len(ids)
+            self._evict()
 
     def forget(self, conversation_id: str | None) -> None:
         if conversation_id is None:
@@ -375,6 +396,9 @@ class ChatTokenizer:
             return
         self._entries[cid] = _Entry(views, tools, kwargs, agp, tokenized, nbytes, heads or {})
         self._bytes += nbytes
+        self._evict()
+
+    def _evict(self) -> None:
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
             self._bytes -= old.nbytes
