@@ -7,8 +7,9 @@ Prints one JSON line. Everything is measured in this run, on this machine:
   engines share that GPU, so their KV and weights move through its memory). Bytes moved over
   seconds, at 256 MiB and 1 GiB; the ratios use 1 GiB;
 - ``kv_handoff``: per transport, the decode engine's KV fetch of a 16k-token context: ``gbps``
-  the whole fetch (request, handle or bytes, copy, the KV on its GPU), and for CUDA IPC
-  ``copy_gbps`` the GPU copy alone (CUDA events around the one bulk copy);
+  the whole fetch (CUDA IPC: the copy out of the prefill engine's handoff arena, then the take
+  request; HTTP: the bytes), ``steps_ms`` its steps, and for CUDA IPC ``copy_gbps`` the GPU copy
+  alone (CUDA events around the one bulk copy);
 - ``refit``: the example trainer (GPU 0, weights packed in one buffer) into an engine through
   ``drs sidecar``: ``cuda_ipc`` (colocated: the engine copies the trainer's shared buffer into
   its packed weights) on any GPU count, and ``nccl`` (packed broadcast, into the engine's
@@ -128,6 +129,8 @@ async def disaggregated(client: httpx.AsyncClient, prefill: str, decode: str, id
 async def transfer_gbps(client: httpx.AsyncClient, decode: str, transport: str) -> dict[str, float]:
     info = (await client.get(decode + routes.SERVER_INFO)).json()["engine"]["kv_transfers"][transport]
     out = {"gbps": float(info["last_gb_per_s"]), "ms": round(1000 * float(info["last_seconds"]), 3)}
+    if "last_phases_ms" in info:
+        out["steps_ms"] = info["last_phases_ms"]
     if "last_copy_gb_per_s" in info:
         out.update(
             copy_gbps=float(info["last_copy_gb_per_s"]), copy_ms=round(1000 * float(info["last_copy_seconds"]), 3)
@@ -181,6 +184,7 @@ async def refit(client: httpx.AsyncClient, engine_url: str, backend: str) -> dic
         "bytes": report["bytes"],
         "buckets": report["buckets"],
         "buckets_in_place": info["buckets_in_place"],
+        "copy_gbps": info.get("copy_gb_per_s"),
     }
 
 
@@ -214,7 +218,7 @@ async def main() -> dict[str, Any]:
         "model": f"{MODEL} bfloat16",
         "baseline": {"copy": BASELINE, "gbps": copy, "ratios_against": "1GiB"},
         "kv_handoff": {"tokens": SIZES[-1], **handoff},
-        "refit": {k: ratios(v, base, ("gbps", "trainer_gbps")) for k, v in refits.items()},
+        "refit": {k: ratios(v, base, ("gbps", "copy_gbps", "trainer_gbps")) for k, v in refits.items()},
         "ttft_ms": served["ttft_ms"],
         "decode_tok_s": served["decode_tok_s"],
         "decode_batching_tok_s": batch,

@@ -75,10 +75,19 @@ S = TypeVar("S", bound=_Keyed)
 class ContextStore(Generic[S]):
     """Context states by ``ctx_request_id`` (the sim's :class:`ContextState`; the torch backend's KV)."""
 
-    def __init__(self, *, capacity: int, ttl_seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int,
+        ttl_seconds: float,
+        clock: Callable[[], float] = time.monotonic,
+        on_drop: Callable[[S], None] | None = None,
+    ) -> None:
         self.capacity = capacity
         self.ttl_seconds = ttl_seconds
         self._clock = clock
+        #: called with each state that leaves unfetched (expired, evicted, cleared), never on take
+        self._on_drop = on_drop
         self._items: OrderedDict[int, tuple[float, S]] = OrderedDict()
 
     def __len__(self) -> int:
@@ -90,7 +99,7 @@ class ContextStore(Generic[S]):
         self._items.pop(state.ctx_request_id, None)
         self._items[state.ctx_request_id] = (self._clock() + self.ttl_seconds, state)
         while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+            self._dropped(self._items.popitem(last=False)[1][1])
 
     def take(self, ctx_request_id: int) -> S | None:
         """Remove and return the state, or ``None`` when it is gone (expired, evicted, fetched, never made)."""
@@ -100,8 +109,13 @@ class ContextStore(Generic[S]):
 
     def clear(self) -> int:
         count = len(self._items)
-        self._items.clear()
+        while self._items:
+            self._dropped(self._items.popitem(last=False)[1][1])
         return count
+
+    def _dropped(self, state: S) -> None:
+        if self._on_drop is not None:
+            self._on_drop(state)
 
     def _expire(self) -> None:
         now = self._clock()
@@ -109,4 +123,4 @@ class ContextStore(Generic[S]):
             first = next(iter(self._items.values()))
             if first[0] > now:
                 break
-            self._items.popitem(last=False)
+            self._dropped(self._items.popitem(last=False)[1][1])

@@ -104,6 +104,14 @@ class TorchSpec(ConfigModel):
     kv_store_ttl_seconds: float = Field(default=120.0, gt=0.0, description="Unfetched context KVs expire after.")
     max_decode_batch: int = Field(default=64, ge=1, description="Sequences in one batched decode step.")
     decode_growth_tokens: int = Field(default=256, ge=1, description="KV capacity added at a time while decoding.")
+    kv_handoff_arena_bytes: int = Field(
+        default=8 << 30,
+        ge=0,
+        description=(
+            "GPU bytes a prefill engine sets aside (on first use) for context KV awaiting same-host decode "
+            "engines, which copy it by CUDA IPC mapped once; 0: none (each context's own handle)."
+        ),
+    )
 
 
 class EngineConfig(ConfigModel):

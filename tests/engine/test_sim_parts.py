@@ -96,6 +96,22 @@ def test_context_states_expire_and_the_oldest_goes_first_when_full() -> None:
     assert store.take(2) is None and store.take(3) is None
 
 
+def test_states_leaving_unfetched_are_handed_to_on_drop_and_taken_ones_are_not() -> None:
+    now = [0.0]
+    dropped: list[int] = []
+    store = ContextStore(
+        capacity=2, ttl_seconds=10, clock=lambda: now[0], on_drop=lambda s: dropped.append(s.ctx_request_id)
+    )
+    store.put(state(1))
+    store.put(state(2))
+    store.put(state(3))  # over capacity: 1 is evicted
+    assert store.take(2) == state(2) and dropped == [1]
+    now[0] = 11
+    assert len(store) == 0 and dropped == [1, 3]  # 3 expired
+    store.put(state(4))
+    assert store.clear() == 1 and dropped == [1, 3, 4]
+
+
 def test_a_context_state_survives_the_wire() -> None:
     original = state(2**41 + 3)
     assert ContextState.from_wire(original.to_wire()) == original

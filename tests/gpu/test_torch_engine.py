@@ -240,3 +240,17 @@ async def test_a_gloo_collective_refit_through_the_sidecar_serves_the_trainers_w
             b.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path / "step-9"), "version": "disk"}
         )
         assert load.status_code == 200 and await tokens(client, b.url, ids) == refit
+
+
+def test_the_handoff_arena_hands_out_disjoint_regions_and_merges_freed_ones() -> None:
+    from drs_engine.backends.torch_arena import REGION_ALIGN, KvArena
+
+    unit = REGION_ALIGN
+    arena = KvArena("cpu", 10 * unit)
+    assert [arena.alloc(1), arena.alloc(3 * unit), arena.alloc(unit + 1)] == [0, unit, 4 * unit]
+    assert arena.alloc(7 * unit) is None  # 4 units are free
+    arena.free(unit)
+    assert arena.alloc(4 * unit) == 6 * unit and arena.alloc(3 * unit) == unit  # first fit
+    for offset in (0, unit, 4 * unit, 6 * unit):
+        arena.free(offset)
+    assert arena.regions == 0 and arena.alloc(10 * unit) == 0  # the freed runs merged back into one

@@ -18,17 +18,14 @@ backend is chosen.
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 import httpx
 import torch
 
 from drs_engine.backends import torch_kv, torch_refit
 from drs_engine.backends.base import (
-    BinaryExport,
     ContextHandoff,
     EngineBackend,
     LegEvent,
@@ -39,8 +36,10 @@ from drs_engine.backends.base import (
     restate_after_refit,
 )
 from drs_engine.backends.sim_model import block_hashes
+from drs_engine.backends.torch_arena import ArenaMaps, KvArena
 from drs_engine.backends.torch_batch import Choice, DecodeBatcher, DecodeSeq, GpuWorker, Sampling, choose_tokens
 from drs_engine.backends.torch_control import TorchControl
+from drs_engine.backends.torch_handoff import TorchContext, TorchHandoff, _ctx_id
 from drs_engine.backends.torch_model import (
     decode_step,
     new_kv,
@@ -53,29 +52,13 @@ from drs_engine.backends.torch_model import (
 )
 from drs_engine.backends.torch_weights import PackedWeights, pack
 from drs_engine.config import BackendName, EngineConfig
-from drs_engine.errors import BadRequestError, ContextMismatchError, ContextStateMissingError, EngineError
+from drs_engine.errors import EngineError
 from drs_engine.kv_store import ContextStore
 from drs_engine.prefix_cache import PrefixCache
 from drs_engine.wire import RequestType
 
-#: An exported CUDA-IPC KV stays referenced here this long (the peer copies it in milliseconds).
-IPC_LEND_SECONDS: Final = 30.0
-HTTP_CHUNK_BYTES: Final = 16 * 1024 * 1024
 
-
-@dataclass(frozen=True, slots=True)
-class TorchContext:
-    """A finished context leg's KV, waiting for its decode engine."""
-
-    ctx_request_id: int
-    prompt_token_ids: list[int]
-    first: Choice
-    kv: Any
-    weights_version: str
-    cached_tokens: int
-
-
-class TorchBackend(TorchControl, EngineBackend):
+class TorchBackend(TorchHandoff, TorchControl, EngineBackend):
     """A real model on one GPU (or the CPU, for tests of the logic)."""
 
     name: ClassVar[str] = BackendName.TORCH
@@ -99,8 +82,13 @@ class TorchBackend(TorchControl, EngineBackend):
             tokens_per_block=self._spec.tokens_per_block, capacity_tokens=self._spec.cache_capacity_tokens
         )
         self._contexts: ContextStore[TorchContext] = ContextStore(
-            capacity=self._spec.kv_store_capacity, ttl_seconds=self._spec.kv_store_ttl_seconds
+            capacity=self._spec.kv_store_capacity,
+            ttl_seconds=self._spec.kv_store_ttl_seconds,
+            on_drop=self._drop_context,
         )
+        cuda, arena_bytes = self._device.type == "cuda", self._spec.kv_handoff_arena_bytes
+        self._arena = KvArena(self._device, arena_bytes) if cuda and arena_bytes else None
+        self._arena_maps = ArenaMaps()
         self._lent: list[tuple[float, Any]] = []
         self._endpoint = config.resolved_advertise_url()
         self._worker = GpuWorker(self._device)
@@ -110,7 +98,7 @@ class TorchBackend(TorchControl, EngineBackend):
         self._client: httpx.AsyncClient | None = None
         self._bans: dict[bool, Any] = {}
         self._group: torch_refit.RefitGroup | None = None
-        self.kv_stats: dict[str, dict[str, float]] = {}
+        self.kv_stats: dict[str, dict[str, Any]] = {}
         self._last_refit: dict[str, Any] | None = None
         self._profile_started: float | None = None
 
@@ -174,6 +162,9 @@ class TorchBackend(TorchControl, EngineBackend):
             if cuda
             else [torch_kv.KvTransport.HTTP.value],
             "kv_transfers": self.kv_stats,
+            "kv_handoff_arena": None
+            if self._arena is None
+            else {"bytes": self._arena.capacity, "regions_in_use": self._arena.regions},
             "host": torch_kv.host_id(),
             "prefix_cache_blocks": len(self._cache),
             "prefix_cache_capacity_blocks": self._cache.capacity_blocks,
@@ -220,13 +211,33 @@ class TorchBackend(TorchControl, EngineBackend):
         self._weights_gen += 1
 
     def _prefill_job(
-        self, prompt: list[int], start: int, runs: list[tuple[int, Any, int, int]], capacity: int, s: Sampling, ban: Any
-    ) -> tuple[Any, Choice, int]:
-        kv = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
+        self,
+        prompt: list[int],
+        start: int,
+        runs: list[tuple[int, Any, int, int]],
+        capacity: int,
+        s: Sampling,
+        ban: Any,
+        region: int | None = None,
+    ) -> tuple[Any, Any, Choice, int, dict[str, Any] | None]:
+        """Prefill ``prompt`` from ``start``: ``(kv, context kv, first choice, weights gen, arena)``.
+        With an arena ``region`` the context's KV lies there: computed in place when the prefix
+        cache keeps nothing, else copied there (the cache's blocks must outlive the region)."""
+        shape = (self._shape.layers, 2, self._shape.kv_heads, capacity, self._shape.head_dim)
+        arena = self._arena if region is not None else None
+        in_place = arena is not None and self._cache.capacity_blocks == 0
+        if arena is not None and region is not None and in_place:
+            kv = arena.view(region, shape, self._dtype)
+        else:
+            kv = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
         for dst, base, src, n in runs:  # cached prefix blocks, copied instead of recomputed
             kv[:, :, :, dst : dst + n].copy_(base[:, :, :, src : src + n])
         logits = prefill(self._params, self._shape, prompt[start:], kv, start)
-        return kv, choose_tokens(logits[None], [s], [ban])[0], self._weights_gen
+        ctx_kv, where = kv, None
+        if arena is not None and region is not None:
+            ctx_kv = kv if in_place else arena.view(region, shape, self._dtype).copy_(kv)
+            where = arena.describe(region, shape, self._dtype)
+        return kv, ctx_kv, choose_tokens(logits[None], [s], [ban])[0], self._weights_gen, where
 
     # ---- serving ---------------------------------------------------------------------------
 
@@ -284,10 +295,16 @@ class TorchBackend(TorchControl, EngineBackend):
         only_context = leg.request_type is RequestType.CONTEXT_ONLY
         capacity = len(prompt) if only_context else self._decode_capacity(leg)
         s = self._sampling(leg)
-        kv, first, gen = await self._worker.run(
-            self._prefill_job, prompt, lookup.hit_tokens, runs, capacity, s, self._ban(leg, 0)
-        )
-        if seed == self._seed:  # the weights did not change meanwhile
+        region = self._arena_region(capacity) if only_context else None
+        try:
+            kv, ctx_kv, first, gen, arena = await self._worker.run(
+                self._prefill_job, prompt, lookup.hit_tokens, runs, capacity, s, self._ban(leg, 0), region
+            )
+        except BaseException:
+            if region is not None and self._arena is not None:
+                self._arena.free(region)
+            raise
+        if seed == self._seed and (kv is not ctx_kv or arena is None):  # the weights did not change meanwhile
             self._remember_blocks(prompt, kv, lookup.hit_blocks)
         if not only_context:
             seq = self._new_seq(leg, kv, first, s, gen)
@@ -303,7 +320,9 @@ class TorchBackend(TorchControl, EngineBackend):
         )
         if finish != "stop":
             finish = finish or "not_finished"
-            handoff = self._leave_context(leg, kv, first, version, lookup.hit_tokens)
+            handoff = self._leave_context(leg, ctx_kv, first, version, lookup.hit_tokens, arena)
+        elif region is not None and self._arena is not None:
+            self._arena.free(region)
         yield LegFinished(
             finish_reason=finish,
             stop_reason=stop_reason,
@@ -312,6 +331,12 @@ class TorchBackend(TorchControl, EngineBackend):
             prefix_query_tokens=len(prompt),
             handoff=handoff,
         )
+
+    def _arena_region(self, tokens: int) -> int | None:
+        """A handoff-arena region for a context of ``tokens`` (None: no arena, or it is full)."""
+        if self._arena is None:
+            return None
+        return self._arena.alloc(int(tokens * self._shape.kv_bytes_per_token(self._dtype)))
 
     def _decode_capacity(self, leg: LegRequest) -> int:
         return len(leg.prompt_token_ids) + min(leg.max_tokens, self._spec.decode_growth_tokens)
@@ -359,133 +384,11 @@ class TorchBackend(TorchControl, EngineBackend):
             weights_boundary=seq.boundary,
         )
 
-    # ---- KV handoff ------------------------------------------------------------------------
-
-    def _leave_context(self, leg: LegRequest, kv: Any, first: Choice, version: str, cached: int) -> ContextHandoff:
-        ctx_id = _ctx_id(leg)
-        self._contexts.put(TorchContext(ctx_id, list(leg.prompt_token_ids), first, kv, version, cached))
-        digest = hashlib.blake2b(repr((ctx_id, leg.prompt_token_ids)).encode(), digest_size=16).hexdigest()
-        opaque = torch_kv.opaque_state(
-            digest=digest,
-            prompt_len=len(leg.prompt_token_ids),
-            weights_version=version,
-            gpu_uuid=torch_kv.gpu_uuid(self._device),
-        )
-        return ContextHandoff(
-            ctx_request_id=ctx_id,
-            first_gen_tokens=[first.token_id],
-            encoded_opaque_state=opaque,
-            first_gen_log_probs=[{"token_id": first.token_id, "logprob": first.logprob}] if leg.logprobs else None,
-            ctx_dp_rank=0,
-            ctx_info_endpoint=self._endpoint,
-        )
-
-    async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
-        raise BadRequestError(
-            "the torch backend hands KV over as a binary frame: GET with ?transport=http or ?transport=cuda_ipc",
-            param="transport",
-        )
-
-    async def export_context_frame(self, ctx_request_id: int, transport: str) -> BinaryExport:
-        from drs_engine.backends.torch_transfer import export_frame
-
-        if transport not in (torch_kv.KvTransport.HTTP, torch_kv.KvTransport.CUDA_IPC):
-            raise BadRequestError(f"transport: must be http or cuda_ipc, not {transport!r}", param="transport")
-        if transport == torch_kv.KvTransport.CUDA_IPC and self._device.type != "cuda":
-            raise BadRequestError("transport cuda_ipc: this engine runs on the CPU", param="transport")
-        ctx = self._contexts.take(ctx_request_id)
-        if ctx is None:
-            raise ContextStateMissingError(
-                f"no context KV for ctx_request_id {ctx_request_id} on this engine "
-                "(expired, already fetched, or never created)",
-                param="ctx_request_id",
-            )
-        now = time.monotonic()
-        self._lent = [(until, t) for until, t in self._lent if until > now]
-        if transport == torch_kv.KvTransport.CUDA_IPC:
-            self._lent.append((now + IPC_LEND_SECONDS, ctx.kv))
-        return await export_frame(self._worker, ctx, torch_kv.KvTransport(transport), HTTP_CHUNK_BYTES)
-
-    async def _receive_context(self, leg: LegRequest) -> tuple[DecodeSeq, Choice, int]:
-        from drs_engine.backends.torch_transfer import fetch_context
-
-        dp = leg.request.disaggregated_params
-        if dp is None or dp.ctx_request_id is None or not dp.ctx_info_endpoint:
-            raise BadRequestError(
-                "generation_only needs disaggregated_params.ctx_request_id and ctx_info_endpoint",
-                param="disaggregated_params",
-            )
-        if self._client is None:
-            raise EngineError("the torch backend is not started")
-        opaque = torch_kv.read_opaque_state(dp.encoded_opaque_state)
-        transport, producer = torch_kv.choose_transport(self._spec.kv_transport, opaque, self._device)
-        started = time.perf_counter()
-        header, kv, copy_s = await fetch_context(
-            self._client,
-            self._worker,
-            dp.ctx_info_endpoint.rstrip("/"),
-            dp.ctx_request_id,
-            transport,
-            producer_device=producer,
-            device=self._device,
-            dtype=self._dtype,
-        )
-        self._count_transfer(transport.value, kv.shape, time.perf_counter() - started, copy_s)
-        ids = _decode_ids(header.prompt_token_ids_b64)
-        if ids != leg.prompt_token_ids:
-            raise ContextMismatchError(
-                f"the context KV of ctx_request_id {dp.ctx_request_id} was computed for another prompt "
-                f"({len(ids)} tokens there, {len(leg.prompt_token_ids)} here)",
-                param="prompt_token_ids",
-            )
-        if dp.first_gen_tokens and dp.first_gen_tokens[0] != header.first_token:
-            raise ContextMismatchError(
-                f"first_gen_tokens do not match the context of ctx_request_id {dp.ctx_request_id}",
-                param="disaggregated_params.first_gen_tokens",
-            )
-        top = tuple((int(t), float(lp)) for t, lp in header.first_top_logprobs[: leg.top_logprobs])
-        first = Choice(header.first_token, header.first_logprob, top)
-        s = self._sampling(leg)
-        cached = dp.ctx_usage.cached_tokens() if dp.ctx_usage is not None else header.cached_tokens
-        # KV computed under other weights than this engine serves is recomputed before the first step.
-        gen = self._weights_gen if header.weights_version == self._version else -1
-        return self._new_seq(leg, kv, first, s, gen), first, cached
-
-    def _count_transfer(self, transport: str, shape: Any, seconds: float, copy_s: float | None) -> None:
-        """``last_gb_per_s``: the whole fetch (request, mapping or bytes, copy); ``last_copy_gb_per_s``:
-        the GPU copy alone (CUDA IPC; CUDA events)."""
-        nbytes = int(shape[3]) * self._shape.kv_bytes_per_token(self._dtype)
-        stats = self.kv_stats.setdefault(transport, {"count": 0, "bytes": 0, "seconds": 0.0})
-        stats["count"] += 1
-        stats["bytes"] += nbytes
-        stats["seconds"] += seconds
-        stats["last_bytes"] = nbytes
-        stats["last_seconds"] = round(seconds, 6)
-        stats["last_gb_per_s"] = round(nbytes / max(seconds, 1e-9) / 1e9, 3)
-        if copy_s is not None:
-            stats["last_copy_seconds"] = round(copy_s, 6)
-            stats["last_copy_gb_per_s"] = round(nbytes / max(copy_s, 1e-9) / 1e9, 3)
-
-    def pending_handoffs(self) -> int:
-        return len(self._contexts)
-
-
-def _ctx_id(leg: LegRequest) -> int:
-    if leg.ctx_request_id is None:
-        raise BadRequestError("context_only leg without a ctx_request_id")
-    return leg.ctx_request_id
-
 
 def _step(choice: Choice, leg: LegRequest) -> TokenStep:
     if not leg.logprobs:
         return TokenStep(token_id=choice.token_id)
     return TokenStep(token_id=choice.token_id, logprob=choice.logprob, top_logprobs=choice.top_logprobs)
-
-
-def _decode_ids(b64: str) -> list[int]:
-    from drs_protocol.token_ids import decode_token_ids_b64
-
-    return decode_token_ids_b64(b64)
 
 
 def _as_engine_error(exc: BaseException) -> EngineError:

@@ -15,6 +15,7 @@ from drs_protocol.nemo_rl_refit import TensorSpec
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
 
 from drs_engine.backends import torch_refit
+from drs_engine.backends.torch_arena import KvArena
 from drs_engine.backends.torch_batch import DecodeBatcher, GpuWorker
 from drs_engine.backends.torch_model import ModelShape, read_safetensors
 from drs_engine.backends.torch_weights import PackedWeights, pack
@@ -35,6 +36,7 @@ class TorchControl:
     _lent: list[tuple[float, Any]]
     _weights: PackedWeights
     _ipc_maps: torch_refit.IpcMaps
+    _arena: KvArena | None
     _host_params: dict[str, Any] | None
     _group: torch_refit.RefitGroup | None
     _device: Any
@@ -133,8 +135,10 @@ class TorchControl:
         dropped_blocks = dropped_states = 0
         if "kv_cache" in released:
             dropped_blocks = self._cache.reset()
-            dropped_states = self._contexts.clear()
+            dropped_states = self._contexts.clear()  # frees their arena regions
             self._lent.clear()
+            if self._arena is not None:
+                await self._worker.run(self._arena.release)
             self._batcher.fail_all(EngineError("the engine released its KV cache (sleep)"))
         if "model" in released and self._host_params is None:
             self._host_params = await self._worker.run(self._to_host, self._params)

@@ -12,6 +12,9 @@ Transports, chosen by the decode engine (``torch.kvTransport: auto`` picks the f
   consumer rebuilds the tensor from plain fields), and the decode engine copies it GPU to GPU
   (NVLink peer copy). ``auto`` takes it when the prefill engine's ``encoded_opaque_state`` names
   this host and a GPU this engine can see.
+  When the context lies in the prefill engine's handoff arena (named in ``encoded_opaque_state``),
+  the decode engine copies it from there first and then only takes it (``cuda_ipc_arena``:
+  :mod:`.torch_arena`), mapping the arena once for all handoffs.
 - ``http`` (anywhere): the payload is the KV's raw bytes, staged through pinned host memory on
   both sides.
 """
@@ -38,6 +41,9 @@ OPAQUE_KIND: Final = "drs-torch-kv/1"
 class KvTransport(StrEnum):
     CUDA_IPC = "cuda_ipc"
     HTTP = "http"
+    #: not a choice of ``kvTransport``: the take after a decode engine copied the KV out of the
+    #: prefill engine's handoff arena (:mod:`.torch_arena`); the frame is the header alone
+    CUDA_IPC_ARENA = "cuda_ipc_arena"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,8 +88,11 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
-def opaque_state(*, digest: str, prompt_len: int, weights_version: str, gpu_uuid: str | None) -> str:
-    """``encoded_opaque_state`` of a context leg: enough for a decode engine to pick a transport."""
+def opaque_state(
+    *, digest: str, prompt_len: int, weights_version: str, gpu_uuid: str | None, arena: dict[str, Any] | None = None
+) -> str:
+    """``encoded_opaque_state`` of a context leg: enough for a decode engine to pick a transport
+    (and, with ``arena``, to copy the KV out of the prefill engine's handoff arena before taking it)."""
     data = {
         "kind": OPAQUE_KIND,
         "digest": digest,
@@ -93,6 +102,8 @@ def opaque_state(*, digest: str, prompt_len: int, weights_version: str, gpu_uuid
         "gpu_uuid": gpu_uuid,
         "pid": os.getpid(),
     }
+    if arena is not None:
+        data["arena"] = arena
     return base64.b64encode(json.dumps(data, sort_keys=True).encode()).decode("ascii")
 
 

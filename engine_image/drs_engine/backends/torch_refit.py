@@ -197,6 +197,8 @@ def receive_ipc(
     started = time.perf_counter()
     slots = flat_slots(specs)
     copied = in_place = 0
+    began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    began.record()
     for buf in buffers:
         end = buf.offset + buf.nbytes
         batch = [Slot(s.spec, s.offset - buf.offset) for s in slots if buf.offset <= s.offset < end]
@@ -206,10 +208,16 @@ def receive_ipc(
         copied += len(batch)
     if copied != len(specs):
         raise BadRequestError(f"buffers: they hold {copied} of the {len(specs)} tensors of state_dict_info")
+    ended.record()
     torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
     total = sum(s.nbytes for s in specs)
-    return _report("cuda_ipc", len(specs), len(buffers), in_place, total, seconds)
+    copy_s = began.elapsed_time(ended) / 1000.0  # the GPU's time from the first copy to the last
+    return {
+        **_report("cuda_ipc", len(specs), len(buffers), in_place, total, seconds),
+        "copy_seconds": round(copy_s, 6),
+        "copy_gb_per_s": round(total / copy_s / 1e9, 3) if copy_s > 0 else None,
+    }
 
 
 def leave_group(member: RefitGroup | None) -> None:

@@ -9,6 +9,7 @@ engine's tensor and copies it GPU to GPU, once.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,8 @@ from drs_engine.backends.torch_model import DTYPES
 from drs_engine.errors import ContextStateMissingError, KvTransferError
 
 if TYPE_CHECKING:
-    from drs_engine.backends.torch_backend import TorchContext
+    from drs_engine.backends.torch_arena import ArenaMaps
+    from drs_engine.backends.torch_handoff import TorchContext
 
 
 def _header(ctx: TorchContext, transport: KvTransport, payload_bytes: int, ipc: dict[str, Any]) -> KvHeader:
@@ -61,6 +63,12 @@ async def export_frame(worker: GpuWorker, ctx: TorchContext, transport: KvTransp
     return BinaryExport(length=len(head) + int(host.numel()), chunks=_chunks(head, host, chunk))
 
 
+def header_frame(ctx: TorchContext, transport: KvTransport) -> BinaryExport:
+    """A frame of the header alone (the take after an arena copy)."""
+    data = _header(ctx, transport, 0, {}).encode()
+    return BinaryExport(length=len(data), chunks=_once(data))
+
+
 async def _once(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
@@ -82,11 +90,25 @@ async def fetch_context(
     producer_device: int | None,
     device: Any,
     dtype: Any,
+    arena: dict[str, Any] | None = None,
+    maps: ArenaMaps | None = None,
+    phases: dict[str, float] | None = None,
 ) -> tuple[KvHeader, Any, float | None]:
     """The context's header, its KV on ``device`` (exactly the context's tokens: the decode loop
     grows it before the first step, off the time to first token), and for CUDA IPC the seconds of
-    the GPU copy itself (the rest of the fetch is the request and mapping the handle)."""
-    url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={transport.value}"
+    the GPU copy itself (the rest of the fetch is the request and mapping the handle). ``phases``,
+    when given, gets the clock (``time.perf_counter``) at each step, for ``/server_info``."""
+    phases = {} if phases is None else phases
+    copied: tuple[Any, float] | None = None
+    wire = transport
+    phases["start"] = time.perf_counter()
+    if arena is not None and maps is not None and producer_device is not None:
+        from drs_engine.backends.torch_arena import copy_region
+
+        copied = await worker.run(copy_region, maps, arena, producer_device, device, dtype, _copy_stream(device))
+        wire = KvTransport.CUDA_IPC_ARENA  # copied: now take it (which frees the region)
+        phases["arena_copy"] = time.perf_counter()
+    url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={wire.value}"
     try:
         async with client.stream("GET", url) as response:
             if response.status_code == 404:
@@ -100,13 +122,19 @@ async def fetch_context(
                 raise KvTransferError(
                     f"fetching context KV {ctx_request_id} from {endpoint} failed: HTTP {response.status_code}: {body}"
                 )
+            phases["response_head"] = time.perf_counter()
             header, host = await _read_frame(response.aiter_raw(), pin=device.type == "cuda")
+            phases["frame_read"] = time.perf_counter()
     except httpx.HTTPError as exc:
         raise KvTransferError(
             f"cannot fetch context KV {ctx_request_id} from {endpoint}: {type(exc).__name__}: {exc}"
         ) from exc
     if header.kv_dtype not in DTYPES or DTYPES[header.kv_dtype] != dtype:
         raise KvTransferError(f"context KV dtype {header.kv_dtype} differs from this engine's {dtype}")
+    if copied is not None:
+        if list(copied[0].shape) != header.kv_shape:
+            raise KvTransferError(f"arena KV has shape {list(copied[0].shape)}, the header says {header.kv_shape}")
+        return header, copied[0], copied[1]
     if transport is KvTransport.CUDA_IPC:
         if producer_device is None:
             raise KvTransferError("cuda_ipc without the prefill engine's GPU")
@@ -133,7 +161,7 @@ async def _read_frame(chunks: AsyncIterator[bytes], *, pin: bool) -> tuple[KvHea
             if len(pending) < HEADER_LEN.size + size:
                 continue
             header = KvHeader.decode(bytes(pending[HEADER_LEN.size : HEADER_LEN.size + size]))
-            host = torch.empty(header.payload_bytes, dtype=torch.uint8, pin_memory=pin)
+            host = torch.empty(header.payload_bytes, dtype=torch.uint8, pin_memory=pin and header.payload_bytes > 0)
             view = host.numpy()  # the pinned buffer, written in place chunk by chunk
             piece = bytes(pending[HEADER_LEN.size + size :])
             pending.clear()
