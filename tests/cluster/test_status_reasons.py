@@ -40,11 +40,16 @@ def test_engine_pods_without_their_volume_claim_are_named_with_the_cause_in_stat
     apply(devcluster, namespace, load_example("reference.yaml"))  # no `models` PVC in this namespace
 
     def degraded() -> dict[str, Any] | None:
+        """Degraded naming the claim, once every engine pod's problem is in (the scheduler reports
+        the pods one by one, and the status follows each)."""
         st = drs_status(devcluster, namespace, "reference")
         cond = condition(st, "Degraded")
-        return st if cond.get("reason") == "PodsNotRunning" and MISSING_PVC in cond.get("message", "") else None
+        every = [e for r in st.get("replicaStatuses", []) for e in r["engines"]]
+        reported = bool(every) and all("problem" in e for e in every)
+        named = cond.get("reason") == "PodsNotRunning" and MISSING_PVC in cond.get("message", "")
+        return st if named and reported else None
 
-    status = wait_for("Degraded=PodsNotRunning naming the missing claim", degraded, timeout=120)
+    status = wait_for("Degraded=PodsNotRunning naming the missing claim on every engine", degraded, timeout=120)
     assert status["phase"] == "Degraded"
     assert MISSING_PVC in condition(status, "Progressing")["message"]
     engines = [e for r in status["replicaStatuses"] for e in r["engines"]]

@@ -17,7 +17,7 @@ from drs_operator.crd import render_crd
 from drs_operator.leader import LEASE_NAME
 from drs_operator.run import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT
 from drs_operator.run import operator as operator_command
-from drs_protocol import routes
+from drs_protocol import env, routes
 
 from .chart import CHART, KUBE_VERSION, ROOT, Manifest, container, only, set_args
 from .conftest import Helm, Render
@@ -153,9 +153,9 @@ def test_one_replica_may_run_without_leader_election(render: Render) -> None:
 
 
 def test_pod_name_and_namespace_come_from_the_downward_api(render: Render) -> None:
-    env = {e["name"]: e for e in container(render())["env"]}
-    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    variables = {e["name"]: e for e in container(render())["env"]}  # the names the operator reads (drs_protocol.env)
+    assert variables[env.POD_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert variables[env.POD_NAMESPACE]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 def test_liveness_and_readiness_probe_healthz_on_the_health_port(render: Render) -> None:
