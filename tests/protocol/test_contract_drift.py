@@ -170,6 +170,36 @@ def test_every_drs_env_name_is_defined_once_in_non_test_code() -> None:
     assert {name for name in _contract_env_names() if ENV_LIKE.match(name)} <= set(seen)
 
 
+#: Variables the examples set for the user's own container (the trainer), read by no process of ours.
+USER_ENV = {"DRS_SIDECAR_URL"}
+
+
+def _env_names_set_in(node: object) -> Iterator[str]:
+    """Every ``env: [{name: …}]`` name of a Kubernetes manifest, however deep."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "env" and isinstance(value, list):
+                yield from (e["name"] for e in value if isinstance(e, dict) and "name" in e)
+            yield from _env_names_set_in(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _env_names_set_in(item)
+
+
+def test_the_examples_set_only_the_contracts_env_names() -> None:
+    contract = _contract_env_names()
+    drift = []
+    for path in sorted((ROOT / "examples").rglob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text(encoding="utf-8")):
+            names = set(_env_names_set_in(document))
+            drift += [
+                f"{path.relative_to(ROOT)}: {n}"
+                for n in sorted(names)
+                if ENV_LIKE.match(n) and n not in contract | USER_ENV
+            ]
+    assert not drift, "an example sets a variable no process reads (drs_protocol.env):\n" + "\n".join(drift)
+
+
 def _enum_definitions(tree: ast.AST) -> Iterator[tuple[int, set[str]]]:
     """String sets that define a closed set of names: an Enum's members, a ``Literal[...]``, a
     ``click.Choice([...])``, a tuple or list of two or more strings."""
