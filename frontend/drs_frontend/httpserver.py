@@ -82,10 +82,18 @@ Handler = Callable[[Request], Awaitable[Response]]
 ErrorResponse = Callable[[int, str], Response]
 
 
+#: How long an idle client connection is kept open. Longer than the pools of the clients that call
+#: a frontend (aiohttp, NeMo-Gym's client, keeps idle connections 15 s; httpx 5 s), so the client,
+#: not the server, closes an idle connection: a server that closes first races the client's next
+#: request on that connection, which then fails with a reset (a POST is not retried). 75 s is
+#: nginx's default.
+IDLE_KEEPALIVE_S = 75.0
+
+
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
     max_body_bytes: int
-    keepalive_s: float = 5.0
+    keepalive_s: float = IDLE_KEEPALIVE_S
     request_read_s: float = 60.0
     grace_s: float = 5.0
     sweep_s: float = 1.0  #: how often idle and slow connections are looked for
