@@ -25,7 +25,15 @@ import yaml
 
 from . import build, hostnet, images, nodebuild, nodeconfig, packages, pki, processes, profiles, realnodes
 from .kwok_stages import adjust
-from .layout import COMPONENTS, DEFAULT_PORT_BASE, Layout, component_args, default_state_dir, kubeconfig_yaml
+from .layout import (
+    AUDIT_POLICY,
+    COMPONENTS,
+    DEFAULT_PORT_BASE,
+    Layout,
+    component_args,
+    default_state_dir,
+    kubeconfig_yaml,
+)
 
 HEALTH_TIMEOUT_S = {
     "etcd": 30.0,
@@ -143,6 +151,7 @@ class DevCluster:
         stages = build.stages_dir(lay.bin_dir)
         docs = [adjust(Path(f).name, (stages / Path(f).name).read_text()).strip() for f in build.KWOK_STAGE_FILES]
         lay.kwok_config.write_text("\n---\n".join(docs) + "\n")
+        lay.audit_policy.write_text(AUDIT_POLICY)
         meta = {
             "portBase": lay.port_base,
             "binDir": str(lay.bin_dir),

@@ -26,13 +26,38 @@ PORT_OFFSETS: Final = {
     "kwok": 5,
     "etcd-metrics": 6,
 }
-#: How fast the node lifecycle controller reacts (defaults 5s / 50s make node-loss tests slow).
+#: The node lifecycle controller looks every second (default 5 s): a node marked NotReady (kwok's
+#: node-not-ready stage, a kubelet posting NotReady) is acted on at once.
 NODE_MONITOR_PERIOD: Final = "1s"
-NODE_MONITOR_GRACE_PERIOD: Final = "10s"
-NODE_LEASE_DURATION_S: Final = 10
+#: How long a node may go without renewing its Lease before it is Unknown, and the Lease's
+#: duration (kwok renews it every quarter of that): Kubernetes' kubelet default lease, 40 s, and
+#: a grace period of the same. With 10 s of each, kwok fell behind on a loaded 2-core machine at
+#: 125 nodes (50 lease writes a second) and nodes flapped NotReady; at 40 s it writes a quarter as
+#: often and rides out a 30 s stall. Node-loss tests mark nodes NotReady or delete them, which
+#: does not wait on either.
+NODE_MONITOR_GRACE_PERIOD: Final = "40s"
+NODE_LEASE_DURATION_S: Final = 40
+#: Deployment and ReplicaSet syncs the controller-manager runs at once.
+CONTROLLER_SYNCS: Final = 50
 #: Client rate limits of the controller-manager and the scheduler.
 CLIENT_QPS: Final = 200
 CLIENT_BURST: Final = 400
+
+
+#: The apiserver's audit policy: who deleted or evicted a pod, and nothing else (Metadata level:
+#: user, user agent, object, answer). ``logs/audit.log`` answers "who deleted this pod?".
+AUDIT_POLICY: Final = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  verbs: ["delete", "deletecollection"]
+  resources: [{group: "", resources: ["pods"]}]
+- level: Metadata
+  verbs: ["create"]
+  resources: [{group: "", resources: ["pods/eviction"]}]
+- level: None
+"""
 
 
 def default_state_dir() -> Path:
@@ -83,6 +108,14 @@ class Layout:
     @property
     def kwok_config(self) -> Path:
         return self.state_dir / "kwok.yaml"
+
+    @property
+    def audit_policy(self) -> Path:
+        return self.state_dir / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.log_dir / "audit.log"
 
     @property
     def apiserver_url(self) -> str:
@@ -141,6 +174,8 @@ def apiserver_args(layout: Layout) -> list[str]:
         # Simulated nodes: pods may be created before the controller-manager has made the
         # `default` ServiceAccount. Real nodes run in-cluster clients: tokens are mounted.
         *(["--disable-admission-plugins=ServiceAccount"] if host == "127.0.0.1" else []),
+        f"--audit-policy-file={layout.audit_policy}",
+        f"--audit-log-path={layout.audit_log}",
         "--profiling=false",
         "--v=1",
     ]
@@ -164,6 +199,11 @@ def controller_manager_args(layout: Layout) -> list[str]:
         f"--node-monitor-period={NODE_MONITOR_PERIOD}",
         f"--node-monitor-grace-period={NODE_MONITOR_GRACE_PERIOD}",
         "--concurrent-gc-syncs=5",
+        # Deployments and ReplicaSets synced concurrently (default 5 each): at 256 frontend
+        # Deployments the controllers' syncs wait on apiserver round trips, not CPU, and five
+        # at a time put the last frontend pod half a minute behind the operator's last write.
+        f"--concurrent-deployment-syncs={CONTROLLER_SYNCS}",
+        f"--concurrent-replicaset-syncs={CONTROLLER_SYNCS}",
         # A real cluster's defaults (20 QPS) make 256 frontend Deployments trickle out over half
         # a minute; the dev cluster answers the operator as fast as a tuned control plane would.
         f"--kube-api-qps={CLIENT_QPS}",
