@@ -409,7 +409,7 @@ def component_figures(rc: RunningCluster, applied: Applied, metrics_before: str)
         "apiserver": scale_components.apiserver_latency(before, after),
         "nodes_turned_not_ready": scale_components.nodes_not_ready(events, applied.at),
         "pod_deletes_by": scale_components.pod_deletes_by(audit_lines(rc), "bench"),
-        "bound_by": scale_components.bound_by(timeline, applied.children_s, applied.ready_s),
+        "bound_by": scale_components.bound_by(timeline, applied.ready_s),
     }
 
 

@@ -63,8 +63,12 @@ def _pct(values: Sequence[float], q: float) -> float | None:
 def pod_timeline(pods: Sequence[Mapping[str, Any]], applied: datetime.datetime) -> Json:
     """Last create, bind and Ready of ``pods``, seconds after ``applied``; rates and latencies."""
     created, bound, ready, to_bind, to_ready = [], [], [], [], []
+    engines: list[float] = []
     for pod in pods:
         c = _time((pod.get("metadata") or {}).get("creationTimestamp"))
+        owners = (pod.get("metadata") or {}).get("ownerReferences") or []
+        if c is not None and all(o.get("kind") != "ReplicaSet" for o in owners):  # the operator's pods
+            engines.append((c - applied).total_seconds())
         b, r = _condition(pod, "PodScheduled"), _condition(pod, "Ready")
         if c is not None:
             created.append((c - applied).total_seconds())
@@ -84,6 +88,7 @@ def pod_timeline(pods: Sequence[Mapping[str, Any]], applied: datetime.datetime) 
     return {
         "pods": len(pods),
         "last_created_s": last(created),
+        "last_engine_pod_created_s": last(engines),
         "last_scheduled_s": last(bound),
         "last_ready_s": last(ready),
         "not_ready": len(pods) - len(ready),
@@ -137,23 +142,24 @@ def nodes_not_ready(events: Sequence[Mapping[str, Any]], since: datetime.datetim
     return len(names)
 
 
-def bound_by(timeline: Mapping[str, Any], children_s: float, ready_s: float | None) -> str:
-    """The step the fleet waited on longest, in words, from the measured times."""
-    steps: list[tuple[str, float]] = [("the operator writing every child", children_s)]
-    for key, what in (
-        ("last_created_s", "the ReplicaSet controller creating frontend pods"),
-        ("last_scheduled_s", "kube-scheduler binding pods"),
-        ("last_ready_s", "kwok marking pods Ready"),
-    ):
-        value = timeline.get(key)
-        if isinstance(value, int | float):
-            steps.append((what, float(value)))
-    if ready_s is not None:
-        steps.append(("the operator publishing Ready", ready_s))
-    gaps = [(what, t - prev) for (what, t), (_, prev) in zip(steps[1:], steps[:-1], strict=True)]
-    first = steps[0]
-    worst = max([(first[0], first[1]), *gaps], key=lambda g: g[1])
-    return f"{worst[0]} ({worst[1]:.1f}s of it)"
+def bound_by(timeline: Mapping[str, Any], ready_s: float | None) -> Json:
+    """apply → Ready cut at the last pod's steps (each from the one before, seconds): pods
+    written (engine pods by the operator, frontend pods by the ReplicaSet controller), bound
+    (kube-scheduler), Ready (kwok), and the operator publishing Ready; and the longest."""
+    marks = [
+        ("pods created (operator, ReplicaSet controller)", timeline.get("last_created_s")),
+        ("pods bound (kube-scheduler)", timeline.get("last_scheduled_s")),
+        ("pods Ready (kwok)", timeline.get("last_ready_s")),
+        ("status Ready (operator)", ready_s),
+    ]
+    steps: Json = {}
+    before = 0.0
+    for what, at in marks:
+        if isinstance(at, int | float):
+            steps[what] = round(max(0.0, float(at) - before), 2)
+            before = max(before, float(at))
+    longest = max(steps.items(), key=lambda kv: kv[1], default=("", 0.0))
+    return {"steps_s": steps, "longest": longest[0]}
 
 
 def pod_deletes_by(audit_lines: Iterable[str], namespace: str) -> dict[str, int]:

@@ -24,11 +24,12 @@ from typing import Any
 import yaml
 
 from . import build, hostnet, images, nodebuild, nodeconfig, packages, pki, processes, profiles, realnodes
-from .kwok_stages import adjust
+from .kwok_stages import POD_READY_AGAIN, adjust
 from .layout import (
     AUDIT_POLICY,
     COMPONENTS,
     DEFAULT_PORT_BASE,
+    KWOK_CONFIGURATION,
     Layout,
     component_args,
     default_state_dir,
@@ -150,7 +151,8 @@ class DevCluster:
         lay.kubeconfig.chmod(0o600)
         stages = build.stages_dir(lay.bin_dir)
         docs = [adjust(Path(f).name, (stages / Path(f).name).read_text()).strip() for f in build.KWOK_STAGE_FILES]
-        lay.kwok_config.write_text("\n---\n".join(docs) + "\n")
+        kwok_docs = [KWOK_CONFIGURATION.strip(), *docs, POD_READY_AGAIN.strip()]
+        lay.kwok_config.write_text("\n---\n".join(kwok_docs) + "\n")
         lay.audit_policy.write_text(AUDIT_POLICY)
         meta = {
             "portBase": lay.port_base,

@@ -15,6 +15,16 @@ runner turns them True when the probe passes, as a kubelet would.
 NotReady for as long as it had existed, and anything timed from that transition (the operator's
 ``topology.notReadyTolerationSeconds``, as a kubelet's node would report it) expired at once.
 Here it is the moment Ready turned False, kept while it stays False.
+
+**pod-ready-again** (ours, added): the node lifecycle controller marks every pod of a node that
+stops being Ready ``Ready=False`` (``ContainersReady`` stays True); a kubelet posts its pods'
+readiness again once its node is back, but kwok's pod-ready stage only plays for Pending pods,
+so a pod of a node that blipped stayed not Ready for ever (at 1,000 pods on the loaded machine
+three nodes blipped and their 24 pods never came back). This stage sets ``Ready`` True again on a
+Running pod whose containers are ready (a pod the runner runs with a failing probe has both
+False and is left alone), after ``READY_AGAIN_DELAY_MS``. While the node is still not Ready the
+controller marks the pod again, so such a pod flips back to ready briefly once per delay until
+its node returns.
 """
 
 from __future__ import annotations
@@ -23,6 +33,43 @@ from typing import Final
 
 POD_READY_STAGE: Final = "pod-ready.yaml"
 NODE_NOT_READY_STAGE: Final = "node-not-ready.yaml"
+#: How long after the node lifecycle controller marked a pod not ready kwok marks it ready again.
+READY_AGAIN_DELAY_MS: Final = 5000
+#: The added stage (see the module docstring).
+POD_READY_AGAIN: Final = f"""apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-ready-again
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'In'
+      values:
+      - 'False'
+    - key: '.status.conditions.[] | select( .type == "ContainersReady" ) | .status'
+      operator: 'In'
+      values:
+      - 'True'
+  delay:
+    durationMilliseconds: {READY_AGAIN_DELAY_MS}
+  next:
+    statusTemplate: |
+      {{{{ $now := Now }}}}
+      conditions:
+      - lastTransitionTime: {{{{ $now | Quote }}}}
+        status: "True"
+        type: Ready
+"""
 
 #: Template prologue: ``$ready`` is "False" for a host-network pod whose first container runs ``drs``.
 _PROLOGUE: Final = (

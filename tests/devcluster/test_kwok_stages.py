@@ -4,7 +4,15 @@ stage reports when that happened (checked on kwok's own files)."""
 from __future__ import annotations
 
 import pytest
-from drs_devcluster.kwok_stages import NODE_NOT_READY_STAGE, POD_READY_STAGE, StageFormatError, adjust, runner_aware
+import yaml
+from drs_devcluster.kwok_stages import (
+    NODE_NOT_READY_STAGE,
+    POD_READY_AGAIN,
+    POD_READY_STAGE,
+    StageFormatError,
+    adjust,
+    runner_aware,
+)
 
 #: kwok v0.8.0's kustomize/stage/pod/fast/pod-ready.yaml, the part this adjustment touches.
 KWOK_POD_READY = """apiVersion: kwok.x-k8s.io/v1alpha1
@@ -85,3 +93,17 @@ def test_the_node_not_ready_stage_writes_when_ready_turned_false_and_keeps_it() 
     assert adjust("pod-delete.yaml", KWOK_NODE_NOT_READY) == KWOK_NODE_NOT_READY
     with pytest.raises(StageFormatError, match=r"node-not-ready\.yaml"):
         adjust(NODE_NOT_READY_STAGE, KWOK_NODE_NOT_READY.replace('"Ready"', '"Other"'))
+
+
+def test_pod_ready_again_selects_running_pods_only_the_node_controller_marked_and_sets_ready_alone() -> None:
+    stage = yaml.safe_load(POD_READY_AGAIN)
+    assert stage["kind"] == "Stage" and stage["spec"]["resourceRef"] == {"apiGroup": "v1", "kind": "Pod"}
+    wants = {e["key"]: (e["operator"], e.get("values")) for e in stage["spec"]["selector"]["matchExpressions"]}
+    assert wants[".metadata.deletionTimestamp"] == ("DoesNotExist", None)
+    assert wants[".status.phase"] == ("In", ["Running"])
+    assert wants['.status.conditions.[] | select( .type == "Ready" ) | .status'] == ("In", ["False"])
+    # a runner pod whose probe fails has ContainersReady False too: not ours to touch
+    assert wants['.status.conditions.[] | select( .type == "ContainersReady" ) | .status'] == ("In", ["True"])
+    template = stage["spec"]["next"]["statusTemplate"]
+    assert "type: Ready" in template and 'status: "True"' in template
+    assert "containerStatuses" not in template and "phase" not in template  # a strategic merge of Ready only
