@@ -50,9 +50,9 @@ from drs_devcluster import build, processes  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster  # noqa: E402
 from operator_harness import OperatorProcess, wait_for  # noqa: E402
+from proc_stats import cpu_of, cpu_s, rss_mib  # noqa: E402  (bench/, beside this file)
 
 PORT_BASE = int(os.environ.get("DRS_BENCH_PORT_BASE", "25300"))
-TICK = os.sysconf("SC_CLK_TCK")
 CHILD_KINDS = ("pods", "deployments", "services", "configmaps")
 #: The kube-apiserver's own Prometheus endpoint (not one of ours).
 APISERVER_METRICS = "/metrics"
@@ -74,27 +74,6 @@ def fleet(
             "topology": {"gpusPerNode": 8},
         },
     }
-
-
-# --------------------------------------------------------------------------- reading /proc
-def cpu_s(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
-
-
-def rss_mib(pid: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = round(int(value.split()[0]) / 1024, 1)
-    return out
-
-
-def cpu_of(pids: dict[str, int]) -> dict[str, float]:
-    return {name: cpu_s(pid) for name, pid in pids.items()}
 
 
 # --------------------------------------------------------------------------- cluster reads
