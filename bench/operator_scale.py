@@ -44,13 +44,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+sys.path.insert(0, str(ROOT))
 
-import scale_components  # noqa: E402  (bench/, beside this file)
 from drs_devcluster import build, processes  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster  # noqa: E402
 from operator_harness import OperatorProcess, wait_for  # noqa: E402
-from proc_stats import cpu_of, cpu_s, rss_mib  # noqa: E402  (bench/, beside this file)
+
+from bench import scale_components  # noqa: E402
+from bench.proc_stats import cpu_of, cpu_s, rss_mib  # noqa: E402
 
 PORT_BASE = int(os.environ.get("DRS_BENCH_PORT_BASE", "25300"))
 CHILD_KINDS = ("pods", "deployments", "services", "configmaps")
