@@ -9,7 +9,13 @@
    frontends as containers on the real node, in pod networking) and wait until it is Ready;
 4. run the trainer-side client (examples/gym_client.py) in a pod: it reads `status.urls` (Service
    names, resolved by the cluster's DNS) and drives multi-turn conversations through them, as
-   NeMo-Gym does, printing which engines served each turn and the prefix-cache hits.
+   NeMo-Gym does, printing which engines served each turn and the prefix-cache hits;
+5. refit, in-cluster, as a trainer does after a policy update: a trainer pod
+   (examples/trainer/refit_in_pod.py) writes new weights into the checkpoint volume the engines
+   mount (a PersistentVolume on this machine: every real node is this machine) and asks its refit
+   sidecar (`drs sidecar`, a native sidecar container of the same pod, with the RBAC of
+   examples/trainer/sidecar-rbac.yaml) to load them on every engine; it prints the version each
+   engine reports in the status and a fixed request's tokens before and after.
 
 Everything keeps running afterwards; `make demo-down` (`drs dev down`) stops all of it and undoes
 the host changes. `make demo-kwok` is the simulated-node demo (with the trainer sidecar's refit).
@@ -19,14 +25,18 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import yaml
 from demo_steps import ROOT, kubectl, running, say, wait_ready
 from drs_devcluster import build, inpod, nodeconfig
 from drs_devcluster.cluster import DevCluster
+from drs_operator.api.constants import DEFAULT_MODEL_MOUNT_PATH
 
 EXAMPLE = ROOT / "examples" / "pod-network-sim.yaml"
 CLIENT = ROOT / "examples" / "gym_client.py"
+TRAINER = ROOT / "examples" / "trainer" / "refit_in_pod.py"
+CHECKPOINTS_CLAIM = "checkpoints"
 NAME = "pod-sim"
 NAMESPACE = "default"
 READY_TIMEOUT_S = 300.0
@@ -49,18 +59,41 @@ def ensure_cluster() -> DevCluster:
     return cluster
 
 
-def run_client(cluster: DevCluster) -> int:
-    objs = inpod.client_objects("gym-client", NAMESPACE, CLIENT.read_text(), ["--name", NAME, "--namespace", NAMESPACE])
-    kubectl(cluster, "delete", "pod", "gym-client", "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
+def run_pod(cluster: DevCluster, name: str, objs: list[dict[str, Any]]) -> int:
+    """Apply ``objs`` (a pod named ``name`` and what it needs), wait until the pod ends, print its log."""
+    kubectl(cluster, "delete", "pod", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
     kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump_all(objs))
-    say("client pod gym-client started (image drs, in-cluster credentials, reads the status itself)")
     deadline = time.monotonic() + CLIENT_TIMEOUT_S
     phase = ""
     while time.monotonic() < deadline and phase not in ("Succeeded", "Failed"):
-        phase = kubectl(cluster, "get", "pod", "gym-client", "-n", NAMESPACE, "-o", "jsonpath={.status.phase}")
+        phase = kubectl(cluster, "get", "pod", name, "-n", NAMESPACE, "-o", "jsonpath={.status.phase}")
         time.sleep(1)
-    print(kubectl(cluster, "logs", "gym-client", "-n", NAMESPACE, check=False), end="", flush=True)
+    print(kubectl(cluster, "logs", name, "-n", NAMESPACE, "-c", name_of_main(objs), check=False), end="", flush=True)
     return 0 if phase == "Succeeded" else 1
+
+
+def name_of_main(objs: list[dict[str, Any]]) -> str:
+    pod = next(o for o in objs if o["kind"] == "Pod")
+    return str(pod["spec"]["containers"][0]["name"])
+
+
+def apply_fleet(cluster: DevCluster) -> None:
+    """The example, with the checkpoint volume the trainer writes into as the engines' model volume."""
+    checkpoints = cluster.layout.state_dir / "checkpoints"
+    checkpoints.mkdir(exist_ok=True)
+    checkpoints.chmod(0o777)  # the trainer container runs as the image's non-root user
+    volume = inpod.checkpoint_volume_objects(CHECKPOINTS_CLAIM, NAMESPACE, checkpoints)
+    kubectl(cluster, "apply", "-f", "-", input=yaml.safe_dump_all(volume))
+    fleet = yaml.safe_load(EXAMPLE.read_text())
+    fleet["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CHECKPOINTS_CLAIM, "readOnly": True}}
+    kubectl(cluster, "apply", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(fleet))
+
+
+def refit(cluster: DevCluster) -> int:
+    mount = yaml.safe_load(EXAMPLE.read_text())["spec"]["model"].get("mountPath", DEFAULT_MODEL_MOUNT_PATH)
+    objs = inpod.trainer_objects("trainer", NAMESPACE, NAME, TRAINER.read_text(), CHECKPOINTS_CLAIM, mount)
+    say("trainer pod started: its refit sidecar (drs sidecar, in the same pod) refits every engine")
+    return run_pod(cluster, "trainer", objs)
 
 
 def main() -> int:
@@ -72,12 +105,16 @@ def main() -> int:
         f"helm install of helm/drs-operator (image drs, pod with its ServiceAccount) Ready in {time.monotonic() - t0:.0f}s"
     )
     t0 = time.monotonic()
-    kubectl(cluster, "apply", "-n", NAMESPACE, "-f", str(EXAMPLE))
+    apply_fleet(cluster)
     status = wait_ready(cluster, NAME, READY_TIMEOUT_S, NAMESPACE)
     say(f"{NAME} Ready in {time.monotonic() - t0:.0f}s; frontends: {status['urls']}")
     pods = kubectl(cluster, "get", "pods", "-n", NAMESPACE, "-o", "wide", "-l", f"disagg.dev/replicaset={NAME}")
     print(pods, end="")
-    rc = run_client(cluster)
+    client = inpod.client_objects(
+        "gym-client", NAMESPACE, CLIENT.read_text(), ["--name", NAME, "--namespace", NAMESPACE]
+    )
+    say("client pod gym-client started (image drs, in-cluster credentials, reads the status itself)")
+    rc = run_pod(cluster, "gym-client", client) or refit(cluster)
     say(f"demo finished in {time.monotonic() - started:.0f}s (rc {rc}); `make demo-down` stops everything")
     return rc
 

@@ -43,9 +43,9 @@ PAUSE_SOURCE = ROOT / "devcluster" / "pause" / "pause.go"
 DOCKERD_START_TIMEOUT_S = 60.0
 MMDEBSTRAP_TIMEOUT_S = 900.0
 BUILD_TIMEOUT_S = 1800.0
-#: BuildKit's cache (the dependency layer, pip's cache mount) is pruned, least recently used
-#: first, down to this.
-BUILD_CACHE_KEEP = "2gb"
+#: BuildKit's layer cache is pruned, least recently used first, down to this (pip's cache mount
+#: is never pruned: it is what makes a dependency change download only what changed).
+BUILD_CACHE_KEEP = "4gb"
 
 
 class ImageError(RuntimeError):
@@ -251,9 +251,12 @@ def _ensure_packages() -> None:
 
 def _prune(docker: Docker) -> None:
     """Drop what the new build superseded: the untagged images of earlier builds, and BuildKit's
-    cache beyond ``BUILD_CACHE_KEEP``."""
+    layer cache beyond ``BUILD_CACHE_KEEP``."""
     images = docker.run("image", "prune", "--force", timeout=600, check=False).stdout.strip().splitlines()
-    cache = docker.run("builder", "prune", "--force", "--keep-storage", BUILD_CACHE_KEEP, timeout=600, check=False)
+    cache = docker.run(
+        "builder", "prune", "--force", "--filter", "type=regular", "--keep-storage", BUILD_CACHE_KEEP,
+        timeout=600, check=False,
+    )  # fmt: skip
     freed = [line for line in [*images, *cache.stdout.strip().splitlines()] if "reclaimed" in line.lower()]
     _say(f"pruned superseded images and build cache ({'; '.join(freed) or 'nothing to reclaim'})")
 

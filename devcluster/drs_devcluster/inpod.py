@@ -15,6 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from drs_operator.api.names import control_secret_name
+
 from . import images, nodeconfig
 from .cluster import DevCluster
 
@@ -108,3 +110,76 @@ def client_objects(name: str, namespace: str, script: str, args: list[str]) -> l
             },
         },
     ]
+
+
+#: Where the trainer pod mounts the checkpoint volume, and its sidecar's port (localhost only).
+TRAINER_CHECKPOINTS = "/checkpoints"
+SIDECAR_PORT = 8400
+
+
+def checkpoint_volume_objects(claim: str, namespace: str, host_dir: Path) -> list[dict[str, Any]]:
+    """A PersistentVolume on ``host_dir`` (every real node is this machine) bound to the claim
+    ``claim``: the volume the trainer writes checkpoints into and the engines load them from."""
+    pv = f"{namespace}-{claim}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(host_dir), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
+
+
+def trainer_objects(
+    name: str, namespace: str, drs: str, script: str, claim: str, engine_mount: str
+) -> list[dict[str, Any]]:
+    """The trainer's refit step as a pod: ``script`` beside ``drs sidecar`` (a native sidecar:
+    an init container that keeps running; the pod completes when the script exits), with the
+    RBAC of examples/trainer/sidecar-rbac.yaml and the fleet's control token."""
+    objs = client_objects(name, namespace, script, [])
+    role = next(o for o in objs if o["kind"] == "Role")
+    role["rules"] = [
+        {"apiGroups": ["disagg.dev"], "resources": ["disaggreplicasets"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["disagg.dev"], "resources": ["disaggreplicasets"], "resourceNames": [drs], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [control_secret_name(drs)], "verbs": ["get"]},
+    ]
+    pod = next(o for o in objs if o["kind"] == "Pod")
+    (trainer,) = pod["spec"]["containers"]
+    trainer["name"] = "trainer"
+    trainer["command"] = [
+        "python", "/client/client.py", "--name", drs, "--namespace", namespace,
+        "--sidecar", f"http://127.0.0.1:{SIDECAR_PORT}", "--checkpoints", TRAINER_CHECKPOINTS,
+        "--engine-mount", engine_mount,
+    ]  # fmt: skip
+    trainer["volumeMounts"].append({"name": "checkpoints", "mountPath": TRAINER_CHECKPOINTS})
+    sidecar = {
+        "name": "refit-sidecar",
+        "image": images.image_ref(),
+        "imagePullPolicy": "Never",
+        "restartPolicy": "Always",  # a native sidecar: it runs beside the trainer, stopped after it
+        # It reads the engines' control token from the fleet's Secret (the Role allows that one).
+        "command": ["drs", "sidecar", "--name", drs, "--namespace", namespace, "--port", str(SIDECAR_PORT)],
+        "securityContext": trainer["securityContext"],
+    }
+    pod["spec"]["initContainers"] = [sidecar]
+    pod["spec"]["volumes"].append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
+    return objs

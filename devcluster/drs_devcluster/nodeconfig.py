@@ -33,6 +33,8 @@ from .layout import SERVICE_CIDR, Layout
 
 CLUSTER_DOMAIN: Final = "cluster.local"
 REAL_NODE_LABEL: Final = "disagg.dev/real-node"
+#: The taint ``drs dev down`` puts on real nodes before deleting their pods.
+STOPPING_TAINT: Final = "disagg.dev/stopping"
 #: Offsets from the port base (after the control plane's 0-6).
 PORT_OFFSETS: Final = {"coredns-health": 7, "coredns-ready": 8, "kube-proxy-healthz": 9, "kube-proxy-metrics": 10}
 NODE_PORT_OFFSET: Final = 11  # node i: kubelet 11 + 2i, its healthz 12 + 2i

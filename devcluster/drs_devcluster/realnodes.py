@@ -276,9 +276,17 @@ def _node_indices(layout: Layout) -> list[int]:
 
 
 def _delete_pods(layout: Layout, nodes: list[str]) -> None:
-    """Delete every pod bound to the real nodes (grace 0) so kubelets tear their sandboxes down."""
+    """Delete every pod bound to the real nodes (grace 0) so kubelets tear their sandboxes down.
+
+    The nodes are tainted ``NoExecute`` first: controllers recreate deleted pods (a Deployment's,
+    the operator's engines), and a kubelet refuses to start a pod that does not tolerate its
+    node's NoExecute taint, so the drain is not a race against them."""
     with contextlib.suppress(Exception):
         api = _core_api(layout)
+        taint = {"key": nodeconfig.STOPPING_TAINT, "value": "true", "effect": "NoExecute"}
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                api.patch_node(node, {"spec": {"unschedulable": True, "taints": [taint]}}, _request_timeout=10)
         for node in nodes:
             pods = api.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}", _request_timeout=10).items
             for pod in pods:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from drs_devcluster import inpod, nodeconfig, realnodes
 from drs_devcluster.testing import RunningCluster
-from drs_operator.api.constants import LABEL_ROLE
+from drs_operator.api.constants import DEFAULT_MODEL_MOUNT_PATH, LABEL_ROLE
 from drs_protocol.enums import ROLES
 
 from .pods import wait_phase
@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((ROOT / "examples" / "pod-network-sim.yaml").read_text())
 CLIENT = (ROOT / "examples" / "gym_client.py").read_text()
+TRAINER = (ROOT / "examples" / "trainer" / "refit_in_pod.py").read_text()
 READY_S = 300.0
 POLL_S = 1.0
 
@@ -92,7 +93,7 @@ def test_the_in_cluster_client_drives_turns_through_service_urls_of_the_status(
     st = drs(realcluster, fleet)["status"]
     assert all(u.startswith("http://pod-sim-r") and f".{fleet}.svc:" in u for u in st["urls"]), st["urls"]
     pods = fleet_pods(realcluster, fleet)
-    assert all_ready(pods) and {p["spec"]["nodeName"] for p in pods} == {nodeconfig.node_name(0)}
+    assert all_ready(pods) and {p["spec"]["nodeName"] for p in pods} <= {nodeconfig.node_name(i) for i in range(2)}
     assert all(not p["spec"].get("hostNetwork") for p in pods)
     for p in pods:  # the restrictive securityContext, as the real kubelet ran them
         assert p["spec"]["securityContext"]["runAsNonRoot"] is True
@@ -103,6 +104,36 @@ def test_the_in_cluster_client_drives_turns_through_service_urls_of_the_status(
     assert all("prefill=" in t and "prefill=None" not in t and "decode=None" not in t for t in turns), out
     later = [t for t in turns if " turn 0 " not in t]
     assert any(not t.endswith("hits 0/0") and " hits 0/" not in t for t in later), out  # the prefix cache held
+
+
+def test_an_in_cluster_trainer_refits_every_engine_through_its_sidecar_container(
+    realcluster: RunningCluster, fleet: str, tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    checkpoints.mkdir()
+    checkpoints.chmod(0o777)  # written by the trainer container's non-root user
+    volume = inpod.checkpoint_volume_objects("checkpoints", fleet, checkpoints)
+    realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(volume))
+    try:
+        patch = {"spec": {"model": {"volume": {"persistentVolumeClaim": {"claimName": "checkpoints"}}}}}
+        realcluster.kubectl("patch", "drs", "pod-sim", "-n", fleet, "--type=merge", "-p", json.dumps(patch))
+        wait_drs(realcluster, fleet, lambda b: converged(b) and all_ready(fleet_pods(realcluster, fleet)), "rolled")
+        objs = inpod.trainer_objects("trainer", fleet, "pod-sim", TRAINER, "checkpoints", DEFAULT_MODEL_MOUNT_PATH)
+        realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+        phase = wait_phase(realcluster, fleet, "trainer", {"Succeeded", "Failed"}, timeout=240)["status"]["phase"]
+        out = realcluster.kubectl("logs", "trainer", "-n", fleet, "-c", "trainer").stdout
+        assert phase == "Succeeded", (
+            out + realcluster.kubectl("logs", "trainer", "-n", fleet, "-c", "refit-sidecar").stdout
+        )
+        (version,) = [p.name for p in checkpoints.iterdir()]  # what the trainer wrote into the volume
+        assert f"version: {version}}} to the sidecar: complete=True engines=4 ok=4" in out, out
+        st = drs(realcluster, fleet)["status"]
+        assert st["weights"]["version"] == version
+        engines = [e for r in st["replicaStatuses"] for e in r["engines"]]
+        assert len(engines) == 4 and all(e["weightsVersion"] == version for e in engines), engines
+        assert all(f"{e['name']}: weightsVersion {version}" in out for e in engines), out
+    finally:
+        realcluster.kubectl("delete", "pv", f"{fleet}-checkpoints", "--wait=false", check=False)
 
 
 def test_a_roll_replaces_every_engine_and_status_tracks_real_readiness(realcluster: RunningCluster, fleet: str) -> None:
