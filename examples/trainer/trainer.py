@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from drs_engine.backends.torch_kv import gpu_uuid, ipc_export
 from drs_engine.backends.torch_model import parse_dtype, random_state_dict, resolve_model
 from drs_engine.backends.torch_refit import GROUP_TIMEOUT, make_group
 from drs_engine.backends.torch_weights import pack, specs_of
+from drs_protocol import env
 from drs_protocol.routes import TrainerRoute
 from drs_protocol.weights_pack import (
     DEFAULT_TARGET_BYTES,
@@ -59,7 +61,13 @@ STEP_TIMEOUT_S = 600.0
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sidecar", required=True, help="the sidecar's URL (http://127.0.0.1:8400)")
+    sidecar = os.environ.get(env.SIDECAR_URL)
+    p.add_argument(
+        "--sidecar",
+        default=sidecar,
+        required=sidecar is None,
+        help=f"the sidecar's URL (http://127.0.0.1:8400); default: ${env.SIDECAR_URL}",
+    )
     p.add_argument("--model", default="random:tiny", help="random:<size> (the engines' architecture)")
     p.add_argument("--seed", type=int, required=True, help="seed of the new weights")
     p.add_argument("--version", default=None, help="version the engines serve them as (default step-SEED)")

@@ -11,11 +11,10 @@ from typing import Any
 
 from drs_protocol.config import read_config_file
 from drs_protocol.enums import CtxRouter, GenRouter
-from drs_protocol.frontend_config import MIB, FrontendConfig, Limits, Timeouts, TokenizeCache, UpstreamClientName
+from drs_protocol.frontend_config import FrontendConfig, Limits, Timeouts, TokenizeCache, UpstreamClientName
 from pydantic.alias_generators import to_camel
 
 __all__ = [
-    "MIB",
     "CtxRouter",
     "FrontendConfig",
     "GenRouter",

@@ -10,6 +10,8 @@ so ``exc.status`` and ``exc.to_body()`` answer it in the one error body
     ├── BadRequestError                           (400 invalid_request_error)
     │   └── RequestError                          the client's request is unusable (names the field)
     ├── EngineRejected                            an engine answered 4xx -> that status and body, verbatim
+    ├── PayloadTooLargeError                      (413 request_too_large)
+    │   └── ForwardTooLarge                       a body to forward is over the engines' limit (names it)
     ├── UnavailableError                          (503 service_unavailable)
     │   └── NoEngineAvailable                     every engine of a role failed this turn (names the role)
     └── UpstreamError                             (502 upstream_error) talking to one engine went wrong
@@ -45,6 +47,11 @@ class EngineRejected(ApiError):
         self.type = error_type(status)
         self.body = body
         self.content_type = content_type
+
+
+class ForwardTooLarge(protocol.PayloadTooLargeError):
+    """The body this frontend would forward is over the engines' limit (``limits.engineMaxRequestBytes``):
+    413 here, naming both sizes, instead of an engine's bare 413 (drs_protocol.limits)."""
 
 
 class NoEngineAvailable(UnavailableError):

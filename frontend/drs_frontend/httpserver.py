@@ -39,11 +39,13 @@ from http import HTTPStatus
 from typing import Final, cast
 
 import httptools
+from drs_protocol.limits import MAX_REQUEST_HEAD_BYTES
 
 log = logging.getLogger(__name__)
 
-#: Request line plus headers; more gets 431 (uvicorn has no such bound; h11's is 16 KiB).
-MAX_HEAD_BYTES: Final = 64 * 1024
+#: Request line plus headers; more gets 431 (uvicorn has no such bound; h11's is 16 KiB). A
+#: conversation id may come from a header: the engines' body limit allows for it (drs_protocol.limits).
+MAX_HEAD_BYTES: Final = MAX_REQUEST_HEAD_BYTES
 #: Requests parsed ahead of the one being answered on a connection before reading pauses.
 MAX_PIPELINED: Final = 16
 

@@ -45,6 +45,7 @@ from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
 from drs_frontend.errors import (
     EngineRejected,
+    ForwardTooLarge,
     NoEngineAvailable,
     RequestError,
     UpstreamProtocolError,
@@ -164,7 +165,7 @@ class Relay:
                 turn.prefill = exc.url
             else:
                 turn.decode = exc.url
-        except (RequestError, NoEngineAvailable, UpstreamProtocolError) as exc:
+        except (RequestError, ForwardTooLarge, NoEngineAvailable, UpstreamProtocolError) as exc:
             if isinstance(exc, UpstreamProtocolError):
                 log.warning("engine broke the protocol: %s", exc)
             reply = Reply(exc.status, JSON, dumps(exc.to_body()))
@@ -220,7 +221,7 @@ class Relay:
             self.prefill,
             "context",
             endpoint,
-            dumps(ctx_body),
+            self._forwardable("context", ctx_body),
             self.config.timeouts.context,
             lambda candidates: self.ctx_router.pick(route, candidates),
             affinity=conversation_id is not None,
@@ -239,12 +240,12 @@ class Relay:
         )
         exclude = frozenset({turn.prefill})
         if wants_stream(body):
-            return await self._stream_generation(endpoint, dumps(gen_body), exclude, turn)
+            return await self._stream_generation(endpoint, self._forwardable("generation", gen_body), exclude, turn)
         turn.decode, gen_raw = await self._post_leg(
             self.decode,
             "generation",
             endpoint,
-            dumps(gen_body),
+            self._forwardable("generation", gen_body),
             self.config.timeouts.generation,
             self.gen_router.pick,
             exclude=exclude,
@@ -253,6 +254,20 @@ class Relay:
         gen = _loads(gen_raw.body, "generation")
         version = gen_raw.weights_version or _weights_version(gen)
         return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=version)
+
+    def _forwardable(self, leg: str, body: Body) -> bytes:
+        """``body`` as bytes for an engine, or 413 here naming the limit: an engine would refuse a
+        body over its limit with a bare 413 (drs_protocol.limits: the operator renders the engines'
+        limit to cover any body this frontend accepts, so only a prompt no engine can serve gets this)."""
+        payload = dumps(body)
+        limit = self.config.limits.forward_limit()
+        if len(payload) > limit:
+            raise ForwardTooLarge(
+                f"the {leg} request for the engines would be {len(payload)} bytes (the body plus the prompt "
+                f"ids and routing fields this frontend adds), over the engines' limit of {limit} bytes "
+                "(limits.engineMaxRequestBytes)"
+            )
+        return payload
 
     # -- step 3: tokenization --------------------------------------------------------------------
 

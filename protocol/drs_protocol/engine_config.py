@@ -28,10 +28,19 @@ from pydantic import ConfigDict, Field, model_validator
 from drs_protocol.config import ConfigModel
 from drs_protocol.enums import EngineBackend, Precision, Role
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
+from drs_protocol.limits import (
+    DEFAULT_ENGINE_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_MODEL_LEN,
+    FRONTEND_MAX_REQUEST_BYTES,
+    engine_max_request_bytes,
+)
+from drs_protocol.trtllm_kwargs import tokens_per_block_of
 
-#: Largest request body the serving routes accept (bytes); larger gets 413.
-DEFAULT_MAX_REQUEST_BYTES: Final = 8 * 1024 * 1024
+#: Largest request body the serving routes accept by default (bytes); larger gets 413.
+DEFAULT_MAX_REQUEST_BYTES: Final = DEFAULT_ENGINE_MAX_REQUEST_BYTES
 DEFAULT_PORT: Final = 8000
+#: The sim engine's prefix-cache block size (tokens) unless ``sim.tokensPerBlock`` says otherwise.
+SIM_DEFAULT_TOKENS_PER_BLOCK: Final = 32
 #: Model label of a sim engine started without a config file.
 SIM_DEFAULT_MODEL: Final = "sim-qwen3"
 
@@ -44,7 +53,9 @@ class ModelSpec(ConfigModel):
         default=None,
         description="Tokenizer directory; default: the model path (trtllm) or the bundled Qwen3 tokenizer (sim).",
     )
-    max_model_len: int = Field(default=32768, ge=2, description="Longest prompt + completion, in tokens.")
+    max_model_len: int = Field(
+        default=DEFAULT_MAX_MODEL_LEN, ge=2, description="Longest prompt + completion, in tokens."
+    )
     precision: str = Field(
         default=Precision.BFLOAT16.value,
         description="A Precision (bfloat16 | float16 | float32 | auto | fp8 | nvfp4) ….",
@@ -69,7 +80,9 @@ class SimSpec(ConfigModel):
         ge=0.0,
         description="Multiplier on every simulated duration: 1.0 realistic ratios, 0 no sleeping at all (tests).",
     )
-    tokens_per_block: int = Field(default=32, ge=1, description="Prefix-cache block size in tokens.")
+    tokens_per_block: int = Field(
+        default=SIM_DEFAULT_TOKENS_PER_BLOCK, ge=1, description="Prefix-cache block size in tokens."
+    )
     cache_capacity_tokens: int = Field(default=1_048_576, ge=0, description="Prefix-cache capacity (LRU), in tokens.")
     vocab_size: int | None = Field(
         default=None, ge=2, description="Token ids are drawn from [0, vocabSize); default: the tokenizer's base vocab."
@@ -140,7 +153,14 @@ class EngineConfig(ConfigModel):
     advertise_url: str | None = Field(
         default=None, description="URL peers use to reach this engine (ctx_info_endpoint); default http://HOST:PORT."
     )
-    max_request_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BYTES, ge=1024)
+    max_request_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description=(
+            "Largest body of a serving route (bytes; larger gets 413); default: what a frontend at its default "
+            "limit forwards for this maxModelLen (drs_protocol.limits.engine_max_request_bytes)."
+        ),
+    )
     drain_seconds: float = Field(
         default=DEFAULT_DRAIN_SECONDS,
         ge=0.0,
@@ -167,6 +187,21 @@ class EngineConfig(ConfigModel):
                 "wider engines need the trtllm backend"
             )
         return self
+
+    def request_bytes_limit(self) -> int:
+        """``maxRequestBytes``, else derived from the default frontend limit and ``maxModelLen``."""
+        if self.max_request_bytes is not None:
+            return self.max_request_bytes
+        return engine_max_request_bytes(FRONTEND_MAX_REQUEST_BYTES, self.model.max_model_len)
+
+    def tokens_per_block(self) -> int:
+        """The prefix-cache block size (tokens) of this engine's backend: the granularity its cache
+        hits come in, which a frontend's prefix router must hash by (``prefixBlockTokens``)."""
+        if self.backend is EngineBackend.SIM:
+            return self.sim.tokens_per_block
+        if self.backend is EngineBackend.TORCH:
+            return self.torch.tokens_per_block
+        return tokens_per_block_of(self.trtllm_kwargs)
 
     def resolved_advertise_url(self) -> str:
         """Where peers reach this engine: ``advertiseUrl``, else ``http://HOST:PORT``."""

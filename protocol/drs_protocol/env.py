@@ -32,5 +32,9 @@ RANK_GPUS: Final = "DRS_RANK_GPUS"
 #: The port of a multi-node engine leader's Ray head (``drs_protocol.gang.ray_port_for``).
 RAY_PORT: Final = "DRS_RAY_PORT"
 
+#: The refit sidecar's URL, for the trainer container beside it (``examples/trainer/trainer.py``
+#: reads it when ``--sidecar`` is not given; ``examples/trainer/trainer-pod.yaml`` sets it).
+SIDECAR_URL: Final = "DRS_SIDECAR_URL"
+
 #: Key of the control token in the Secret the operator creates (the sidecar reads it from there).
 CONTROL_TOKEN_SECRET_KEY: Final = "token"

@@ -27,18 +27,20 @@ from typing import Final, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drs_protocol.config import ConfigModel
+from drs_protocol.engine_config import SIM_DEFAULT_TOKENS_PER_BLOCK
 from drs_protocol.enums import CtxRouter, GenRouter
+from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, MIB, engine_max_request_bytes
 from drs_protocol.snowflake import NODE_IDS
 
 UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
 
-MIB = 1024 * 1024
 #: Defaults the operator's CRD and the frontend's router use too (one definition).
 DEFAULT_PORT: Final = 8300
 DEFAULT_MAX_SESSIONS: Final = 100_000
 DEFAULT_AFFINITY_LOAD_FACTOR: Final = 1.25
 DEFAULT_PREFIX_MATCH_RATIO: Final = 0.75
-DEFAULT_PREFIX_BLOCK_TOKENS: Final = 32
+#: The sim engine's block size; the operator renders the engines' own (EngineConfig.tokens_per_block).
+DEFAULT_PREFIX_BLOCK_TOKENS: Final = SIM_DEFAULT_TOKENS_PER_BLOCK
 
 
 class _Model(ConfigModel):
@@ -63,7 +65,22 @@ class Limits(_Model):
 
     connections_per_engine: int = Field(default=512, ge=1, description="pooled keep-alive connections to one engine")
     connections_total: int = Field(default=4096, ge=1, description="pooled connections to all engines together")
-    max_request_bytes: int = Field(default=16 * MIB, ge=1024, description="larger request bodies get 413")
+    max_request_bytes: int = Field(
+        default=FRONTEND_MAX_REQUEST_BYTES, ge=1024, description="larger request bodies get 413"
+    )
+    engine_max_request_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="largest body the engines accept (the operator renders drs_protocol.limits."
+        "engine_max_request_bytes); a body this frontend would forward larger gets 413 here, naming it; "
+        "None: derived from maxRequestBytes for the default maxModelLen",
+    )
+
+    def forward_limit(self) -> int:
+        """The largest body this frontend forwards to an engine."""
+        if self.engine_max_request_bytes is not None:
+            return self.engine_max_request_bytes
+        return engine_max_request_bytes(self.max_request_bytes, DEFAULT_MAX_MODEL_LEN)
 
 
 class TokenizeCache(_Model):
@@ -130,7 +147,10 @@ class FrontendConfig(_Model):
         default=DEFAULT_PREFIX_MATCH_RATIO, gt=0.0, le=1.0, description="prefix share needed to follow a prefix"
     )
     prefix_block_tokens: int = Field(
-        default=DEFAULT_PREFIX_BLOCK_TOKENS, ge=1, description="tokens per hashed block (prefix matching)"
+        default=DEFAULT_PREFIX_BLOCK_TOKENS,
+        ge=1,
+        description="tokens per hashed block (prefix matching): the prefill engines' prefix-cache block size, "
+        "which the operator renders from their config (EngineConfig.tokens_per_block)",
     )
     upstream_client: UpstreamClientName = Field(
         default="raw", description="HTTP client to the engines (bench/relay.py)"

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
+
+#: ``kv_cache_config.tokens_per_block`` when the kwargs leave it unset (TensorRT-LLM's own default).
+TRTLLM_DEFAULT_TOKENS_PER_BLOCK: Final = 32
 
 
 def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str, Any]:
@@ -24,3 +27,11 @@ def deep_merge(base: Mapping[str, Any], overlay: Mapping[str, Any]) -> dict[str,
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def tokens_per_block_of(llm_kwargs: Mapping[str, Any]) -> int:
+    """``kv_cache_config.tokens_per_block`` of the LLM kwargs, else TensorRT-LLM's default."""
+    kv = llm_kwargs.get("kv_cache_config")
+    if isinstance(kv, Mapping) and isinstance(kv.get("tokens_per_block"), int):
+        return int(kv["tokens_per_block"])
+    return TRTLLM_DEFAULT_TOKENS_PER_BLOCK

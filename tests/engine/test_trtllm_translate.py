@@ -25,12 +25,11 @@ from drs_engine.backends.trtllm_translate import (
     dtype_for,
     finished_from_output,
     token_steps_from_output,
-    tokens_per_block_of,
 )
 from drs_engine.config import build_config
 from drs_engine.errors import BadRequestError
 from drs_engine.wire import ChatCompletionRequest, CompletionRequest, DisaggregatedParams
-from drs_protocol.trtllm_kwargs import deep_merge
+from drs_protocol.trtllm_kwargs import deep_merge, tokens_per_block_of
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 from drs_protocol.nemo_rl_refit import RefitSpecError, parse_state_dict_info
+from drs_protocol.trtllm_kwargs import tokens_per_block_of
 
 from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
 from drs_engine.backends.trtllm_features import Features, detect_features
@@ -33,7 +34,6 @@ from drs_engine.backends.trtllm_translate import (
     finished_from_output,
     request_refusal,
     token_steps_from_output,
-    tokens_per_block_of,
 )
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError, NotSupportedError, UnavailableError, WeightsLoadError

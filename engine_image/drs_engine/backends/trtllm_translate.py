@@ -327,11 +327,3 @@ def check_worker_results(method: str, results: Sequence[Any]) -> None:
     failed = [rank for rank, result in enumerate(results) if result is False]
     if failed:
         raise RuntimeError(f"{method} returned False on worker rank(s) {failed} of {len(results)}")
-
-
-def tokens_per_block_of(llm_kwargs: Mapping[str, Any]) -> int:
-    """``kv_cache_config.tokens_per_block`` of the LLM kwargs (TensorRT-LLM's default is 32)."""
-    kv = llm_kwargs.get("kv_cache_config")
-    if isinstance(kv, Mapping) and isinstance(kv.get("tokens_per_block"), int):
-        return int(kv["tokens_per_block"])
-    return 32

@@ -53,7 +53,7 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     try:
         state.check_serving()
         backend = state.require_backend()
-        body = await read_body(request, state.config.max_request_bytes)
+        body = await read_body(request, state.config.request_bytes_limit())
         data = parse_json_object(body)
         req: EngineRequest = validate(ChatCompletionRequest, data) if chat else validate(CompletionRequest, data)
         leg_label = req.request_type().value

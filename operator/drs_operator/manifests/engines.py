@@ -31,6 +31,7 @@ from drs_protocol import env, gang, routes
 from drs_protocol.config import render
 from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, ModelSpec, SimSpec
 from drs_protocol.lifecycle import TERMINATION_MARGIN_SECONDS
+from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, engine_max_request_bytes
 
 from drs_operator.api import names
 from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
@@ -85,7 +86,14 @@ def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> E
     if spec.engine.sim_options:
         fields["sim"] = SimSpec.model_validate(dict(spec.engine.sim_options))
     fields["drain_seconds"] = spec.engine.drain_seconds
+    fields["max_request_bytes"] = engine_request_bytes(spec)
     return EngineConfig.model_validate(fields)
+
+
+def engine_request_bytes(spec: DisaggReplicaSetSpec) -> int:
+    """The engines' body limit: what a frontend at its limit forwards for the spec's maxModelLen
+    (:func:`drs_protocol.limits.engine_max_request_bytes`); the frontends render the same number."""
+    return engine_max_request_bytes(FRONTEND_MAX_REQUEST_BYTES, spec.model.max_model_len or DEFAULT_MAX_MODEL_LEN)
 
 
 #: RoleSpec fields copied into the engine config when set.

@@ -16,6 +16,7 @@ from drs_protocol import env, routes
 from drs_protocol.config import render
 from drs_protocol.frontend_config import FrontendConfig
 from drs_protocol.lifecycle import FALLBACK_DECODE_KEY, FALLBACK_PREFILL_KEY
+from drs_protocol.limits import FRONTEND_MAX_REQUEST_BYTES
 
 from drs_operator.api import names
 from drs_operator.api.constants import LABEL_FRONTEND, LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, Role
@@ -35,6 +36,7 @@ from drs_operator.manifests.common import (
     spec_hash,
     with_hash,
 )
+from drs_operator.manifests.engines import build_engine_config, engine_request_bytes
 from drs_operator.placement import ReplicaPlacement
 from drs_operator.plan import FrontendSlot, Plan, ReplicaPlan
 
@@ -88,6 +90,12 @@ def build_frontend_config(
         "tokenize": spec.frontend.tokenize,
         "tokenize_shadow_rate": spec.frontend.tokenize_shadow_rate,
         "token_continuity": spec.frontend.token_continuity,
+        # prefix routing hashes blocks as the prefill engines cache them (one source: their config)
+        "prefix_block_tokens": build_engine_config(spec, plan, Role.PREFILL).tokens_per_block(),
+        "limits": {
+            "max_request_bytes": FRONTEND_MAX_REQUEST_BYTES,
+            "engine_max_request_bytes": engine_request_bytes(spec),
+        },
     }
     if spec.model.tokenizer:
         fields["tokenizer"] = spec.model.tokenizer
