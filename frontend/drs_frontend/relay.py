@@ -60,6 +60,7 @@ from drs_frontend.shaping import (
     check_context_response,
     engine_token_prefix,
     finished_context_response,
+    for_engines,
     parse_request,
     prompt_ids_of,
     shape_response,
@@ -221,7 +222,7 @@ class Relay:
             self.prefill,
             "context",
             endpoint,
-            self._forwardable("context", ctx_body),
+            for_engines("context", ctx_body, self.config.limits.forward_limit()),
             self.config.timeouts.context,
             lambda candidates: self.ctx_router.pick(route, candidates),
             affinity=conversation_id is not None,
@@ -240,12 +241,14 @@ class Relay:
         )
         exclude = frozenset({turn.prefill})
         if wants_stream(body):
-            return await self._stream_generation(endpoint, self._forwardable("generation", gen_body), exclude, turn)
+            return await self._stream_generation(
+                endpoint, for_engines("generation", gen_body, self.config.limits.forward_limit()), exclude, turn
+            )
         turn.decode, gen_raw = await self._post_leg(
             self.decode,
             "generation",
             endpoint,
-            self._forwardable("generation", gen_body),
+            for_engines("generation", gen_body, self.config.limits.forward_limit()),
             self.config.timeouts.generation,
             self.gen_router.pick,
             exclude=exclude,
@@ -254,20 +257,6 @@ class Relay:
         gen = _loads(gen_raw.body, "generation")
         version = gen_raw.weights_version or _weights_version(gen)
         return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=version)
-
-    def _forwardable(self, leg: str, body: Body) -> bytes:
-        """``body`` as bytes for an engine, or 413 here naming the limit: an engine would refuse a
-        body over its limit with a bare 413 (drs_protocol.limits: the operator renders the engines'
-        limit to cover any body this frontend accepts, so only a prompt no engine can serve gets this)."""
-        payload = dumps(body)
-        limit = self.config.limits.forward_limit()
-        if len(payload) > limit:
-            raise ForwardTooLarge(
-                f"the {leg} request for the engines would be {len(payload)} bytes (the body plus the prompt "
-                f"ids and routing fields this frontend adds), over the engines' limit of {limit} bytes "
-                "(limits.engineMaxRequestBytes)"
-            )
-        return payload
 
     # -- step 3: tokenization --------------------------------------------------------------------
 

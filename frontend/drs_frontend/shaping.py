@@ -26,7 +26,7 @@ from drs_protocol.routes import Endpoint
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 
 from drs_frontend import wire_json
-from drs_frontend.errors import RequestError, UpstreamProtocolError
+from drs_frontend.errors import ForwardTooLarge, RequestError, UpstreamProtocolError
 from drs_frontend.tokenization.window import GYM_MESSAGE_FIELDS, message_view
 
 Body = dict[str, Any]
@@ -149,6 +149,21 @@ def finished_context_response(ctx: Body) -> Body:
     out.pop("disaggregated_params", None)
     out["choices"] = [{k: v for k, v in c.items() if k != "disaggregated_params"} for c in ctx["choices"]]
     return out
+
+
+def for_engines(leg: str, body: Body, limit: int) -> bytes:
+    """``body`` as the bytes sent to an engine, or :class:`ForwardTooLarge` (413 here, naming the
+    limit) when they are over ``limit``, the engines' body limit: an engine would refuse them with
+    a bare 413. The operator renders that limit to cover any body this frontend accepts
+    (drs_protocol.limits), so only a prompt longer than any engine serves gets this."""
+    payload = wire_json.dumps(body)
+    if len(payload) > limit:
+        raise ForwardTooLarge(
+            f"the {leg} request for the engines would be {len(payload)} bytes (the body plus the prompt ids "
+            f"and routing fields this frontend adds), over the engines' limit of {limit} bytes "
+            "(limits.engineMaxRequestBytes)"
+        )
+    return payload
 
 
 # -- 3. the generation leg -----------------------------------------------------------------------
