@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine
+from drs_protocol.limits import DEFAULT_ENGINE_MAX_REQUEST_BYTES
 
 from .conftest import EngineFactory, metric_value
 
@@ -32,7 +33,9 @@ CASES = [
     ),
     pytest.param(CHAT, with_(max_tokens=-5), 400, "max_tokens", "greater than or equal to 1", id="negative-max-tokens"),
     pytest.param(CHAT, with_(max_tokens=0), 400, "max_tokens", "greater than or equal to 1", id="zero-max-tokens"),
-    pytest.param(CHAT, b"x" * (10 * 1024 * 1024), 413, None, "exceeds the limit", id="a-10-MB-body"),
+    pytest.param(
+        CHAT, b"x" * (DEFAULT_ENGINE_MAX_REQUEST_BYTES + 1), 413, None, "exceeds the limit", id="a-body-over-the-limit"
+    ),
     pytest.param(
         CHAT,
         with_(prompt_token_ids_b64="not base64!"),
@@ -154,7 +157,7 @@ async def test_a_body_over_the_cap_without_content_length_is_still_refused(
     client: httpx.AsyncClient, decode: RunningEngine
 ) -> None:
     async def chunks() -> Any:
-        for _ in range(10):
+        for _ in range(DEFAULT_ENGINE_MAX_REQUEST_BYTES // (1024 * 1024) + 1):
             yield b"y" * (1024 * 1024)
 
     response = await client.post(decode.url + CHAT, content=chunks())
