@@ -16,7 +16,7 @@ from drs_protocol.frontend_config import FrontendConfig
 from drs_protocol.routes import Endpoint
 from drs_protocol.token_ids import encode_token_ids_b64
 from drs_protocol.trtllm_kwargs import tokens_per_block_of
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 
@@ -56,6 +56,7 @@ def _chat(padding: int, conversation_id: str) -> dict[str, Any]:
     max_model_len=st.integers(min_value=2, max_value=40_000),
     conversation=st.integers(min_value=0, max_value=limits.MAX_REQUEST_HEAD_BYTES),
 )
+@example(padding=0, max_model_len=40_000, conversation=limits.MAX_REQUEST_HEAD_BYTES)  # the largest growth
 def test_any_body_a_frontend_accepts_fits_the_engines_once_forwarded(
     padding: int, max_model_len: int, conversation: int
 ) -> None:
