@@ -44,9 +44,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 
-from drs_devcluster import build, runner_daemon  # noqa: E402
+from drs_devcluster import build  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
-from drs_devcluster.testing import RunningCluster  # noqa: E402
+from drs_devcluster.testing import RunningCluster, pod_runner  # noqa: E402
 from drs_protocol import fields, routes  # noqa: E402
 from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
 
@@ -373,18 +373,17 @@ def deployed(rc: RunningCluster, namespace: str, workdir: Path) -> Iterator[Flee
         ),
         60,
     )
-    if runner_daemon.running_runner(rc.cluster) is None:
-        runner_daemon.start_runner(rc.cluster)
-    operator = OperatorProcess(rc, workdir / "operator.log").start()
-    f = Fleet(rc, namespace, operator, workdir)
-    try:
-        apply(rc, namespace, fleet(f.speed))
-        f.wait_ready()
-        yield f
-    finally:
-        f.close()
-        rc.kubectl("delete", "drs", NAME, "-n", namespace, "--ignore-not-found", "--wait=false", check=False)
-        f.operator.kill(signal.SIGTERM)
+    with pod_runner(rc.cluster):  # stopped afterwards only if started here
+        operator = OperatorProcess(rc, workdir / "operator.log").start()
+        f = Fleet(rc, namespace, operator, workdir)
+        try:
+            apply(rc, namespace, fleet(f.speed))
+            f.wait_ready()
+            yield f
+        finally:
+            f.close()
+            rc.kubectl("delete", "drs", NAME, "-n", namespace, "--ignore-not-found", "--wait=false", check=False)
+            f.operator.kill(signal.SIGTERM)
 
 
 def main() -> None:
@@ -409,8 +408,7 @@ def main() -> None:
         with deployed(rc, "default", state) as f:
             results = run_scenarios(f, names, args.clients, args.settle, say=lambda m: print(m, file=sys.stderr))
     finally:
-        runner_daemon.stop_runner(cluster)
-        cluster.down()
+        cluster.down()  # stops the pod runner too
     base = (results.get("baseline") or {}).get("p50_ms")
     for r in results.values():
         r["p50_over_baseline"] = round(r["p50_ms"] / base, 2) if base and r.get("p50_ms") else None
