@@ -10,7 +10,7 @@
 5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
    frontend updates after their engines);
 6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
-   phases: configs, Services and the Secret, then engine pods, then frontends;
+   phases: configs, Services, the Secret and NetworkPolicies, then engine pods, then frontends;
 7. compute the status (pure) and write it only if it changed, also when a write of step 6
    failed (the placement those writes acted on must be in the memory); post Events for
    transitions.
@@ -59,7 +59,7 @@ UNPLACED_REQUEUE_S: Final = 15.0
 MIN_REQUEUE_S: Final = 0.5
 #: The order children are applied in: what others read first, frontends last. Within a phase
 #: every action is sent at once; the throttle bounds how many are in flight.
-APPLY_PHASES: Final = (("ConfigMap", "Service", "Secret"), ("Pod",), ("Deployment",))
+APPLY_PHASES: Final = (("ConfigMap", "Service", "Secret", "NetworkPolicy"), ("Pod",), ("Deployment",))
 
 
 @dataclasses.dataclass(frozen=True)

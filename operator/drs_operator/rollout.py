@@ -17,6 +17,7 @@ Pure: desired children (with spec hashes), live children and the set of lost nod
 * A replica's frontends (ConfigMap, Deployment) follow its engines: they are updated only once
   every engine pod of the replica is current and ready ("engines before their frontends").
   Missing frontends and Services are created at once.
+* A replica's NetworkPolicy (``spec.networkPolicy.enabled``) is created and replaced at once.
 * Children nobody desires any more (replicas scaled away, pods of a replica that can no longer
   be placed) are deleted.
 * Nothing else is written: equal hashes mean no action, so a converged fleet yields none.
@@ -114,6 +115,7 @@ def compute_actions(
     rolling: list[int] = []
     waiting: list[int] = []
     for rc in desired.replicas:
+        actions += _policy_actions(rc, live)
         engine_actions, outdated = _engine_pod_actions(rc, live.get("Pod", {}), lost_nodes)
         actions += engine_actions
         if outdated:
@@ -189,6 +191,11 @@ def _frontend_actions(
     for svc in rc.frontend_services:
         actions += _sync(live, "Service", svc, rc.index)
     return actions
+
+
+def _policy_actions(rc: ReplicaChildren, live: Mapping[str, Mapping[str, Manifest]]) -> list[Action]:
+    """A replica's NetworkPolicy: created and replaced at any time (it only names the replica's pods)."""
+    return _sync(live, "NetworkPolicy", rc.network_policy, rc.index) if rc.network_policy is not None else []
 
 
 def _undesired(

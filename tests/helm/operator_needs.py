@@ -79,11 +79,13 @@ NEEDS: tuple[Need, ...] = (
     *_rows("create update delete", "", "configmaps", "workloads", "kube/apply.py Applier"),
     *_rows("create update delete", "", "secrets", "workloads", "kube/apply.py Applier"),
     *_rows("create update delete", "apps", "deployments", "workloads", "kube/apply.py Applier"),
+    *_rows("create update delete", "networking.k8s.io", "networkpolicies", "workloads", "kube/apply.py Applier"),
     *_rows("list watch", "", "pods", "workloads", "kube/cache.py ClusterCache.children"),
     *_rows("list watch", "", "services", "workloads", "kube/cache.py ClusterCache.children"),
     *_rows("list watch", "", "configmaps", "workloads", "kube/cache.py ClusterCache.children"),
     *_rows("list watch", "", "secrets", "workloads", "kube/cache.py ClusterCache.children"),
     *_rows("list watch", "apps", "deployments", "workloads", "kube/cache.py ClusterCache.children"),
+    *_rows("list watch", "networking.k8s.io", "networkpolicies", "workloads", "kube/cache.py ClusterCache.children"),
     *_rows("create", "", "events", "workloads", "kube/apply.py Applier.event and kopf's event posting"),
     # --- the leader Lease -----------------------------------------------------------------------
     *_rows("create", "coordination.k8s.io", "leases", "lease", "leader.py create_namespaced_lease"),

@@ -415,3 +415,8 @@ def test_network_policy_clients_are_the_values_given(render: Render) -> None:
     assert set(policies) == {("drs-system", "frontends"), ("drs-system", "engines")}  # the release namespace
     assert policies[("drs-system", "frontends")]["spec"]["ingress"] == [{"from": [clients]}]
     assert trainer in policies[("drs-system", "engines")]["spec"]["ingress"][0]["from"]
+
+
+def test_the_namespace_wide_engines_policy_can_be_left_to_the_operators_per_replica_ones(render: Render) -> None:
+    policies = _policies(render, {"networkPolicy.enabled": True, "networkPolicy.engines": False})
+    assert set(policies) == {("drs-system", "frontends")}  # the frontends keep the namespace-wide policy

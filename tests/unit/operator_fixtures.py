@@ -49,7 +49,7 @@ def build(
 def as_live(children: Children, ready: bool = True) -> dict[str, dict[str, dict[str, Any]]]:
     """What the apiserver would hold once everything was created (pods bound and, if asked, ready)."""
     live: dict[str, dict[str, dict[str, Any]]] = {}
-    for kind in ("Pod", "Deployment", "Service", "ConfigMap"):
+    for kind in ("Pod", "Deployment", "Service", "ConfigMap", "NetworkPolicy"):
         live[kind] = {}
         for name, obj in children.all_of(kind).items():
             o = copy.deepcopy(obj)

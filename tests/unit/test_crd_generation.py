@@ -100,6 +100,10 @@ def test_unknown_fields_are_preserved_only_where_free_form() -> None:
         "spec.frontend.template",
         "spec.trtllm.kwargs",
         "spec.template",
+        # Kubernetes' own NetworkPolicyPeer parts, passed through to the per-replica policies
+        "spec.networkPolicy.engineClients[].podSelector",
+        "spec.networkPolicy.engineClients[].namespaceSelector",
+        "spec.networkPolicy.engineClients[].ipBlock",
     }
 
 
@@ -112,7 +116,18 @@ def test_spec_lists_and_maps_are_bounded() -> None:
 
 
 def test_blocks_default_to_empty_objects_so_their_own_defaults_apply() -> None:
-    for block in ("engine", "prefill", "decode", "frontend", "router", "trtllm", "network", "topology", "images"):
+    for block in (
+        "engine",
+        "prefill",
+        "decode",
+        "frontend",
+        "router",
+        "trtllm",
+        "network",
+        "networkPolicy",
+        "topology",
+        "images",
+    ):
         assert SPEC["properties"][block]["default"] == {}, block
     assert SPEC["required"] == ["model"]
     assert SPEC["properties"]["prefill"]["properties"]["engines"]["default"] == 1

@@ -61,9 +61,9 @@ ANNOTATION_ENGINE_WEIGHTS: Final = f"{GROUP}/engine-weights"
 ROLE_FRONTEND: Final = "frontend"
 
 #: Kinds of the children the operator owns (the Secret is created once and never compared).
-CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap", "Secret")
+CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap", "Secret", "NetworkPolicy")
 #: The children compared by spec hash and rolled when it changes.
-HASHED_CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap")
+HASHED_CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap", "NetworkPolicy")
 
 # --- scheduling -----------------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"

@@ -13,6 +13,7 @@ frontend Deployment+Svc    ``<drs>-r<replica>-f<index>``               ``drs-r1-
 role engine ConfigMap      ``<drs>-<role>-config``                     ``drs-decode-config``
 replica frontend ConfigMap ``<drs>-r<replica>-frontend-config``        ``drs-r0-frontend-config``
 control-token Secret       ``<drs>-control``                           ``drs-control``
+replica engines NetPolicy  ``<drs>-r<replica>-engines``                ``drs-r0-engines``
 =========================  ==========================================  ======================
 
 Invariant: with a DisaggReplicaSet name of at most ``MAX_NAME_LENGTH`` (40) characters and the
@@ -81,6 +82,11 @@ def engine_config_name(drs: str, role: str) -> str:
 def frontend_config_name(drs: str, replica: int) -> str:
     """ConfigMap holding a replica's frontend config (engine pools, routers)."""
     return f"{drs}-r{replica}-frontend-config"
+
+
+def network_policy_name(drs: str, replica: int) -> str:
+    """The NetworkPolicy of one replica's engines (``spec.networkPolicy.enabled``)."""
+    return f"{drs}-r{replica}-engines"
 
 
 def control_secret_name(drs: str) -> str:

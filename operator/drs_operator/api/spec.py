@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from drs_protocol.config import CamelModel
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from drs_operator.api.constants import (
     DEFAULT_BASE_PORT,
@@ -218,6 +218,39 @@ class NetworkSpec(SpecModel):
     )
 
 
+class PolicyPeer(SpecModel):
+    """A networking.k8s.io/v1 NetworkPolicyPeer: who may reach the engines (at least one selector)."""
+
+    pod_selector: FreeForm | None = Field(None, description="A label selector of pods (matchLabels/matchExpressions).")
+    namespace_selector: FreeForm | None = Field(None, description="A label selector of namespaces.")
+    ip_block: FreeForm | None = Field(None, description="An IPBlock: cidr and optional except.")
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> PolicyPeer:
+        if self.pod_selector is None and self.namespace_selector is None and self.ip_block is None:
+            raise ValueError("a peer needs podSelector, namespaceSelector or ipBlock")
+        if self.ip_block is not None and (self.pod_selector is not None or self.namespace_selector is not None):
+            raise ValueError("ipBlock cannot be combined with podSelector or namespaceSelector")
+        return self
+
+
+class NetworkPolicySpec(SpecModel):
+    """Per-replica NetworkPolicies the operator renders as children (opt-in; needs an enforcing CNI)."""
+
+    enabled: bool = Field(
+        False,
+        description=(
+            "One NetworkPolicy per replica: its engines accept only its own frontends and engines "
+            "(requests and the KV handoff) and engineClients."
+        ),
+    )
+    engine_clients: list[PolicyPeer] = Field(
+        default_factory=list,
+        max_length=32,
+        description="More peers allowed to reach every engine, e.g. the trainer's refit sidecar.",
+    )
+
+
 class Toleration(SpecModel):
     """A Kubernetes toleration (core/v1 Toleration)."""
 
@@ -296,6 +329,7 @@ class DisaggReplicaSetSpec(SpecModel):
     router: RouterSpec = Field(default_factory=RouterSpec)
     trtllm: TrtllmSpec = Field(default_factory=TrtllmSpec)
     network: NetworkSpec = Field(default_factory=NetworkSpec)
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec)
     topology: TopologySpec = Field(default_factory=TopologySpec)
     images: ImagesSpec = Field(default_factory=ImagesSpec)
     template: FreeForm | None = Field(None, description="Pod-template overlay merged into every engine pod.")

@@ -44,6 +44,7 @@ class Applier:
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
+        self.networking = client.NetworkingV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.metrics = metrics
         self.throttle = throttle or Throttle(Limits())
@@ -84,6 +85,11 @@ class Applier:
                 self.apps.create_namespaced_deployment,
                 self.apps.replace_namespaced_deployment,
                 self.apps.delete_namespaced_deployment,
+            ),
+            "NetworkPolicy": (
+                self.networking.create_namespaced_network_policy,
+                self.networking.replace_namespaced_network_policy,
+                self.networking.delete_namespaced_network_policy,
             ),
         }
         return table[kind]

@@ -2,7 +2,7 @@
 
 Three kinds of watch, each narrowed on the server where the API allows it:
 
-* **children**: Pods, Deployments, Services, ConfigMaps and Secrets labelled
+* **children**: Pods, Deployments, Services, ConfigMaps, Secrets and NetworkPolicies labelled
   ``disagg.dev/replicaset`` (label selector), in every served namespace (one watch per kind,
   cluster-wide or per namespace). Indexed by (namespace, owner name), so reading one resource's
   children costs its own children only. A change enqueues the owner (``on_owner``).
@@ -138,7 +138,7 @@ class ClusterCache:
         count_event: Callable[[str], None] | None = None,
         watch_timeout_s: int = 300,
     ) -> None:
-        core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+        core, apps, networking = client.CoreV1Api(api), client.AppsV1Api(api), client.NetworkingV1Api(api)
         self.usage = GpuUsage()
         self._on_owner = on_owner
         self._on_nodes = on_nodes
@@ -152,6 +152,7 @@ class ClusterCache:
             "Service": core.list_service_for_all_namespaces,
             "ConfigMap": core.list_config_map_for_all_namespaces,
             "Secret": core.list_secret_for_all_namespaces,
+            "NetworkPolicy": networking.list_network_policy_for_all_namespaces,
         }
         namespaced: dict[str, Callable[..., Any]] = {
             "Pod": core.list_namespaced_pod,
@@ -159,6 +160,7 @@ class ClusterCache:
             "Service": core.list_namespaced_service,
             "ConfigMap": core.list_namespaced_config_map,
             "Secret": core.list_namespaced_secret,
+            "NetworkPolicy": networking.list_namespaced_network_policy,
         }
         self.children: dict[str, dict[str | None, Informer]] = {}
         for kind in CHILD_KINDS:

@@ -2,7 +2,8 @@
 
 Only placed replicas get children (gang semantics: a replica that could not be placed whole
 creates nothing). ConfigMaps and Services come first, engine pods next, frontends last: a
-frontend is useless before its engines exist, and engines read their ConfigMap at start.
+frontend is useless before its engines exist, and engines read their ConfigMap at start. A
+replica's NetworkPolicy (``spec.networkPolicy.enabled``) goes with the configs, before its pods.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from drs_operator.manifests.frontends import (
     engine_pool,
     frontend_config_hash,
 )
+from drs_operator.manifests.policies import build_replica_network_policy
 from drs_operator.placement import Placement
 from drs_operator.plan import Plan
 
@@ -37,6 +39,7 @@ class ReplicaChildren:
     frontend_config: Manifest
     frontend_deployments: tuple[Manifest, ...]
     frontend_services: tuple[Manifest, ...]
+    network_policy: Manifest | None = None  #: its engines' NetworkPolicy (spec.networkPolicy.enabled)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +61,7 @@ class Children:
         items: list[Manifest] = [*self.configmaps, *self.services]
         for r in self.replicas:
             items += [*r.engine_pods, r.frontend_config, *r.frontend_deployments, *r.frontend_services]
+            items += [r.network_policy] if r.network_policy is not None else []
         for m in items:
             out.setdefault(m["kind"], {})[m["metadata"]["name"]] = m
         return out
@@ -101,5 +105,6 @@ def desired_children(
             build_frontend_deployment(owner, spec, plan, f, fe_nodes[f.index] or "", config_hash) for f in rp.frontends
         )
         fe_services = tuple(build_frontend_service(owner, f) for f in rp.frontends)
-        replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services))
+        policy = build_replica_network_policy(owner, spec, rp.index) if spec.network_policy.enabled else None
+        replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services, policy))
     return Children(configmaps=tuple(role_configs.values()), services=services, replicas=tuple(replicas))

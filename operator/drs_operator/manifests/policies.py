@@ -1,0 +1,65 @@
+"""``build_replica_network_policy``: the NetworkPolicy of one replica's engines (pure).
+
+Rendered only when ``spec.networkPolicy.enabled``, one per placed replica, as a child of the
+DisaggReplicaSet (owner reference, spec hash, pruned with the replica like its pods). It selects
+the replica's prefill and decode pods by the labels every engine pod carries (the fleet, the
+replica index, the role) and admits, on every port:
+
+* pods of the same fleet and replica: its frontends (requests) and its engines (the
+  prefill-to-decode KV handoff, and the ranks of an engine wider than a node);
+* ``spec.networkPolicy.engineClients``: whoever else talks to engines, such as the trainer's
+  refit sidecar. The operator itself never connects to an engine (readiness comes from the
+  kubelet's probes), so it needs no peer here.
+
+A chart cannot write "same replica as me" (it does not know the fleets' names); the chart's own
+``networkPolicy`` values keep the namespace-wide frontend policy. NetworkPolicies do not apply to
+``hostNetwork`` pods, and enforcing them is the CNI's job (the dev cluster's bridge CNI does not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drs_operator.api import names
+from drs_operator.api.constants import LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, ROLES
+from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.manifests.common import Owner, with_hash
+
+Manifest = dict[str, Any]
+
+
+def replica_selector(drs: str, replica: int, roles: tuple[str, ...]) -> Manifest:
+    """A label selector of the pods of ``drs``'s replica ``replica`` with one of ``roles``."""
+    return {
+        "matchLabels": {LABEL_REPLICASET: drs, LABEL_REPLICA: str(replica)},
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(roles)}],
+    }
+
+
+def build_replica_network_policy(owner: Owner, spec: DisaggReplicaSetSpec, replica: int) -> Manifest:
+    """The NetworkPolicy admitting only replica ``replica``'s own pods and ``engineClients`` to its engines."""
+    engines = tuple(str(r) for r in ROLES)
+    clients = [
+        peer.model_dump(by_alias=True, exclude_none=True, mode="json") for peer in spec.network_policy.engine_clients
+    ]
+    return with_hash(
+        {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": owner.metadata(
+                names.network_policy_name(owner.name, replica), names.labels(owner.name, replica=replica)
+            ),
+            "spec": {
+                "podSelector": replica_selector(owner.name, replica, engines),
+                "policyTypes": ["Ingress"],
+                "ingress": [
+                    {
+                        "from": [
+                            {"podSelector": replica_selector(owner.name, replica, (ROLE_FRONTEND, *engines))},
+                            *clients,
+                        ]
+                    }
+                ],
+            },
+        }
+    )

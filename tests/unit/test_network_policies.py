@@ -1,0 +1,127 @@
+"""Per-replica engine NetworkPolicies (``spec.networkPolicy``): rendered, selected, owned, synced, pruned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.manifests.common import SPEC_HASH_ANNOTATION
+from drs_operator.manifests.policies import build_replica_network_policy
+from drs_operator.rollout import compute_actions
+from drs_operator.validation import validate_spec_data
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from operator_fixtures import OWNER, as_live, build, hgx, spec
+
+SIDECAR = {"podSelector": {"matchLabels": {"app": "trainer-sidecar"}}, "namespaceSelector": {}}
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels and In expressions, all this module renders) against ``labels``."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        assert expr["operator"] == "In"
+        if labels.get(expr["key"]) not in expr["values"]:
+            return False
+    return True
+
+
+def _pod_labels(children: Any) -> dict[str, dict[str, str]]:
+    """Labels of every engine pod and every frontend pod (the Deployments' templates) by name."""
+    out = {name: pod["metadata"]["labels"] for name, pod in children.all_of("Pod").items()}
+    for name, dep in children.all_of("Deployment").items():
+        out[name] = dep["spec"]["template"]["metadata"]["labels"]
+    return out
+
+
+def test_policies_are_off_by_default() -> None:
+    _, _, children = build(spec())
+    assert children.all_of("NetworkPolicy") == {}
+    assert all(rc.network_policy is None for rc in children.replicas)
+
+
+@settings(max_examples=15, deadline=None)
+@given(replicas=st.integers(min_value=1, max_value=4))
+def test_each_replicas_policy_selects_its_engines_and_admits_only_its_own_pods(replicas: int) -> None:
+    s = spec(replicas=replicas, prefill={"engines": 1, "tensorParallelSize": 1}, decode={"engines": 1})
+    s = s.model_copy(update={"network_policy": spec(networkPolicy={"enabled": True}).network_policy})
+    _, placement, children = build(s, hgx(4))
+    placed = [r.index for r in placement.replicas if r.placed]
+    policies = children.all_of("NetworkPolicy")
+    assert sorted(policies) == sorted(f"fleet-r{r}-engines" for r in placed)
+    pods = _pod_labels(children)
+    for r in placed:
+        policy = policies[f"fleet-r{r}-engines"]
+        assert policy["metadata"]["ownerReferences"] == [OWNER.reference()]
+        assert policy["metadata"]["namespace"] == "ns"
+        assert policy["metadata"]["labels"]["disagg.dev/replica"] == str(r)
+        assert SPEC_HASH_ANNOTATION in policy["metadata"]["annotations"]
+        body = policy["spec"]
+        assert body["policyTypes"] == ["Ingress"]
+        selected = {n for n, labels in pods.items() if _matches(body["podSelector"], labels)}
+        mine = {n for n, labels in pods.items() if labels["disagg.dev/replica"] == str(r)}
+        assert selected == {n for n in mine if pods[n]["disagg.dev/role"] in ("prefill", "decode")}
+        [rule] = body["ingress"]
+        [own] = rule["from"]  # no engineClients: only the replica's own pods
+        assert {n for n, labels in pods.items() if _matches(own["podSelector"], labels)} == mine
+        assert "namespaceSelector" not in own  # the policy's own namespace only
+
+
+def test_engine_clients_are_appended_as_peers() -> None:
+    ip = {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}
+    s = spec(networkPolicy={"enabled": True, "engineClients": [SIDECAR, ip]})
+    policy = build_replica_network_policy(OWNER, s, 1)
+    assert policy["spec"]["ingress"][0]["from"][1:] == [SIDECAR, ip]
+
+
+@pytest.mark.parametrize(
+    ("peer", "words"),
+    [
+        ({}, "needs podSelector, namespaceSelector or ipBlock"),
+        ({"ipBlock": {"cidr": "10.0.0.0/8"}, "podSelector": {}}, "cannot be combined"),
+        ({"pods": {}}, "unknown field"),
+    ],
+    ids=["empty", "ipblock-and-selector", "unknown-key"],
+)
+def test_a_bad_engine_client_is_refused_naming_the_field(peer: dict[str, Any], words: str) -> None:
+    body = {"model": {"path": "/m"}, "replicas": 1, "networkPolicy": {"enabled": True, "engineClients": [peer]}}
+    parsed, problems = validate_spec_data(body)
+    assert parsed is None
+    assert any(p.path.startswith("spec.networkPolicy.engineClients[0]") and words in p.message for p in problems), (
+        problems
+    )
+
+
+def test_the_policy_is_created_with_the_fleet_and_pruned_when_turned_off_or_scaled_down() -> None:
+    on = spec(replicas=2, networkPolicy={"enabled": True})
+    _, placement, children = build(on)
+    first = compute_actions(children, {}, set(), [0, 1])
+    assert sorted(a.name for a in first.actions if a.kind == "NetworkPolicy" and a.verb == "create") == [
+        "fleet-r0-engines",
+        "fleet-r1-engines",
+    ]
+    live = as_live(children)
+    assert compute_actions(children, live, set(), [0, 1]).actions == ()
+    _, _, off = build(spec(replicas=2), previous=placement)
+    deletes = [a for a in compute_actions(off, live, set(), [0, 1]).actions if a.kind == "NetworkPolicy"]
+    assert sorted((a.verb, a.name) for a in deletes) == [("delete", "fleet-r0-engines"), ("delete", "fleet-r1-engines")]
+    _, _, one = build(spec(replicas=1, networkPolicy={"enabled": True}), previous=placement)
+    down = [a for a in compute_actions(one, live, set(), [0]).actions if a.kind == "NetworkPolicy"]
+    assert [(a.verb, a.name) for a in down] == [("delete", "fleet-r1-engines")]
+
+
+def test_a_new_engine_client_replaces_the_policies_in_place() -> None:
+    _, placement, children = build(spec(networkPolicy={"enabled": True}))
+    live = as_live(children)
+    _, _, wider = build(spec(networkPolicy={"enabled": True, "engineClients": [SIDECAR]}), previous=placement)
+    actions = [a for a in compute_actions(wider, live, set(), [0, 1]).actions if a.kind == "NetworkPolicy"]
+    assert sorted((a.verb, a.name) for a in actions) == [
+        ("replace", "fleet-r0-engines"),
+        ("replace", "fleet-r1-engines"),
+    ]
+
+
+def test_the_spec_models_default_is_off() -> None:
+    assert DisaggReplicaSetSpec.model_validate({"model": {"path": "/m"}}).network_policy.enabled is False
