@@ -1,0 +1,103 @@
+"""Per-replica engine NetworkPolicies (``spec.networkPolicy``) on the real control plane (kwok nodes).
+
+The apiserver stores and serves them; nothing here enforces them (kwok runs no CNI, and the dev
+cluster's bridge CNI enforces no NetworkPolicy): what is tested is that the operator creates one
+per replica, owned by the DisaggReplicaSet, selecting exactly that replica's engine pods, and
+prunes them when the flag is turned off or the fleet scales down.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from drs_devcluster.testing import RunningCluster
+from operator_harness import OperatorProcess, apply, get_json, pods, wait_for, wait_ready
+
+pytestmark = pytest.mark.cluster
+
+SIDECAR = {"podSelector": {"matchLabels": {"app": "trainer-sidecar"}}, "namespaceSelector": {}}
+
+
+@pytest.fixture(scope="module")
+def crd(devcluster: RunningCluster) -> None:
+    devcluster.install_crd()
+
+
+@pytest.fixture(scope="module")
+def operator(
+    devcluster: RunningCluster, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    op = OperatorProcess(devcluster, tmp_path_factory.mktemp("operator") / "operator.log").start()
+    yield op
+    op.kill(signal.SIGTERM)
+
+
+def fleet(replicas: int, **network_policy: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggReplicaSet",
+        "metadata": {"name": "netpol"},
+        "spec": {
+            "replicas": replicas,
+            "model": {"path": "/models/m"},
+            "prefill": {"engines": 1, "tensorParallelSize": 2},
+            "decode": {"engines": 1, "tensorParallelSize": 2},
+            "frontend": {"workers": 1, "basePort": 9400},
+            "topology": {"gpusPerNode": 8},
+            "networkPolicy": network_policy,
+        },
+    }
+
+
+def policies(devcluster: RunningCluster, namespace: str) -> dict[str, dict[str, Any]]:
+    items = get_json(devcluster, "networkpolicies", "-n", namespace)["items"]
+    return {p["metadata"]["name"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
+
+
+def matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    return all(labels.get(e["key"]) in e["values"] for e in selector.get("matchExpressions") or [])
+
+
+def test_one_policy_per_replica_selects_its_engines_and_goes_when_scaled_down_or_turned_off(
+    devcluster: RunningCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    apply(devcluster, namespace, fleet(2, enabled=True, engineClients=[SIDECAR]))
+    wait_ready(devcluster, namespace, "netpol", 2)
+    live = wait_for(
+        "a NetworkPolicy per replica",
+        lambda: (p := policies(devcluster, namespace)) and set(p) == {"netpol-r0-engines", "netpol-r1-engines"} and p,
+    )
+    uid = get_json(devcluster, "drs", "-n", namespace, "netpol")["metadata"]["uid"]
+    running = [p for p in pods(devcluster, namespace) if not p["metadata"].get("deletionTimestamp")]
+    for r in (0, 1):
+        policy = live[f"netpol-r{r}-engines"]
+        [ref] = policy["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["uid"], ref["controller"]) == ("DisaggReplicaSet", uid, True)
+        selected = {
+            p["metadata"]["name"] for p in running if matches(policy["spec"]["podSelector"], p["metadata"]["labels"])
+        }
+        assert selected == {f"netpol-r{r}-prefill-0", f"netpol-r{r}-decode-0"}
+        own, sidecar = policy["spec"]["ingress"][0]["from"]
+        admitted = {p["metadata"]["name"] for p in running if matches(own["podSelector"], p["metadata"]["labels"])}
+        assert admitted == selected | {
+            p["metadata"]["name"] for p in running if p["metadata"]["name"].startswith(f"netpol-r{r}-f0-")
+        }
+        assert sidecar == SIDECAR
+
+    devcluster.kubectl("scale", "drs", "netpol", "-n", namespace, "--replicas=1")
+    wait_ready(devcluster, namespace, "netpol", 1)
+    wait_for("replica 1's policy to be pruned", lambda: set(policies(devcluster, namespace)) == {"netpol-r0-engines"})
+
+    patch = {"spec": {"networkPolicy": {"enabled": False}}}
+    devcluster.kubectl("patch", "drs", "netpol", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+    wait_for("every policy to be pruned", lambda: policies(devcluster, namespace) == {})
+    prefill = pods(devcluster, namespace, "disagg.dev/role=prefill")
+    assert [p["metadata"]["name"] for p in prefill if not p["metadata"].get("deletionTimestamp")] == [
+        "netpol-r0-prefill-0"
+    ]  # turning the policies off left the engines alone
