@@ -362,17 +362,7 @@ def run_scenarios(
 @contextlib.contextmanager
 def deployed(rc: RunningCluster, namespace: str, workdir: Path) -> Iterator[Fleet]:
     """The CRD, the pod runner, an operator and the fleet, Ready; everything stopped afterwards."""
-    rc.kubectl("apply", "-f", str(ROOT / "crds"))
-    wait_for(
-        "the CRD to be Established",  # a wait issued before the apiserver set any condition fails at once
-        lambda: (
-            rc.kubectl(
-                "wait", "--for=condition=Established", "crd/disaggreplicasets.disagg.dev", "--timeout=10s", check=False
-            ).returncode
-            == 0
-        ),
-        60,
-    )
+    rc.install_crd()
     with pod_runner(rc.cluster):  # stopped afterwards only if started here
         operator = OperatorProcess(rc, workdir / "operator.log").start()
         f = Fleet(rc, namespace, operator, workdir)

@@ -75,7 +75,18 @@ class RunningCluster:
     def install_crd(self) -> None:
         """Apply the committed CRD and return once it is Established (served)."""
         self.kubectl("apply", "-f", str(CRD_DIR))
-        self.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+        # `kubectl wait` fails at once ("status.conditions accessor error") while the apiserver has
+        # written no condition yet, so it is asked again until it answers Established.
+        wait_for(
+            f"crd/{CRD_NAME} to be Established",
+            lambda: (
+                self.kubectl(
+                    "wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=10s", check=False
+                ).returncode
+                == 0
+            ),
+            60,
+        )
 
     def api_client(self) -> Any:
         from kubernetes import config
