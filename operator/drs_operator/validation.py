@@ -36,6 +36,7 @@ from drs_operator.api.resource import DisaggReplicaSet
 from drs_operator.api.spec import (
     DisaggReplicaSetSpec,
     FrontendSpec,
+    NetworkPolicySpec,
     NetworkSpec,
     RoleSpec,
     TopologySpec,
@@ -158,6 +159,7 @@ class _Parts:
     trtllm: TrtllmSpec | None
     network: NetworkSpec | None
     topology: TopologySpec | None
+    network_policy: NetworkPolicySpec | None
 
     @classmethod
     def of(cls, spec: DisaggReplicaSetSpec) -> _Parts:
@@ -171,6 +173,7 @@ class _Parts:
             spec.trtllm,
             spec.network,
             spec.topology,
+            spec.network_policy,
         )
 
     @classmethod
@@ -193,6 +196,7 @@ class _Parts:
             parsed["trtllm"],
             parsed["network"],
             parsed["topology"],
+            parsed["network_policy"],
         )
 
 
@@ -211,6 +215,7 @@ _RULE_INPUTS = frozenset(
         "enginePort",
         "hostNetwork",
         "gpusPerNode",
+        "enabled",
     }
 )
 
@@ -239,6 +244,8 @@ def _parse_block(name: str, data: Mapping[str, Any]) -> tuple[Any, bool]:
 
 def _cross_field(p: _Parts, path: str) -> list[Problem]:
     problems: list[Problem] = []
+    if p.network_policy is not None and p.network_policy.enabled and p.network is not None and p.network.host_network:
+        problems.append(Problem(f"{path}.networkPolicy.enabled", rules.MSG_POLICY_HOST_NETWORK))
     for role in ROLES:
         block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:

@@ -143,6 +143,11 @@ REJECTED = [
         _all(_set("network.hostNetwork", True), _set("trtllm.enginePort", 65533)),
         rules.MSG_ENGINE_PORT_RANGE,
     ),
+    (
+        "per-replica NetworkPolicies with host networking",
+        _all(_set("network.hostNetwork", True), _set("networkPolicy", {"enabled": True})),
+        rules.MSG_POLICY_HOST_NETWORK,
+    ),
 ]
 
 

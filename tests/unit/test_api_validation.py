@@ -161,6 +161,14 @@ CASES = [
         "spec.trtllm.enginePort",
         rules.MSG_ENGINE_PORT_RANGE,
     ),
+    (
+        "per-replica NetworkPolicies with host networking",
+        {"network": {"hostNetwork": True}, "networkPolicy": {"enabled": True}},
+        (),
+        "drs",
+        "spec.networkPolicy.enabled",
+        rules.MSG_POLICY_HOST_NETWORK,
+    ),
     ("a name longer than 40 characters", {}, (), "a" * 41, "metadata.name", rules.MSG_NAME),
     ("a name with a dot", {}, (), "a.b", "metadata.name", rules.MSG_NAME),
     (

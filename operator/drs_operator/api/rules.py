@@ -71,6 +71,10 @@ MSG_ENGINE_PORT_RANGE: Final = (
     "with network.hostNetwork every engine gets its own port, enginePort to enginePort + "
     f"replicas * (prefill.engines + decode.engines) - 1, which must be at most {MAX_PORT}"
 )
+MSG_POLICY_HOST_NETWORK: Final = (
+    "networkPolicy.enabled needs pod networking: NetworkPolicies do not apply to pods on the host "
+    "network (network.hostNetwork), so the engines would stay open"
+)
 MSG_NAME: Final = (
     "metadata.name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
     f"of at most {MAX_NAME_LENGTH} characters, so that every child name fits in 63"
@@ -129,6 +133,12 @@ SPEC_RULES: Final = (
         f"!self.network.hostNetwork || self.trtllm.enginePort + {_N} * {_E} - 1 <= {MAX_PORT}",
         MSG_ENGINE_PORT_RANGE,
         ".trtllm.enginePort",
+    ),
+    CelRule(
+        "!has(self.networkPolicy) || !has(self.networkPolicy.enabled) || !self.networkPolicy.enabled"
+        " || !has(self.network) || !has(self.network.hostNetwork) || !self.network.hostNetwork",
+        MSG_POLICY_HOST_NETWORK,
+        ".networkPolicy.enabled",
     ),
 )
 
