@@ -18,17 +18,23 @@ Not a test. A conversation grows the way a NeMo-Gym rollout sends it (system pro
   caches. The cold start adds about the same few hundred us to every turn, so the warm figures
   show the ratio between turns more plainly;
 * ``spliced`` / ``spliced_warm``: what the frontend does with ``token_continuity`` on: the same
-  two, plus reading the token prefix off the last assistant message (validating and converting
-  its ids: the one step whose cost grows with the conversation) and splicing the template's tail
-  after it; checked equal to :func:`drs_protocol.token_prefix.render_spliced_ids`;
-* ``prefix_check``: that first step alone (cold), the exact check of the prefix's ids
-  (:func:`drs_protocol.token_prefix.token_ids`: every id is read; the ids the conversation's
-  cached turn returned, which head the prefix, are not bounded and counted again), part of
-  ``spliced``; ``prefix_check_uncached``: the same without the conversation's cache (a
-  frontend that did not serve the turn before); and, for scale, two things
-  the frontend does before any of the above and this benchmark does not count:
-  ``prefix_parse`` (JSON-parsing the same ids, as they arrive in the request) and
-  ``request_parse`` (parsing the whole request, as Gym sends it, with every earlier turn's ids).
+  two, plus reading the token prefix off the last assistant message and splicing the template's
+  tail after it; checked equal to :func:`drs_protocol.token_prefix.render_spliced_ids`. The
+  messages are what the frontend parses (:func:`drs_frontend.gym_ids.loads_chat`: Gym's id
+  arrays left as JSON text), and the prefix is read from that text
+  (:mod:`drs_frontend.tokenization.read_ids`: the text after the conversation's last one);
+* ``prefix_check``: reading the prefix alone (cold), part of ``spliced``;
+  ``prefix_check_uncached``: the same without the conversation's cache (a frontend that did not
+  serve the turn before: every id is parsed and checked); ``prefix_parse``: JSON-parsing the
+  prefix's ids into Python ints, for scale;
+* ``request_parse``: parsing the request as the frontend does (``loads_chat``), from its bytes
+  as a Python client writes them (``json.dumps``: what aiohttp's ``json=`` sends), with every
+  earlier turn's ids; ``request_parse_full``: parsing all of it (``wire_json.loads``, what the
+  frontend did before, and what an engine that renders does);
+* ``turn_from_bytes``: ``request_parse`` + ``spliced``, cold: the frontend's whole work from the
+  request's bytes to its prompt ids. The request's size grows with the square of the turn
+  count (5.5 MB at turn 100), and finding Gym's arrays in it reads every byte, so this one is
+  not flat; it is reported beside the tokenization figures, not instead of them.
 
 The conversation is spliced as it grows: each assistant message carries the spliced prompt ids
 of its turn and the ids of its reply (the reply text tokenized, plus EOS), as NeMo-Gym echoes them.
@@ -40,10 +46,11 @@ being measured then. Beside the medians' turn-100/turn-1 ratios, ``fastest`` giv
 ratios from each figure's fastest round (on a machine shared with other work, the medians move
 between runs by more than the 2x being measured). The last line is one JSON object: ``{"bench": "tokenize", "turns": {k:
 {"full_us", "full_without_gym_ids_us", "incremental_us", "incremental_warm_us", "spliced_us",
-"spliced_warm_us", "prefix_check_us", "prefix_check_uncached_us", "prefix_parse_us", "request_parse_us", "speedup",
-"new_tokens", "prompt_tokens", "prefix_ids", "request_bytes"}}, "incremental_turn100_over_turn1": …,
-"incremental_warm_turn100_over_turn1": …, "spliced_turn100_over_turn1": …,
-"spliced_warm_turn100_over_turn1": …}``.
+"spliced_warm_us", "prefix_check_us", "prefix_check_uncached_us", "prefix_parse_us", "request_parse_us",
+"request_parse_full_us", "turn_from_bytes_us", "speedup", "new_tokens", "prompt_tokens", "prefix_ids",
+"request_bytes"}}, "incremental_turn100_over_turn1": …, "incremental_warm_turn100_over_turn1": …,
+"spliced_turn100_over_turn1": …, "spliced_warm_turn100_over_turn1": …,
+"turn_from_bytes_turn100_over_turn1": …}``.
 
     .venv/bin/python bench/tokenization.py [--repeats 31] [--warmup 2]
 
@@ -54,6 +61,7 @@ between runs by more than the 2x being measured). The last line is one JSON obje
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import os
@@ -64,6 +72,7 @@ import time
 from typing import Any
 
 from drs_frontend import wire_json
+from drs_frontend.gym_ids import loads_chat
 from drs_frontend.tokenization import ChatTokenizer
 from drs_protocol.chat import load_tokenizer, render_prompt_ids
 from drs_protocol.token_prefix import render_spliced_ids
@@ -80,6 +89,8 @@ FIGURES = (
     "prefix_check_uncached",
     "prefix_parse",
     "request_parse",
+    "request_parse_full",
+    "turn_from_bytes",
 )
 WORDS = [
     "the",
@@ -135,7 +146,24 @@ def conversation(turns: int, rng: random.Random, chat: ChatTokenizer) -> list[li
     return requests
 
 
-FIGURE_RUNS = (("incremental", True), ("incremental_warm", False), ("spliced", True), ("spliced_warm", False))
+FIGURE_RUNS = (
+    ("incremental", True),
+    ("incremental_warm", False),
+    ("spliced", True),
+    ("spliced_warm", False),
+    ("turn_from_bytes", True),
+)
+
+
+def written(request: list[dict[str, Any]]) -> bytes:
+    """The request's body as a Python client writes it (``json.dumps``, as aiohttp's ``json=``)."""
+    return json.dumps({"messages": request}).encode()
+
+
+def parsed(raw: bytes) -> list[dict[str, Any]]:
+    """The request's messages as the frontend parses them (Gym's id arrays left as text)."""
+    messages: list[dict[str, Any]] = loads_chat(raw)["messages"]
+    return messages
 
 
 def plain_turn(chat: ChatTokenizer, cid: str, request: list[dict[str, Any]]) -> Any:
@@ -149,8 +177,13 @@ def prefix_ids(request: list[dict[str, Any]]) -> list[int]:
 
 
 def spliced_turn(chat: ChatTokenizer, cid: str, request: list[dict[str, Any]]) -> Any:
-    """What the frontend does per chat turn with token continuity on."""
+    """What the frontend does per chat turn with token continuity on, once the request is parsed."""
     return chat.prompt_ids(cid, request, prefix=chat.find_prefix(None, request, cid))
+
+
+def turn_from_bytes(chat: ChatTokenizer, cid: str, raw: bytes) -> Any:
+    """The same from the request's bytes: parsing them too."""
+    return spliced_turn(chat, cid, parsed(raw))
 
 
 def timed(fn: Any, *, collect: bool = True) -> tuple[float, Any]:
@@ -161,16 +194,19 @@ def timed(fn: Any, *, collect: bool = True) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def time_scale(chat: ChatTokenizer, request: list[dict[str, Any]]) -> tuple[dict[str, float], tuple[int, int]]:
-    """The prefix check alone and, for scale, JSON-parsing the prefix ids and the whole request;
-    and (prefix ids, request bytes)."""
+def time_scale(
+    chat: ChatTokenizer, request: list[dict[str, Any]], raw: bytes
+) -> tuple[dict[str, float], tuple[int, int]]:
+    """The uncached prefix check, JSON-parsing the prefix ids, and parsing the request (as the
+    frontend does, and in full); and (prefix ids, request bytes)."""
     ids = prefix_ids(request)
-    prefix_json, request_json = wire_json.dumps(ids), wire_json.dumps({"messages": request})
+    prefix_json, messages = wire_json.dumps(ids), parsed(raw)
     seconds: dict[str, float] = {}
-    seconds["prefix_check_uncached"], _ = timed(lambda: chat.find_prefix(None, request))
+    seconds["prefix_check_uncached"], _ = timed(lambda: chat.find_prefix(None, messages))
     seconds["prefix_parse"], _ = timed(lambda: wire_json.loads(prefix_json))
-    seconds["request_parse"], _ = timed(lambda: wire_json.loads(request_json))
-    return seconds, (len(ids), len(request_json))
+    seconds["request_parse"], _ = timed(lambda: loads_chat(raw))
+    seconds["request_parse_full"], _ = timed(lambda: wire_json.loads(raw))
+    return seconds, (len(ids), len(raw))
 
 
 def report(k: int, us: dict[str, float], counts: tuple[int, int], sizes: tuple[int, int]) -> dict[str, Any]:
@@ -183,7 +219,9 @@ def report(k: int, us: dict[str, float], counts: tuple[int, int], sizes: tuple[i
         f"({prompt_tokens} ids, {new_tokens} new)\n"
         f"          prefix check {us['prefix_check']:7.1f} us (uncached {us['prefix_check_uncached']:7.1f}; "
         f"{prefix_count} ids; parsing them "
-        f"{us['prefix_parse']:8.1f} us; parsing the request, {request_bytes} bytes, {us['request_parse']:9.1f} us)"
+        f"{us['prefix_parse']:8.1f} us)\n"
+        f"          request of {request_bytes} bytes: parsed {us['request_parse']:8.1f} us "
+        f"(in full {us['request_parse_full']:9.1f}); bytes to ids {us['turn_from_bytes']:8.1f} us"
     )
     return {
         **{f"{f}_us": round(us[f], 1) for f in FIGURES},
@@ -195,6 +233,39 @@ def report(k: int, us: dict[str, float], counts: tuple[int, int], sizes: tuple[i
     }
 
 
+def summarize(
+    chat: ChatTokenizer,
+    repeats: int,
+    results: dict[int, dict[str, Any]],
+    times: dict[tuple[int, str], list[float]],
+) -> dict[str, Any]:
+    """The JSON line: every turn point's figures and the turn-100/turn-1 ratios."""
+    return {
+        "bench": "tokenize",
+        "cpu": platform.processor() or platform.machine(),
+        "nproc": os.cpu_count(),
+        "windowed_render": chat.windowed,
+        "repeats": repeats,
+        "turns": results,
+        "incremental_turn100_over_turn1": round(results[100]["incremental_us"] / results[1]["incremental_us"], 2),
+        "incremental_warm_turn100_over_turn1": round(
+            results[100]["incremental_warm_us"] / results[1]["incremental_warm_us"], 2
+        ),
+        "spliced_turn100_over_turn1": round(results[100]["spliced_us"] / results[1]["spliced_us"], 2),
+        "spliced_warm_turn100_over_turn1": round(results[100]["spliced_warm_us"] / results[1]["spliced_warm_us"], 2),
+        "turn_from_bytes_turn100_over_turn1": round(
+            results[100]["turn_from_bytes_us"] / results[1]["turn_from_bytes_us"], 2
+        ),
+        "full_turn100_over_turn1": round(results[100]["full_us"] / results[1]["full_us"], 2),
+        # the same ratios from each figure's fastest round: what a turn costs when nothing else
+        # on the machine interfered, beside (not instead of) the medians above
+        "fastest": {
+            f"{f}_turn100_over_turn1": round(min(times[100, f]) / min(times[1, f]), 2)
+            for f in ("incremental", "incremental_warm", "spliced", "spliced_warm", "turn_from_bytes")
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=31)
@@ -203,13 +274,14 @@ def main() -> None:
     tokenizer = load_tokenizer(None)
     chat = ChatTokenizer(tokenizer)
     requests = conversation(max(TURN_POINTS), random.Random(0), chat)
+    raws = [written(request) for request in requests]
     times: dict[tuple[int, str], list[float]] = {(k, f): [] for k in TURN_POINTS for f in FIGURES}
     counts: dict[int, tuple[int, int]] = {}
     sizes: dict[int, tuple[int, int]] = {}
     for rnd in range(args.warmup + args.repeats):
         shift = rnd % len(TURN_POINTS)
         for k in TURN_POINTS[shift:] + TURN_POINTS[:shift]:
-            request, earlier = requests[k - 1], requests[max(0, k - 3) : k - 1]
+            request, raw, earlier = requests[k - 1], raws[k - 1], raws[max(0, k - 3) : k - 1]
             plain = [{k: v for k, v in m.items() if not k.endswith("_token_ids")} for m in request]
             seconds: dict[str, float] = {}
             seconds["full"], full = timed(lambda r=request: render_prompt_ids(tokenizer, r))
@@ -219,19 +291,25 @@ def main() -> None:
                 prefix = chat.find_prefix(None, request)
                 assert prefix is not None
                 spliced_full = render_spliced_ids(tokenizer, request, prefix).ids.tolist()
-            scale, sizes[k] = time_scale(chat, request)
+            scale, sizes[k] = time_scale(chat, request, raw)
             seconds.update(scale)
             for figure, collect in FIGURE_RUNS:
                 cid = f"bench-{figure}-{k}-{rnd}"
-                splices = figure.startswith("spliced")
+                splices = not figure.startswith("incremental")
                 gc.collect()
                 chat.prompt_ids(None, requests[0])  # the same warm-up before every turn point
-                for previous in earlier:  # the cache holds turns k-2 and k-1, as in a live conversation
+                for previous in map(parsed, earlier):  # the cache holds turns k-2 and k-1, as live
                     chat.prompt_ids(cid, previous, prefix=chat.find_prefix(None, previous, cid) if splices else None)
+                messages = parsed(raw)
                 if figure == "spliced":  # the first step of the spliced turn, alone
-                    seconds["prefix_check"], _ = timed(lambda r=request, c=cid: chat.find_prefix(None, r, c))
-                turn_fn = spliced_turn if splices else plain_turn
-                seconds[figure], turn = timed(lambda r=request, c=cid, f=turn_fn: f(chat, c, r), collect=collect)
+                    seconds["prefix_check"], _ = timed(lambda m=messages, c=cid: chat.find_prefix(None, m, c))
+                if figure == "turn_from_bytes":
+                    run = functools.partial(turn_from_bytes, chat, cid, raw)
+                elif splices:
+                    run = functools.partial(spliced_turn, chat, cid, messages)
+                else:
+                    run = functools.partial(plain_turn, chat, cid, messages)
+                seconds[figure], turn = timed(run, collect=collect)
                 if turn.ids.tolist() != (spliced_full if splices else full):
                     raise SystemExit(f"turn {k}: {figure} ids differ from the full path's")
                 if not splices:
@@ -244,28 +322,7 @@ def main() -> None:
         k: report(k, {f: statistics.median(times[k, f]) * 1e6 for f in FIGURES}, counts[k], sizes[k])
         for k in TURN_POINTS
     }
-    summary = {
-        "bench": "tokenize",
-        "cpu": platform.processor() or platform.machine(),
-        "nproc": os.cpu_count(),
-        "windowed_render": chat.windowed,
-        "repeats": args.repeats,
-        "turns": results,
-        "incremental_turn100_over_turn1": round(results[100]["incremental_us"] / results[1]["incremental_us"], 2),
-        "incremental_warm_turn100_over_turn1": round(
-            results[100]["incremental_warm_us"] / results[1]["incremental_warm_us"], 2
-        ),
-        "spliced_turn100_over_turn1": round(results[100]["spliced_us"] / results[1]["spliced_us"], 2),
-        "spliced_warm_turn100_over_turn1": round(results[100]["spliced_warm_us"] / results[1]["spliced_warm_us"], 2),
-        "full_turn100_over_turn1": round(results[100]["full_us"] / results[1]["full_us"], 2),
-        # the same ratios from each figure's fastest round: what a turn costs when nothing else
-        # on the machine interfered, beside (not instead of) the medians above
-        "fastest": {
-            f"{f}_turn100_over_turn1": round(min(times[100, f]) / min(times[1, f]), 2)
-            for f in ("incremental", "incremental_warm", "spliced", "spliced_warm")
-        },
-    }
-    print(json.dumps(summary))
+    print(json.dumps(summarize(chat, args.repeats, results, times)))
 
 
 if __name__ == "__main__":

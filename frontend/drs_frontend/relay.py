@@ -40,7 +40,7 @@ from drs_protocol.snowflake import SnowflakeMinter
 from drs_protocol.token_ids import encode_token_ids_b64
 from drs_protocol.token_prefix import DIVERGENT_LOG, PREFIX_FIELD, PrefixOutcome, Spliced, TokenPrefixError
 
-from drs_frontend import wire_json
+from drs_frontend import gym_ids, wire_json
 from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
 from drs_frontend.errors import (
@@ -62,6 +62,7 @@ from drs_frontend.shaping import (
     finished_context_response,
     for_engines,
     parse_request,
+    parse_response,
     prompt_ids_of,
     shape_response,
     sse_events,
@@ -177,14 +178,18 @@ class Relay:
         return reply
 
     async def _turn(self, endpoint: Endpoint, raw: bytes, headers: Mapping[str, str], turn: _Turn) -> Reply:
-        # 1. the client's request
-        request = parse_request(raw, endpoint)
+        # 1. the client's request (Gym's id arrays left unparsed when this frontend tokenizes)
+        skips_ids = self.chat_tokenizer is not None and self.config.tokenize
+        request = parse_request(raw, endpoint, skip_gym_ids=skips_ids)
         body = strip_client_fields(request)
         conversation_id = fields.conversation_id_from(body, headers)
         # 3. the prompt ids, when this frontend tokenizes (spliced after the policy's own ids)
         turn.ids = self._prompt_ids(endpoint, body, conversation_id, request.get(PREFIX_FIELD))
         if endpoint is Endpoint.CHAT:  # Gym's ids of earlier turns only to an engine that splices
             tokenized = turn.ids is not None
+            if not tokenized and skips_ids and gym_ids.skipped(request):  # the engine renders after all
+                request = parse_request(raw, endpoint)
+                body = strip_client_fields(request)
             body = engine_token_prefix(request, body, tokenized=tokenized, continuity=self.config.token_continuity)
         route = self._route_request(endpoint, body, conversation_id, turn.ids)
         turn.routed = True
@@ -227,7 +232,7 @@ class Relay:
             lambda candidates: self.ctx_router.pick(route, candidates),
             affinity=conversation_id is not None,
         )
-        ctx = _loads(ctx_raw.body, "context")
+        ctx = parse_response(ctx_raw.body, "context")
         # 5. finished already?
         if check_context_response(ctx):
             answer = self._shape(finished_context_response(ctx), turn)
@@ -254,7 +259,7 @@ class Relay:
             exclude=exclude,
         )
         # 7. the answer, with ids where Gym reads them
-        gen = _loads(gen_raw.body, "generation")
+        gen = parse_response(gen_raw.body, "generation")
         version = gen_raw.weights_version or _weights_version(gen)
         return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=version)
 
@@ -481,16 +486,6 @@ class Relay:
 def _weights_version(body: Body) -> str | None:
     version = body.get(lifecycle.FIELD_WEIGHTS_VERSION)
     return version if isinstance(version, str) else None
-
-
-def _loads(raw: bytes, leg: str) -> Body:
-    try:
-        data = wire_json.loads(raw)
-    except ValueError as exc:
-        raise UpstreamProtocolError(f"{leg} leg answered invalid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise UpstreamProtocolError(f"{leg} leg answered {type(data).__name__}, not an object")
-    return data
 
 
 async def _iterate(chunks: Sequence[bytes] | Any) -> AsyncIterator[bytes]:

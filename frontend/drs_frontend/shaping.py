@@ -25,7 +25,7 @@ from drs_protocol import fields, token_prefix
 from drs_protocol.routes import Endpoint
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 
-from drs_frontend import wire_json
+from drs_frontend import gym_ids, wire_json
 from drs_frontend.errors import ForwardTooLarge, RequestError, UpstreamProtocolError
 from drs_frontend.tokenization.window import GYM_MESSAGE_FIELDS, message_view
 
@@ -35,11 +35,12 @@ Body = dict[str, Any]
 # -- 1. the client's request ---------------------------------------------------------------------
 
 
-def parse_request(raw: bytes, endpoint: Endpoint) -> Body:
+def parse_request(raw: bytes, endpoint: Endpoint, *, skip_gym_ids: bool = False) -> Body:
     """The request body as a dict; 400 for malformed JSON, missing ``messages``/``prompt``, or a
-    ``conversation_params`` without a non-empty string ``conversation_id``."""
+    ``conversation_params`` without a non-empty string ``conversation_id``. ``skip_gym_ids``: Gym's
+    id arrays are left as JSON text (:func:`drs_frontend.gym_ids.loads_chat`)."""
     try:
-        body = wire_json.loads(raw)
+        body = gym_ids.loads_chat(raw) if skip_gym_ids and endpoint is Endpoint.CHAT else wire_json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise RequestError(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
@@ -189,6 +190,17 @@ def build_generation_request(body: Body, ctx: Mapping[str, Any], *, endpoint: En
 
 
 # -- 4. the answer -------------------------------------------------------------------------------
+
+
+def parse_response(raw: bytes, leg: str) -> Body:
+    """An engine's answer to the ``leg`` request as a dict, or :class:`UpstreamProtocolError`."""
+    try:
+        data = wire_json.loads(raw)
+    except ValueError as exc:
+        raise UpstreamProtocolError(f"{leg} leg answered invalid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise UpstreamProtocolError(f"{leg} leg answered {type(data).__name__}, not an object")
+    return data
 
 
 def prompt_ids_of(response: Mapping[str, Any]) -> list[int] | None:

@@ -41,7 +41,7 @@ import bisect
 import struct
 import sys
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Final
@@ -86,6 +86,9 @@ class TokenPrefix:
     param: str  #: ``required_prefix_token_ids`` or ``messages[i]``
     keep: int  #: how many of ``ids`` are kept: all but a final EOS
     eos_count: int  #: EOS tokens among the kept ids
+    #: the first id field's JSON text, when the reader had it (the frontend keeps it: the next
+    #: turn's text of that field begins with it, :class:`KnownText`)
+    text: KnownText | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +126,24 @@ class KnownIds:
 
     raw: bytes
     eos_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class KnownText:
+    """The JSON text of an id array this process has read, without its ``]`` (and the blanks
+    before it), with the ids it holds and how many are EOS. The next turn's array of the same
+    field begins with this text when the client writes the ids the same way: then only the
+    text after it is parsed (``drs_frontend.tokenization.cache``)."""
+
+    head: bytes
+    ids: array[int]
+    eos_count: int
+
+
+#: Reads one id field of the prefix: ``(value, param, first) -> (ids, EOS count, text)``, ``first``
+#: for the field the conversation's known ids head (the required prefix, or ``prompt_token_ids``).
+#: The caller does not change the ids returned (a reader may keep them).
+IdsReader = Callable[[Any, str, bool], "tuple[array[int], int, KnownText | None]"]
 
 
 def token_ids(
@@ -184,14 +205,21 @@ def find_prefix(
     vocab_size: int,
     eos_id: int,
     known: KnownIds | None = None,
+    read: IdsReader | None = None,
 ) -> TokenPrefix | None:
     """The prefix of a chat request: ``required`` (the request's ``required_prefix_token_ids``)
     when not None, else the last assistant message's prompt + generation ids; None when there
     is none or it is empty (NeMo RL splices nothing then either). ``known``: the conversation's
     previous prompt ids, which the prefix (or the message's ``prompt_token_ids``) should begin
-    with (:func:`token_ids`); the result is the same with or without it."""
+    with (:func:`token_ids`); the result is the same with or without it. ``read`` reads each
+    field (:data:`IdsReader`; the frontend's reads fields it left as JSON text)."""
+    if read is None:
+
+        def read(value: Any, param: str, first: bool) -> tuple[array[int], int, KnownText | None]:
+            return (*token_ids(value, param, vocab_size, eos_id, known if first else None), None)
+
     if required is not None:
-        ids, eos_count = token_ids(required, PREFIX_FIELD, vocab_size, eos_id, known)
+        ids, eos_count, text = read(required, PREFIX_FIELD, True)
         param = PREFIX_FIELD
     else:
         a = last_assistant_index(messages)
@@ -208,16 +236,14 @@ def find_prefix(
                     f"{GENERATION_IDS_FIELD if name == PROMPT_IDS_FIELD else PROMPT_IDS_FIELD}",
                     f"{param}.{name}",
                 )
-        ids, eos_count = token_ids(message[PROMPT_IDS_FIELD], f"{param}.{PROMPT_IDS_FIELD}", vocab_size, eos_id, known)
-        generated, generated_eos = token_ids(
-            message[GENERATION_IDS_FIELD], f"{param}.{GENERATION_IDS_FIELD}", vocab_size, eos_id
-        )
-        ids.extend(generated)
+        ids, eos_count, text = read(message[PROMPT_IDS_FIELD], f"{param}.{PROMPT_IDS_FIELD}", True)
+        generated, generated_eos, _ = read(message[GENERATION_IDS_FIELD], f"{param}.{GENERATION_IDS_FIELD}", False)
+        ids = ids + generated  # a new array: the reader may keep the one it returned
         eos_count += generated_eos
     if not ids:
         return None
     keep = len(ids) - 1 if ids[-1] == eos_id else len(ids)
-    return TokenPrefix(ids, param, keep, eos_count - (len(ids) - keep))
+    return TokenPrefix(ids, param, keep, eos_count - (len(ids) - keep), text)
 
 
 def splice(prefix: TokenPrefix, template_ids: array[int], eos_positions: Sequence[int], history_eos: int) -> Spliced:

@@ -78,7 +78,9 @@ async def proxied_fleet(**frontend: Any) -> AsyncIterator[tuple[str, list[dict[s
         yield running.url, bodies
 
 
-async def gym_conversation(url: str, turns: int, *, required_prefix: bool) -> list[list[int]]:
+async def gym_conversation(
+    url: str, turns: int, *, required_prefix: bool, extra: dict[str, Any] | None = None
+) -> list[list[int]]:
     """A Gym-shaped client: each answer's ids echoed back on the next request's assistant message
     (and, with ``required_prefix``, as ``required_prefix_token_ids``). Returns each turn's prompt
     ids followed by its generated ids."""
@@ -95,6 +97,7 @@ async def gym_conversation(url: str, turns: int, *, required_prefix: bool) -> li
                 "return_token_ids": True,
                 "return_tokens_as_token_ids": True,
                 "conversation_params": {"conversation_id": "gym-ids"},
+                **(extra or {}),
             }
             if required_prefix and sequences:
                 body[PREFIX_FIELD] = sequences[-1]
@@ -153,3 +156,22 @@ async def test_without_continuity_an_engine_that_renders_gets_no_gym_ids() -> No
     for leg in legs:
         assert PREFIX_FIELD not in leg
         assert all(set(GYM_MESSAGE_FIELDS).isdisjoint(m) for m in leg["messages"])
+
+
+async def test_a_tokenizing_frontend_that_leaves_a_turn_to_the_engine_sends_gym_ids_as_the_client_did() -> None:
+    """A tokenizing frontend parses Gym's arrays lazily (``drs_frontend.gym_ids``); a turn it does
+    not tokenize after all (here: the request carries ``documents``, which the engine renders)
+    goes to the engine with every id the client sent, parsed in full."""
+    async with proxied_fleet(tokenize=True) as (url, context_legs):
+        sequences = await gym_conversation(url, 4, required_prefix=True, extra={"documents": []})
+        legs = chat_legs(context_legs)
+    assert len(legs) == 4
+    for turn, leg in enumerate(legs):
+        assert "prompt_token_ids_b64" not in leg  # the engine rendered
+        assistants = [m for m in leg["messages"] if m["role"] == "assistant"]
+        assert len(assistants) == turn
+        for a, message in enumerate(assistants):
+            assert message["prompt_token_ids"] + message["generation_token_ids"] == sequences[a]
+        assert leg.get(PREFIX_FIELD) == (sequences[turn - 1] if turn else None)
+    for before, now in itertools.pairwise(sequences):
+        assert now[: len(before) - 1] == before[:-1]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from drs_frontend.tokenization import ChatTokenizer, Path
-from drs_frontend.tokenization.cache import probe_history_eos
+from drs_frontend.tokenization.probes import probe_history_eos
 from drs_protocol.chat import decode_token_ids, load_tokenizer
 from drs_protocol.token_prefix import PrefixOutcome, TokenPrefixError, render_spliced_ids
 from hypothesis import HealthCheck, given, settings

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from drs_protocol.chat import ChatTemplateError, render_prompt_ids, render_prompt_text
 from drs_protocol.token_prefix import (
     KnownIds,
+    KnownText,
     Spliced,
     TokenPrefix,
     TokenPrefixError,
@@ -41,6 +42,9 @@ from drs_protocol.token_prefix import (
     splice,
 )
 
+from drs_frontend.gym_ids import materialize
+from drs_frontend.tokenization.probes import probe_history_eos, probe_windowing
+from drs_frontend.tokenization.read_ids import reader
 from drs_frontend.tokenization.splice import SpliceTokenizer, Tokenized, common_prefix_length
 from drs_frontend.tokenization.window import Window, message_view, plan_window, same_message, skeleton_for
 
@@ -100,6 +104,8 @@ class _Entry:
     heads: dict[tuple[int, ...], str]
     #: the ids this turn returned (spliced or not): the head of the next turn's token prefix
     known: KnownIds | None = None
+    #: the text of the prefix's first field this turn read (:mod:`.read_ids`)
+    text: KnownText | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +144,13 @@ class ChatTokenizer:
         """The request's token prefix (:func:`drs_protocol.token_prefix.find_prefix`), validated
         against this tokenizer; raises :class:`TokenPrefixError` naming the field. With the
         conversation's cached turn, the ids it returned are not bounded and counted again when
-        the prefix begins with them byte for byte (:func:`drs_protocol.token_prefix.token_ids`)."""
+        the prefix begins with them byte for byte (:func:`drs_protocol.token_prefix.token_ids`);
+        fields left as JSON text (``gym_ids.loads_chat``) are read by :mod:`.read_ids`."""
         entry = self._entries.get(conversation_id) if conversation_id is not None else None
         known = entry.known if entry is not None else None
         eos_id = -1 if self.eos_id is None else self.eos_id
-        prefix = find_prefix(required, messages, vocab_size=self.vocab_size, eos_id=eos_id, known=known)
+        read = reader(self.vocab_size, eos_id, known, entry.text if entry is not None else None)
+        prefix = find_prefix(required, messages, vocab_size=self.vocab_size, eos_id=eos_id, known=known, read=read)
         if prefix is not None and self.eos_id is None:
             raise TokenPrefixError(f"{prefix.param}: this tokenizer has no EOS token to splice at", prefix.param)
         return prefix
@@ -190,7 +198,7 @@ class ChatTokenizer:
                 eos_count -= history_eos - 1  # the template's EOS ids before the splice point
             eos_count += prefix.eos_count
             result = TurnIds(spliced.ids, made.path, made.new_ids, spliced=spliced)
-        self._remember(conversation_id, result.ids, eos_count)
+        self._remember(conversation_id, result.ids, eos_count, prefix.text if prefix is not None else None)
         if shadow:
             return self._shadow(
                 conversation_id, result, messages, tools, chat_template_kwargs, add_generation_prompt, prefix
@@ -208,6 +216,7 @@ class ChatTokenizer:
         prefix: TokenPrefix | None,
     ) -> TurnIds:
         """``result`` checked against the full path (spliced the same way when there is a prefix)."""
+        messages = materialize(messages)  # the full path as the engine has it: ids parsed
         spliced: Spliced | None = None
         if prefix is not None:
             spliced = render_spliced_ids(
@@ -251,12 +260,14 @@ class ChatTokenizer:
         needle = self._splicer.eos_text
         return text.count(needle) if needle is not None else len(self._splicer.encode(text).eos_at)
 
-    def _remember(self, cid: str | None, ids: array[int], eos_count: int) -> None:
-        """Keep the ids a turn returned with its cache entry (see :meth:`find_prefix`)."""
+    def _remember(self, cid: str | None, ids: array[int], eos_count: int, text: KnownText | None) -> None:
+        """Keep the ids a turn returned, and the prefix text it read, with its cache entry
+        (see :meth:`find_prefix`)."""
         entry = self._entries.get(cid) if cid is not None else None
         if entry is not None and sys.byteorder == "little":  # KnownIds are little-endian
-            entry.known = KnownIds(ids.tobytes(), eos_count)
-            entry.nbytes, self._bytes = entry.nbytes + 4 * len(ids), self._bytes + 4 * len(ids)
+            entry.known, entry.text = KnownIds(ids.tobytes(), eos_count), text
+            nbytes = 4 * len(ids) + (len(text.head) + 4 * len(text.ids) if text is not None else 0)
+            entry.nbytes, self._bytes = entry.nbytes + nbytes, self._bytes + nbytes
             self._evict()
 
     def forget(self, conversation_id: str | None) -> None:
@@ -402,95 +413,3 @@ class ChatTokenizer:
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
             self._bytes -= old.nbytes
-
-
-# -- the window probe ----------------------------------------------------------------------------
-
-ProbeConversation = list[dict[str, Any]]
-
-
-def probe_conversations() -> list[tuple[ProbeConversation, list[dict[str, Any]] | None]]:
-    """Conversations that exercise what ChatML-family templates special-case: system prompts,
-    tools, reasoning, tool calls and grouped tool results, several queries, a lone user turn."""
-    tool = {"type": "function", "function": {"name": "lookup", "description": "d", "parameters": {"type": "object"}}}
-    call = [{"type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}]
-    convs: list[tuple[ProbeConversation, list[dict[str, Any]] | None]] = []
-    for system in (True, False):
-        for tools in (None, [tool]):
-            msgs: ProbeConversation = [{"role": "system", "content": "You are terse."}] if system else []
-            msgs.append({"role": "user", "content": "First question?"})
-            msgs.append({"role": "assistant", "content": "Answer one.", "reasoning_content": "think one"})
-            msgs.append({"role": "user", "content": "Use the tool."})
-            msgs.append({"role": "assistant", "content": "", "reasoning_content": "plan", "tool_calls": call})
-            msgs.append({"role": "tool", "content": "result a"})
-            msgs.append({"role": "tool", "content": "result b"})
-            msgs.append({"role": "assistant", "content": "<think>\nmore\n</think>\n\nCalling.", "tool_calls": call})
-            msgs.append({"role": "tool", "content": "result c"})
-            msgs.append({"role": "assistant", "content": "Done.", "reasoning_content": "wrap up"})
-            msgs.append({"role": "user", "content": "<tool_response>\nwrapped\n</tool_response>"})
-            msgs.append({"role": "assistant", "content": "Noted."})
-            msgs.append({"role": "user", "content": "Last one."})
-            convs.append((msgs, tools))
-    return convs
-
-
-def probe_windowing(
-    chat: ChatTokenizer, kwargs_variants: Sequence[Mapping[str, Any] | None] = (None, {"enable_thinking": False})
-) -> bool:
-    """Does windowed rendering reproduce full rendering for this template? Every prefix of every
-    probe conversation is rendered both ways (the cache of a scratch instance carries the turns)."""
-    scratch = ChatTokenizer(chat.tokenizer, max_entries=4, max_bytes=chat.max_bytes or 1, windowed=True)
-    try:
-        for kwargs in kwargs_variants:
-            for n, (conversation, tools) in enumerate(probe_conversations()):
-                cid = f"probe-{n}"
-                scratch.forget(cid)
-                for end in range(1, len(conversation) + 1):
-                    prefix = conversation[:end]
-                    for agp in (True, False):
-                        got = scratch.prompt_ids(
-                            cid, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
-                        )
-                        want = render_prompt_ids(
-                            chat.tokenizer, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
-                        )
-                        if got.ids.tolist() != want:
-                            log.warning("chat template failed the window probe; rendering whole conversations")
-                            return False
-    except ChatTemplateError as exc:
-        log.warning("chat template failed the window probe (%s); rendering whole conversations", exc)
-        return False
-    return True
-
-
-def probe_history_eos(
-    tokenizer: PreTrainedTokenizerBase,
-    kwargs_variants: Sequence[Mapping[str, Any] | None] = (None, {"enable_thinking": False}),
-) -> bool:
-    """Does the history through an assistant reply hold one EOS token more than the request
-    before it (rendered with the generation prompt)? Then a cached turn gives the splice point
-    ``k`` without rendering the history again. Checked on every reply of the probe conversations."""
-    eos_id = tokenizer.eos_token_id
-    if not isinstance(eos_id, int):
-        return False
-
-    def eos_count(messages: ProbeConversation, tools: Any, kwargs: Any, agp: bool) -> int:
-        ids = render_prompt_ids(
-            tokenizer, messages, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
-        )
-        return ids.count(eos_id)
-
-    try:
-        for kwargs in kwargs_variants:
-            for conversation, tools in probe_conversations():
-                for a, message in enumerate(conversation):
-                    if message["role"] != "assistant" or a == 0:
-                        continue
-                    before = eos_count(conversation[:a], tools, kwargs, True)
-                    if eos_count(conversation[: a + 1], tools, kwargs, False) != before + 1:
-                        log.warning("chat template failed the history probe; rendering the history to splice at")
-                        return False
-    except ChatTemplateError as exc:
-        log.warning("chat template failed the history probe (%s); rendering the history to splice at", exc)
-        return False
-    return True

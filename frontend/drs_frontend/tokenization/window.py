@@ -20,7 +20,7 @@ when the new conversation ``M'`` keeps the first ``j`` messages of the cached ``
 
 ``tail(x)`` is ``x`` without the rendering of ``[M'[0]] + skeleton`` (checked to be a prefix).
 :func:`plan_window` applies these rules; whether a given template obeys them is tested once per
-template at load time (:func:`~drs_frontend.tokenization.cache.probe_windowing`) and on a sample
+template at load time (:func:`~drs_frontend.tokenization.probes.probe_windowing`) and on a sample
 of turns (the shadow check), and a template that does not is rendered in full every turn.
 """
 
@@ -28,12 +28,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
+
+from drs_protocol import chat
 
 Message = Mapping[str, Any]
 
 #: Keys NeMo-Gym adds to prior assistant messages; templates ignore them, so do comparisons.
-GYM_MESSAGE_FIELDS = frozenset({"prompt_token_ids", "generation_token_ids", "generation_log_probs"})
+GYM_MESSAGE_FIELDS: Final = frozenset(chat.GYM_MESSAGE_FIELDS)
 
 TOOL_RESPONSE_OPEN = "<tool_response>"
 TOOL_RESPONSE_CLOSE = "</tool_response>"
