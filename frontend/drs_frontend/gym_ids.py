@@ -51,7 +51,7 @@ _KEY: Final = re.compile(rb'"(?:' + _NAMES + rb')"[ \t\r\n]*:[ \t\r\n]*\[')
 _LETTER_ESCAPES: Final = (b"\\u005", b"\\u006", b"\\u007")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class RawIds:
     """An id (or log-prob) array left unparsed: ``body[start:end]`` is its JSON text."""
 

@@ -117,6 +117,14 @@ def chat_legs(bodies: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [b for b in bodies if "messages" in b]
 
 
+def engine_rendered(leg: dict[str, Any], turn: int) -> list[dict[str, Any]]:
+    """The assistant messages of a context leg the engine renders (one per earlier turn)."""
+    assert "prompt_token_ids_b64" not in leg  # no ids from the frontend: the engine renders
+    assistants = [m for m in leg["messages"] if m["role"] == "assistant"]
+    assert len(assistants) == turn
+    return assistants
+
+
 @pytest.mark.parametrize("required_prefix", [False, True])
 async def test_a_tokenizing_frontend_sends_no_gym_ids_to_the_engines(required_prefix: bool) -> None:
     async with proxied_fleet(tokenize=True) as (url, context_legs):
@@ -139,9 +147,7 @@ async def test_an_engine_that_renders_gets_the_gym_ids_and_splices(required_pref
         legs = chat_legs(context_legs)
     assert len(legs) == 4
     for turn, leg in enumerate(legs):
-        assert "prompt_token_ids_b64" not in leg  # the engine renders
-        assistants = [m for m in leg["messages"] if m["role"] == "assistant"]
-        assert len(assistants) == turn
+        assistants = engine_rendered(leg, turn)
         assert all(set(GYM_MESSAGE_FIELDS) <= set(m) for m in assistants)
         assert (PREFIX_FIELD in leg) == (required_prefix and turn > 0)
     for before, now in itertools.pairwise(sequences):
@@ -167,10 +173,7 @@ async def test_a_tokenizing_frontend_that_leaves_a_turn_to_the_engine_sends_gym_
         legs = chat_legs(context_legs)
     assert len(legs) == 4
     for turn, leg in enumerate(legs):
-        assert "prompt_token_ids_b64" not in leg  # the engine rendered
-        assistants = [m for m in leg["messages"] if m["role"] == "assistant"]
-        assert len(assistants) == turn
-        for a, message in enumerate(assistants):
+        for a, message in enumerate(engine_rendered(leg, turn)):
             assert message["prompt_token_ids"] + message["generation_token_ids"] == sequences[a]
         assert leg.get(PREFIX_FIELD) == (sequences[turn - 1] if turn else None)
     for before, now in itertools.pairwise(sequences):

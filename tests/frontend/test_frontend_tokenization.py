@@ -12,9 +12,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from drs_frontend.gym_ids import RawIds
 from drs_frontend.tokenization import ChatTokenizer, Path
 from drs_frontend.tokenization.splice import SpliceTokenizer, common_prefix_length, splice_safe
-from drs_frontend.tokenization.window import message_view, same_message
+from drs_frontend.tokenization.window import cached_form, kept_messages, message_view, same_message
 from drs_protocol.chat import default_tokenizer_dir, load_tokenizer, render_prompt_ids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -386,3 +387,40 @@ def test_same_message_knows_every_gym_field() -> None:
 
     for field in GYM_MESSAGE_FIELDS:  # same_message spells the fields out for speed
         assert same_message({"role": "assistant", "content": "a", field: [1]}, {"role": "assistant", "content": "a"})
+
+
+GYM_VALUE = st.sampled_from([[1, 2], [], [0.5]]) | st.builds(RawIds, st.just(b"[7]"), st.just(0), st.just(3))
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.sampled_from(["user", "assistant", "tool"]), "content": st.sampled_from(["a", "b", ""])},
+    optional={
+        "prompt_token_ids": GYM_VALUE,
+        "generation_token_ids": GYM_VALUE,
+        "generation_log_probs": GYM_VALUE,
+        "name": st.sampled_from(["x", "y"]),
+    },
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    before=st.lists(MESSAGE, max_size=8),
+    edits=st.lists(st.tuples(st.integers(0, 7), MESSAGE), max_size=2),
+    extra=st.lists(MESSAGE, max_size=2),
+)
+def test_kept_messages_counts_the_leading_messages_equal_but_for_gym_fields(
+    before: list[dict[str, Any]], edits: list[tuple[int, dict[str, Any]]], extra: list[dict[str, Any]]
+) -> None:
+    """The cache compares whole lists in C (Gym's fields stand as GYM_IDS in its copies); the
+    count must be the one a message-by-message comparison of template views gives."""
+    now = [dict(m) for m in before] + extra
+    for i, message in edits:
+        if i < len(now):
+            now[i] = message
+    cached = [cached_form(m) for m in before]
+    want = 0
+    for a, b in zip(now, before, strict=False):
+        if message_view(a) != message_view(b):
+            break
+        want += 1
+    assert kept_messages(now, cached) == want
+    assert all(not isinstance(v, (list, RawIds)) or k == "content" for m in cached for k, v in m.items())

@@ -46,7 +46,14 @@ from drs_frontend.gym_ids import materialize
 from drs_frontend.tokenization.probes import probe_history_eos, probe_windowing
 from drs_frontend.tokenization.read_ids import reader
 from drs_frontend.tokenization.splice import SpliceTokenizer, Tokenized, common_prefix_length
-from drs_frontend.tokenization.window import Window, message_view, plan_window, same_message, skeleton_for
+from drs_frontend.tokenization.window import (
+    Window,
+    cached_form,
+    kept_messages,
+    message_view,
+    plan_window,
+    skeleton_for,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -82,19 +89,9 @@ class _Made:
     from_eos: bool = False  #: ``tokenized`` is the text from the splice point on (its first id an EOS)
 
 
-def _kept(messages: Sequence[Message], cached: Sequence[Mapping[str, Any]]) -> int:
-    """How many leading messages equal the cached ones (a client may rewrite history)."""
-    kept = 0
-    for a, b in zip(messages, cached, strict=False):
-        if not same_message(a, b):
-            break
-        kept += 1
-    return kept
-
-
 @dataclass(slots=True)
 class _Entry:
-    messages: list[dict[str, Any]]
+    messages: list[dict[str, Any]]  #: as :func:`~.window.cached_form` keeps them (no Gym ids)
     tools: Any
     kwargs: Any
     add_generation_prompt: bool
@@ -174,7 +171,7 @@ class ChatTokenizer:
         made: _Made | None = None
         history_eos: int | None = None
         if entry is not None and entry.tools == tools and entry.kwargs == chat_template_kwargs:
-            kept = _kept(messages, entry.messages)
+            kept = kept_messages(messages, entry.messages)
             if prefix is not None:
                 history_eos = self._history_eos_from_cache(entry, messages, kept)
             made = self._incremental(
@@ -398,9 +395,9 @@ class ChatTokenizer:
             return
         if reuse is not None:
             cached, kept = reuse
-            views = cached[:kept] + [message_view(m) for m in messages[kept:]]
+            views = cached[:kept] + [cached_form(m) for m in messages[kept:]]
         else:
-            views = [message_view(m) for m in messages]
+            views = [cached_form(m) for m in messages]
         nbytes = tokenized.nbytes * 2 + 64 * len(views)  # the messages hold about the text again
         self.forget(cid)
         if nbytes > self.max_bytes:

@@ -8,7 +8,7 @@ full path for a template that fails one (logged once).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from drs_protocol.chat import ChatTemplateError, render_prompt_ids
@@ -50,13 +50,25 @@ def probe_conversations() -> list[tuple[ProbeConversation, list[dict[str, Any]] 
     return convs
 
 
+def _passes(probe: str, otherwise: str, check: Callable[[], bool]) -> bool:
+    """Run one probe; a failure (or a template error) is logged once, saying what is done instead."""
+    try:
+        if check():
+            return True
+        log.warning("chat template failed the %s probe; %s", probe, otherwise)
+    except ChatTemplateError as exc:
+        log.warning("chat template failed the %s probe (%s); %s", probe, exc, otherwise)
+    return False
+
+
 def probe_windowing(
     chat: ChatTokenizer, kwargs_variants: Sequence[Mapping[str, Any] | None] = (None, {"enable_thinking": False})
 ) -> bool:
     """Does windowed rendering reproduce full rendering for this template? Every prefix of every
     probe conversation is rendered both ways (the cache of a scratch instance carries the turns)."""
     scratch = type(chat)(chat.tokenizer, max_entries=4, max_bytes=chat.max_bytes or 1, windowed=True)
-    try:
+
+    def check() -> bool:
         for kwargs in kwargs_variants:
             for n, (conversation, tools) in enumerate(probe_conversations()):
                 cid = f"probe-{n}"
@@ -71,12 +83,10 @@ def probe_windowing(
                             chat.tokenizer, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
                         )
                         if got.ids.tolist() != want:
-                            log.warning("chat template failed the window probe; rendering whole conversations")
                             return False
-    except ChatTemplateError as exc:
-        log.warning("chat template failed the window probe (%s); rendering whole conversations", exc)
-        return False
-    return True
+        return True
+
+    return _passes("window", "rendering whole conversations", check)
 
 
 def probe_history_eos(
@@ -96,7 +106,7 @@ def probe_history_eos(
         )
         return ids.count(eos_id)
 
-    try:
+    def check() -> bool:
         for kwargs in kwargs_variants:
             for conversation, tools in probe_conversations():
                 for a, message in enumerate(conversation):
@@ -104,9 +114,7 @@ def probe_history_eos(
                         continue
                     before = eos_count(conversation[:a], tools, kwargs, True)
                     if eos_count(conversation[: a + 1], tools, kwargs, False) != before + 1:
-                        log.warning("chat template failed the history probe; rendering the history to splice at")
                         return False
-    except ChatTemplateError as exc:
-        log.warning("chat template failed the history probe (%s); rendering the history to splice at", exc)
-        return False
-    return True
+        return True
+
+    return _passes("history", "rendering the history to splice at", check)

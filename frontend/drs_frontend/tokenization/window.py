@@ -48,21 +48,50 @@ def message_view(message: Message) -> dict[str, Any]:
     return {k: v for k, v in message.items() if k not in GYM_MESSAGE_FIELDS}
 
 
-def same_message(message: Message, view: Mapping[str, Any]) -> bool:
-    """``message_view(message) == view`` (a message without Gym's fields is compared as it is).
+class _GymIds:
+    """What a cached message holds in place of Gym's id fields: equal to anything, since the
+    template never reads them (:func:`message_view` drops them before rendering)."""
 
-    Runs once per earlier message every turn, so it copies nothing: the keys ``message`` has
-    beyond ``view`` must be exactly Gym's, and ``view``'s items must all be in ``message``."""
-    extra = len(message) - len(view)
-    if extra == 0:
-        return message == view
-    return (
-        extra > 0
-        and extra
-        == ("prompt_token_ids" in message) + ("generation_token_ids" in message) + ("generation_log_probs" in message)
-        and not ("prompt_token_ids" in view or "generation_token_ids" in view or "generation_log_probs" in view)
-        and view.items() <= message.items()
-    )
+    __slots__ = ()
+    __hash__ = None  # type: ignore[assignment]
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "<Gym ids>"
+
+
+GYM_IDS: Final = _GymIds()
+
+
+def cached_form(message: Message) -> dict[str, Any]:
+    """A message as the per-conversation cache keeps it: a copy, Gym's fields as :data:`GYM_IDS`
+    (the ids are not kept; the next turn's echo of the message compares equal to this)."""
+    if GYM_MESSAGE_FIELDS.isdisjoint(message):
+        return dict(message)
+    return {k: GYM_IDS if k in GYM_MESSAGE_FIELDS else v for k, v in message.items()}
+
+
+def same_message(message: Message, other: Mapping[str, Any]) -> bool:
+    """``message_view(message) == message_view(other)``: equal but for Gym's fields."""
+    return message == other or message_view(message) == message_view(other)
+
+
+def kept_messages(messages: Sequence[Message], cached: Sequence[Mapping[str, Any]]) -> int:
+    """How many leading ``messages`` equal the ``cached`` forms but for Gym's fields (a client may
+    rewrite history). Runs every turn over every earlier message, so the whole lists are
+    compared first, in C (:data:`GYM_IDS` equals whatever the client echoed); only when that
+    fails is each message compared on its own."""
+    n = min(len(messages), len(cached))
+    if messages[:n] == cached[:n]:
+        return n
+    kept = 0
+    for a, b in zip(messages, cached, strict=False):
+        if not same_message(a, b):
+            break
+        kept += 1
+    return kept
 
 
 def _text(content: Any) -> str:
