@@ -18,6 +18,8 @@ drs_frontend_tokenize_new_tokens_total{path}    counter    ids tokenized afresh 
 drs_frontend_tokenize_shadow_total{result}      counter    shadow comparisons: match / mismatch
 drs_frontend_tokenize_errors_total              counter    turns left to the engine because tokenizing failed
 drs_frontend_token_prefix_total{outcome}        counter    token prefixes spliced: spliced / divergent (see token_prefix)
+drs_frontend_token_prefix_read_total{how}       counter    how a prefix was read: after_last_turn (only the text after last
+                                                           turn's), whole_text, parsed (a body parsed in full)
 drs_frontend_client_disconnects_total           counter    turns cancelled because the client went away
 ==============================================  =========  ============================================
 
@@ -91,6 +93,9 @@ class FrontendMetrics:
         self.tokenize_shadow = Counter("drs_frontend_tokenize_shadow", "Shadow comparisons.", ["result"], registry=r)
         self.tokenize_errors = Counter("drs_frontend_tokenize_errors", "Tokenization failures.", registry=r)
         self.token_prefix = Counter("drs_frontend_token_prefix", "Token prefixes spliced.", ["outcome"], registry=r)
+        self.token_prefix_read = Counter(
+            "drs_frontend_token_prefix_read", "How token prefixes were read.", ["how"], registry=r
+        )
         self.disconnects = Counter("drs_frontend_client_disconnects", "Turns cancelled by the client.", registry=r)
         # the same series, looked up once per label tuple, for the request path
         self.requests_of = Children(self.requests)  # (endpoint, status)
@@ -102,6 +107,7 @@ class FrontendMetrics:
         self.tokenize_seconds_of = Children(self.tokenize_seconds)  # (path,)
         self.tokenize_new_tokens_of = Children(self.tokenize_new_tokens)  # (path,)
         self.token_prefix_of = Children(self.token_prefix)  # (outcome,)
+        self.token_prefix_read_of = Children(self.token_prefix_read)  # (how,)
 
     def watch_in_flight(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
         """Export ``drs_frontend_engine_in_flight`` from ``read()`` -> (role, engine, count) at

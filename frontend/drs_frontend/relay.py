@@ -38,7 +38,7 @@ from drs_protocol.errors import error_body
 from drs_protocol.routes import Endpoint
 from drs_protocol.snowflake import SnowflakeMinter
 from drs_protocol.token_ids import encode_token_ids_b64
-from drs_protocol.token_prefix import DIVERGENT_LOG, PREFIX_FIELD, PrefixOutcome, Spliced, TokenPrefixError
+from drs_protocol.token_prefix import DIVERGENT_LOG, PREFIX_FIELD, PrefixOutcome, Spliced, TokenPrefix, TokenPrefixError
 
 from drs_frontend import gym_ids, wire_json
 from drs_frontend.config import FrontendConfig
@@ -288,8 +288,8 @@ class Relay:
                     prefix=prefix,
                     shadow=shadow,
                 )
-                if result.spliced is not None:
-                    self._count_prefix(result.spliced, conversation_id)
+                if result.spliced is not None and prefix is not None:
+                    self._count_prefix(result.spliced, prefix, conversation_id)
                 if result.shadowed:
                     mismatch = result.path is Path.SHADOW_MISMATCH
                     self.metrics.tokenize_shadow.labels(result="mismatch" if mismatch else "match").inc()
@@ -313,8 +313,11 @@ class Relay:
         self.metrics.tokenize_new_tokens_of(path).inc(new)
         return ids
 
-    def _count_prefix(self, spliced: Spliced, conversation_id: str | None) -> None:
+    def _count_prefix(self, spliced: Spliced, prefix: TokenPrefix, conversation_id: str | None) -> None:
         self.metrics.token_prefix_of(spliced.outcome.value).inc()
+        text = prefix.text
+        how = "parsed" if text is None else "after_last_turn" if text.reused else "whole_text"
+        self.metrics.token_prefix_read_of(how).inc()
         if spliced.outcome is PrefixOutcome.DIVERGENT:
             log.warning(
                 "%s (conversation %s): the prefix holds %d end-of-turn tokens before its last, the history %d; "

@@ -138,6 +138,7 @@ class KnownText:
     head: bytes
     ids: array[int]
     eos_count: int
+    reused: int = 0  #: how many of ``ids`` came from the previous turn's text (0: read in full)
 
 
 #: Reads one id field of the prefix: ``(value, param, first) -> (ids, EOS count, text)``, ``first``

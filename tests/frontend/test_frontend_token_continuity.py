@@ -249,6 +249,10 @@ def test_a_hundred_turn_conversation_keeps_continuity_and_the_shadow_check_agree
         return metric_value(after, name, labels) - metric_value(before, name, labels)
 
     assert grew("drs_frontend_token_prefix_total", '{outcome="spliced"}') == 99
+    # turn 2 reads its prefix's whole text; every later turn only the text after the turn before's
+    # (the client writes ids the same way every turn: drs_frontend.tokenization.read_ids)
+    assert grew("drs_frontend_token_prefix_read_total", '{how="whole_text"}') == 1
+    assert grew("drs_frontend_token_prefix_read_total", '{how="after_last_turn"}') == 98
     assert grew("drs_frontend_tokenize_shadow_total", '{result="match"}') == 100
     assert grew("drs_frontend_tokenize_shadow_total", '{result="mismatch"}') == 0
     assert grew("drs_frontend_tokenize_new_tokens_total", '{path="incremental"}') > 0

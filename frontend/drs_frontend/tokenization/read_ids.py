@@ -64,14 +64,14 @@ def _after_head(
     new, new_eos = token_ids(parsed[1:], param, vocab_size, eos_id)
     ids = text.ids + new
     eos_count = text.eos_count + new_eos
-    return ids, eos_count, _known_text(value, ids, eos_count)
+    return ids, eos_count, _known_text(value, ids, eos_count, len(text.ids))
 
 
-def _known_text(value: RawIds, ids: array[int], eos_count: int) -> KnownText | None:
+def _known_text(value: RawIds, ids: array[int], eos_count: int, reused: int = 0) -> KnownText | None:
     """What to keep of this field's text for the next turn (one copy of it: ~130 kB at turn 100)."""
     body, end = value.body, value.end - 1  # the "]"
     while end > value.start and body[end - 1] in b" \t\r\n":
         end -= 1
     if end - value.start < 2:  # "[": no element to continue after
         return None
-    return KnownText(body[value.start : end], ids, eos_count)
+    return KnownText(body[value.start : end], ids, eos_count, reused)
