@@ -33,8 +33,9 @@ Not a test. A conversation grows the way a NeMo-Gym rollout sends it (system pro
   frontend did before, and what an engine that renders does);
 * ``turn_from_bytes``: ``request_parse`` + ``spliced``, cold: the frontend's whole work from the
   request's bytes to its prompt ids. The request's size grows with the square of the turn
-  count (5.5 MB at turn 100), and finding Gym's arrays in it reads every byte, so this one is
-  not flat; it is reported beside the tokenization figures, not instead of them.
+  count (6.6 MB at turn 100 as ``json.dumps`` writes it), and finding Gym's arrays in it reads
+  every byte, so this one is not flat; it is reported beside the tokenization figures, not
+  instead of them.
 
 The conversation is spliced as it grows: each assistant message carries the spliced prompt ids
 of its turn and the ids of its reply (the reply text tokenized, plus EOS), as NeMo-Gym echoes them.

@@ -1,12 +1,13 @@
 """A chat request parsed without NeMo-Gym's token-id arrays: each is read only where it is used.
 
 At turn n of a Gym rollout every earlier assistant message carries its turn's ``prompt_token_ids``
-(and ``generation_token_ids``, ``generation_log_probs``): O(n²) numbers, 5.5 MB and 1.09 M ids at
-turn 100 of ``bench/tokenization.py``, which orjson turns into Python ints in ~90 ms. A frontend
+(and ``generation_token_ids``, ``generation_log_probs``): O(n²) numbers, 1.09 M ids and 6.6 MB as
+``json.dumps`` writes them at turn 100 of ``bench/tokenization.py``, which orjson turns into Python
+ints in 64–84 ms there. A frontend
 that tokenizes reads only the last assistant message's arrays (or ``required_prefix_token_ids``),
 and sends the engines none of them. So :func:`loads_chat` cuts every such array out of the
 bytes before parsing, puts a :class:`RawIds` (the array's JSON text, unparsed) where it was, and
-parses the rest: ~2 ms at turn 100 (``request_parse`` in the benchmark).
+parses the rest: 2.2–3.3 ms at turn 100 (``request_parse`` in the benchmark).
 
 The result is the body ``wire_json.loads`` gives, with those arrays as :class:`RawIds`
 (:func:`materialize` turns them back), or that body itself whenever a rule below does not hold:
