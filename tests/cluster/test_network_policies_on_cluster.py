@@ -9,8 +9,6 @@ prunes them when the flag is turned off or the fleet scales down.
 from __future__ import annotations
 
 import json
-import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,20 +18,6 @@ from operator_harness import OperatorProcess, apply, get_json, pods, wait_for, w
 pytestmark = pytest.mark.cluster
 
 SIDECAR = {"podSelector": {"matchLabels": {"app": "trainer-sidecar"}}, "namespaceSelector": {}}
-
-
-@pytest.fixture(scope="module")
-def crd(devcluster: RunningCluster) -> None:
-    devcluster.install_crd()
-
-
-@pytest.fixture(scope="module")
-def operator(
-    devcluster: RunningCluster, crd: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(devcluster, tmp_path_factory.mktemp("operator") / "operator.log").start()
-    yield op
-    op.kill(signal.SIGTERM)
 
 
 def fleet(replicas: int, **network_policy: Any) -> dict[str, Any]:

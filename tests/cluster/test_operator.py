@@ -6,7 +6,6 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,20 +27,6 @@ from operator_harness import (
 )
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def crd(devcluster: RunningCluster) -> None:
-    devcluster.install_crd()
-
-
-@pytest.fixture(scope="module")
-def operator(
-    devcluster: RunningCluster, crd: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    op = OperatorProcess(devcluster, tmp_path_factory.mktemp("operator") / "operator.log").start()
-    yield op
-    op.kill(signal.SIGTERM)
 
 
 def node_of(pod: dict[str, Any]) -> str:

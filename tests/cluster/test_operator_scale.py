@@ -22,11 +22,6 @@ from operator_harness import OperatorProcess, apply, drs_status, engine_pods, po
 pytestmark = pytest.mark.cluster
 
 
-@pytest.fixture(scope="module")
-def crd(devcluster: RunningCluster) -> None:
-    devcluster.install_crd()
-
-
 def fleet(name: str, replicas: int, width: int = 2, frontends: int = 2, **topology: Any) -> dict[str, Any]:
     return {
         "apiVersion": "disagg.dev/v1alpha1",
