@@ -45,7 +45,7 @@ def local_variant() -> dict[str, Any]:
     doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     spec = doc["spec"]
     spec["model"] = {"path": "sim-qwen3", "maxModelLen": 32768}
-    spec["engine"] = {"backend": "sim", "simOptions": {"speed": 0}}
+    spec["engine"] = {"backend": "sim", "sim": {"speed": 0}}
     spec["network"] = {"hostNetwork": True}
     spec["images"] = {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"}
     return doc

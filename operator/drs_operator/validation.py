@@ -15,6 +15,7 @@ Rules (paths are reported under ``spec.``; the CEL twins of the first ones live 
 * ``N * F <= 256``; frontend ports ``basePort .. basePort + N*F - 1`` stay ≤ 65535 and do not
   overlap the engine ports (``enginePort``, or with host networking ``enginePort + i`` for every
   engine ``i``, which must stay ≤ 65535 too);
+* ``engine.simOptions`` (deprecated) is exclusive with ``engine.sim`` and must parse as it;
 * ``metadata.name`` is a DNS label of at most 40 characters (so every child name fits);
 * beyond CEL: with ``topology.gpusPerNode`` the engine widths must tile nodes of that size
   (``plan.tiling_problem``); TensorRT-LLM kwargs may not set what a typed field owns (for
@@ -28,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from drs_protocol.engine_config import SimSpec
 from pydantic import ValidationError
 
 from drs_operator.api import rules
@@ -35,6 +37,7 @@ from drs_operator.api.constants import API_VERSION, KIND, MAX_FRONTENDS, MAX_NAM
 from drs_operator.api.resource import DisaggReplicaSet
 from drs_operator.api.spec import (
     DisaggReplicaSetSpec,
+    EngineSpec,
     FrontendSpec,
     NetworkPolicySpec,
     NetworkSpec,
@@ -153,6 +156,7 @@ class _Parts:
     replicas: int | None
     inference_gpus: int | None
     counts_ok: bool  # both replicas and inferenceGPUs parsed (each may be absent)
+    engine: EngineSpec | None
     prefill: RoleSpec | None
     decode: RoleSpec | None
     frontend: FrontendSpec | None
@@ -167,6 +171,7 @@ class _Parts:
             spec.replicas,
             spec.inference_gpus,
             True,
+            spec.engine,
             spec.prefill,
             spec.decode,
             spec.frontend,
@@ -190,6 +195,7 @@ class _Parts:
             parsed["replicas"],
             parsed["inference_gpus"],
             not ({"replicas", "inference_gpus"} & failed),
+            parsed["engine"],
             parsed["prefill"],
             parsed["decode"],
             parsed["frontend"],
@@ -246,6 +252,8 @@ def _cross_field(p: _Parts, path: str) -> list[Problem]:
     problems: list[Problem] = []
     if p.network_policy is not None and p.network_policy.enabled and p.network is not None and p.network.host_network:
         problems.append(Problem(f"{path}.networkPolicy.enabled", rules.MSG_POLICY_HOST_NETWORK))
+    if p.engine is not None:
+        problems.extend(_engine_problems(p.engine, f"{path}.engine"))
     for role in ROLES:
         block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:
@@ -318,6 +326,19 @@ def _replica_count(p: _Parts, width: int, path: str, problems: list[Problem]) ->
         )
         return None
     return p.inference_gpus // width
+
+
+def _engine_problems(engine: EngineSpec, path: str) -> list[Problem]:
+    """The deprecated ``simOptions``: exclusive with ``sim``, and checked as ``sim`` would be."""
+    if engine.sim_options is None:
+        return []
+    if engine.sim is not None:
+        return [Problem(f"{path}.simOptions", rules.MSG_SIM_OPTIONS_ALIAS)]
+    try:
+        SimSpec.model_validate(engine.sim_options)
+    except ValidationError as exc:
+        return problems_from_pydantic(exc, f"{path}.simOptions")
+    return []
 
 
 def _role_problems(role: RoleSpec, path: str) -> list[Problem]:

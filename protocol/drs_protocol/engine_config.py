@@ -23,10 +23,10 @@ from __future__ import annotations
 
 from typing import Any, Final, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drs_protocol.config import ConfigModel
-from drs_protocol.enums import EngineBackend, Precision, Role
+from drs_protocol.enums import EngineBackend, KvTransport, Precision, Role
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
 from drs_protocol.limits import (
     DEFAULT_ENGINE_MAX_REQUEST_BYTES,
@@ -43,6 +43,8 @@ DEFAULT_PORT: Final = 8000
 SIM_DEFAULT_TOKENS_PER_BLOCK: Final = 32
 #: Model label of a sim engine started without a config file.
 SIM_DEFAULT_MODEL: Final = "sim-qwen3"
+#: Short dtype names an engine config may use for a :class:`Precision`.
+PRECISION_ALIASES: Final = {"bf16": Precision.BFLOAT16, "fp16": Precision.FLOAT16, "fp32": Precision.FLOAT32}
 
 
 class ModelSpec(ConfigModel):
@@ -56,11 +58,20 @@ class ModelSpec(ConfigModel):
     max_model_len: int = Field(
         default=DEFAULT_MAX_MODEL_LEN, ge=2, description="Longest prompt + completion, in tokens."
     )
-    precision: str = Field(
-        default=Precision.BFLOAT16.value,
-        description="A Precision (bfloat16 | float16 | float32 | auto | fp8 | nvfp4) ….",
+    precision: Precision = Field(
+        default=Precision.BFLOAT16,
+        description="auto | bfloat16 | float16 | float32 | fp8 | nvfp4 (bf16, fp16, fp32 and torch.<dtype> accepted).",
     )
     served_name: str | None = Field(default=None, description="Model name echoed in responses; default: the path.")
+
+    @field_validator("precision", mode="before")
+    @classmethod
+    def _precision_alias(cls, value: Any) -> Any:
+        """``bf16`` / ``fp16`` / ``fp32``, a ``torch.`` prefix and any case name the same Precision."""
+        if isinstance(value, str):
+            name = value.strip().lower().removeprefix("torch.")
+            return PRECISION_ALIASES.get(name, name)
+        return value
 
 
 class CacheTransceiverSpec(ConfigModel):
@@ -108,9 +119,8 @@ class TorchSpec(ConfigModel):
     )
     tokens_per_block: int = Field(default=64, ge=1, description="Prefix-cache block size in tokens.")
     cache_capacity_tokens: int = Field(default=65536, ge=0, description="Prefix-cache capacity (LRU), in tokens.")
-    kv_transport: str = Field(
-        default="auto",
-        pattern="^(auto|http|cuda_ipc)$",
+    kv_transport: KvTransport = Field(
+        default=KvTransport.AUTO,
         description="How a decode engine fetches KV: auto (CUDA IPC on the same host, else HTTP), http, cuda_ipc.",
     )
     kv_store_capacity: int = Field(default=256, ge=1, description="Context KVs kept for decode engines to fetch.")

@@ -1,4 +1,4 @@
-"""Names several processes share: engine roles, engine backends, router names, precisions.
+"""Names several processes share: engine roles, engine backends, router names, precisions, KV transports.
 
 The operator's CRD enums are generated from these classes (``drs_operator.api.spec`` types its
 fields with them), the engine and frontend config models parse them, and the command lines offer
@@ -60,6 +60,16 @@ class Precision(StrEnum):
     FLOAT32 = "float32"
     FP8 = "fp8"
     NVFP4 = "nvfp4"
+
+
+class KvTransport(StrEnum):
+    """``spec.engine.torch.kvTransport``: how a ``torch`` decode engine fetches a context's KV from
+    the prefill engine: ``auto`` (CUDA IPC when both engines share a host, else HTTP), ``http``
+    (the KV as bytes over HTTP) or ``cuda_ipc`` (mapped from the prefill engine's GPU memory)."""
+
+    AUTO = "auto"
+    HTTP = "http"
+    CUDA_IPC = "cuda_ipc"
 
 
 def choices(enum: type[StrEnum]) -> list[str]:

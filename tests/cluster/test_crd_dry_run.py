@@ -148,6 +148,11 @@ REJECTED = [
         _all(_set("network.hostNetwork", True), _set("networkPolicy", {"enabled": True})),
         rules.MSG_POLICY_HOST_NETWORK,
     ),
+    (
+        "both engine.sim and the deprecated engine.simOptions",
+        _all(_set("engine.sim", {"speed": 0}), _set("engine.simOptions", {"speed": 0})),
+        rules.MSG_SIM_OPTIONS_ALIAS,
+    ),
 ]
 
 
@@ -171,6 +176,39 @@ def test_the_name_rule(devcluster: RunningCluster, crd: None, namespace: str, na
 def test_every_cel_rule_is_exercised_here() -> None:
     covered = {r[2] for r in REJECTED} | {rules.MSG_NAME}
     assert {r.message for r in (*rules.ROLE_RULES, *rules.SPEC_RULES, *rules.RESOURCE_RULES)} <= covered
+    assert {r.message for r in rules.ENGINE_RULES} <= covered
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (_set("engine.sim", {"speed": -1}), "spec.engine.sim.speed"),
+        (_set("engine.sim", {"sped": 1}), "sped"),
+        (_set("engine.torch", {"kvTransport": "nvlink"}), "spec.engine.torch.kvTransport"),
+    ],
+    ids=[
+        "rejects a negative engine.sim.speed",
+        "rejects an unknown engine.sim field",
+        "rejects an unknown kvTransport",
+    ],
+)
+def test_the_backend_options_are_typed_by_the_schema(
+    devcluster: RunningCluster, crd: None, namespace: str, change: Callable[[dict[str, Any]], None], words: str
+) -> None:
+    out = apply(devcluster, namespace, mutate(change))
+    assert out.returncode != 0 and words in out.stderr, out.stderr
+
+
+def test_backend_options_get_the_engines_defaults_and_sim_options_stay_free_form(
+    devcluster: RunningCluster, crd: None, namespace: str
+) -> None:
+    out = apply(devcluster, namespace, mutate(_all(_set("engine.sim", {"speed": 0}), _set("engine.torch", {}))))
+    assert out.returncode == 0, out.stderr
+    engine = json.loads(out.stdout)["spec"]["engine"]
+    assert engine["sim"]["speed"] == 0 and engine["sim"]["tokensPerBlock"] == 32
+    assert engine["torch"]["kvTransport"] == "auto"
+    old = apply(devcluster, namespace, mutate(_set("engine.simOptions", {"speed": "fast", "anything": 1})))
+    assert old.returncode == 0, "the deprecated simOptions is accepted as before (the operator reports Valid=False)"
 
 
 def test_unknown_fields_outside_free_form_blocks_are_refused(

@@ -75,6 +75,7 @@ MSG_POLICY_HOST_NETWORK: Final = (
     "networkPolicy.enabled needs pod networking: NetworkPolicies do not apply to pods on the host "
     "network (network.hostNetwork), so the engines would stay open"
 )
+MSG_SIM_OPTIONS_ALIAS: Final = "engine.simOptions is the deprecated spelling of engine.sim: set only engine.sim"
 MSG_NAME: Final = (
     "metadata.name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
     f"of at most {MAX_NAME_LENGTH} characters, so that every child name fits in 63"
@@ -112,6 +113,10 @@ ROLE_RULES: Final = (
     CelRule("!has(self.precision)", MSG_ROLE_PRECISION, ".precision", "FieldValueForbidden"),
     CelRule("!has(self.maxModelLen)", MSG_ROLE_MAX_MODEL_LEN, ".maxModelLen", "FieldValueForbidden"),
     CelRule("!has(self.parsers)", MSG_ROLE_PARSERS, ".parsers", "FieldValueForbidden"),
+)
+
+ENGINE_RULES: Final = (
+    CelRule("!has(self.sim) || !has(self.simOptions)", MSG_SIM_OPTIONS_ALIAS, ".simOptions", "FieldValueForbidden"),
 )
 
 SPEC_RULES: Final = (

@@ -5,7 +5,8 @@ Single-field rules (types, bounds, enums, defaults) live on the fields; cross-fi
 ``drs_operator.api.rules`` (CEL, attached here) and ``drs_operator.validation`` (Python, which
 also checks what CEL cannot express, such as tiling). ``dict[str, Any]`` fields are free-form:
 the CRD keeps their unknown fields and the operator merges them (TensorRT-LLM kwargs, pod-template
-overlays, volume sources, resource requirements).
+overlays, volume sources, resource requirements), or, for the deprecated ``engine.simOptions``,
+validates them against the typed ``engine.sim`` model.
 
 Every block except ``model`` has defaults, so ``{model: {path: ...}, replicas: 1}`` is a complete
 spec: one replica of one TP1 prefill engine, one TP1 decode engine and one frontend.
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from drs_protocol.config import CamelModel
+from drs_protocol.engine_config import SimSpec, TorchSpec
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
 from pydantic import ConfigDict, Field, model_validator
 
@@ -39,7 +41,7 @@ from drs_operator.api.constants import (
     Precision,
     Role,
 )
-from drs_operator.api.rules import ROLE_RULES, SPEC_RULES, schema_extra
+from drs_operator.api.rules import ENGINE_RULES, ROLE_RULES, SPEC_RULES, schema_extra
 
 #: A free-form object (``x-kubernetes-preserve-unknown-fields`` in the CRD).
 FreeForm = dict[str, Any]
@@ -135,13 +137,26 @@ class RoleSpec(SpecModel):
 
 
 class EngineSpec(SpecModel):
-    """Which engine implementation runs in the engine pods."""
+    """Which engine implementation runs in the engine pods, and its backend's options."""
+
+    # Each backend's options are the engine config's own model (drs_protocol.engine_config), so the
+    # CRD, the operator and `drs engine` read one definition; a field left out takes the engine's
+    # default. simOptions is the deprecated, untyped spelling of sim: still accepted, and checked by
+    # drs_operator.validation against the same model (Valid=False naming the field).
+    model_config = ConfigDict(json_schema_extra=schema_extra(*ENGINE_RULES))
 
     backend: EngineBackend = Field(
         EngineBackend.TRTLLM,
-        description="trtllm: TensorRT-LLM on GPUs; sim: the CPU test double that speaks the same protocol.",
+        description=(
+            "trtllm: TensorRT-LLM on GPUs; sim: the CPU test double that speaks the same protocol; "
+            "torch: a reference GPU engine in PyTorch, one GPU per engine."
+        ),
     )
-    sim_options: FreeForm | None = Field(None, description="Options of the sim backend (latency model, …).")
+    sim: SimSpec | None = Field(None, description="Options of the sim backend (cache, token function, latency model).")
+    torch: TorchSpec | None = Field(None, description="Options of the torch backend (device, cache, KV handoff).")
+    sim_options: FreeForm | None = Field(
+        None, description="Deprecated: set engine.sim, which has the same fields. Exclusive with engine.sim."
+    )
     drain_seconds: int = Field(
         DEFAULT_DRAIN_SECONDS,
         ge=0,
@@ -151,6 +166,15 @@ class EngineSpec(SpecModel):
             "long before it exits; the pod's terminationGracePeriodSeconds is this plus 10."
         ),
     )
+
+    def sim_settings(self) -> SimSpec | None:
+        """The sim options, from ``sim`` or the deprecated ``simOptions`` (of a validated spec:
+        ``drs_operator.validation`` has checked ``simOptions`` against :class:`SimSpec`)."""
+        if self.sim is not None:
+            return self.sim
+        if self.sim_options:
+            return SimSpec.model_validate(self.sim_options)
+        return None
 
 
 class FrontendSpec(SpecModel):

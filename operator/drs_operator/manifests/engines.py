@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from drs_protocol import env, gang, routes
 from drs_protocol.config import render
-from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, ModelSpec, SimSpec
+from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, ModelSpec
 from drs_protocol.lifecycle import TERMINATION_MARGIN_SECONDS
 from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, engine_max_request_bytes
 
@@ -83,8 +83,11 @@ def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> E
             fields[name] = getattr(block, name)
     if isinstance(transceiver, Mapping):
         fields["cache_transceiver"] = CacheTransceiverSpec.model_validate(dict(transceiver))
-    if spec.engine.sim_options:
-        fields["sim"] = SimSpec.model_validate(dict(spec.engine.sim_options))
+    sim = spec.engine.sim_settings()
+    if sim is not None:
+        fields["sim"] = sim
+    if spec.engine.torch is not None:
+        fields["torch"] = spec.engine.torch
     fields["drain_seconds"] = spec.engine.drain_seconds
     fields["max_request_bytes"] = engine_request_bytes(spec)
     return EngineConfig.model_validate(fields)
