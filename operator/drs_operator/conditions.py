@@ -37,6 +37,7 @@ from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 
 from drs_operator.api import names
 from drs_operator.api.constants import ConditionStatus, ConditionType, Phase, Reason
+from drs_operator.api.objects import Manifest
 from drs_operator.api.status import (
     Condition,
     DisaggReplicaSetStatus,
@@ -56,7 +57,6 @@ from drs_operator.readiness import (
 from drs_operator.rollout import Rollout
 from drs_operator.validation import Problem
 
-Manifest = dict[str, Any]
 #: Reason of the Warning Event naming an engine pod that cannot run and why.
 POD_NOT_RUNNING_EVENT: Final = "PodNotRunning"
 

@@ -14,9 +14,10 @@ import datetime
 from collections.abc import Mapping, Sequence
 
 from drs_operator.api.constants import LABEL_REPLICA
+from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.api.status import DisaggReplicaSetStatus
-from drs_operator.conditions import Manifest, Observed
+from drs_operator.conditions import Observed
 from drs_operator.layout import frontend_urls, replica_statuses
 from drs_operator.manifests import Owner, desired_children
 from drs_operator.manifests.children import Children

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Final
 
 from drs_operator.api.constants import DEFAULT_SEGMENT_LABEL, GPU_RESOURCE
+from drs_operator.api.objects import Manifest
 
 GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 GPU_COUNT_LABEL: Final = "nvidia.com/gpu.count"
@@ -55,7 +56,7 @@ def loopback_ip(index: int) -> str:
 
 def build_nodes(
     profile: str, count: int | None = None, first_index: int = 0, node_ip: Callable[[int], str] = loopback_ip
-) -> list[dict[str, Any]]:
+) -> list[Manifest]:
     """Node manifests for ``profile`` (``count`` defaults per profile).
 
     ``first_index`` offsets the node addresses (``node_ip(index)``), so that nodes of a second call
@@ -66,7 +67,7 @@ def build_nodes(
     n = DEFAULT_NODE_COUNT[profile] if count is None else count
     if not 1 <= n <= MAX_NODES or first_index + n > MAX_NODES:
         raise ProfileError(f"--nodes must be between 1 and {MAX_NODES}, got {n}")
-    nodes: list[dict[str, Any]] = []
+    nodes: list[Manifest] = []
     for i in range(n):
         kind = profile if profile != "mixed" else ("hgx" if i < (n + 1) // 2 else "gb200")
         if kind == "hgx":
@@ -78,7 +79,7 @@ def build_nodes(
     return nodes
 
 
-def _node(name: str, address: str, shape: dict[str, Any], clique: str | None) -> dict[str, Any]:
+def _node(name: str, address: str, shape: dict[str, Any], clique: str | None) -> Manifest:
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",

@@ -19,9 +19,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from drs_operator.api.objects import ManifestView
 from drs_operator.manifests.children import hash_of
-
-Manifest = Mapping[str, Any]
 
 #: Waiting reasons of a container that will not start without someone acting.
 STUCK_WAITING: Final = frozenset(
@@ -52,7 +51,7 @@ class Problem:
         return f"pod {self.pod}: {self.reason}: {self.message}" if self.message else f"pod {self.pod}: {self.reason}"
 
 
-def pod_ready(pod: Manifest) -> bool:
+def pod_ready(pod: ManifestView) -> bool:
     """The pod's Ready condition is True and it is not being deleted."""
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return False
@@ -60,24 +59,24 @@ def pod_ready(pod: Manifest) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
-def engine_serving(pod_names: Sequence[str], pods: Mapping[str, Manifest]) -> bool:
+def engine_serving(pod_names: Sequence[str], pods: Mapping[str, ManifestView]) -> bool:
     """Every pod of the engine exists and is ready (at any spec hash)."""
     return bool(pod_names) and all(n in pods and pod_ready(pods[n]) for n in pod_names)
 
 
-def engine_updated(want: Mapping[str, Manifest], pods: Mapping[str, Manifest]) -> bool:
+def engine_updated(want: Mapping[str, ManifestView], pods: Mapping[str, ManifestView]) -> bool:
     """Every pod of the engine exists, carries the desired hash and is ready."""
     return bool(want) and all(
         n in pods and hash_of(pods[n]) == hash_of(p) and pod_ready(pods[n]) for n, p in want.items()
     )
 
 
-def deployment_serving(dep: Manifest | None) -> bool:
+def deployment_serving(dep: ManifestView | None) -> bool:
     """At least one pod of the Deployment is ready (whatever its template)."""
     return dep is not None and int((dep.get("status") or {}).get("readyReplicas") or 0) >= 1
 
 
-def deployment_updated(dep: Manifest | None, want: Manifest | None) -> bool:
+def deployment_updated(dep: ManifestView | None, want: ManifestView | None) -> bool:
     """The Deployment has the desired hash, the controller has seen it, and an updated pod is ready."""
     if dep is None or want is None or hash_of(dep) != hash_of(want):
         return False
@@ -90,7 +89,7 @@ def deployment_updated(dep: Manifest | None, want: Manifest | None) -> bool:
     )
 
 
-def pod_problem(pod: Manifest) -> Problem | None:
+def pod_problem(pod: ManifestView) -> Problem | None:
     """Why this pod does not run, when the scheduler or the kubelet said so; else None."""
     meta = pod.get("metadata") or {}
     if meta.get("deletionTimestamp"):

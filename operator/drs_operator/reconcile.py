@@ -34,6 +34,7 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, CHILD_KINDS, Reason
+from drs_operator.api.objects import Manifest
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
 from drs_operator.decide import Decision, decide
@@ -234,9 +235,7 @@ def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Plac
     return notes
 
 
-async def _write_status(
-    ctx: Context, body: dict[str, Any], status: DisaggReplicaSetStatus, notes: list[EventNote]
-) -> None:
+async def _write_status(ctx: Context, body: Manifest, status: DisaggReplicaSetStatus, notes: list[EventNote]) -> None:
     new = status_dict(status)
     old = status_dict(_parse_status(body.get("status")))
     if json.dumps(new, sort_keys=True) != json.dumps(old, sort_keys=True):

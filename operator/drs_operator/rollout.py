@@ -30,10 +30,10 @@ from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 from drs_operator.api.constants import HASHED_CHILD_KINDS, LABEL_REPLICA
+from drs_operator.api.objects import Manifest
 from drs_operator.manifests.children import Children, ReplicaChildren, hash_of
 from drs_operator.readiness import pod_ready
 
-Manifest = dict[str, Any]
 Verb = Literal["create", "replace", "delete"]
 
 

@@ -24,13 +24,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from drs_operator.api.constants import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from drs_operator.api.objects import Manifest
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.client import REQUEST_TIMEOUT_S, request_json
 from drs_operator.kube.throttle import Limits, Throttle
 from drs_operator.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
-Manifest = dict[str, Any]
 COMPONENT = "drs-operator"
 
 

@@ -31,7 +31,8 @@ from typing import Any, Final
 from kubernetes_asyncio import client
 
 from drs_operator.api.constants import CHILD_KINDS, GPU_RESOURCE, LABEL_REPLICASET
-from drs_operator.kube.informer import Informer, Manifest
+from drs_operator.api.objects import Manifest
+from drs_operator.kube.informer import Informer
 from drs_operator.kube.observe import LiveChildren, owned_by
 from drs_operator.nodepool import pod_gpus
 

@@ -33,10 +33,10 @@ from typing import Any, Final
 import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from drs_operator.api.objects import Manifest
 from drs_operator.kube.client import REQUEST_TIMEOUT_S, request_json
 
 log = logging.getLogger(__name__)
-Manifest = dict[str, Any]
 Key = tuple[str, str]  #: (namespace or "", name)
 Projection = Callable[[Manifest], Manifest | None]
 OnChange = Callable[[Manifest | None, Manifest | None], None]

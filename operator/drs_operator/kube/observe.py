@@ -11,15 +11,13 @@ resource's UID, so objects of a deleted namesake waiting for garbage collection 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from drs_operator.api.constants import GROUP, PLURAL, VERSION
+from drs_operator.api.objects import Manifest
 from drs_operator.kube.client import REQUEST_TIMEOUT_S, as_json
-
-Manifest = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from drs_operator.api.constants import ROLES
+from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.manifests.common import SPEC_HASH_ANNOTATION, Owner
 from drs_operator.manifests.engines import build_engine_configmap, build_engine_pods, build_engines_service
@@ -28,8 +29,6 @@ from drs_operator.manifests.frontends import (
 from drs_operator.manifests.policies import build_replica_network_policy
 from drs_operator.placement import Placement
 from drs_operator.plan import Plan
-
-Manifest = dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)

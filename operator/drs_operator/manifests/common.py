@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from drs_operator.api.constants import API_VERSION, KIND
+from drs_operator.api.objects import Manifest
 
 SPEC_HASH_ANNOTATION: Final = "disagg.dev/spec-hash"
 #: Node a child was placed on (for a person reading ``kubectl get -o yaml``).
@@ -68,7 +69,7 @@ def spec_hash(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def with_hash(manifest: dict[str, Any]) -> dict[str, Any]:
+def with_hash(manifest: Manifest) -> Manifest:
     """``manifest`` with its spec hash annotation set (in place; returned for chaining)."""
     h = spec_hash(manifest)
     manifest["metadata"].setdefault("annotations", {})[SPEC_HASH_ANNOTATION] = h

@@ -35,6 +35,7 @@ from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTE
 
 from drs_operator.api import names
 from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
+from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.layout import engine_url
 from drs_operator.manifests.common import (
@@ -109,7 +110,7 @@ _ROLE_KNOBS: Final = (
 )
 
 
-def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> dict[str, Any]:
+def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> Manifest:
     config = build_engine_config(spec, plan, role)
     return with_hash(
         {
@@ -121,7 +122,7 @@ def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan,
     )
 
 
-def build_control_secret(owner: Owner, token: str | None = None) -> dict[str, Any]:
+def build_control_secret(owner: Owner, token: str | None = None) -> Manifest:
     """The Secret holding the engines' control-API token (created once, never rotated by the operator)."""
     return {
         "apiVersion": "v1",
@@ -132,7 +133,7 @@ def build_control_secret(owner: Owner, token: str | None = None) -> dict[str, An
     }
 
 
-def build_engines_service(owner: Owner, port: int) -> dict[str, Any]:
+def build_engines_service(owner: Owner, port: int) -> Manifest:
     """The headless Service that gives every engine pod a DNS name (pod networking)."""
     return with_hash(
         {
@@ -157,7 +158,7 @@ def build_engine_pods(
     placed: EnginePlacement,
     addresses: Mapping[str, str],
     config_hash: str,
-) -> list[dict[str, Any]]:
+) -> list[Manifest]:
     """The pods of one placed engine (one, or one per node for an engine wider than a node)."""
     world = len(placed.nodes)
     url = engine_url(plan, slot, placed.node, owner.namespace, addresses)
@@ -183,7 +184,7 @@ def _engine_pod(
     url: str,
     leader: str,
     config_hash: str,
-) -> dict[str, Any]:
+) -> Manifest:
     name = names.engine_pod_name(owner.name, slot.replica, slot.role, slot.ordinal, rank)
     labels = {
         **names.labels(owner.name, str(slot.role), slot.replica),

@@ -20,6 +20,7 @@ from drs_protocol.limits import FRONTEND_MAX_REQUEST_BYTES
 
 from drs_operator.api import names
 from drs_operator.api.constants import LABEL_FRONTEND, LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, Role
+from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.layout import engine_url
 from drs_operator.manifests.common import (
@@ -114,7 +115,7 @@ def frontend_config_hash(config: FrontendConfig) -> str:
     return spec_hash({"metadata": {}, "data": kept})
 
 
-def build_frontend_configmap(owner: Owner, replica: int, config: FrontendConfig) -> dict[str, Any]:
+def build_frontend_configmap(owner: Owner, replica: int, config: FrontendConfig) -> Manifest:
     return with_hash(
         {
             "apiVersion": "v1",
@@ -138,7 +139,7 @@ def _selector(owner: Owner, slot: FrontendSlot) -> dict[str, str]:
 
 def build_frontend_deployment(
     owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, slot: FrontendSlot, node: str, config_hash: str
-) -> dict[str, Any]:
+) -> Manifest:
     labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
     scratch_volume, scratch_mount = scratch()
     container: dict[str, Any] = {
@@ -215,7 +216,7 @@ def build_frontend_deployment(
     )
 
 
-def build_frontend_service(owner: Owner, slot: FrontendSlot) -> dict[str, Any]:
+def build_frontend_service(owner: Owner, slot: FrontendSlot) -> Manifest:
     labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
     return with_hash(
         {

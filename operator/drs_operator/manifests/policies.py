@@ -19,14 +19,11 @@ enforcing them is the CNI's job (the dev cluster's bridge CNI does not).
 
 from __future__ import annotations
 
-from typing import Any
-
 from drs_operator.api import names
 from drs_operator.api.constants import LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, ROLES
+from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.manifests.common import Owner, with_hash
-
-Manifest = dict[str, Any]
 
 
 def replica_selector(drs: str, replica: int, roles: tuple[str, ...]) -> Manifest:
