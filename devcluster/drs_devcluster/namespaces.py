@@ -61,9 +61,3 @@ def holder_argv(binds: dict[Path, Path]) -> list[str]:
     mounts = " && ".join(f"mount --bind {shlex.quote(str(src))} {shlex.quote(str(dst))}" for dst, src in binds.items())
     script = f"{mounts} && exec {shlex.quote(sleep_binary())} infinity"
     return ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", script]
-
-
-def mount_targets(pid: int) -> list[str]:
-    """The mount points the namespace of ``pid`` sees (for checks and tests)."""
-    with open(f"/proc/{pid}/mountinfo") as f:
-        return [line.split()[4] for line in f]

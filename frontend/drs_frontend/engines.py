@@ -63,9 +63,6 @@ class EnginePool:
         own = [Candidate(e.url, e.in_flight) for e in usable if not e.fallback]
         return own or [Candidate(e.url, e.in_flight) for e in usable]
 
-    def is_fallback(self, url: str) -> bool:
-        return self.engines[url].fallback
-
     async def wait_for_engine(self, timeout: float) -> None:
         """Until a probe finds an engine answering again, or ``timeout`` seconds (whichever is first)."""
         self._came_up.clear()

@@ -37,7 +37,6 @@ The frontend (with ``tokenize`` on) and the engine (when it renders the prompt i
 
 from __future__ import annotations
 
-import bisect
 import struct
 import sys
 from array import array
@@ -271,11 +270,6 @@ def join(prefix: TokenPrefix, tail: array[int], history_eos: int) -> Spliced:
 
 def eos_positions(ids: Sequence[int], eos_id: int) -> list[int]:
     return [i for i, t in enumerate(ids) if t == eos_id]
-
-
-def count_before(positions: Sequence[int], end: int) -> int:
-    """How many of the ascending ``positions`` lie before ``end``."""
-    return bisect.bisect_left(positions, end)
 
 
 def render_spliced_ids(
