@@ -142,7 +142,8 @@ def kubectl(state_dir: Path | None, args: tuple[str, ...]) -> None:
 @click.option("--foreground", is_flag=True, help="Run in this terminal; Ctrl-C stops it and its processes.")
 def run_pods(state_dir: Path | None, foreground: bool) -> None:
     """Run the `drs` containers of hostNetwork pods on simulated nodes as local processes."""
-    from .runner_daemon import run_foreground, start_runner
+    from .runner import run_foreground
+    from .runner_daemon import start_runner
 
     cluster = DevCluster.at(state_dir)
     try:

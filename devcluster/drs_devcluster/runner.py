@@ -26,10 +26,11 @@ every live process, and the runner itself as ``pod-runner``, is in ``<state>/run
 pod: kwok's pod-delete stage does. Process memory holds only what is safe to lose: a restarted
 runner stops the processes its predecessor left and starts them again.
 
-By concern: this module is the watch loop and the supervision; ``runner_process`` one pod's
-process (spawn, signals, probe); ``runner_api`` the raw API reads; ``runner_daemon`` the pid file
-and starting/stopping the runner itself (``drs dev run-pods``, click); ``runner_policy`` and
-``runner_env`` the pure decisions.
+By concern: this module is the watch loop and the supervision, and :func:`run_foreground` (``drs
+dev run-pods --foreground``); ``runner_process`` one pod's process (spawn, signals, probe);
+``runner_api`` the raw API reads; ``runner_daemon`` the pid file and starting/stopping the runner
+process from outside (it never imports this module); ``runner_policy`` and ``runner_env`` the
+pure decisions.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from . import processes
-from .cluster import DevCluster
+from .cluster import DevCluster, DevClusterError
 from .runner_api import API_CALL_TIMEOUT_S, LIST_TIMEOUT_S, ApiError, Gone, describe, read_json, watch_lines
 from .runner_daemon import RUNNER_NAME, PidFile
 from .runner_env import NODE_IP_ENV, EnvResolutionError, first_container, local_argv, referenced_objects, resolve
@@ -453,3 +454,13 @@ class PodRunner:
             )
         except Exception as exc:
             log.warning("event %s on %s/%s not recorded: %s", reason, namespace, pod["metadata"]["name"], describe(exc))
+
+
+def run_foreground(cluster: DevCluster) -> int:
+    """Run the runner in this process until SIGTERM/SIGINT or the control plane stops; return an exit code."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness probe otherwise
+    if not cluster.layout.kubeconfig.is_file():
+        raise DevClusterError(f"no dev cluster in {cluster.layout.state_dir}: run `drs dev up` first")
+    asyncio.run(PodRunner(cluster).run())
+    return 0

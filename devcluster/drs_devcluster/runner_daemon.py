@@ -9,7 +9,6 @@ so that ``drs dev down`` stops them.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -69,18 +68,6 @@ class PidFile:
     def clear(self) -> None:
         self.ready_file.unlink(missing_ok=True)
         self.path.unlink(missing_ok=True)
-
-
-def run_foreground(cluster: DevCluster) -> int:
-    """Run the runner in this process until SIGTERM/SIGINT or the control plane stops; return an exit code."""
-    from .runner import PodRunner
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per readiness probe otherwise
-    if not cluster.layout.kubeconfig.is_file():
-        raise DevClusterError(f"no dev cluster in {cluster.layout.state_dir}: run `drs dev up` first")
-    asyncio.run(PodRunner(cluster).run())
-    return 0
 
 
 def running_runner(cluster: DevCluster) -> processes.Tracked | None:
