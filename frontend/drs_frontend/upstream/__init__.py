@@ -6,6 +6,7 @@ probes; ~0.48 ms of frontend CPU per turn against ~0.75 ms with ``aiohttp``, in 
 once it reused its connections), ``aiohttp``, and ``httpx`` (six to ten times the CPU of the others).
 """
 
-from drs_frontend.upstream.base import UpstreamClient, UpstreamResponse, UpstreamStream, build_upstream
+from drs_frontend.upstream.base import UpstreamClient, UpstreamResponse, UpstreamStream
+from drs_frontend.upstream.factory import build_upstream
 
 __all__ = ["UpstreamClient", "UpstreamResponse", "UpstreamStream", "build_upstream"]

@@ -1,4 +1,4 @@
-"""The interface every upstream client implements, and the choice between them.
+"""The interface every upstream client implements (the choice between them: :mod:`.factory`).
 
 A client owns one connection pool (bounded per engine and in total) and maps its library's
 failures onto :mod:`drs_frontend.errors`: refused/reset -> ``UpstreamConnectError``, the named
@@ -11,8 +11,6 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
-
-from drs_frontend.config import Limits, UpstreamClientName
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,17 +57,3 @@ class UpstreamClient(Protocol):
 
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
-
-
-def build_upstream(name: UpstreamClientName, *, connect_timeout: float, limits: Limits) -> UpstreamClient:
-    if name == "raw":
-        from drs_frontend.upstream.raw_client import RawUpstream
-
-        return RawUpstream(connect_timeout=connect_timeout, limits=limits)
-    if name == "httpx":
-        from drs_frontend.upstream.httpx_client import HttpxUpstream
-
-        return HttpxUpstream(connect_timeout=connect_timeout, limits=limits)
-    from drs_frontend.upstream.aiohttp_client import AiohttpUpstream
-
-    return AiohttpUpstream(connect_timeout=connect_timeout, limits=limits)
