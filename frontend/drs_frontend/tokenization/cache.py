@@ -130,7 +130,10 @@ class ChatTokenizer:
         self._splicer = SpliceTokenizer(tokenizer)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
-        self.windowed = probe_windowing(self) if windowed is None else windowed
+        if windowed is None:
+            scratch = type(self)(tokenizer, max_entries=4, max_bytes=max_bytes or 1, windowed=True)
+            windowed = probe_windowing(tokenizer, scratch)
+        self.windowed = windowed
         self.history_eos_cached = probe_history_eos(tokenizer) if history_eos_cached is None else history_eos_cached
         self.vocab_size = len(tokenizer)  # len() of a fast tokenizer builds its whole vocabulary
         self.eos_id = self._splicer.eos_id

@@ -1,6 +1,7 @@
 """The load-time probes: does this chat template obey the rules the incremental path relies on?
 
-:class:`~drs_frontend.tokenization.cache.ChatTokenizer` runs both when it is made, on
+:class:`~drs_frontend.tokenization.cache.ChatTokenizer` runs both when it is made (this module
+never imports it: the window probe renders with a scratch instance it is given), on
 conversations that exercise what ChatML-family templates special-case, and falls back to the
 full path for a template that fails one (logged once).
 """
@@ -8,21 +9,42 @@ full path for a template that fails one (logged once).
 from __future__ import annotations
 
 import logging
+from array import array
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from drs_protocol.chat import ChatTemplateError, render_prompt_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from drs_frontend.tokenization.cache import ChatTokenizer
-
 log = logging.getLogger(__name__)
 
 # -- the window probe ----------------------------------------------------------------------------
 
 ProbeConversation = list[dict[str, Any]]
+
+
+class _Ids(Protocol):
+    @property
+    def ids(self) -> array[int]: ...
+
+
+class WindowedChat(Protocol):
+    """What the window probe renders with: a windowed ``ChatTokenizer`` of its own (a scratch one,
+    whose cache carries the probe's turns)."""
+
+    def forget(self, conversation_id: str) -> None: ...
+
+    def prompt_ids(
+        self,
+        conversation_id: str | None,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> _Ids: ...
 
 
 def probe_conversations() -> list[tuple[ProbeConversation, list[dict[str, Any]] | None]]:
@@ -62,11 +84,12 @@ def _passes(probe: str, otherwise: str, check: Callable[[], bool]) -> bool:
 
 
 def probe_windowing(
-    chat: ChatTokenizer, kwargs_variants: Sequence[Mapping[str, Any] | None] = (None, {"enable_thinking": False})
+    tokenizer: PreTrainedTokenizerBase,
+    scratch: WindowedChat,
+    kwargs_variants: Sequence[Mapping[str, Any] | None] = (None, {"enable_thinking": False}),
 ) -> bool:
-    """Does windowed rendering reproduce full rendering for this template? Every prefix of every
-    probe conversation is rendered both ways (the cache of a scratch instance carries the turns)."""
-    scratch = type(chat)(chat.tokenizer, max_entries=4, max_bytes=chat.max_bytes or 1, windowed=True)
+    """Does windowed rendering (``scratch``) reproduce full rendering for this template? Every prefix
+    of every probe conversation is rendered both ways (``scratch``'s cache carries the turns)."""
 
     def check() -> bool:
         for kwargs in kwargs_variants:
@@ -80,7 +103,7 @@ def probe_windowing(
                             cid, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
                         )
                         want = render_prompt_ids(
-                            chat.tokenizer, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
+                            tokenizer, prefix, tools=tools, chat_template_kwargs=kwargs, add_generation_prompt=agp
                         )
                         if got.ids.tolist() != want:
                             return False
