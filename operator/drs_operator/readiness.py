@@ -8,6 +8,9 @@ Two questions, kept apart because a roll makes them disagree:
 * *updated* — serving **and** carrying the desired spec hash: only when every replica is updated
   is the resource ``Ready`` (never Ready while a pod of the spec's generation is not ready).
 
+``deployment_rolled_out`` (the Deployment controller has acted on the template it holds and a pod
+of it is ready, whatever the hash) is what the roll-out (``drs_operator.rollout``) waits for.
+
 ``pod_problem`` says why a pod that should run does not, from what the scheduler and the kubelet
 wrote: unschedulable (a missing PersistentVolumeClaim shows up here), an image that cannot be
 pulled, a crash loop, a container that cannot be created.
@@ -77,9 +80,14 @@ def deployment_serving(dep: ManifestView | None) -> bool:
 
 
 def deployment_updated(dep: ManifestView | None, want: ManifestView | None) -> bool:
-    """The Deployment has the desired hash, the controller has seen it, and an updated pod is ready."""
+    """The Deployment has the desired hash and has rolled out (:func:`deployment_rolled_out`)."""
     if dep is None or want is None or hash_of(dep) != hash_of(want):
         return False
+    return deployment_rolled_out(dep)
+
+
+def deployment_rolled_out(dep: ManifestView) -> bool:
+    """The controller has seen the Deployment's template and a pod of it is ready (whatever the hash)."""
     status = dep.get("status") or {}
     generation = (dep.get("metadata") or {}).get("generation", 0)
     return bool(

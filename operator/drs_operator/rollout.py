@@ -32,7 +32,7 @@ from typing import Any, Literal
 from drs_operator.api.constants import HASHED_CHILD_KINDS, LABEL_REPLICA
 from drs_operator.api.objects import Manifest
 from drs_operator.manifests.children import Children, ReplicaChildren, hash_of
-from drs_operator.readiness import pod_ready
+from drs_operator.readiness import deployment_rolled_out, pod_ready
 
 Verb = Literal["create", "replace", "delete"]
 
@@ -55,16 +55,6 @@ class Rollout:
     rolling: tuple[int, ...]  #: replicas whose engine pods are being replaced in this pass
     waiting: tuple[int, ...]  #: replicas with outdated engines waiting for their turn
     message: str  #: for the Progressing condition ("" when nothing is in flight)
-
-
-def deployment_ready(dep: Mapping[str, Any]) -> bool:
-    status = dep.get("status") or {}
-    generation = (dep.get("metadata") or {}).get("generation", 0)
-    return bool(
-        status.get("observedGeneration", 0) >= generation
-        and status.get("readyReplicas", 0) >= 1
-        and status.get("updatedReplicas", 0) >= 1
-    )
 
 
 def _current(live: Mapping[str, Any] | None, desired: Mapping[str, Any]) -> bool:
@@ -94,7 +84,8 @@ def replica_available(rc: ReplicaChildren, live: Mapping[str, Mapping[str, Manif
     pods, deps = live.get("Pod", {}), live.get("Deployment", {})
     engines_up = all(p["metadata"]["name"] in pods and pod_ready(pods[p["metadata"]["name"]]) for p in rc.engine_pods)
     fronts_up = all(
-        d["metadata"]["name"] in deps and deployment_ready(deps[d["metadata"]["name"]]) for d in rc.frontend_deployments
+        d["metadata"]["name"] in deps and deployment_rolled_out(deps[d["metadata"]["name"]])
+        for d in rc.frontend_deployments
     )
     return engines_up and fronts_up
 
