@@ -31,12 +31,12 @@ import dataclasses
 import datetime
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 
 from drs_operator.api import names
-from drs_operator.api.constants import ConditionStatus, ConditionType, Phase, Reason
+from drs_operator.api.constants import ConditionStatus, ConditionType, EventReason, EventType, Phase, Reason
 from drs_operator.api.objects import Manifest
 from drs_operator.api.status import (
     Condition,
@@ -58,13 +58,12 @@ from drs_operator.rollout import Rollout
 from drs_operator.validation import Problem
 
 #: Reason of the Warning Event naming an engine pod that cannot run and why.
-POD_NOT_RUNNING_EVENT: Final = "PodNotRunning"
 
 
 @dataclasses.dataclass(frozen=True)
 class EventNote:
-    type: str  #: Normal or Warning
-    reason: str
+    type: EventType
+    reason: str  #: a condition's Reason (a transition) or an EventReason
     message: str
 
 
@@ -186,7 +185,11 @@ def _gang_notes(previous: Sequence[ReplicaStatus], current: Sequence[ReplicaStat
                 continue
             if e.ready:
                 notes.append(
-                    EventNote("Normal", Reason.GANG_READY, f"engine {e.name}: all {len(e.ranks)} ranks joined, serving")
+                    EventNote(
+                        EventType.NORMAL,
+                        EventReason.GANG_READY,
+                        f"engine {e.name}: all {len(e.ranks)} ranks joined, serving",
+                    )
                 )
                 continue
             missing = ", ".join(f"{x.rank} ({x.pod} on {x.node})" for x in e.ranks if not x.joined) or "none"
@@ -194,7 +197,7 @@ def _gang_notes(previous: Sequence[ReplicaStatus], current: Sequence[ReplicaStat
                 f"engine {e.name} is down as a whole, rank(s) not joined: {missing}; "
                 "its ranks restart together and it serves again once every rank rejoined"
             )
-            notes.append(EventNote("Warning", Reason.GANG_RESTARTING, message[:1024]))
+            notes.append(EventNote(EventType.WARNING, EventReason.GANG_RESTARTING, message[:1024]))
     return notes
 
 
@@ -218,7 +221,7 @@ def _problem_notes(previous: DisaggReplicaSetStatus, replicas: Sequence[ReplicaS
     """A Warning Event for each engine whose pod cannot run for a reason it did not have before."""
     before = {e.name: e.problem for r in previous.replica_statuses for e in r.engines}
     return [
-        EventNote("Warning", POD_NOT_RUNNING_EVENT, (e.message or e.problem or "")[:1024])
+        EventNote(EventType.WARNING, EventReason.POD_NOT_RUNNING, (e.message or e.problem or "")[:1024])
         for r in replicas
         for e in r.engines
         if e.problem and before.get(e.name) != e.problem
@@ -448,7 +451,11 @@ def _transitions(previous: Sequence[Condition], current: Sequence[Condition]) ->
         ):
             continue
         warn = bad.get(ConditionType(c.type)) == c.status
-        notes.append(EventNote("Warning" if warn else "Normal", c.reason, f"{c.type}={c.status}: {c.message}"[:1024]))
+        notes.append(
+            EventNote(
+                EventType.WARNING if warn else EventType.NORMAL, c.reason, f"{c.type}={c.status}: {c.message}"[:1024]
+            )
+        )
     return notes
 
 

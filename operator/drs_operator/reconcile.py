@@ -33,7 +33,14 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, CHILD_KINDS, Reason
+from drs_operator.api.constants import (
+    ANNOTATION_ENGINE_WEIGHTS,
+    ANNOTATION_WEIGHTS_VERSION,
+    CHILD_KINDS,
+    EventReason,
+    EventType,
+    Reason,
+)
 from drs_operator.api.objects import Manifest
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
@@ -46,7 +53,7 @@ from drs_operator.manifests.engines import build_control_secret
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import Placement
-from drs_operator.rollout import Action
+from drs_operator.rollout import Action, ActionReason
 from drs_operator.validation import Problem, validate_name, validate_spec_data
 
 log = logging.getLogger(__name__)
@@ -211,27 +218,41 @@ def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Plac
     notes: list[EventNote] = []
     created = [a for a in actions if a.verb == "create" and a.kind == "Pod"]
     if created:
-        notes.append(EventNote("Normal", "EnginesCreated", f"created engine pods {', '.join(a.name for a in created)}"))
-    failed = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == "failed"]
+        notes.append(
+            EventNote(
+                EventType.NORMAL,
+                EventReason.ENGINES_CREATED,
+                f"created engine pods {', '.join(a.name for a in created)}",
+            )
+        )
+    failed = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == ActionReason.FAILED]
     if failed:
         notes.append(
             EventNote(
-                "Warning", Reason.ENGINE_FAILED, f"replacing failed engine pods {', '.join(a.name for a in failed)}"
+                EventType.WARNING,
+                Reason.ENGINE_FAILED,
+                f"replacing failed engine pods {', '.join(a.name for a in failed)}",
             )
         )
-    rolled = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == "outdated"]
+    rolled = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == ActionReason.OUTDATED]
     if rolled:
         notes.append(
             EventNote(
-                "Normal", "EnginesRecreated", f"replacing outdated engine pods {', '.join(a.name for a in rolled)}"
+                EventType.NORMAL,
+                EventReason.ENGINES_RECREATED,
+                f"replacing outdated engine pods {', '.join(a.name for a in rolled)}",
             )
         )
     for r in moved:
         nodes = ", ".join(placement.replica(r).nodes)
-        notes.append(EventNote("Warning", Reason.REPLICA_MOVED, f"replica {r} moved to {nodes}"))
+        notes.append(EventNote(EventType.WARNING, Reason.REPLICA_MOVED, f"replica {r} moved to {nodes}"))
     fronts = [a for a in actions if a.kind == "Deployment" and a.verb in ("create", "replace")]
     if fronts:
-        notes.append(EventNote("Normal", "FrontendsApplied", f"{', '.join(f'{a.verb}d {a.name}' for a in fronts)}"))
+        notes.append(
+            EventNote(
+                EventType.NORMAL, EventReason.FRONTENDS_APPLIED, f"{', '.join(f'{a.verb}d {a.name}' for a in fronts)}"
+            )
+        )
     return notes
 
 

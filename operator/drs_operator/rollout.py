@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Collection, Mapping
+from enum import StrEnum
 from typing import Any, Literal
 
 from drs_operator.api.constants import HASHED_CHILD_KINDS, LABEL_REPLICA
@@ -35,6 +36,16 @@ from drs_operator.manifests.children import Children, ReplicaChildren, hash_of
 from drs_operator.readiness import deployment_rolled_out, pod_ready
 
 Verb = Literal["create", "replace", "delete"]
+
+
+class ActionReason(StrEnum):
+    """Why an action is taken (the reconcile turns some into Events)."""
+
+    MISSING = "missing"
+    OUTDATED = "outdated"
+    FAILED = "failed"  #: a pod that will never run again
+    NODE_LOST = "node lost"
+    NOT_DESIRED = "not desired"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +57,7 @@ class Action:
     live: Manifest | None = None  #: the live object (replace, delete)
     grace_seconds: int | None = None  #: delete only
     replica: int | None = None
-    reason: str = ""
+    reason: ActionReason | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,7 +125,9 @@ def compute_actions(
                 down.add(rc.index)
                 rolling.append(rc.index)
                 actions += [
-                    Action("delete", "Pod", p["metadata"]["name"], live=p, replica=rc.index, reason="outdated")
+                    Action(
+                        "delete", "Pod", p["metadata"]["name"], live=p, replica=rc.index, reason=ActionReason.OUTDATED
+                    )
                     for p in outdated
                     if not (p.get("metadata") or {}).get("deletionTimestamp")
                 ]
@@ -138,9 +151,11 @@ def _sync(
     name = obj["metadata"]["name"]
     current = live.get(kind, {}).get(name)
     if current is None:
-        return [Action("create", kind, name, manifest=obj, replica=replica, reason="missing")]
+        return [Action("create", kind, name, manifest=obj, replica=replica, reason=ActionReason.MISSING)]
     if replace_ok and hash_of(current) != hash_of(obj):
-        return [Action("replace", kind, name, manifest=obj, live=current, replica=replica, reason="outdated")]
+        return [
+            Action("replace", kind, name, manifest=obj, live=current, replica=replica, reason=ActionReason.OUTDATED)
+        ]
     return []
 
 
@@ -155,16 +170,26 @@ def _engine_pod_actions(
         name = want["metadata"]["name"]
         have = pods.get(name)
         if have is None:
-            actions.append(Action("create", "Pod", name, manifest=want, replica=rc.index, reason="missing"))
+            actions.append(Action("create", "Pod", name, manifest=want, replica=rc.index, reason=ActionReason.MISSING))
         elif _finished(have):
             if not (have.get("metadata") or {}).get("deletionTimestamp"):
                 actions.append(
-                    Action("delete", "Pod", name, live=have, grace_seconds=0, replica=rc.index, reason="failed")
+                    Action(
+                        "delete", "Pod", name, live=have, grace_seconds=0, replica=rc.index, reason=ActionReason.FAILED
+                    )
                 )
         elif not _current(have, want):
             if _node_of(have) in lost_nodes:
                 actions.append(
-                    Action("delete", "Pod", name, live=have, grace_seconds=0, replica=rc.index, reason="node lost")
+                    Action(
+                        "delete",
+                        "Pod",
+                        name,
+                        live=have,
+                        grace_seconds=0,
+                        replica=rc.index,
+                        reason=ActionReason.NODE_LOST,
+                    )
                 )
             else:
                 outdated.append(have)
@@ -209,7 +234,7 @@ def _undesired(
                     live=obj,
                     grace_seconds=grace,
                     replica=int(replica) if replica else None,
-                    reason="not desired",
+                    reason=ActionReason.NOT_DESIRED,
                 )
             )
     return actions

@@ -128,7 +128,25 @@ class Reason(StrEnum):
     PODS_NOT_RUNNING = "PodsNotRunning"
     WEIGHTS_SPLIT = "WeightsSplit"
     NOT_DEGRADED = "NotDegraded"
-    # Events of an engine wider than a node (a gang of pods over one Ray cluster)
+
+
+class EventType(StrEnum):
+    """``Event.type``."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class EventReason(StrEnum):
+    """``Event.reason`` of the Events that are not a condition's transition (those carry the
+    condition's :class:`Reason`)."""
+
+    ENGINES_CREATED = "EnginesCreated"
+    ENGINES_RECREATED = "EnginesRecreated"
+    FRONTENDS_APPLIED = "FrontendsApplied"
+    #: one Warning per engine pod whose cause (unschedulable, image pull, crash loop …) changes
+    POD_NOT_RUNNING = "PodNotRunning"
+    # an engine wider than a node (a gang of pods over one Ray cluster)
     GANG_RESTARTING = "GangRestarting"
     GANG_READY = "GangReady"
 
