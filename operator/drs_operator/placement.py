@@ -20,7 +20,8 @@ Algorithm
     2. What our own pods still hold on nodes their replica is not kept on (``held``) is not
        free for any *other* replica (the replica itself may use it again), and a node that is
        not Ready but tolerated offers nothing new.
-    3. The other replicas, in order, each placed whole (gang) in the first tier that works:
+    3. The other replicas, in order, each placed whole (gang) in the first tier that works
+       (:mod:`drs_operator.packing`):
        a. one node: the tightest fit (fewest free GPUs left, then name);
        b. one segment: the segment whose packing uses the fewest nodes (then tightest, then name);
        c. split across segments (``split=True``, with a reason).
@@ -50,10 +51,8 @@ from dataclasses import dataclass
 
 from drs_operator.api.constants import Role
 from drs_operator.api.status import ReplicaStatus
-from drs_operator.plan import EngineSlot, Plan, ReplicaPlan, tiling_problem
-
-#: Upper bound on search steps for one packing (far above what real fleets need).
-SEARCH_BUDGET = 200_000
+from drs_operator.packing import Assignment, Pool, engine_demand, place_replica, replica_demand
+from drs_operator.plan import Plan, ReplicaPlan, tiling_problem
 
 
 @dataclass(frozen=True)
@@ -139,19 +138,6 @@ class Placement:
 
 
 # --- the algorithm --------------------------------------------------------------------------
-Assignment = dict[str, tuple[str, ...]]  # engine name -> nodes
-
-
-@dataclass(frozen=True)
-class _Pool:
-    """The usable nodes, indexed."""
-
-    size: Mapping[str, int]
-    segment: Mapping[str, str]
-    names: tuple[str, ...]  # sorted
-    segments: Mapping[str, tuple[str, ...]]  # segment -> its nodes, sorted
-
-
 #: GPUs held on a node by live pods of ours, per replica index: node -> replica -> GPUs.
 Held = Mapping[str, Mapping[int, int]]
 
@@ -169,7 +155,7 @@ def place(
     segments: dict[str, list[str]] = {}
     for n in usable:
         segments.setdefault(n.segment, []).append(n.name)
-    pool = _Pool(
+    pool = Pool(
         size={n.name: n.allocatable for n in usable},
         segment={n.name: n.segment for n in usable},
         names=tuple(n.name for n in usable),
@@ -191,10 +177,10 @@ def place(
     free.update(dict.fromkeys(waiting, 0))  # a node that is not Ready keeps what it has, takes nothing new
     for rep in plan.replicas:
         if rep.index not in chosen:
-            found = _place_replica(rep, pool, _available(free, strays, rep.index))
+            found = place_replica(rep, pool, _available(free, strays, rep.index))
             if found is not None:
                 chosen[rep.index] = found
-                for node, gpus in _booked(rep, found, pool).items():
+                for node, gpus in replica_demand(rep, found, pool).items():
                     free[node] -= gpus
                     mine = strays.get(node, {})
                     if rep.index in mine:  # its new engines there supersede its old pods
@@ -251,27 +237,13 @@ def _usable(plan: Plan, nodes: Sequence[NodeInfo]) -> tuple[list[NodeInfo], list
     return usable, excluded
 
 
-def _demand(width: int, nodes: Sequence[str], pool: _Pool) -> dict[str, int] | None:
-    """GPUs an engine takes per node, or ``None`` if ``nodes`` cannot hold it."""
-    if not nodes or any(n not in pool.size for n in nodes) or len(set(nodes)) != len(nodes):
-        return None
-    if len(nodes) == 1 and width <= pool.size[nodes[0]]:
-        return {nodes[0]: width}
-    size = pool.size[nodes[0]]
-    if width <= size or width % size or len(nodes) != width // size:
-        return None
-    if any(pool.size[n] != size or pool.segment[n] != pool.segment[nodes[0]] for n in nodes):
-        return None
-    return dict.fromkeys(nodes, size)
-
-
-def _holds(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: Mapping[str, int]) -> bool:
+def _holds(rep: ReplicaPlan, assignment: Assignment, pool: Pool, free: Mapping[str, int]) -> bool:
     """Whether ``assignment`` (from a previous placement) is still good for ``rep``."""
     if set(assignment) != {e.name for e in rep.engines}:
         return False
     need: dict[str, int] = {}
     for e in rep.engines:
-        demand = _demand(e.width, assignment[e.name], pool)
+        demand = engine_demand(e.width, assignment[e.name], pool)
         if demand is None:
             return False
         for n, g in demand.items():
@@ -279,134 +251,15 @@ def _holds(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: Mapping[
     return all(free[n] >= g for n, g in need.items())
 
 
-def _booked(rep: ReplicaPlan, assignment: Assignment, pool: _Pool) -> dict[str, int]:
-    """GPUs ``rep`` takes per node under ``assignment``."""
-    booked: dict[str, int] = {}
-    for e in rep.engines:
-        demand = _demand(e.width, assignment[e.name], pool)
-        assert demand is not None
-        for n, g in demand.items():
-            booked[n] = booked.get(n, 0) + g
-    return booked
-
-
-def _take(rep: ReplicaPlan, assignment: Assignment, pool: _Pool, free: dict[str, int]) -> None:
-    for n, g in _booked(rep, assignment, pool).items():
+def _take(rep: ReplicaPlan, assignment: Assignment, pool: Pool, free: dict[str, int]) -> None:
+    for n, g in replica_demand(rep, assignment, pool).items():
         free[n] -= g
-
-
-def _place_replica(rep: ReplicaPlan, pool: _Pool, free: Mapping[str, int]) -> Assignment | None:
-    width = rep.width
-    widest = max((e.width for e in rep.engines), default=0)
-    # a. one node, tightest fit
-    fits = [n for n in pool.names if free[n] >= width and pool.size[n] >= widest]
-    if fits:
-        node = min(fits, key=lambda n: (free[n], n))
-        return {e.name: (node,) for e in rep.engines}
-    # b. one segment, fewest nodes, then tightest, then name
-    best: tuple[tuple[int, int, str], Assignment] | None = None
-    for segment, members in pool.segments.items():
-        if sum(free[n] for n in members) < width:
-            continue
-        found = _pack(rep.engines, members, pool, free)
-        if found is not None:
-            used = {n for ns in found.values() for n in ns}
-            key = (len(used), sum(free[n] for n in used), segment)
-            if best is None or key < best[0]:
-                best = (key, found)
-    if best is not None:
-        return best[1]
-    # c. split across segments
-    return _pack(rep.engines, pool.names, pool, free)
-
-
-def _pack(
-    engines: Sequence[EngineSlot], members: Sequence[str], pool: _Pool, free: Mapping[str, int]
-) -> Assignment | None:
-    """Engines into ``members``: wide ones on whole free nodes of one segment, the rest into the fewest nodes."""
-    local = {n: free[n] for n in members}
-    largest = max((pool.size[n] for n in members), default=0)
-    out: Assignment = {}
-    for e in engines:
-        if e.width <= largest:
-            continue
-        whole = _whole_nodes(e.width, members, pool, local)
-        if whole is None:
-            return None
-        out[e.name] = whole
-        for n in whole:
-            local[n] = 0
-    small = sorted((e for e in engines if e.width <= largest), key=lambda e: (-e.width, e.index))
-    if not small:
-        return out
-    candidates = sorted((n for n in members if local[n] > 0), key=lambda n: (-local[n], n))
-    if sum(local[n] for n in candidates) < sum(e.width for e in small):
-        return None
-    for k in range(1, min(len(small), len(candidates)) + 1):
-        bins = candidates[:k]
-        slots = _search([e.width for e in small], [local[n] for n in bins])
-        if slots is not None:
-            out.update({e.name: (bins[b],) for e, b in zip(small, slots, strict=True)})
-            return out
-    return None
-
-
-def _whole_nodes(width: int, members: Sequence[str], pool: _Pool, local: Mapping[str, int]) -> tuple[str, ...] | None:
-    """``width / size`` fully free nodes of one size and one segment (first segment by name)."""
-    groups: dict[tuple[str, int], list[str]] = {}
-    for n in members:
-        size = pool.size[n]
-        if width % size == 0 and local[n] == size:
-            groups.setdefault((pool.segment[n], size), []).append(n)
-    for (_, size), nodes in sorted(groups.items()):
-        if len(nodes) >= width // size:
-            return tuple(sorted(nodes)[: width // size])
-    return None
-
-
-def _search(widths: Sequence[int], caps: Sequence[int]) -> list[int] | None:
-    """Exact: a bin for every width (sorted descending) within ``caps``, or ``None``.
-
-    Depth-first, best fit first; bins with equal remaining capacity are tried once; failed
-    states are remembered. Gives up (``None``) after ``SEARCH_BUDGET`` steps.
-    """
-    remaining = list(caps)
-    slots = [0] * len(widths)
-    failed: set[tuple[int, tuple[int, ...]]] = set()
-    steps = 0
-
-    def go(i: int) -> bool:
-        nonlocal steps
-        if i == len(widths):
-            return True
-        state = (i, tuple(sorted(remaining)))
-        if state in failed:
-            return False
-        steps += 1
-        if steps > SEARCH_BUDGET:
-            return False
-        w = widths[i]
-        tried: set[int] = set()
-        for b in sorted(range(len(remaining)), key=lambda b: (remaining[b] - w, b)):
-            cap = remaining[b]
-            if cap < w or cap in tried:
-                continue
-            tried.add(cap)
-            remaining[b] -= w
-            slots[i] = b
-            if go(i + 1):
-                return True
-            remaining[b] += w
-        failed.add(state)
-        return False
-
-    return slots if go(0) else None
 
 
 def _result(
     rep: ReplicaPlan,
     assignment: Assignment | None,
-    pool: _Pool,
+    pool: Pool,
     free: Mapping[str, int],
     any_usable: bool,
     excluded: Sequence[tuple[str, str]],
@@ -459,7 +312,7 @@ def _no_nodes(rep: ReplicaPlan, excluded: Sequence[tuple[str, str]]) -> str:
     )
 
 
-def _shortfall(rep: ReplicaPlan, pool: _Pool, free: Mapping[str, int]) -> str:
+def _shortfall(rep: ReplicaPlan, pool: Pool, free: Mapping[str, int]) -> str:
     """Why ``rep`` does not fit, against the free GPUs left after every placement."""
     largest = max(pool.size.values())
     for e in rep.engines:
