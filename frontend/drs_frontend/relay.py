@@ -1,16 +1,22 @@
-"""One turn, top to bottom, in the order of PROTOCOL.md section 2.
+"""One turn, top to bottom: PROTOCOL.md section 2's legs after the frontend's own parsing and tokenization.
 
-:meth:`Relay.handle` takes the client's body and headers and returns a :class:`Reply`:
+:meth:`Relay.handle` takes the client's body and headers and returns a :class:`Reply`; the steps
+are numbered here as in the code:
 
-1. parse the body, strip the Gym-only fields, find the conversation id;
-2. mint the snowflake ``disagg_request_id`` with this frontend's node id;
-3. with ``tokenize`` on, render the chat template and tokenize (incrementally per conversation);
+1. parse the body (Gym's id arrays left as JSON text when this frontend tokenizes), strip the
+   Gym-only fields, find the conversation id;
+2. with ``tokenize`` on, render the chat template and tokenize (incrementally per conversation,
+   spliced after the policy's own ids with ``tokenContinuity``);
+3. mint the snowflake ``disagg_request_id`` with this frontend's node id;
 4. pick a prefill engine (ctx router) and send the context leg, retrying on another prefill
    engine when one is unreachable;
 5. if the context leg finished the turn, answer with it (as SSE if the client streams);
 6. else pick a decode engine (gen router, never the prefill engine's address) and send the
    generation leg, streamed through when the client streams;
 7. copy token ids and log-probs where NeMo-Gym reads them.
+
+A decode engine that answers that the context state is gone (404, 502) makes the turn run steps
+3 to 7 again, with a fresh request id, at most ``contextReruns`` times.
 
 Every answer after routing carries ``x-drs-prefill`` / ``x-drs-decode``. Engine 4xx/5xx answers
 pass through verbatim; an engine that refuses or times out is put in a cool-down and the leg
@@ -27,9 +33,9 @@ import logging
 import random
 import time
 from array import array
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, render_completion_ids
@@ -70,7 +76,7 @@ from drs_frontend.shaping import (
     wants_stream,
 )
 from drs_frontend.tokenization import ChatTokenizer, Path
-from drs_frontend.upstream import UpstreamClient, UpstreamResponse
+from drs_frontend.upstream import UpstreamClient, UpstreamResponse, UpstreamStream
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +130,14 @@ class _Turn:
 
 
 dumps: Final = wire_json.dumps
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True, slots=True)
+class _Refused:
+    """An engine's answer other than 200 to one attempt of a leg (503: try another engine)."""
+
+    response: UpstreamResponse
 
 
 class Relay:
@@ -183,7 +197,7 @@ class Relay:
         request = parse_request(raw, endpoint, skip_gym_ids=skips_ids)
         body = strip_client_fields(request)
         conversation_id = fields.conversation_id_from(body, headers)
-        # 3. the prompt ids, when this frontend tokenizes (spliced after the policy's own ids)
+        # 2. the prompt ids, when this frontend tokenizes (spliced after the policy's own ids)
         turn.ids = self._prompt_ids(endpoint, body, conversation_id, request.get(PREFIX_FIELD))
         if endpoint is Endpoint.CHAT:  # Gym's ids of earlier turns only to an engine that splices
             tokenized = turn.ids is not None
@@ -213,7 +227,7 @@ class Relay:
     async def _legs(
         self, endpoint: Endpoint, body: Body, conversation_id: str | None, route: RouteRequest, turn: _Turn
     ) -> Reply:
-        # 2. the request id (a fresh one for a re-run: the context state is keyed by it)
+        # 3. the request id (a fresh one for a re-run: the context state is keyed by it)
         request_id = self.minter.next_id()
         # 4. the context leg
         ctx_body = build_context_request(
@@ -263,7 +277,7 @@ class Relay:
         version = gen_raw.weights_version or _weights_version(gen)
         return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=version)
 
-    # -- step 3: tokenization --------------------------------------------------------------------
+    # -- step 2: tokenization --------------------------------------------------------------------
 
     def _prompt_ids(
         self, endpoint: Endpoint, body: Body, conversation_id: str | None, required_prefix: Any
@@ -395,6 +409,35 @@ class Relay:
         self.metrics.upstream_errors.labels(role=pool.role, kind=kind).inc()
         return EngineRejected(pool.role, url, response.status, response.body, response.content_type)
 
+    async def _retrying(
+        self,
+        pool: EnginePool,
+        pick: Callable[[list[Candidate]], Decision],
+        attempt: Callable[[str], Awaitable[_T | _Refused]],
+        *,
+        exclude: frozenset[str] = frozenset(),
+        affinity: bool = False,
+    ) -> tuple[str, _T]:
+        """One leg's engine choice, written once for both kinds of call: pick (or hold for) an
+        engine, ``attempt`` the call; an engine unreachable or answering 503 (asleep, draining)
+        cools down and the next one is tried; any other refusal passes through
+        (:class:`EngineRejected`); none left: :class:`NoEngineAvailable` naming the role."""
+        tried: list[str] = []
+        hold_until = time.monotonic() + self.config.hold_seconds
+        while (url := await self._pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)) is not None:
+            try:
+                outcome = await attempt(url)
+            except UpstreamUnavailable as exc:
+                self._failed(pool, url, exc)
+                continue
+            if not isinstance(outcome, _Refused):
+                return url, outcome
+            if outcome.response.status == 503:
+                self._failed(pool, url, UpstreamUnavailable(f"{url} answered 503"))
+                continue
+            raise self._rejected(pool, url, outcome.response)
+        raise NoEngineAvailable(pool.role, tried)
+
     async def _post_leg(
         self,
         pool: EnginePool,
@@ -407,34 +450,25 @@ class Relay:
         exclude: frozenset[str] = frozenset(),
         affinity: bool = False,
     ) -> tuple[str, UpstreamResponse]:
-        tried: list[str] = []
         histogram = self.metrics.leg_seconds_of(leg)
-        hold_until = time.monotonic() + self.config.hold_seconds
-        while (url := await self._pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)) is not None:
+
+        async def post(url: str) -> UpstreamResponse | _Refused:
             started = time.perf_counter()
             engine = pool.engines[url]
             engine.in_flight += 1  # pool.track(url), without a generator per call
             try:
                 response = await self.upstream.post_json(url + endpoint.value, body, timeout)
-            except UpstreamUnavailable as exc:
-                self._failed(pool, url, exc)
-                continue
             finally:
                 engine.in_flight -= 1
                 histogram.observe(time.perf_counter() - started)
-            if response.status == 200:
-                return url, response
-            if response.status == 503:  # the engine says it cannot serve now (asleep, draining)
-                self._failed(pool, url, UpstreamUnavailable(f"{url} answered 503"))
-                continue
-            raise self._rejected(pool, url, response)
-        raise NoEngineAvailable(pool.role, tried)
+            return response if response.status == 200 else _Refused(response)
+
+        return await self._retrying(pool, pick, post, exclude=exclude, affinity=affinity)
 
     async def _stream_generation(self, endpoint: Endpoint, body: bytes, exclude: frozenset[str], turn: _Turn) -> Reply:
-        tried: list[str] = []
         pool = self.decode
-        hold_until = time.monotonic() + self.config.hold_seconds
-        while (url := await self._pick_or_hold(pool, self.gen_router.pick, exclude, tried, hold_until)) is not None:
+
+        async def open_stream(url: str) -> tuple[UpstreamStream, contextlib.AsyncExitStack] | _Refused:
             stack = contextlib.AsyncExitStack()
             await stack.__aenter__()
             stack.enter_context(pool.track(url))
@@ -444,23 +478,17 @@ class Relay:
                 )
                 if stream.status != 200:
                     data = await stream.read()
-            except UpstreamUnavailable as exc:
-                await stack.aclose()
-                self._failed(pool, url, exc)
-                continue
-            except BaseException:
+            except BaseException:  # UpstreamUnavailable included: _retrying moves to the next engine
                 await stack.aclose()
                 raise
             if stream.status != 200:
                 await stack.aclose()
-                response = UpstreamResponse(stream.status, stream.content_type, data)
-                if stream.status == 503:
-                    self._failed(pool, url, UpstreamUnavailable(f"{url} answered 503"))
-                    continue
-                raise self._rejected(pool, url, response)
-            turn.decode = url
-            return Reply(200, stream.content_type or SSE, stream=self._relay_stream(stream.chunks(), stack, url))
-        raise NoEngineAvailable(pool.role, tried)
+                return _Refused(UpstreamResponse(stream.status, stream.content_type, data))
+            return stream, stack
+
+        url, (stream, stack) = await self._retrying(pool, self.gen_router.pick, open_stream, exclude=exclude)
+        turn.decode = url
+        return Reply(200, stream.content_type or SSE, stream=self._relay_stream(stream.chunks(), stack, url))
 
     async def _relay_stream(
         self, chunks: AsyncIterator[bytes], stack: contextlib.AsyncExitStack, url: str
