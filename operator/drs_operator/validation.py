@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from drs_protocol.engine_config import SimSpec
+from drs_protocol.validation_errors import field_problems
 from pydantic import ValidationError
 
 from drs_operator.api import rules
@@ -127,24 +128,16 @@ def validate_spec_data(data: Any, path: str = "spec") -> tuple[DisaggReplicaSetS
 def problems_from_pydantic(exc: ValidationError, prefix: str = "") -> list[Problem]:
     """Pydantic errors as problems with dotted camelCase paths (``spec.prefill.engines``, ``…[0]``)."""
     out: list[Problem] = []
-    for err in exc.errors():
-        path = prefix
-        for part in err["loc"]:
-            if isinstance(part, int):
-                path += f"[{part}]"
-            else:
-                path = f"{path}.{part}" if path else str(part)
-        kind = err["type"]
-        if kind == "missing":
+    for err in field_problems(exc.errors(), prefix):
+        if err.kind == "missing":
             message = "required field is missing"
-        elif kind == "extra_forbidden":
+        elif err.kind == "extra_forbidden":
             message = "unknown field (not part of the DisaggReplicaSet API)"
         else:
-            message = err["msg"]
-            value = err.get("input")
-            if not isinstance(value, Mapping | list):
-                message += f" (got {value!r})"
-        out.append(Problem(path or "<root>", message))
+            message = err.message
+            if not isinstance(err.value, Mapping | list):
+                message += f" (got {err.value!r})"
+        out.append(Problem(err.path or "<root>", message))
     return out
 
 

@@ -18,6 +18,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from drs_protocol.errors import ApiError, error_body
+from drs_protocol.validation_errors import field_problems
+
+#: Where FastAPI says a parameter came from: not part of the field path a client is told.
+_REQUEST_PARTS = ("path", "query", "body")
 
 
 def api_error_response(exc: ApiError) -> JSONResponse:
@@ -34,11 +38,12 @@ def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
         return JSONResponse(error_body(status, str(detail)), status_code=status)
 
     async def invalid_params(_: Request, exc: Exception) -> Response:
-        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-        first = errors[0] if errors else {}
-        loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("path", "query", "body"))
-        message = f"{loc}: {first.get('msg', 'invalid request')}" if loc else str(first.get("msg", "invalid request"))
-        return JSONResponse(error_body(400, message, param=loc or None), status_code=400)
+        problems = field_problems(exc.errors(), skip=_REQUEST_PARTS) if isinstance(exc, RequestValidationError) else []
+        if not problems:
+            return JSONResponse(error_body(400, "invalid request"), status_code=400)
+        first = problems[0]
+        message = f"{first.path}: {first.message}" if first.path else first.message
+        return JSONResponse(error_body(400, message, param=first.path or None), status_code=400)
 
     async def api_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
