@@ -214,45 +214,32 @@ async def _apply(applier: Applier, namespace: str, action: Action) -> None:
         await applier.delete(action.kind, namespace, action.name, action.grace_seconds)
 
 
+#: The Events of a pass's engine pod actions: (verb, action reason or None for any, type, reason, wording).
+_POD_ACTION_EVENTS: Final = (
+    ("create", None, EventType.NORMAL, EventReason.ENGINES_CREATED, "created engine pods"),
+    ("delete", ActionReason.FAILED, EventType.WARNING, Reason.ENGINE_FAILED, "replacing failed engine pods"),
+    (
+        "delete",
+        ActionReason.OUTDATED,
+        EventType.NORMAL,
+        EventReason.ENGINES_RECREATED,
+        "replacing outdated engine pods",
+    ),
+)
+
+
 def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Placement) -> list[EventNote]:
     notes: list[EventNote] = []
-    created = [a for a in actions if a.verb == "create" and a.kind == "Pod"]
-    if created:
-        notes.append(
-            EventNote(
-                EventType.NORMAL,
-                EventReason.ENGINES_CREATED,
-                f"created engine pods {', '.join(a.name for a in created)}",
-            )
-        )
-    failed = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == ActionReason.FAILED]
-    if failed:
-        notes.append(
-            EventNote(
-                EventType.WARNING,
-                Reason.ENGINE_FAILED,
-                f"replacing failed engine pods {', '.join(a.name for a in failed)}",
-            )
-        )
-    rolled = [a for a in actions if a.verb == "delete" and a.kind == "Pod" and a.reason == ActionReason.OUTDATED]
-    if rolled:
-        notes.append(
-            EventNote(
-                EventType.NORMAL,
-                EventReason.ENGINES_RECREATED,
-                f"replacing outdated engine pods {', '.join(a.name for a in rolled)}",
-            )
-        )
+    for verb, why, type_, reason, words in _POD_ACTION_EVENTS:
+        pods = [a.name for a in actions if a.verb == verb and a.kind == "Pod" and why in (None, a.reason)]
+        if pods:
+            notes.append(EventNote(type_, reason, f"{words} {', '.join(pods)}"))
     for r in moved:
         nodes = ", ".join(placement.replica(r).nodes)
         notes.append(EventNote(EventType.WARNING, Reason.REPLICA_MOVED, f"replica {r} moved to {nodes}"))
-    fronts = [a for a in actions if a.kind == "Deployment" and a.verb in ("create", "replace")]
+    fronts = [f"{a.verb}d {a.name}" for a in actions if a.kind == "Deployment" and a.verb in ("create", "replace")]
     if fronts:
-        notes.append(
-            EventNote(
-                EventType.NORMAL, EventReason.FRONTENDS_APPLIED, f"{', '.join(f'{a.verb}d {a.name}' for a in fronts)}"
-            )
-        )
+        notes.append(EventNote(EventType.NORMAL, EventReason.FRONTENDS_APPLIED, ", ".join(fronts)))
     return notes
 
 
