@@ -82,6 +82,7 @@ gpu-bench:
 crd: install
 	$(BIN)/drs crd > crds/disagg.dev_disaggreplicasets.yaml
 	cp crds/disagg.dev_disaggreplicasets.yaml helm/drs-operator/crds/disagg.dev_disaggreplicasets.yaml
+	$(BIN)/drs crd --api-reference > docs/api-reference.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

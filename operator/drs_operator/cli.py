@@ -41,7 +41,15 @@ EXIT_INVALID = 2
 
 
 @click.command(name="crd", help="Print the CustomResourceDefinition generated from the API models.")
-def crd() -> None:
+@click.option(
+    "--api-reference", is_flag=True, help="Print the API reference (Markdown, docs/api-reference.md) instead."
+)
+def crd(api_reference: bool) -> None:
+    if api_reference:
+        from drs_operator.api_reference import render_api_reference
+
+        click.echo(render_api_reference(), nl=False)
+        return
     click.echo(render_crd(), nl=False)
 
 
