@@ -53,7 +53,7 @@ demo-kwok: install controlplane
 demo-down: install
 	$(BIN)/drs dev down
 
-# Benchmarks (not tests): each prints one JSON line; results and the machine go in the README.
+# Benchmarks (not tests): each prints one JSON line; results and the machine go in docs/results.md.
 bench: install controlplane
 	$(BIN)/python bench/relay.py
 	$(BIN)/python bench/tokenization.py

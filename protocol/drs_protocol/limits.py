@@ -1,6 +1,6 @@
 """Limits two processes must agree on: what one side sends, the other accepts.
 
-Request bodies (README "Limits"): a frontend accepts a client body of up to
+Request bodies (docs/concepts.md, "Limits"): a frontend accepts a client body of up to
 ``limits.maxRequestBytes`` (:data:`FRONTEND_MAX_REQUEST_BYTES` by default) and forwards a bigger
 one to the engines: a tokenizing frontend adds the prompt ids (``prompt_token_ids_b64``), every
 frontend adds ``disaggregated_params`` (ids, the request type, a conversation id that may come from
