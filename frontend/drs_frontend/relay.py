@@ -33,9 +33,9 @@ import logging
 import random
 import time
 from array import array
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, render_completion_ids
@@ -57,8 +57,9 @@ from drs_frontend.errors import (
     UpstreamProtocolError,
     UpstreamUnavailable,
 )
+from drs_frontend.legs import LegAttempts, Refused
 from drs_frontend.metrics import FrontendMetrics
-from drs_frontend.routing import Candidate, Decision, Reason, RouteRequest, build_ctx_router, build_gen_router
+from drs_frontend.routing import Candidate, Decision, RouteRequest, build_ctx_router, build_gen_router
 from drs_frontend.shaping import (
     Body,
     build_context_request,
@@ -86,12 +87,9 @@ SSE: Final = "text/event-stream"
 NO_ENGINE: Final = "none"
 #: Chat-request fields that mean the engine must render the prompt itself.
 ENGINE_RENDERS: Final = ("prompt_token_ids", "prompt_token_ids_b64", "chat_template", "documents")
-AFFINITY_OUTCOME: Final = {Reason.STICKY: "hit", Reason.REPINNED: "miss", Reason.RENDEZVOUS: "new"}
 #: Generation-leg answers that mean "the context state is gone" (404: expired or never there;
 #: 502: its prefill engine could not be reached): the turn re-runs its context leg.
 RERUN_STATUSES: Final = (404, 502)
-#: A held leg looks again at least this often (cool-downs end without a probe event).
-HOLD_RECHECK_S: Final = 0.5
 
 
 @dataclass(slots=True)
@@ -130,14 +128,6 @@ class _Turn:
 
 
 dumps: Final = wire_json.dumps
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class _Refused:
-    """An engine's answer other than 200 to one attempt of a leg (503: try another engine)."""
-
-    response: UpstreamResponse
 
 
 class Relay:
@@ -167,6 +157,7 @@ class Relay:
         self.gen_router = build_gen_router(config.gen_router)
         self.minter = SnowflakeMinter(config.node_id)
         self._rng = rng or random.Random()
+        self.legs = LegAttempts(config, metrics)
 
     # -- the turn --------------------------------------------------------------------------------
 
@@ -354,90 +345,6 @@ class Relay:
 
     # -- steps 4 and 6: one leg, with retries ----------------------------------------------------
 
-    def _pick(
-        self,
-        pool: EnginePool,
-        pick: Callable[[list[Candidate]], Decision],
-        exclude: frozenset[str],
-        tried: list[str],
-        *,
-        affinity: bool = False,
-    ) -> str | None:
-        if len(tried) >= self.config.max_attempts:
-            return None
-        candidates = pool.candidates(exclude.union(tried))
-        if not candidates:
-            return None
-        decision = pick(candidates)
-        self.metrics.routes_of(pool.role, decision.reason.value).inc()
-        if affinity and decision.reason in AFFINITY_OUTCOME:
-            self.metrics.affinity_of(AFFINITY_OUTCOME[decision.reason]).inc()
-        if tried:
-            self.metrics.retries_of(pool.role).inc()
-        tried.append(decision.url)
-        return decision.url
-
-    async def _pick_or_hold(
-        self,
-        pool: EnginePool,
-        pick: Callable[[list[Candidate]], Decision],
-        exclude: frozenset[str],
-        tried: list[str],
-        hold_until: float,
-        *,
-        affinity: bool = False,
-    ) -> str | None:
-        """:meth:`_pick`; when no engine of the role is left (own or fallback), hold the leg until a
-        probe finds one answering (or an engine's cool-down ends), at most until ``hold_until``;
-        then every engine may be tried again. None: nothing answered in time (the caller's 503)."""
-        while (url := self._pick(pool, pick, exclude, tried, affinity=affinity)) is None:
-            left = hold_until - time.monotonic()
-            if left <= 0:
-                return None
-            self.metrics.retries_of(f"{pool.role}_hold").inc()
-            await pool.wait_for_engine(min(left, HOLD_RECHECK_S))
-            tried.clear()
-        return url
-
-    def _failed(self, pool: EnginePool, url: str, exc: UpstreamUnavailable) -> None:
-        pool.mark_down(url)
-        self.metrics.upstream_errors.labels(role=pool.role, kind=exc.kind).inc()
-        log.warning("%s engine %s unavailable (%s); cooling down %gs", pool.role, url, exc, pool.cooldown)
-
-    def _rejected(self, pool: EnginePool, url: str, response: UpstreamResponse) -> EngineRejected:
-        kind = "status_4xx" if response.status < 500 else "status_5xx"
-        self.metrics.upstream_errors.labels(role=pool.role, kind=kind).inc()
-        return EngineRejected(pool.role, url, response.status, response.body, response.content_type)
-
-    async def _retrying(
-        self,
-        pool: EnginePool,
-        pick: Callable[[list[Candidate]], Decision],
-        attempt: Callable[[str], Awaitable[_T | _Refused]],
-        *,
-        exclude: frozenset[str] = frozenset(),
-        affinity: bool = False,
-    ) -> tuple[str, _T]:
-        """One leg's engine choice, written once for both kinds of call: pick (or hold for) an
-        engine, ``attempt`` the call; an engine unreachable or answering 503 (asleep, draining)
-        cools down and the next one is tried; any other refusal passes through
-        (:class:`EngineRejected`); none left: :class:`NoEngineAvailable` naming the role."""
-        tried: list[str] = []
-        hold_until = time.monotonic() + self.config.hold_seconds
-        while (url := await self._pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)) is not None:
-            try:
-                outcome = await attempt(url)
-            except UpstreamUnavailable as exc:
-                self._failed(pool, url, exc)
-                continue
-            if not isinstance(outcome, _Refused):
-                return url, outcome
-            if outcome.response.status == 503:
-                self._failed(pool, url, UpstreamUnavailable(f"{url} answered 503"))
-                continue
-            raise self._rejected(pool, url, outcome.response)
-        raise NoEngineAvailable(pool.role, tried)
-
     async def _post_leg(
         self,
         pool: EnginePool,
@@ -452,7 +359,7 @@ class Relay:
     ) -> tuple[str, UpstreamResponse]:
         histogram = self.metrics.leg_seconds_of(leg)
 
-        async def post(url: str) -> UpstreamResponse | _Refused:
+        async def post(url: str) -> UpstreamResponse | Refused:
             started = time.perf_counter()
             engine = pool.engines[url]
             engine.in_flight += 1  # pool.track(url), without a generator per call
@@ -461,14 +368,14 @@ class Relay:
             finally:
                 engine.in_flight -= 1
                 histogram.observe(time.perf_counter() - started)
-            return response if response.status == 200 else _Refused(response)
+            return response if response.status == 200 else Refused(response)
 
-        return await self._retrying(pool, pick, post, exclude=exclude, affinity=affinity)
+        return await self.legs.run(pool, pick, post, exclude=exclude, affinity=affinity)
 
     async def _stream_generation(self, endpoint: Endpoint, body: bytes, exclude: frozenset[str], turn: _Turn) -> Reply:
         pool = self.decode
 
-        async def open_stream(url: str) -> tuple[UpstreamStream, contextlib.AsyncExitStack] | _Refused:
+        async def open_stream(url: str) -> tuple[UpstreamStream, contextlib.AsyncExitStack] | Refused:
             stack = contextlib.AsyncExitStack()
             await stack.__aenter__()
             stack.enter_context(pool.track(url))
@@ -483,10 +390,10 @@ class Relay:
                 raise
             if stream.status != 200:
                 await stack.aclose()
-                return _Refused(UpstreamResponse(stream.status, stream.content_type, data))
+                return Refused(UpstreamResponse(stream.status, stream.content_type, data))
             return stream, stack
 
-        url, (stream, stack) = await self._retrying(pool, self.gen_router.pick, open_stream, exclude=exclude)
+        url, (stream, stack) = await self.legs.run(pool, self.gen_router.pick, open_stream, exclude=exclude)
         turn.decode = url
         return Reply(200, stream.content_type or SSE, stream=self._relay_stream(stream.chunks(), stack, url))
 
