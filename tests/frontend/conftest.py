@@ -19,6 +19,8 @@ from drs_engine.server.runner import RunningEngine, start_engine
 from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
+from drs_frontend.tokenization import ChatTokenizer
+from drs_protocol.chat import load_tokenizer
 
 
 def sim_config(role: str, **overrides: Any) -> EngineConfig:
@@ -153,3 +155,15 @@ async def stop_engine(engine: RunningEngine) -> None:
 
 def chat_body(content: str = "Hello there", **extra: Any) -> dict[str, Any]:
     return {"model": "sim-qwen3", "messages": [{"role": "user", "content": content}], "max_tokens": 8, **extra}
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    """The bundled Qwen3 tokenizer (loaded once per module)."""
+    return load_tokenizer(None)
+
+
+@pytest.fixture(scope="module")
+def chat(tokenizer: Any) -> ChatTokenizer:
+    """A ChatTokenizer over it, probed as a frontend's is."""
+    return ChatTokenizer(tokenizer)

@@ -14,7 +14,6 @@ import pytest
 from drs_frontend import wire_json
 from drs_frontend.gym_ids import RawIds, loads_chat, materialize, skipped
 from drs_frontend.tokenization import ChatTokenizer
-from drs_protocol.chat import load_tokenizer
 from drs_protocol.token_prefix import TokenPrefix, TokenPrefixError, find_prefix
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -149,11 +148,6 @@ def test_invalid_json_raises_as_the_full_parse_does(raw: bytes) -> None:
 
 
 # -- the token prefix read from the text ---------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer(None)
 
 
 def conversation(tokenizer: Any, turns: int, seed: int) -> list[list[dict[str, Any]]]:

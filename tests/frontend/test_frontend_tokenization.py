@@ -16,7 +16,7 @@ from drs_frontend.gym_ids import RawIds
 from drs_frontend.tokenization import ChatTokenizer, Path
 from drs_frontend.tokenization.splice import SpliceTokenizer, common_prefix_length, splice_safe
 from drs_frontend.tokenization.window import cached_form, kept_messages, message_view, same_message
-from drs_protocol.chat import default_tokenizer_dir, load_tokenizer, render_prompt_ids
+from drs_protocol.chat import default_tokenizer_dir, render_prompt_ids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,16 +50,6 @@ WORDS = [
     "",
     "spaces\n\nnewlines",
 ]
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer(None)
-
-
-@pytest.fixture(scope="module")
-def chat(tokenizer: Any) -> ChatTokenizer:
-    return ChatTokenizer(tokenizer)
 
 
 def words(rng: random.Random, n: int) -> str:

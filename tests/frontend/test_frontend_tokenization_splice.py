@@ -11,21 +11,10 @@ from typing import Any
 import pytest
 from drs_frontend.tokenization import ChatTokenizer, Path
 from drs_frontend.tokenization.probes import probe_history_eos
-from drs_protocol.chat import decode_token_ids, load_tokenizer
+from drs_protocol.chat import decode_token_ids
 from drs_protocol.token_prefix import PrefixOutcome, TokenPrefixError, render_spliced_ids
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    return load_tokenizer(None)
-
-
-@pytest.fixture(scope="module")
-def chat(tokenizer: Any) -> ChatTokenizer:
-    return ChatTokenizer(tokenizer)
-
 
 TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30) | st.sampled_from(
     ["<think>\nx\n</think>\n\n", " spaced  ", "数学 😀", "<tool_call>\n{}\n</tool_call>"]
