@@ -142,7 +142,7 @@ async def test_a_two_engine_fleet_refits_through_drs_sidecar(tmp_path: Path) -> 
 @pytest.mark.gpu(1)
 async def test_sleep_frees_the_gpu_memory_and_wake_gives_the_same_tokens() -> None:
     import torch
-    from drs_engine.backends.torch_model import SIZES, expected_shapes
+    from drs_engine.backends.torch.model import SIZES, expected_shapes
 
     ids = prompt_ids(500)
     gpu = decode_gpu()

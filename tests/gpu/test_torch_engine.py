@@ -48,7 +48,7 @@ async def disaggregated(
 async def test_the_model_matches_transformers_qwen3() -> None:
     import torch
     import transformers
-    from drs_engine.backends.torch_model import SIZES, decode_step, new_kv, prefill, random_state_dict
+    from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
 
     shape = SIZES["tiny"]
     hf = {k: v for k, v in shape.to_hf_config().items() if k not in ("architectures", "model_type")}
@@ -146,7 +146,7 @@ async def test_streaming_logprobs_and_chat() -> None:
 
 async def test_load_from_safetensors_serves_those_weights_and_sleep_wake_keeps_them(tmp_path: Path) -> None:
     import torch
-    from drs_engine.backends.torch_model import SIZES, random_state_dict
+    from drs_engine.backends.torch.model import SIZES, random_state_dict
     from safetensors.torch import save_file
 
     save_file(
@@ -243,7 +243,7 @@ async def test_a_gloo_collective_refit_through_the_sidecar_serves_the_trainers_w
 
 
 def test_the_handoff_arena_hands_out_disjoint_regions_and_merges_freed_ones() -> None:
-    from drs_engine.backends.torch_arena import REGION_ALIGN, KvArena
+    from drs_engine.backends.torch.kv.arena import REGION_ALIGN, KvArena
 
     unit = REGION_ALIGN
     arena = KvArena("cpu", 10 * unit)
