@@ -17,7 +17,16 @@ import httpx
 import pytest
 from drs_engine.server.runner import start_engine
 
-from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
+from .conftest import (
+    COMPLETIONS,
+    CONTROL_TOKEN,
+    auth,
+    completion_body,
+    prompt_ids,
+    save_random_hf_qwen3,
+    torch_config,
+    transformers_greedy,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -254,3 +263,28 @@ def test_the_handoff_arena_hands_out_disjoint_regions_and_merges_freed_ones() ->
     for offset in (0, unit, 4 * unit, 6 * unit):
         arena.free(offset)
     assert arena.regions == 0 and arena.alloc(10 * unit) == 0  # the freed runs merged back into one
+
+
+def test_ignore_eos_bans_nothing_and_eos_is_banned_only_before_min_tokens() -> None:
+    """TensorRT-LLM's ``ignore_eos``: EOS may be picked (it only does not end the leg); ids outside a
+    random model's tokenizer stay banned, EOS among them allowed."""
+    from drs_engine.backends.torch.sampling import BanMasks
+
+    masks = BanMasks(10, vocab_limit=8, eos_token_id=9, device="cpu")
+    after = masks.mask(produced=3, min_tokens=2).tolist()
+    before = masks.mask(produced=1, min_tokens=2).tolist()
+    assert after == [False] * 8 + [True, False]
+    assert before == [False] * 8 + [True, True]
+
+
+async def test_float32_greedy_equals_transformers_generate_token_for_token(tmp_path: Path) -> None:
+    """A transformers checkpoint served by the engine decodes exactly transformers' greedy tokens
+    (float32; EOS not stopping either side). ``test_gpu.py`` repeats it on a GPU at the 0.6B shape."""
+    model = save_random_hf_qwen3("tiny", tmp_path)
+    async with (
+        start_engine(torch_config(model=str(tmp_path)), control_token=CONTROL_TOKEN) as e,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        for n in (16, 70):
+            ids = prompt_ids(n)
+            assert await tokens(client, e.url, ids, max_tokens=24) == transformers_greedy(model, ids, 24, "cpu")

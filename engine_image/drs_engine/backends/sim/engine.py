@@ -197,8 +197,10 @@ class SimBackend(EngineBackend):
         yield prefilled.finished(leg, finish, stop_reason, weights_version=weights.version, weights_boundary=boundary)
 
     def _next(self, fn: TokenFunction, state: PrefixState, leg: LegRequest, *, produced: int) -> TokenChoice:
-        """The next token; EOS may come only after ``min_tokens``, and not under ``ignore_eos``."""
-        allow_eos = not leg.request.ignore_eos and produced >= leg.request.min_tokens
+        """The next token; EOS may come only after ``min_tokens``. ``ignore_eos`` has TensorRT-LLM's
+        meaning: EOS is not banned (it may be picked, with its log-probability), it only does not end
+        the leg (:func:`~drs_engine.backends.base.finish_after`)."""
+        allow_eos = produced >= leg.request.min_tokens
         return fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=allow_eos)
 
     async def _restate(self, fn: TokenFunction, ids: list[int]) -> PrefixState:

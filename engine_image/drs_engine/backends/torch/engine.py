@@ -110,7 +110,7 @@ class TorchBackend(EngineBackend):
 
     async def start(self) -> None:
         await self._weights.start()
-        await self._runner.start()
+        await self._runner.start(self._kv.tokens_per_block)
         self._handoff.open()
 
     async def close(self) -> None:

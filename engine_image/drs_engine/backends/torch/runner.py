@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from drs_protocol.engine_config import TorchSpec
 
 from drs_engine.backends.base import LegRequest, finish_after, restate_after_refit
@@ -67,8 +68,9 @@ class ModelRunner:
         self._bans: BanMasks | None = None
         self.batcher = DecodeBatcher(worker, self._step, self._prepare, max_batch=spec.max_decode_batch)
 
-    async def start(self) -> None:
-        """The banned-id masks, made on the device (by the GPU thread)."""
+    async def start(self, tokens_per_block: int) -> None:
+        """The banned-id masks, made on the device (by the GPU thread), then every path a request
+        takes run once (:meth:`_warm_up`)."""
         self._bans = await self._worker.run(
             lambda: BanMasks(
                 self._shape.vocab_size,
@@ -77,6 +79,29 @@ class ModelRunner:
                 device=self._device,
             )
         )
+        await self._worker.run(self._warm_up, tokens_per_block)
+
+    def _warm_up(self, tokens_per_block: int) -> None:
+        """A cold prefill, a prefill after cached blocks copied in (the prefix-hit path: attention
+        masked over the prefix), a batched decode step and a token choice, on a throwaway KV, so
+        that no request (the first cached prompt included) pays for the first use of a kernel."""
+        blocks = 8
+        n = min(blocks * tokens_per_block + 16, self._shape.max_positions - 2)
+        cut = (n // 2 // tokens_per_block) * tokens_per_block
+        ids = [1000 + (i * 7919) % 50000 for i in range(n)]
+        cold = new_kv(self._shape, n + 1, device=self._device, dtype=self._dtype)
+        prefill(self._weights.params, self._shape, ids, cold, 0)
+        hit = new_kv(self._shape, n + 1, device=self._device, dtype=self._dtype)
+        hit[:, :, :, :cut].copy_(cold[:, :, :, :cut])
+        logits = prefill(self._weights.params, self._shape, ids[cut:], hit, cut)
+        greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=True, top_logprobs=1)
+        mask = self._bans.mask(produced=1, min_tokens=0) if self._bans is not None else None
+        if mask is not None:
+            choose_tokens(logits[None], [greedy], [mask])
+            step = decode_step(self._weights.params, self._shape, [ids[-1], ids[-1]], [cold, hit], [n, n])
+            choose_tokens(step, [greedy, greedy], [mask, mask])
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
 
     def decode_capacity(self, leg: LegRequest) -> int:
         """KV capacity of a sequence that decodes here (grown by ``decodeGrowthTokens`` as it goes)."""
@@ -85,7 +110,7 @@ class ModelRunner:
     def ban(self, leg: LegRequest, produced: int) -> Any:
         if self._bans is None:
             raise EngineError("the torch backend is not started")
-        return self._bans.for_leg(leg, produced)
+        return self._bans.mask(produced=produced, min_tokens=leg.request.min_tokens)
 
     async def prefill(
         self,

@@ -96,8 +96,8 @@ def sampling_for(leg: LegRequest, device: Any) -> Sampling:
 
 
 class BanMasks:
-    """Ids a pick may not take: outside the tokenizer (random models), plus EOS before ``min_tokens``
-    and under ``ignore_eos``."""
+    """Ids a pick may not take: outside the tokenizer (random models), plus EOS before ``min_tokens``.
+    ``ignore_eos`` bans nothing (TensorRT-LLM's meaning: EOS may be picked and does not end the leg)."""
 
     def __init__(self, vocab_size: int, *, vocab_limit: int | None, eos_token_id: int, device: Any) -> None:
         base = torch.zeros(vocab_size, dtype=torch.bool, device=device)
@@ -110,6 +110,6 @@ class BanMasks:
             with_eos[eos_token_id] = True
         self._masks = {False: base, True: with_eos}
 
-    def for_leg(self, leg: LegRequest, produced: int) -> Any:
-        """The mask for ``leg``'s next pick after ``produced`` tokens."""
-        return self._masks[leg.request.ignore_eos or produced < leg.request.min_tokens]
+    def mask(self, *, produced: int, min_tokens: int) -> Any:
+        """The mask for a leg's next pick after ``produced`` tokens (EOS banned before ``min_tokens``)."""
+        return self._masks[produced < min_tokens]
