@@ -288,3 +288,25 @@ async def test_float32_greedy_equals_transformers_generate_token_for_token(tmp_p
         for n in (16, 70):
             ids = prompt_ids(n)
             assert await tokens(client, e.url, ids, max_tokens=24) == transformers_greedy(model, ids, 24, "cpu")
+
+
+def test_a_batched_decode_step_equals_each_sequence_stepped_alone() -> None:
+    """Sequences of different lengths in one step (packed K/V, attention masked per sequence) give
+    each sequence's logits and KV as a step of its own would."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
+
+    shape = SIZES["tiny"]
+    params = random_state_dict(shape, seed=3, device="cpu", dtype=torch.float32)
+    prompts = [prompt_ids(n, offset=100 * n) for n in (5, 33, 17)]
+    alone, together = [], []
+    for ids in prompts:
+        for out in (alone, together):
+            kv = new_kv(shape, 40, device="cpu", dtype=torch.float32)
+            prefill(params, shape, ids, kv, 0)
+            out.append(kv)
+    singles = [decode_step(params, shape, [7], [kv], [len(ids)])[0] for kv, ids in zip(alone, prompts, strict=True)]
+    batched = decode_step(params, shape, [7, 7, 7], together, [len(ids) for ids in prompts])
+    for j, ids in enumerate(prompts):
+        assert torch.allclose(batched[j], singles[j], atol=1e-5)
+        assert torch.allclose(together[j][:, :, :, : len(ids) + 1], alone[j][:, :, :, : len(ids) + 1], atol=1e-6)
