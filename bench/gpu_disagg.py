@@ -201,9 +201,11 @@ async def prefix_reuse(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
     }
 
 
-async def decode_sweep(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
-    out = {str(n): await decode_rates.engine_streams(client, url, n, salt=100 * n) for n in (1, 8, 32)}
-    out["64_random_arrival"] = await decode_rates.engine_streams(client, url, 64, salt=6400, arrival_s=2.0)
+async def decode_sweep(client: httpx.AsyncClient, url: str, rounds: int = decode_rates.ROUNDS) -> dict[str, Any]:
+    out = {str(n): await decode_rates.engine_streams(client, url, n, salt=100 * n, rounds=rounds) for n in (1, 8, 32)}
+    out["64_random_arrival"] = await decode_rates.engine_streams(
+        client, url, 64, salt=6400, arrival_s=2.0, rounds=rounds
+    )
     return out
 
 
@@ -304,5 +306,27 @@ async def main() -> dict[str, Any]:
     }
 
 
+async def decode_only() -> dict[str, Any]:
+    """``--decode-only``: our decode sweep alone (one engine), for a quick figure after a change."""
+    async with (
+        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, cacheCapacityTokens=0)) as p,
+        httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
+    ):
+        decode = await decode_sweep(client, p, rounds=2)
+    return {
+        "bench": "gpu_disagg --decode-only",
+        "rounds": 2,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "model": f"{MODEL} bfloat16",
+        "decode": {
+            "prompt_tokens": decode_rates.PROMPT_TOKENS,
+            "new_tokens": decode_rates.NEW_TOKENS,
+            "drs_torch": decode,
+        },
+    }
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(main())), flush=True)
+    print(json.dumps(asyncio.run(decode_only() if "--decode-only" in sys.argv else main())), flush=True)

@@ -339,24 +339,29 @@ def _decode_step(
     params: dict[str, Any], shape: ModelShape, tokens: Sequence[int], kvs: Sequence[Any], positions: Sequence[int]
 ) -> Any:
     """One step for a batch: sequence ``b`` feeds ``tokens[b]`` at ``positions[b]`` (its length so
-    far) into ``kvs[b]``. Everything runs batched, attention too: per layer, the sequences' K/V
-    (each its own tensor, lengths differ) are packed side by side with the new token's after each
-    (one concatenation), and one attention call covers the whole batch, each query masked to its
-    own sequence's segment. One query position per sequence, so the query heads sharing a K/V head
-    are laid out as that head's query rows (no repeated K/V). The new K/V are written into each
-    sequence's tensor once per step, for all layers at once. Returns float32 logits ``[batch, vocab]``."""
+    far) into ``kvs[b]``. Everything runs batched, attention too: the sequences' K/V so far (each
+    its own tensor, lengths differ) are packed side by side once per step, for all layers; per
+    layer the batch's new K/V go after them, and one attention call covers the whole batch, each
+    query masked to its own sequence's segment and its own new column. One query position per
+    sequence, so the query heads sharing a K/V head are laid out as that head's query rows (no
+    repeated K/V). The new K/V are written into each sequence's tensor once per step, for all
+    layers at once. Returns float32 logits ``[batch, vocab]``."""
     device = kvs[0].device
     group = shape.heads // shape.kv_heads
     b = len(tokens)
     pos = torch.tensor(list(positions), device=device, dtype=torch.long)
     x = params["model.embed_tokens.weight"][torch.tensor(list(tokens), device=device, dtype=torch.long)]
     rope = rope_tables(pos, shape, x.dtype)
-    lengths = [int(at) + 1 for at in positions]  # each sequence's tokens, the new one included
-    bounds = list(itertools.accumulate(lengths, initial=0))  # segment j is [bounds[j], bounds[j + 1])
-    starts = torch.tensor(bounds[:-1], device=device, dtype=torch.long)
-    ends = torch.tensor(bounds[1:], device=device, dtype=torch.long)
-    cols = torch.arange(bounds[-1], device=device)
-    seen = (cols[None, :] >= starts[:, None]) & (cols[None, :] < ends[:, None])  # [batch, packed]
+    bounds = list(
+        itertools.accumulate((int(at) for at in positions), initial=0)
+    )  # old tokens of j: [bounds[j], bounds[j+1])
+    old = bounds[-1]
+    packed = torch.cat([kvs[j][:, :, :, : positions[j]] for j in range(b)], dim=3)  # [layers, 2, kv_heads, old, d]
+    cols = torch.arange(old + b, device=device)
+    starts = torch.tensor(bounds[:-1], device=device, dtype=torch.long)[:, None]
+    ends = torch.tensor(bounds[1:], device=device, dtype=torch.long)[:, None]
+    own = torch.arange(b, device=device)[:, None] + old
+    seen = ((cols[None, :] >= starts) & (cols[None, :] < ends)) | (cols[None, :] == own)  # [batch, old + batch]
     mask = seen.repeat_interleave(group, dim=0)[None, None]  # rows (sequence, query head of the group)
     new_kv = []
     for i in range(shape.layers):
@@ -364,8 +369,8 @@ def _decode_step(
         h = _rms(x, params[p + "input_layernorm.weight"], shape.rms_eps)
         q, k, v = _qkv(params, i, h, rope, shape)
         new_kv.append(torch.stack((k, v)))  # [2, batch, kv_heads, head_dim]
-        keys = torch.cat([t for j in range(b) for t in (kvs[j][i, 0, :, : positions[j]], k[j][:, None])], dim=1)
-        values = torch.cat([t for j in range(b) for t in (kvs[j][i, 1, :, : positions[j]], v[j][:, None])], dim=1)
+        keys = torch.cat((packed[i, 0], k.transpose(0, 1)), dim=1)
+        values = torch.cat((packed[i, 1], v.transpose(0, 1)), dim=1)
         queries = (
             q.view(b, shape.kv_heads, group, shape.head_dim)
             .permute(1, 0, 2, 3)

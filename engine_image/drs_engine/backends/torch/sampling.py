@@ -42,13 +42,10 @@ def _choose(logits: Any, samplings: list[Sampling], banned: list[Any]) -> list[C
     want_lp = any(s.logprobs for s in samplings)
     logp = torch.log_softmax(masked, dim=-1) if want_lp else None
     greedy = masked.argmax(dim=-1)
-    picked: list[Any] = []
-    for b, s in enumerate(samplings):
-        if s.temperature <= 0:
-            picked.append(greedy[b])
-        else:
-            picked.append(_sample(masked[b], s))
-    ids = torch.stack(picked)
+    if all(s.temperature <= 0 for s in samplings):
+        ids = greedy  # the whole batch greedy: no per-row work
+    else:
+        ids = torch.stack([greedy[b] if s.temperature <= 0 else _sample(masked[b], s) for b, s in enumerate(samplings)])
     k = max((s.top_logprobs for s in samplings), default=0)
     chosen_lp = logp.gather(1, ids[:, None])[:, 0].tolist() if logp is not None else None
     top = torch.topk(logp, k, dim=-1) if logp is not None and k > 0 else None
