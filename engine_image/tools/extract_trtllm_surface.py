@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SURFACE = Path(__file__).resolve().parents[1] / "drs_engine" / "backends" / "trtllm_surface.json"
+SURFACE = Path(__file__).resolve().parents[1] / "drs_engine" / "backends" / "trtllm" / "surface.json"
 
 #: recorded symbol -> (file in the checkout, class name)
 CLASS_FILES = {

@@ -41,10 +41,10 @@ from typing import Any
 import httpx
 import torch
 import torch.distributed as dist
-from drs_engine.backends.torch_kv import gpu_uuid, ipc_export
-from drs_engine.backends.torch_model import parse_dtype, random_state_dict, resolve_model
-from drs_engine.backends.torch_refit import GROUP_TIMEOUT, make_group
-from drs_engine.backends.torch_weights import pack, specs_of
+from drs_engine.backends.torch.ipc import gpu_uuid, ipc_export
+from drs_engine.backends.torch.model import parse_dtype, random_state_dict, resolve_model
+from drs_engine.backends.torch.weights.packed import pack, specs_of
+from drs_engine.backends.torch.weights.refit import GROUP_TIMEOUT, make_group
 from drs_protocol import env
 from drs_protocol.routes import TrainerRoute
 from drs_protocol.weights_pack import (

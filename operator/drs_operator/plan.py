@@ -17,7 +17,7 @@ Algorithm
       ``trtllmKwargs`` (a nested block such as ``kv_cache_config`` adds to the shared block; any
       other value replaces). The typed knobs (parallelism, batch limits, memory fraction, the
       model's maxModelLen and precision) travel as typed fields of the engine config; the one
-      derivation of ``LLM(...)`` kwargs from both is ``drs_engine.backends.trtllm_translate.build_llm_kwargs``.
+      derivation of ``LLM(...)`` kwargs from both is ``drs_engine.backends.trtllm.translate.build_llm_kwargs``.
 
 Invariants (tested, including by hypothesis): slot indices are 0..N·(M+K)-1 in order; names are
 unique; frontend ports and node ids are unique and replica-major; the plan uses N × replica width

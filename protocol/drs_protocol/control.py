@@ -51,7 +51,7 @@ class IpcBuffer(_Strict):
     """One packed weights buffer a colocated trainer shares by CUDA IPC: ``nbytes`` bytes of the
     packed layout (:mod:`drs_protocol.nemo_rl_refit`) from byte ``offset`` on, on the GPU
     ``gpu_uuid``. ``ipc``: the CUDA IPC fields of the buffer (handle, sizes, reference counter,
-    event; plain base64/ints, never a pickle), as the engine's ``torch_kv.ipc_export`` writes them."""
+    event; plain base64/ints, never a pickle), as the engine's ``backends.torch.ipc.ipc_export`` writes them."""
 
     gpu_uuid: str = Field(min_length=1)
     offset: int = Field(ge=0)

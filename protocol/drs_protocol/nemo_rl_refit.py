@@ -7,7 +7,7 @@ slots, bucket size and backend from the trainer's store): NeMo RL's collective p
 padding and sizes batches from the GPU's memory, as below.
 
 NeMo RL's non-colocated refit (``nemo_rl/utils/packed_tensor.py``, ``stateless_process_group.py``
-at the commit in ``trtllm_surface.json``) broadcasts the weights as packed ``uint8`` buffers:
+at the commit in ``trtllm/surface.json``) broadcasts the weights as packed ``uint8`` buffers:
 
 * ranks: the trainer holds ``0 … train_world_size-1``; an engine worker's rank is
   ``train_world_size + rank_prefix + local_rank`` (the sidecar computes ``rank_prefix``);

@@ -2,7 +2,7 @@
 
 The operator merges ``spec.trtllm.kwargs`` with a role's ``trtllmKwargs`` and renders the result
 as the engine config's ``trtllmKwargs``; the engine lays those over what it derives from the typed
-fields (``drs_engine.backends.trtllm_translate.build_llm_kwargs``, the one derivation of
+fields (``drs_engine.backends.trtllm.translate.build_llm_kwargs``, the one derivation of
 ``LLM(...)`` kwargs). Both merges are :func:`deep_merge`.
 """
 

@@ -53,7 +53,7 @@ def test_the_image_copies_what_the_engine_imports(package: str) -> None:
 
 
 def test_the_base_image_is_the_release_the_recorded_surface_pins() -> None:
-    from drs_engine.backends.trtllm_surface import release
+    from drs_engine.backends.trtllm.surface import release
 
     (base,) = re.findall(r"^FROM\s+(\S+)", DOCKERFILE.read_text(), flags=re.MULTILINE)
     assert base == release()["image"]

@@ -7,8 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from drs_engine.backends.sim_model import block_hashes, weights_seed
+from drs_engine.backends.sim.model import weights_seed
 from drs_engine.prefix_cache import PrefixCache
+from drs_engine.prefix_hash import block_hashes
 from drs_engine.server.runner import RunningEngine
 from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 

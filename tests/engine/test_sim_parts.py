@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drs_engine.backends.sim_model import TokenFunction, block_hashes, weights_seed
-from drs_engine.backends.sim_weights import hash_weights_path
+from drs_engine.backends.sim.model import TokenFunction, weights_seed
+from drs_engine.backends.sim.weights import hash_weights_path
 from drs_engine.config import SimSpec, build_config, load_config_file
 from drs_engine.errors import WeightsLoadError
 from drs_engine.kv_store import ContextState, ContextStore
 from drs_engine.latency import LatencyModel
+from drs_engine.prefix_hash import block_hashes
 from hypothesis import given
 from hypothesis import strategies as st
 

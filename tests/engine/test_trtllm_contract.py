@@ -1,7 +1,7 @@
 """``drs engine --backend trtllm`` end to end against the strict TensorRT-LLM contract double.
 
 Each engine is a real ``drs engine`` process with ``tests/engine/trtllm_contract_double`` (a
-package named ``tensorrt_llm`` generated from ``trtllm_surface.json``; a TEST DOUBLE, not
+package named ``tensorrt_llm`` generated from ``trtllm/surface.json``; a TEST DOUBLE, not
 TensorRT-LLM) on ``PYTHONPATH``. What this proves: the backend constructs ``AsyncLLM`` with only
 recorded keywords, calls only recorded methods with recorded argument names, reads only recorded
 result attributes, calls worker methods that our worker extension really defines with arguments

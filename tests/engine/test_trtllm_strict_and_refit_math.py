@@ -1,6 +1,6 @@
 """Strict mode against TensorRT-LLM's transcribed response models, and the refit arithmetic.
 
-The response models are pydantic models built from ``trtllm_surface.json`` (``openai_models``,
+The response models are pydantic models built from ``trtllm/surface.json`` (``openai_models``,
 ``extra="forbid"`` as in TensorRT-LLM). The packing tests check NeMo RL's packed-broadcast layout
 (``nemo_rl/utils/packed_tensor.py`` at the recorded commit) without torch.
 """
@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
-from drs_engine.backends.trtllm_surface import openai_model_fields
-from drs_engine.backends.trtllm_translate import check_worker_results, serialize_first_gen_log_probs
+from drs_engine.backends.trtllm.surface import openai_model_fields
+from drs_engine.backends.trtllm.translate import check_worker_results, serialize_first_gen_log_probs
 from drs_protocol.nemo_rl_refit import (
     RefitSpecError,
     TensorSpec,
@@ -208,7 +208,7 @@ def test_feature_detection_names_every_missing_feature_and_orders_sleep_tags() -
     import dataclasses
     import enum
 
-    from drs_engine.backends.trtllm_features import detect_features, sleep_tags
+    from drs_engine.backends.trtllm.features import detect_features, sleep_tags
 
     @dataclasses.dataclass
     class OldParams:

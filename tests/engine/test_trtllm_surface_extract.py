@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from drs_engine.backends.trtllm_surface import surface
+from drs_engine.backends.trtllm.surface import surface
 
 SCRIPT = Path(__file__).resolve().parents[2] / "engine_image" / "tools" / "extract_trtllm_surface.py"
 FILES = {

@@ -4,7 +4,7 @@ TensorRT-LLM cannot be installed here (no GPU). The small dataclasses below STAN
 result types — ``RequestOutput`` (``outputs``, ``finished``, ``cached_tokens``),
 ``CompletionOutput`` (``token_ids``, ``logprobs``, ``finish_reason``, ``stop_reason``,
 ``disaggregated_params``), ``Logprob`` (``logprob``, ``rank``) and the LLM API
-``DisaggregatedParams`` (``opaque_state`` bytes) — shaped after the recorded surface (trtllm_surface.json); test_trtllm_contract.py runs the whole
+``DisaggregatedParams`` (``opaque_state`` bytes) — shaped after the recorded surface (trtllm/surface.json); test_trtllm_contract.py runs the whole
 backend against the strict contract double.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from drs_engine.backends.base import TokenStep
-from drs_engine.backends.trtllm_translate import (
+from drs_engine.backends.trtllm.translate import (
     build_control_rpc,
     build_conversation_params_kwargs,
     build_disaggregated_params_kwargs,
@@ -99,7 +99,7 @@ def test_llm_kwargs_carry_parallelism_limits_memory_and_the_kv_transceiver() -> 
 
 
 def test_llm_kwargs_use_only_recorded_names() -> None:
-    from drs_engine.backends.trtllm_surface import llm_kwarg_names
+    from drs_engine.backends.trtllm.surface import llm_kwarg_names
 
     assert set(build_llm_kwargs(config())) <= llm_kwarg_names()
 

@@ -77,3 +77,30 @@ def prompt_ids(n: int, offset: int = 1000) -> list[int]:
 
 def completion_body(ids: list[int], max_tokens: int = 12, **extra: Any) -> dict[str, Any]:
     return {"model": "m", "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def save_random_hf_qwen3(size: str, directory: Any, *, seed: int = 0) -> Any:
+    """A randomly initialised transformers ``Qwen3ForCausalLM`` of a :data:`SIZES` shape, saved with
+    ``save_pretrained`` (safetensors) into ``directory``, as a new user would make one; returns the model."""
+    import torch
+    import transformers
+    from drs_engine.backends.torch.model import SIZES
+
+    hf = {k: v for k, v in SIZES[size].to_hf_config().items() if k not in ("architectures", "model_type")}
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**hf)).eval()
+    model.save_pretrained(str(directory))
+    return model
+
+
+def transformers_greedy(model: Any, ids: list[int], new_tokens: int, device: str) -> list[int]:
+    """transformers' own greedy ``generate``, never stopping on EOS (as ``ignore_eos`` decodes)."""
+    import torch
+
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    with torch.no_grad():
+        out = model.to(device).generate(
+            torch.tensor([ids], device=device), max_new_tokens=new_tokens, do_sample=False, eos_token_id=None
+        )
+    return [int(t) for t in out[0, len(ids) :].tolist()]

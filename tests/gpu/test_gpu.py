@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from . import procs
-from .conftest import COMPLETIONS, completion_body, decode_gpu, prompt_ids
+from .conftest import COMPLETIONS, completion_body, decode_gpu, prompt_ids, save_random_hf_qwen3, transformers_greedy
 
 MODEL = "random:0.6b"
 
@@ -142,7 +142,7 @@ async def test_a_two_engine_fleet_refits_through_drs_sidecar(tmp_path: Path) -> 
 @pytest.mark.gpu(1)
 async def test_sleep_frees_the_gpu_memory_and_wake_gives_the_same_tokens() -> None:
     import torch
-    from drs_engine.backends.torch_model import SIZES, expected_shapes
+    from drs_engine.backends.torch.model import SIZES, expected_shapes
 
     ids = prompt_ids(500)
     gpu = decode_gpu()
@@ -162,3 +162,18 @@ async def test_sleep_frees_the_gpu_memory_and_wake_gives_the_same_tokens() -> No
         assert wake.status_code == 200
         assert wake.json()["result"]["gpu_allocated_bytes"] >= weights  # the weights are back on the GPU
         assert await tokens(client, e, ids) == before
+
+
+@pytest.mark.gpu(1)
+async def test_float32_greedy_equals_transformers_generate_at_the_0_6b_shape(tmp_path: Path) -> None:
+    """A random Qwen3 model of Qwen3-0.6B's shapes, saved with ``save_pretrained`` and served by
+    ``drs engine --backend torch`` in float32: exactly transformers' greedy tokens (64 of 64) at
+    16, 512 and 2,048-token prompts, and again through the prefix cache (a later turn)."""
+    model = save_random_hf_qwen3("0.6b", tmp_path)
+    config = procs.engine_config("prefill", "cuda:0", str(tmp_path), precision="float32")
+    async with procs.engine(config) as e, httpx.AsyncClient(timeout=300) as client:
+        for n in (16, 512, 2048):
+            ids = prompt_ids(n)
+            expected = transformers_greedy(model, ids, 64, "cuda:0")
+            assert await tokens(client, e, ids, max_tokens=64) == expected, n
+        assert await tokens(client, e, ids, max_tokens=64) == expected  # its blocks cached now

@@ -17,7 +17,16 @@ import httpx
 import pytest
 from drs_engine.server.runner import start_engine
 
-from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
+from .conftest import (
+    COMPLETIONS,
+    CONTROL_TOKEN,
+    auth,
+    completion_body,
+    prompt_ids,
+    save_random_hf_qwen3,
+    torch_config,
+    transformers_greedy,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -48,7 +57,7 @@ async def disaggregated(
 async def test_the_model_matches_transformers_qwen3() -> None:
     import torch
     import transformers
-    from drs_engine.backends.torch_model import SIZES, decode_step, new_kv, prefill, random_state_dict
+    from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
 
     shape = SIZES["tiny"]
     hf = {k: v for k, v in shape.to_hf_config().items() if k not in ("architectures", "model_type")}
@@ -146,7 +155,7 @@ async def test_streaming_logprobs_and_chat() -> None:
 
 async def test_load_from_safetensors_serves_those_weights_and_sleep_wake_keeps_them(tmp_path: Path) -> None:
     import torch
-    from drs_engine.backends.torch_model import SIZES, random_state_dict
+    from drs_engine.backends.torch.model import SIZES, random_state_dict
     from safetensors.torch import save_file
 
     save_file(
@@ -243,7 +252,7 @@ async def test_a_gloo_collective_refit_through_the_sidecar_serves_the_trainers_w
 
 
 def test_the_handoff_arena_hands_out_disjoint_regions_and_merges_freed_ones() -> None:
-    from drs_engine.backends.torch_arena import REGION_ALIGN, KvArena
+    from drs_engine.backends.torch.kv.arena import REGION_ALIGN, KvArena
 
     unit = REGION_ALIGN
     arena = KvArena("cpu", 10 * unit)
@@ -254,3 +263,50 @@ def test_the_handoff_arena_hands_out_disjoint_regions_and_merges_freed_ones() ->
     for offset in (0, unit, 4 * unit, 6 * unit):
         arena.free(offset)
     assert arena.regions == 0 and arena.alloc(10 * unit) == 0  # the freed runs merged back into one
+
+
+def test_ignore_eos_bans_nothing_and_eos_is_banned_only_before_min_tokens() -> None:
+    """TensorRT-LLM's ``ignore_eos``: EOS may be picked (it only does not end the leg); ids outside a
+    random model's tokenizer stay banned, EOS among them allowed."""
+    from drs_engine.backends.torch.sampling import BanMasks
+
+    masks = BanMasks(10, vocab_limit=8, eos_token_id=9, device="cpu")
+    after = masks.mask(produced=3, min_tokens=2).tolist()
+    before = masks.mask(produced=1, min_tokens=2).tolist()
+    assert after == [False] * 8 + [True, False]
+    assert before == [False] * 8 + [True, True]
+
+
+async def test_float32_greedy_equals_transformers_generate_token_for_token(tmp_path: Path) -> None:
+    """A transformers checkpoint served by the engine decodes exactly transformers' greedy tokens
+    (float32; EOS not stopping either side). ``test_gpu.py`` repeats it on a GPU at the 0.6B shape."""
+    model = save_random_hf_qwen3("tiny", tmp_path)
+    async with (
+        start_engine(torch_config(model=str(tmp_path)), control_token=CONTROL_TOKEN) as e,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        for n in (16, 70):
+            ids = prompt_ids(n)
+            assert await tokens(client, e.url, ids, max_tokens=24) == transformers_greedy(model, ids, 24, "cpu")
+
+
+def test_a_batched_decode_step_equals_each_sequence_stepped_alone() -> None:
+    """Sequences of different lengths in one step (packed K/V, attention masked per sequence) give
+    each sequence's logits and KV as a step of its own would."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
+
+    shape = SIZES["tiny"]
+    params = random_state_dict(shape, seed=3, device="cpu", dtype=torch.float32)
+    prompts = [prompt_ids(n, offset=100 * n) for n in (5, 33, 17)]
+    alone, together = [], []
+    for ids in prompts:
+        for out in (alone, together):
+            kv = new_kv(shape, 40, device="cpu", dtype=torch.float32)
+            prefill(params, shape, ids, kv, 0)
+            out.append(kv)
+    singles = [decode_step(params, shape, [7], [kv], [len(ids)])[0] for kv, ids in zip(alone, prompts, strict=True)]
+    batched = decode_step(params, shape, [7, 7, 7], together, [len(ids) for ids in prompts])
+    for j, ids in enumerate(prompts):
+        assert torch.allclose(batched[j], singles[j], atol=1e-5)
+        assert torch.allclose(together[j][:, :, :, : len(ids) + 1], alone[j][:, :, :, : len(ids) + 1], atol=1e-6)

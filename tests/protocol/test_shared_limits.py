@@ -125,7 +125,7 @@ SPECS = {
 def _engine_block(config: EngineConfig) -> int:
     """The block size the engine process itself uses (what its backend builds its cache with)."""
     if config.backend is enums.EngineBackend.TRTLLM:
-        from drs_engine.backends.trtllm_translate import build_llm_kwargs
+        from drs_engine.backends.trtllm.translate import build_llm_kwargs
 
         return tokens_per_block_of(build_llm_kwargs(config))
     return config.sim.tokens_per_block if config.backend is enums.EngineBackend.SIM else config.torch.tokens_per_block

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from drs_engine.backends.trtllm_translate import build_llm_kwargs
+from drs_engine.backends.trtllm.translate import build_llm_kwargs
 from drs_operator.api import DisaggReplicaSetSpec
 from drs_operator.api.constants import Role
 from drs_operator.manifests.engines import build_engine_config

@@ -13,12 +13,16 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final, Protocol
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
 
 from drs_engine.errors import NotSupportedError
 from drs_engine.wire import EngineRequest, RequestType
+
+#: The memory tags of ``release_memory``/``resume_memory`` a backend that owns its memory knows
+#: (``sim``, ``torch``); a call without tags covers them all. TensorRT-LLM names its own.
+ALL_MEMORY_TAGS: Final = ("model", "kv_cache")
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +85,24 @@ class LegFinished:
 
 
 LegEvent = TokenStep | LegFinished
+
+
+class Picked(Protocol):
+    """A token a backend picked, with what a response may report about it."""
+
+    @property
+    def token_id(self) -> int: ...
+    @property
+    def logprob(self) -> float | None: ...
+    @property
+    def top_logprobs(self) -> tuple[tuple[int, float], ...]: ...
+
+
+def token_step(picked: Picked, leg: LegRequest) -> TokenStep:
+    """The :class:`TokenStep` of ``picked`` (log-probabilities only when the leg asked for them)."""
+    if not leg.logprobs:
+        return TokenStep(token_id=picked.token_id)
+    return TokenStep(token_id=picked.token_id, logprob=picked.logprob, top_logprobs=picked.top_logprobs)
 
 
 def restate_after_refit(prompt: list[int], generated: list[int], computed: int | None = None) -> tuple[list[int], int]:

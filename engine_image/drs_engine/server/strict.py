@@ -4,7 +4,7 @@ TensorRT-LLM's response models are ``extra="forbid"``, so a stock ``OpenAIDisagg
 response carrying a field they do not declare. This engine adds such fields for NeMo-Gym and our
 frontend (``token_ids`` on chat choices, relayed unknown ``disaggregated_params`` fields,
 ``x-drs`` extras). With ``strictTrtllmResponses: true`` the engine drops every field that the
-transcribed models (``trtllm_surface.json`` → ``openai_models``, the attributed version only; the
+transcribed models (``trtllm/surface.json`` → ``openai_models``, the attributed version only; the
 fields seen only in newer unattributed versions are not answered) do not declare, so a stock
 TensorRT-LLM front can sit before it. ``prompt_token_ids_b64`` becomes ``prompt_token_ids``. The tests validate the answers against pydantic models
 built from the same transcription.
@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from drs_protocol.token_ids import decode_token_ids_b64
 
-from drs_engine.backends.trtllm_surface import openai_model_fields
+from drs_engine.backends.trtllm.surface import openai_model_fields
 
 _FULL: Final = {
     True: ("ChatCompletionResponse", "ChatCompletionResponseChoice"),

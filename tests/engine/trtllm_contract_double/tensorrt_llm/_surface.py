@@ -8,7 +8,7 @@ import os
 import time
 from typing import Any
 
-from drs_engine.backends import trtllm_surface
+from drs_engine.backends.trtllm import surface as trtllm_surface
 
 OLDER = os.environ.get("TRTLLM_DOUBLE_RELEASE") == "older"
 

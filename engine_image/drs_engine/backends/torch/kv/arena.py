@@ -21,7 +21,7 @@ from typing import Any, Final
 
 import torch
 
-from drs_engine.backends.torch_kv import ipc_export, ipc_import
+from drs_engine.backends.torch.ipc import ipc_export, ipc_import
 from drs_engine.errors import KvTransferError
 
 #: Regions start at multiples of this many bytes.

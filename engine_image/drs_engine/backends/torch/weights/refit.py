@@ -5,7 +5,7 @@ TCPStore the trainer hosts at ``ip:port``, reads the group's backend and batch t
 (:mod:`drs_protocol.weights_pack`), and joins as rank ``train_world_size + rank_prefix``;
 ``prepare`` checks the announced tensors against the model; ``update`` receives each batch by
 broadcast from rank 0, straight into the engine's packed weights when the batch is one range of
-them (:mod:`.torch_weights`). The group is a process group object of its own (never the default
+them (:mod:`.packed`). The group is a process group object of its own (never the default
 group), so a later ``init`` replaces it cleanly.
 
 Colocated (NeMo RL's colocated refit: the trainer shares its packed buffers by CUDA IPC handles,
@@ -39,8 +39,8 @@ from drs_protocol.weights_pack import (
     flat_slots,
 )
 
-from drs_engine.backends import torch_kv
-from drs_engine.backends.torch_weights import PackedWeights
+from drs_engine.backends.torch import ipc
+from drs_engine.backends.torch.weights.packed import PackedWeights
 from drs_engine.errors import BadRequestError, WeightsLoadError
 
 #: How long joining the group, and each broadcast, may wait for the other ranks.
@@ -162,7 +162,7 @@ class IpcMaps:
         key = f"{buffer.gpu_uuid}/{fields.get('handle')}/{fields.get('storage_offset_bytes')}"
         whole = self._maps.get(key)
         if whole is None:
-            producer = torch_kv.local_gpu_uuids().get(buffer.gpu_uuid)
+            producer = ipc.local_gpu_uuids().get(buffer.gpu_uuid)
             if producer is None:
                 raise BadRequestError(
                     f"buffers: GPU {buffer.gpu_uuid} is not visible to this engine (CUDA IPC needs the same host "
@@ -170,7 +170,7 @@ class IpcMaps:
                     param="buffers",
                 )
             storage = {**fields, "offset": 0, "size": [int(fields.get("storage_size_bytes", 0))], "stride": [1]}
-            whole = torch_kv.ipc_import(storage, torch.uint8, producer)
+            whole = ipc.ipc_import(storage, torch.uint8, producer)
             self._maps[key] = whole
             while len(self._maps) > IPC_MAPS_KEPT:
                 self._maps.popitem(last=False)

@@ -19,7 +19,7 @@ import torch
 from drs_protocol.nemo_rl_refit import Slot, TensorSpec, dtype_name
 from drs_protocol.weights_pack import flat_slots
 
-from drs_engine.backends.torch_model import DTYPES
+from drs_engine.backends.torch.model import DTYPES
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""The recorded TensorRT-LLM API surface (``trtllm_surface.json``), loaded once.
+"""The recorded TensorRT-LLM API surface (``trtllm/surface.json``), loaded once.
 
 The JSON lists exactly the TensorRT-LLM names this engine depends on, each with the repository,
 path and commit it was read from (see engine_image/README.md). The backend, its feature
@@ -13,13 +13,13 @@ from functools import cache
 from importlib import resources
 from typing import Any, Final
 
-SURFACE_FILE: Final = "trtllm_surface.json"
+SURFACE_FILE: Final = "surface.json"
 
 
 @cache
 def surface() -> dict[str, Any]:
-    """The parsed surface file (shipped inside the ``drs_engine.backends`` package)."""
-    text = resources.files("drs_engine.backends").joinpath(SURFACE_FILE).read_text(encoding="utf-8")
+    """The parsed surface file (shipped inside the ``drs_engine.backends.trtllm`` package)."""
+    text = resources.files("drs_engine.backends.trtllm").joinpath(SURFACE_FILE).read_text(encoding="utf-8")
     data: dict[str, Any] = json.loads(text)
     return data
 

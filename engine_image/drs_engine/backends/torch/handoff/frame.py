@@ -1,4 +1,4 @@
-"""The ``torch`` backend's KV handoff: how a decode engine gets a context's KV from a prefill engine.
+"""The ``torch`` backend's KV frame and transport choice: how a decode engine gets a context's KV.
 
 The prefill engine keeps a finished context's KV (one tensor ``[layers, 2, kv_heads, tokens,
 head_dim]`` on its GPU) under ``ctx_request_id``. The decode engine fetches it once with
@@ -14,23 +14,22 @@ Transports, chosen by the decode engine (``torch.kvTransport: auto`` picks the f
   this host and a GPU this engine can see.
   When the context lies in the prefill engine's handoff arena (named in ``encoded_opaque_state``),
   the decode engine copies it from there first and then only takes it (``cuda_ipc_arena``:
-  :mod:`.torch_arena`), mapping the arena once for all handoffs.
+  :mod:`drs_engine.backends.torch.kv.arena`), mapping the arena once for all handoffs.
 - ``http`` (anywhere): the payload is the KV's raw bytes, staged through pinned host memory on
   both sides.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import socket
 import struct
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from functools import cache
 from typing import Any, Final
 
+from drs_engine.backends.handoff import decode_opaque, encode_opaque
+from drs_engine.backends.torch.ipc import host_id, local_gpu_uuids
 from drs_engine.errors import KvTransferError
 
 HEADER_LEN: Final = struct.Struct("<Q")
@@ -42,7 +41,7 @@ class KvTransport(StrEnum):
     CUDA_IPC = "cuda_ipc"
     HTTP = "http"
     #: not a choice of ``kvTransport``: the take after a decode engine copied the KV out of the
-    #: prefill engine's handoff arena (:mod:`.torch_arena`); the frame is the header alone
+    #: prefill engine's handoff arena (:mod:`drs_engine.backends.torch.kv.arena`); the frame is the header alone
     CUDA_IPC_ARENA = "cuda_ipc_arena"
 
 
@@ -76,18 +75,6 @@ class KvHeader:
             raise KvTransferError(f"malformed KV frame header: {exc}") from exc
 
 
-@cache
-def host_id() -> str:
-    """This host, as two engines on it see it alike (hostname and kernel boot id)."""
-    boot = ""
-    try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
-            boot = fh.read().strip()
-    except OSError:
-        pass
-    return f"{socket.gethostname()}/{boot}"
-
-
 def opaque_state(
     *, digest: str, prompt_len: int, weights_version: str, gpu_uuid: str | None, arena: dict[str, Any] | None = None
 ) -> str:
@@ -104,97 +91,11 @@ def opaque_state(
     }
     if arena is not None:
         data["arena"] = arena
-    return base64.b64encode(json.dumps(data, sort_keys=True).encode()).decode("ascii")
+    return encode_opaque(data)
 
 
 def read_opaque_state(encoded: str | None) -> dict[str, Any]:
-    if not encoded:
-        return {}
-    try:
-        data = json.loads(base64.b64decode(encoded, validate=True))
-    except (ValueError, TypeError):
-        return {}
-    return data if isinstance(data, dict) and data.get("kind") == OPAQUE_KIND else {}
-
-
-# ---- CUDA IPC (plain fields, no pickle) -------------------------------------------------------
-
-
-def ipc_export(tensor: Any) -> dict[str, Any]:
-    """The fields a process on this host needs to map ``tensor`` (a CUDA tensor) into its own space."""
-    from torch.multiprocessing.reductions import reduce_tensor
-
-    _, args = reduce_tensor(tensor)
-    (_, size, stride, offset, _, _, device, handle, size_bytes, offset_bytes, _, rc_handle, rc_offset, ev, ev_sync) = (
-        args
-    )
-    return {
-        "size": list(size),
-        "stride": list(stride),
-        "offset": int(offset),
-        "device": int(device),
-        "handle": _b64(handle),
-        "storage_size_bytes": int(size_bytes),
-        "storage_offset_bytes": int(offset_bytes),
-        "ref_counter_handle": _b64(rc_handle),
-        "ref_counter_offset": int(rc_offset),
-        "event_handle": _b64(ev),
-        "event_sync_required": bool(ev_sync),
-    }
-
-
-def ipc_import(fields: dict[str, Any], dtype: Any, local_device: int) -> Any:
-    """The producer's tensor, mapped into this process on ``local_device`` (the same GPU under this
-    process's numbering)."""
-    import torch
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
-
-    try:
-        return rebuild_cuda_tensor(
-            torch.Tensor,
-            torch.Size(fields["size"]),
-            tuple(fields["stride"]),
-            int(fields["offset"]),
-            torch.storage.TypedStorage,
-            dtype,
-            local_device,
-            _unb64(fields["handle"]),
-            int(fields["storage_size_bytes"]),
-            int(fields["storage_offset_bytes"]),
-            False,
-            _unb64(fields["ref_counter_handle"]),
-            int(fields["ref_counter_offset"]),
-            _unb64(fields["event_handle"]),
-            bool(fields["event_sync_required"]),
-        )
-    except (KeyError, ValueError, TypeError, RuntimeError) as exc:
-        raise KvTransferError(f"cannot map the prefill engine's KV by CUDA IPC: {exc}") from exc
-
-
-def _b64(value: bytes | None) -> str | None:
-    return None if value is None else base64.b64encode(value).decode("ascii")
-
-
-def _unb64(value: str | None) -> bytes | None:
-    return None if value is None else base64.b64decode(value)
-
-
-@cache
-def local_gpu_uuids() -> dict[str, int]:
-    """UUID → device index of every GPU this process sees."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return {}
-    return {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
-
-
-def gpu_uuid(device: Any) -> str | None:
-    import torch
-
-    if getattr(device, "type", None) != "cuda":
-        return None
-    return str(torch.cuda.get_device_properties(device).uuid)
+    return decode_opaque(encoded, OPAQUE_KIND)
 
 
 def choose_transport(preference: str, opaque: dict[str, Any], local_device: Any) -> tuple[KvTransport, int | None]:

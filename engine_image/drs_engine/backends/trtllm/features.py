@@ -1,6 +1,6 @@
 """What the installed TensorRT-LLM offers beyond the names every supported release has.
 
-The image pins one release (``trtllm_surface.json``); names newer than some releases are
+The image pins one release (``trtllm/surface.json``); names newer than some releases are
 *features*: detected once at start from the imported classes, and when one is missing the engine
 drops it with a logged, named reason (shown in ``/server_info``) instead of failing on every
 request. Detection only inspects classes and signatures, so it runs against the contract double
@@ -19,7 +19,7 @@ from typing import Any, Final
 
 log = logging.getLogger("drs_engine.trtllm")
 
-#: Reason names (also in trtllm_surface.json).
+#: Reason names (also in trtllm/surface.json).
 CONVERSATION_PARAMS_UNSUPPORTED: Final = "conversation_params_unsupported"
 CTX_USAGE_UNSUPPORTED: Final = "ctx_usage_unsupported"
 SCHEDULE_STYLE_UNSUPPORTED: Final = "schedule_style_unsupported"

@@ -4,9 +4,9 @@ Tokens are a function of (weights, token prefix) and nothing else, so a wrong KV
 prefix or stale weights show up as different tokens:
 
 - ``weights_seed = blake2b(version || weights content hash)``.
-- The prefix state, the double's "KV cache": a chain of block hashes over the token ids,
-  ``c_0 = weights_seed``, ``c_{k+1} = blake2b(c_k || int32le(block k))`` for each full block of
-  ``tokens_per_block`` ids, plus the ids of the trailing partial block. The same block hashes key
+- The prefix state, the double's "KV cache": the chain of block hashes of
+  :mod:`drs_engine.prefix_hash` over the token ids (seeded with ``weights_seed``), plus the ids
+  of the trailing partial block. The same block hashes key
   the prefix cache, so cached blocks are keyed by weights too.
 - ``next token = blake2b("next" || decoding weights_seed || c_full || int32le(tail))``: its first
   8 bytes mod ``vocab_size`` pick the token (or EOS, with probability ``eos_probability``), the
@@ -23,48 +23,21 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-DIGEST_BYTES: Final = 16
+from drs_engine.prefix_hash import DIGEST_BYTES, block_hashes, chain_block, int32le
+
 _U64: Final = struct.Struct("<Q")
 _U32: Final = struct.Struct("<I")
 #: Log-probabilities of the chosen token lie in (-LOGPROB_SPAN, 0].
 LOGPROB_SPAN: Final = 4.0
 
 
-def _int32le(ids: Sequence[int]) -> bytes:
-    arr = array("i", ids)
-    if arr.itemsize != 4:  # pragma: no cover - every platform CPython runs on has 4-byte int
-        raise RuntimeError("array('i') is not 32-bit here")
-    return arr.tobytes() if struct.pack("=i", 1) == struct.pack("<i", 1) else _swap(arr)
-
-
-def _swap(arr: array[int]) -> bytes:  # pragma: no cover - big-endian hosts only
-    arr.byteswap()
-    return arr.tobytes()
-
-
 def weights_seed(version: str, content_hash: bytes) -> bytes:
     """The seed of a weights version: its name and the hash of its content."""
     return hashlib.blake2b(version.encode() + b"\0" + content_hash, digest_size=DIGEST_BYTES).digest()
-
-
-def chain_block(previous: bytes, block: Sequence[int]) -> bytes:
-    """One step of the block-hash chain."""
-    return hashlib.blake2b(previous + _int32le(block), digest_size=DIGEST_BYTES).digest()
-
-
-def block_hashes(seed: bytes, ids: Sequence[int], tokens_per_block: int) -> list[bytes]:
-    """The chain hash after each FULL block of ``ids`` (``len(ids) // tokens_per_block`` entries)."""
-    out: list[bytes] = []
-    current = seed
-    for start in range(0, len(ids) - tokens_per_block + 1, tokens_per_block):
-        current = chain_block(current, ids[start : start + tokens_per_block])
-        out.append(current)
-    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +60,7 @@ class PrefixState:
 
     def digest(self) -> str:
         """A short fingerprint of the whole state (sent in the opaque state and checked on fetch)."""
-        return hashlib.blake2b(self.chain + _int32le(self.tail), digest_size=DIGEST_BYTES).hexdigest()
+        return hashlib.blake2b(self.chain + int32le(self.tail), digest_size=DIGEST_BYTES).hexdigest()
 
 
 class TokenFunction:
@@ -129,7 +102,7 @@ class TokenFunction:
 
     def next_token(self, state: PrefixState, *, top_logprobs: int = 0, allow_eos: bool = True) -> TokenChoice:
         """The token that follows ``state`` under these weights."""
-        h = hashlib.blake2b(b"next" + self.seed + state.chain + _int32le(state.tail), digest_size=32).digest()
+        h = hashlib.blake2b(b"next" + self.seed + state.chain + int32le(state.tail), digest_size=32).digest()
         pick = _U64.unpack_from(h, 0)[0]
         eos_draw = _U32.unpack_from(h, 8)[0]
         lp_draw = _U32.unpack_from(h, 12)[0]

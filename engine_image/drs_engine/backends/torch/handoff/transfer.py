@@ -1,4 +1,4 @@
-"""Moving one context's KV between two ``torch`` engines (the frame is :mod:`.torch_kv`'s).
+"""Moving one context's KV between two ``torch`` engines (the frame is :mod:`.frame`'s).
 
 :func:`export_frame` is the prefill engine's side of ``GET /v1/disagg/kv/{id}?transport=…``;
 :func:`fetch_context` is the decode engine's: it asks for the frame, then puts the KV on its own
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import torch
@@ -19,14 +20,28 @@ from drs_protocol.routes import kv_export_path
 from drs_protocol.token_ids import encode_token_ids_b64
 
 from drs_engine.backends.base import BinaryExport
-from drs_engine.backends.torch_batch import GpuWorker
-from drs_engine.backends.torch_kv import HEADER_LEN, MAX_HEADER_BYTES, KvHeader, KvTransport, ipc_export, ipc_import
-from drs_engine.backends.torch_model import DTYPES
-from drs_engine.errors import ContextStateMissingError, KvTransferError
+from drs_engine.backends.handoff import ContextSource, raise_for_fetch_status
+from drs_engine.backends.torch.handoff.frame import HEADER_LEN, MAX_HEADER_BYTES, KvHeader, KvTransport
+from drs_engine.backends.torch.ipc import ipc_export, ipc_import
+from drs_engine.backends.torch.kv.arena import ArenaMaps, copy_region
+from drs_engine.backends.torch.model import DTYPES
+from drs_engine.backends.torch.sampling import Choice
+from drs_engine.backends.torch.worker import GpuWorker
+from drs_engine.errors import KvTransferError
 
-if TYPE_CHECKING:
-    from drs_engine.backends.torch_arena import ArenaMaps
-    from drs_engine.backends.torch_handoff import TorchContext
+
+@dataclass(frozen=True, slots=True)
+class TorchContext:
+    """A finished context leg's KV, waiting for its decode engine."""
+
+    ctx_request_id: int
+    prompt_token_ids: list[int]
+    first: Choice
+    kv: Any
+    weights_version: str
+    cached_tokens: int
+    #: the KV's region in the handoff arena (None: a tensor of its own)
+    arena_offset: int | None = None
 
 
 def _header(ctx: TorchContext, transport: KvTransport, payload_bytes: int, ipc: dict[str, Any]) -> KvHeader:
@@ -103,25 +118,15 @@ async def fetch_context(
     wire = transport
     phases["start"] = time.perf_counter()
     if arena is not None and maps is not None and producer_device is not None:
-        from drs_engine.backends.torch_arena import copy_region
-
         copied = await worker.run(copy_region, maps, arena, producer_device, device, dtype, _copy_stream(device))
         wire = KvTransport.CUDA_IPC_ARENA  # copied: now take it (which frees the region)
         phases["arena_copy"] = time.perf_counter()
     url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={wire.value}"
     try:
         async with client.stream("GET", url) as response:
-            if response.status_code == 404:
-                raise ContextStateMissingError(
-                    f"context KV for ctx_request_id {ctx_request_id} is not on {endpoint} "
-                    "(expired, already fetched, or never created)",
-                    param="disaggregated_params.ctx_request_id",
-                )
             if response.status_code != 200:
                 body = (await response.aread())[:300].decode(errors="replace")
-                raise KvTransferError(
-                    f"fetching context KV {ctx_request_id} from {endpoint} failed: HTTP {response.status_code}: {body}"
-                )
+                raise_for_fetch_status(ContextSource(ctx_request_id, endpoint), response.status_code, body)
             phases["response_head"] = time.perf_counter()
             header, host = await _read_frame(response.aiter_raw(), pin=device.type == "cuda")
             phases["frame_read"] = time.perf_counter()

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from drs_engine.backends.sim_model import weights_seed
+from drs_engine.backends.sim.model import weights_seed
 from drs_engine.errors import WeightsLoadError
 
 MAX_HASHED_BYTES_PER_FILE: Final = 64 * 1024 * 1024

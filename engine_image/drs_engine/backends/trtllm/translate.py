@@ -6,9 +6,9 @@ renders the typed fields and the user's merged kwargs and derives nothing itself
 ``SamplingParams(...)``, ``DisaggregatedParams(...)`` and ``ConversationParams(...)``
 from our config and requests, and read TensorRT-LLM's result objects (``RequestOutput`` with its
 ``outputs[0]`` ``CompletionOutput``) by attribute into backend events. They run in the unit
-tests without TensorRT-LLM; :mod:`.trtllm` applies them to the real classes on a GPU machine.
+tests without TensorRT-LLM; :mod:`.engine` applies them to the real classes on a GPU machine.
 
-Names are the recorded surface of the pinned release (``trtllm_surface.json``): ``tensorrt_llm/llmapi/llm_args.py`` (LLM kwargs),
+Names are the recorded surface of the pinned release (``trtllm/surface.json``): ``tensorrt_llm/llmapi/llm_args.py`` (LLM kwargs),
 ``tensorrt_llm/sampling_params.py``, ``tensorrt_llm/disaggregated_params.py``
 (``request_type``, ``first_gen_tokens``, ``ctx_request_id``, ``opaque_state`` bytes,
 ``draft_tokens``, ``disagg_request_id``, ``ctx_dp_rank``, ``ctx_info_endpoint``,
@@ -28,7 +28,7 @@ from drs_protocol.enums import Precision
 from drs_protocol.trtllm_kwargs import deep_merge
 
 from drs_engine.backends.base import ContextHandoff, LegFinished, TokenStep
-from drs_engine.backends.trtllm_surface import worker_extension_class
+from drs_engine.backends.trtllm.surface import worker_extension_class
 from drs_engine.config import EngineConfig
 from drs_engine.errors import BadRequestError, ContextLengthError, EngineError
 from drs_engine.wire import ChatCompletionRequest, DisaggregatedParams, EngineRequest

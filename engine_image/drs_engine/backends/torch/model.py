@@ -5,7 +5,7 @@ The state dict is the model: ``model.embed_tokens.weight``, ``model.layers.{i}.s
 … exactly the names of a Hugging Face Qwen3 checkpoint, so a safetensors load, a refit broadcast
 (names from ``prepare``) and a random init all address the same tensors. There is no
 ``nn.Module``: the forward pass is :func:`prefill` (a prompt's new tokens after an optional cached
-prefix) and :func:`decode_step` (one token for each of several sequences at once), both writing
+prefix) and :func:`decode_step` (one token for each of several sequences at once, attention batched), both writing
 into a per-sequence KV tensor of layout ``[layers, 2, kv_heads, capacity, head_dim]``.
 
 Numerics follow transformers' ``Qwen3ForCausalLM`` (RMSNorm in float32, rotate-half RoPE, q/k
@@ -18,6 +18,7 @@ a seeded random init of a named size (:data:`SIZES`), since no weights can be do
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from collections.abc import Sequence
@@ -338,34 +339,50 @@ def _decode_step(
     params: dict[str, Any], shape: ModelShape, tokens: Sequence[int], kvs: Sequence[Any], positions: Sequence[int]
 ) -> Any:
     """One step for a batch: sequence ``b`` feeds ``tokens[b]`` at ``positions[b]`` (its length so
-    far) into ``kvs[b]``. Projections and the MLP run batched; attention per sequence (lengths
-    differ). One query position per sequence, so the query heads sharing a K/V head are laid out
-    as that head's query rows (no mask, no repeated K/V). Returns float32 logits ``[batch, vocab]``."""
+    far) into ``kvs[b]``. Everything runs batched, attention too: the sequences' K/V so far (each
+    its own tensor, lengths differ) are packed side by side once per step, for all layers; per
+    layer the batch's new K/V go after them, and one attention call covers the whole batch, each
+    query masked to its own sequence's segment and its own new column. One query position per
+    sequence, so the query heads sharing a K/V head are laid out as that head's query rows (no
+    repeated K/V). The new K/V are written into each sequence's tensor once per step, for all
+    layers at once. Returns float32 logits ``[batch, vocab]``."""
     device = kvs[0].device
     group = shape.heads // shape.kv_heads
     b = len(tokens)
     pos = torch.tensor(list(positions), device=device, dtype=torch.long)
     x = params["model.embed_tokens.weight"][torch.tensor(list(tokens), device=device, dtype=torch.long)]
     rope = rope_tables(pos, shape, x.dtype)
+    bounds = list(
+        itertools.accumulate((int(at) for at in positions), initial=0)
+    )  # old tokens of j: [bounds[j], bounds[j+1])
+    old = bounds[-1]
+    packed = torch.cat([kvs[j][:, :, :, : positions[j]] for j in range(b)], dim=3)  # [layers, 2, kv_heads, old, d]
+    cols = torch.arange(old + b, device=device)
+    starts = torch.tensor(bounds[:-1], device=device, dtype=torch.long)[:, None]
+    ends = torch.tensor(bounds[1:], device=device, dtype=torch.long)[:, None]
+    own = torch.arange(b, device=device)[:, None] + old
+    seen = ((cols[None, :] >= starts) & (cols[None, :] < ends)) | (cols[None, :] == own)  # [batch, old + batch]
+    mask = seen.repeat_interleave(group, dim=0)[None, None]  # rows (sequence, query head of the group)
+    new_kv = []
     for i in range(shape.layers):
         p = f"model.layers.{i}."
         h = _rms(x, params[p + "input_layernorm.weight"], shape.rms_eps)
         q, k, v = _qkv(params, i, h, rope, shape)
-        outs = []
-        for j in range(b):
-            kv, at = kvs[j], positions[j]
-            kv[i, 0, :, at] = k[j]
-            kv[i, 1, :, at] = v[j]
-            outs.append(
-                F.scaled_dot_product_attention(
-                    q[j].view(shape.kv_heads, group, shape.head_dim).unsqueeze(0),
-                    kv[i, 0, :, : at + 1].unsqueeze(0),
-                    kv[i, 1, :, : at + 1].unsqueeze(0),
-                ).reshape(-1)
-            )
-        attn = torch.stack(outs)
+        new_kv.append(torch.stack((k, v)))  # [2, batch, kv_heads, head_dim]
+        keys = torch.cat((packed[i, 0], k.transpose(0, 1)), dim=1)
+        values = torch.cat((packed[i, 1], v.transpose(0, 1)), dim=1)
+        queries = (
+            q.view(b, shape.kv_heads, group, shape.head_dim)
+            .permute(1, 0, 2, 3)
+            .reshape(shape.kv_heads, b * group, shape.head_dim)
+        )
+        attn = F.scaled_dot_product_attention(queries[None], keys[None], values[None], attn_mask=mask)[0]
+        attn = attn.view(shape.kv_heads, b, group, shape.head_dim).permute(1, 0, 2, 3).reshape(b, -1)
         x = x + attn @ params[p + "self_attn.o_proj.weight"].T
         x = x + _mlp(params, i, _rms(x, params[p + "post_attention_layernorm.weight"], shape.rms_eps))
+    written = torch.stack(new_kv)  # [layers, 2, batch, kv_heads, head_dim]
+    for j in range(b):
+        kvs[j][:, :, :, positions[j]] = written[:, :, j]
     last = _rms(x, params["model.norm.weight"], shape.rms_eps)
     return (last @ _lm_head(params, shape).T).to(torch.float32)
 

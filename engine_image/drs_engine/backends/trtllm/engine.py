@@ -3,7 +3,7 @@
 ``tensorrt_llm`` is imported only in :meth:`TrtllmBackend.start`, so importing this module (or
 running the ``sim`` backend) never imports it. Everything that can be checked without a GPU — the
 LLM kwargs, sampling and disaggregated params, reading result objects, the control RPCs — lives in
-:mod:`.trtllm_translate` and is unit-tested; this module only applies it to the real classes.
+:mod:`.translate` and is unit-tested; this module only applies it to the real classes.
 NOT RUN on a GPU in this repository (see engine_image/README.md).
 """
 
@@ -21,9 +21,9 @@ from drs_protocol.nemo_rl_refit import RefitSpecError, parse_state_dict_info
 from drs_protocol.trtllm_kwargs import tokens_per_block_of
 
 from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
-from drs_engine.backends.trtllm_features import Features, detect_features
-from drs_engine.backends.trtllm_surface import release
-from drs_engine.backends.trtllm_translate import (
+from drs_engine.backends.trtllm.features import Features, detect_features
+from drs_engine.backends.trtllm.surface import release
+from drs_engine.backends.trtllm.translate import (
     LLM_CLASS,
     build_control_rpc,
     build_conversation_params_kwargs,

@@ -1,0 +1,199 @@
+"""The ``torch`` backend's model runner: the model's forward passes as jobs on the GPU thread.
+
+:class:`ModelRunner` runs a prompt's prefill (after the cached prefix blocks copied into the new
+sequence's KV; into a handoff-arena region when the context is to be handed over), and the
+batched decode steps of :class:`~drs_engine.backends.torch.batching.DecodeBatcher`. Before each
+step a sequence gets room for one more token, and KV computed under other weights is recomputed
+(refit safety, :func:`~drs_engine.backends.base.restate_after_refit`). The weights are read
+through :class:`~drs_engine.backends.torch.weights.manager.WeightsManager`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from drs_protocol.engine_config import TorchSpec
+
+from drs_engine.backends.base import LegRequest, finish_after, restate_after_refit
+from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq
+from drs_engine.backends.torch.kv.arena import KvArena
+from drs_engine.backends.torch.kv.prefix import CopyRun
+from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv, prefill
+from drs_engine.backends.torch.sampling import BanMasks, Choice, Sampling, choose_tokens
+from drs_engine.backends.torch.weights.manager import WeightsManager
+from drs_engine.backends.torch.worker import GpuWorker
+from drs_engine.errors import EngineError
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    """A prompt's KV after prefill and its first token."""
+
+    #: the sequence's KV (room for decoding when it goes on here)
+    kv: Any
+    #: the KV a context leg leaves (``kv`` itself, or its copy in the arena region)
+    ctx_kv: Any
+    first: Choice
+    #: the weights generation the KV was computed with
+    gen: int
+    #: the arena region's description for the decode engine (None: not in the arena)
+    arena: dict[str, Any] | None
+
+
+class ModelRunner:
+    """Prefill and decode steps of one model on one device."""
+
+    def __init__(
+        self,
+        spec: TorchSpec,
+        *,
+        shape: ModelShape,
+        device: Any,
+        dtype: Any,
+        weights: WeightsManager,
+        worker: GpuWorker,
+        vocab_limit: int | None,
+        eos_token_id: int,
+    ) -> None:
+        self._spec = spec
+        self._shape = shape
+        self._device = device
+        self._dtype = dtype
+        self._weights = weights
+        self._worker = worker
+        self._eos_token_id = eos_token_id
+        self._vocab_limit = vocab_limit
+        self._bans: BanMasks | None = None
+        self.batcher = DecodeBatcher(worker, self._step, self._prepare, max_batch=spec.max_decode_batch)
+
+    async def start(self, tokens_per_block: int) -> None:
+        """The banned-id masks, made on the device (by the GPU thread), then every path a request
+        takes run once (:meth:`_warm_up`)."""
+        self._bans = await self._worker.run(
+            lambda: BanMasks(
+                self._shape.vocab_size,
+                vocab_limit=self._vocab_limit,
+                eos_token_id=self._eos_token_id,
+                device=self._device,
+            )
+        )
+        await self._worker.run(self._warm_up, tokens_per_block)
+
+    def _warm_up(self, tokens_per_block: int) -> None:
+        """A cold prefill, a prefill after cached blocks copied in (the prefix-hit path: attention
+        masked over the prefix), a batched decode step and a token choice, on a throwaway KV, so
+        that no request (the first cached prompt included) pays for the first use of a kernel."""
+        blocks = 8
+        n = min(blocks * tokens_per_block + 16, self._shape.max_positions - 2)
+        cut = (n // 2 // tokens_per_block) * tokens_per_block
+        ids = [1000 + (i * 7919) % 50000 for i in range(n)]
+        cold = new_kv(self._shape, n + 1, device=self._device, dtype=self._dtype)
+        prefill(self._weights.params, self._shape, ids, cold, 0)
+        hit = new_kv(self._shape, n + 1, device=self._device, dtype=self._dtype)
+        hit[:, :, :, :cut].copy_(cold[:, :, :, :cut])
+        logits = prefill(self._weights.params, self._shape, ids[cut:], hit, cut)
+        greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=True, top_logprobs=1)
+        mask = self._bans.mask(produced=1, min_tokens=0) if self._bans is not None else None
+        if mask is not None:
+            choose_tokens(logits[None], [greedy], [mask])
+            step = decode_step(self._weights.params, self._shape, [ids[-1], ids[-1]], [cold, hit], [n, n])
+            choose_tokens(step, [greedy, greedy], [mask, mask])
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+
+    def decode_capacity(self, leg: LegRequest) -> int:
+        """KV capacity of a sequence that decodes here (grown by ``decodeGrowthTokens`` as it goes)."""
+        return len(leg.prompt_token_ids) + min(leg.max_tokens, self._spec.decode_growth_tokens)
+
+    def ban(self, leg: LegRequest, produced: int) -> Any:
+        if self._bans is None:
+            raise EngineError("the torch backend is not started")
+        return self._bans.mask(produced=produced, min_tokens=leg.request.min_tokens)
+
+    async def prefill(
+        self,
+        prompt: list[int],
+        start: int,
+        runs: list[CopyRun],
+        capacity: int,
+        sampling: Sampling,
+        ban: Any,
+        arena: KvArena | None = None,
+        region: int | None = None,
+        *,
+        cache_keeps_nothing: bool = False,
+    ) -> PrefillResult:
+        return await self._worker.run(
+            self._prefill_job, prompt, start, runs, capacity, sampling, ban, arena, region, cache_keeps_nothing
+        )
+
+    def _prefill_job(
+        self,
+        prompt: list[int],
+        start: int,
+        runs: list[CopyRun],
+        capacity: int,
+        s: Sampling,
+        ban: Any,
+        arena: KvArena | None,
+        region: int | None,
+        cache_keeps_nothing: bool,
+    ) -> PrefillResult:
+        """Prefill ``prompt`` from ``start``. With an arena ``region`` the context's KV lies there:
+        computed in place when the prefix cache keeps nothing, else copied there (the cache's blocks
+        must outlive the region)."""
+        shape = (self._shape.layers, 2, self._shape.kv_heads, capacity, self._shape.head_dim)
+        arena = arena if region is not None else None
+        in_place = arena is not None and cache_keeps_nothing
+        if arena is not None and region is not None and in_place:
+            kv = arena.view(region, shape, self._dtype)
+        else:
+            kv = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
+        for dst, base, src, n in runs:  # cached prefix blocks, copied instead of recomputed
+            kv[:, :, :, dst : dst + n].copy_(base[:, :, :, src : src + n])
+        logits = prefill(self._weights.params, self._shape, prompt[start:], kv, start)
+        ctx_kv, where = kv, None
+        if arena is not None and region is not None:
+            ctx_kv = kv if in_place else arena.view(region, shape, self._dtype).copy_(kv)
+            where = arena.describe(region, shape, self._dtype)
+        first = choose_tokens(logits[None], [s], [ban])[0]
+        return PrefillResult(kv, ctx_kv, first, self._weights.gen, where)
+
+    def new_seq(self, leg: LegRequest, kv: Any, first: Choice, s: Sampling, gen: int) -> DecodeSeq:
+        """A sequence that decodes on from ``kv`` (``gen`` -1: KV of other weights, recomputed first)."""
+        return DecodeSeq(
+            prompt=list(leg.prompt_token_ids),
+            weights_gen=gen,
+            grow_to=self.decode_capacity(leg),
+            kv=kv,
+            length=len(leg.prompt_token_ids),
+            next_token=first.token_id,
+            sampling=s,
+            generated=[first.token_id],
+            check=lambda generated: finish_after(leg, generated, self._eos_token_id),
+            banned=lambda produced: self.ban(leg, produced),
+        )
+
+    # ---- on the GPU thread -----------------------------------------------------------------
+
+    def _step(self, kvs: list[Any], tokens: list[int], positions: list[int]) -> Any:
+        return decode_step(self._weights.params, self._shape, tokens, kvs, positions)
+
+    def _prepare(self, seq: DecodeSeq) -> None:
+        """Before a step: room for one more token in ``seq``'s KV (grown by ``decodeGrowthTokens``),
+        and, if the weights changed since its KV was computed, that KV recomputed under the new
+        weights (the prompt and the tokens generated so far: refit safety)."""
+        capacity = seq.kv.shape[3]
+        if seq.weights_gen != self._weights.gen:
+            ids, boundary = restate_after_refit(seq.prompt, seq.generated, seq.length)
+            fresh = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
+            prefill(self._weights.params, self._shape, ids, fresh, 0)
+            seq.kv, seq.weights_gen, seq.boundary = fresh, self._weights.gen, boundary
+        if seq.length < capacity:
+            return
+        grown = max(seq.grow_to, capacity + self._spec.decode_growth_tokens)
+        bigger = new_kv(self._shape, grown, device=self._device, dtype=self._dtype)
+        bigger[:, :, :, :capacity].copy_(seq.kv)
+        seq.kv = bigger

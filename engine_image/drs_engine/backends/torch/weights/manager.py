@@ -1,0 +1,184 @@
+"""The ``torch`` backend's weights: where they are swapped.
+
+:class:`WeightsManager` owns the served weights (packed in one buffer, :mod:`.packed`), their
+version and the prefix-hash seed derived from it, and a generation counter bumped on the GPU
+thread whenever the tensors change (a decoding sequence compares it with its KV's, and recomputes
+its KV under the new weights: refit safety). It swaps them four ways: from safetensors
+(:meth:`load`), by collective broadcast (:meth:`update_from_collective`, after
+:meth:`init_collective` and :meth:`prepare`), by CUDA IPC from a colocated trainer
+(:meth:`update_from_ipc`; both in :mod:`.refit`), and out to host memory and back for sleep
+(:meth:`offload`, :meth:`restore`). Each swap answers the fields of the control op's result that
+the weights know; the engine adds what else changed (the prefix cache it reset).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from typing import Any
+
+from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcBuffer, IpcUpdate, PrepareRefitInfo
+from drs_protocol.nemo_rl_refit import TensorSpec
+from drs_protocol.routes import CONTROL_ROUTES, ControlOp
+
+from drs_engine.backends.torch.model import ModelSource, random_state_dict, read_safetensors
+from drs_engine.backends.torch.weights import refit
+from drs_engine.backends.torch.weights.packed import PackedWeights, pack
+from drs_engine.backends.torch.worker import GpuWorker
+from drs_engine.errors import BadRequestError
+
+
+class WeightsManager:
+    """The served weights, their version and generation, and every way to swap them."""
+
+    def __init__(self, source: ModelSource, *, version: str, device: Any, dtype: Any, worker: GpuWorker) -> None:
+        self._source = source
+        self._shape = source.shape
+        self._device = device
+        self._dtype = dtype
+        self._worker = worker
+        self._version = version
+        self._seed = self._seed_of(version)
+        self._weights = PackedWeights({})
+        self._ipc_maps = refit.IpcMaps()
+        self._host: dict[str, Any] | None = None
+        self._group: refit.RefitGroup | None = None
+        #: bumped on the GPU thread whenever the weights change (a sequence's KV records its own)
+        self._gen = 0
+        self.last_refit: dict[str, Any] | None = None
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The model's parameters (views of the packed weights)."""
+        return self._weights.params
+
+    @property
+    def version(self) -> str:
+        return self._version
+
+    @property
+    def seed(self) -> bytes:
+        """The prefix-hash seed of the served weights (a new version never matches old blocks)."""
+        return self._seed
+
+    @property
+    def gen(self) -> int:
+        """The weights generation (read on the GPU thread, between steps)."""
+        return self._gen
+
+    def _seed_of(self, version: str) -> bytes:
+        return hashlib.blake2b(f"{version}\0{self._source.label}".encode(), digest_size=16).digest()
+
+    async def start(self) -> None:
+        self._weights = pack(await self._worker.run(self._initial_params), self._device)
+
+    def _initial_params(self) -> dict[str, Any]:
+        if self._source.directory is not None:
+            return read_safetensors(self._source.directory, self._shape, self._device, self._dtype)
+        seed = self._source.random_seed or 0
+        return random_state_dict(self._shape, seed=seed, device=self._device, dtype=self._dtype)
+
+    def close(self) -> None:
+        refit.leave_group(self._group)
+        self._group = None
+
+    def group_info(self) -> dict[str, Any] | None:
+        if self._group is None:
+            return None
+        return {"backend": self._group.backend, "rank": self._group.rank, "world_size": self._group.world_size}
+
+    def _install(self, params: dict[str, Any] | None) -> None:
+        """New weights (or the same tensors, changed in place): on the GPU thread, between steps."""
+        if params is not None:
+            self._weights = pack(params, self._device)
+        self._gen += 1
+
+    def _switched(self, version: str, result: dict[str, Any]) -> str:
+        """The served version is now ``version``; returns the previous one."""
+        previous = self._version
+        self._version = version
+        self._seed = self._seed_of(version)
+        self.last_refit = {"version": version, **result}
+        return previous
+
+    async def load(self, path: str, version: str) -> tuple[str, dict[str, Any]]:
+        """Weights from safetensors at ``path``: ``(previous version, result)``."""
+        started = time.perf_counter()
+        params = await self._worker.run(read_safetensors, path, self._shape, self._device, self._dtype)
+        nbytes = sum(int(t.numel()) * int(t.element_size()) for t in params.values())
+        await self._worker.run(self._install, params)
+        result = {"source": path, "bytes": nbytes, "seconds": round(time.perf_counter() - started, 6)}
+        return self._switched(version, result), result
+
+    async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
+        rank = params.train_world_size + params.rank_prefix
+        if rank >= params.world_size:
+            raise BadRequestError(
+                f"rank_prefix: rank {rank} (train_world_size + rank_prefix) is outside world_size {params.world_size}",
+                param="rank_prefix",
+            )
+        refit.leave_group(self._group)
+        self._group = None
+        self._group = await asyncio.to_thread(
+            refit.join_group,
+            ip=params.ip,
+            port=params.port,
+            rank=rank,
+            world_size=params.world_size,
+            device=self._device,
+        )
+        return {"rank": rank, "world_size": params.world_size, "backend": self._group.backend}
+
+    async def prepare(self, params: PrepareRefitInfo) -> dict[str, Any]:
+        group = self._require_group()
+        group.specs = refit.check_specs(params.state_dict_info, self.params)
+        return {"tensors": len(group.specs), "bytes": sum(s.nbytes for s in group.specs)}
+
+    async def update_from_collective(self, params: CollectiveUpdate) -> tuple[str, dict[str, Any]]:
+        group = self._require_group()
+        result = await self._worker.run(self._receive, group)
+        result["recompute_kv"] = "not done: in-flight sequences keep their KV" if params.recompute_kv else False
+        return self._switched(params.version, result), result
+
+    def _receive(self, group: refit.RefitGroup) -> dict[str, Any]:
+        try:
+            return refit.receive_update(group, self._weights, self._device)
+        finally:
+            self._install(None)  # tensors changed in place (even a partial update)
+
+    async def update_from_ipc(self, params: IpcUpdate) -> tuple[str, dict[str, Any]]:
+        specs = refit.check_specs(params.state_dict_info, self.params)
+        result = await self._worker.run(self._receive_ipc, specs, params.buffers)
+        return self._switched(params.version, result), result
+
+    def _receive_ipc(self, specs: list[TensorSpec], buffers: list[IpcBuffer]) -> dict[str, Any]:
+        try:
+            return refit.receive_ipc(self._ipc_maps, self._weights, specs, buffers, self._device)
+        finally:
+            self._install(None)  # tensors changed in place (even a partial copy)
+
+    def _require_group(self) -> refit.RefitGroup:
+        if self._group is None:
+            raise BadRequestError(f"no refit group: POST {CONTROL_ROUTES[ControlOp.INIT_COLLECTIVE]} first")
+        return self._group
+
+    async def offload(self) -> None:
+        """Sleep: the weights to host memory, the device's copy freed (idempotent)."""
+        if self._host is None:
+            self._host = await self._worker.run(_to_host, self.params)
+            self._weights = PackedWeights({})
+            self._ipc_maps.clear()
+
+    async def restore(self) -> None:
+        """Wake: the same values back on the device (KV computed before stays valid)."""
+        if self._host is not None:
+            host, self._host = self._host, None
+            await self._worker.run(self._restore, host)
+
+    def _restore(self, host: dict[str, Any]) -> None:
+        self._weights = pack(host, self._device)
+
+
+def _to_host(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.to("cpu") for k, v in params.items()}

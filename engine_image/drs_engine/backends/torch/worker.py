@@ -1,0 +1,56 @@
+"""The ``torch`` backend's one GPU thread, and the device's memory as the control API reports it.
+
+All device work runs on one worker thread (:class:`GpuWorker`), so the event loop never blocks on
+the GPU and jobs never race on the weights: prefills, decode steps, KV exports and weight loads
+queue in submission order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class GpuWorker:
+    """A single thread that owns the device (its current device is set once)."""
+
+    def __init__(self, device: Any) -> None:
+        def init() -> None:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drs-gpu", initializer=init)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def free_bytes(device: Any) -> int | None:
+    """The device's free bytes (None on the CPU)."""
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[0])
+
+
+def memory(device: Any) -> dict[str, int | None]:
+    """This engine's GPU memory: tensors it holds, and the device's free bytes."""
+    held = int(torch.cuda.memory_allocated(device)) if device.type == "cuda" else None
+    return {"gpu_allocated_bytes": held, "gpu_free_bytes": free_bytes(device)}
+
+
+def empty_cache(device: Any) -> int | None:
+    """Give the allocator's cached blocks back to the device; the free bytes after."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+    return free_bytes(device)
