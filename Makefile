@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: install controlplane images test lint typecheck unit demo demo-kwok demo-down bench crd clean gpu gpu-tests gpu-bench
+.PHONY: install gym-install controlplane images test lint typecheck unit demo demo-kwok demo-down bench crd clean gpu gpu-tests gpu-bench
 
 install: $(STAMP)
 
@@ -16,6 +16,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test,ray]'
 	@touch $(STAMP)
+
+# NeMo-Gym 0.7.0 (the real client of tests/gym) in its own venv: it declares Python >= 3.13.14 and
+# pins openai 2.44.0, so it stays out of .venv. Wheels only, but antlr4-python3-runtime 4.9.3 (hydra's
+# parser; pure Python) exists only as an sdist. Versions: tests/realgym/requirements.txt + constraints.txt.
+GYM_VENV := .venv-gym
+GYM_STAMP := $(GYM_VENV)/.installed
+
+gym-install: $(GYM_STAMP)
+
+$(GYM_STAMP): tests/realgym/requirements.txt tests/realgym/constraints.txt
+	@test -x $(GYM_VENV)/bin/python || $(PYTHON) -m venv $(GYM_VENV)
+	$(GYM_VENV)/bin/pip install --quiet --upgrade pip
+	$(GYM_VENV)/bin/pip install --quiet --ignore-requires-python --only-binary=:all: \
+		--no-binary=antlr4-python3-runtime -r tests/realgym/requirements.txt -c tests/realgym/constraints.txt
+	@touch $(GYM_STAMP)
 
 # Builds etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kwok and helm
 # from Go modules into ~/.cache/drs (keyed by versions; a second run builds nothing).
@@ -35,10 +50,10 @@ lint: install
 typecheck: install
 	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster sidecar/drs_sidecar bench examples
 
-test: install controlplane lint typecheck
+test: install gym-install controlplane lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-unit: install
+unit: install gym-install
 	$(BIN)/pytest -m "not cluster" $(PYTEST_ARGS)
 
 # The operator installed by Helm from the image built here, the fleet as containers on a real node
@@ -85,4 +100,4 @@ crd: install
 	$(BIN)/drs crd --api-reference > docs/api-reference.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(GYM_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -122,6 +122,9 @@ class _Common(_Strict):
     disaggregated_params: DisaggregatedParams | None = None
     conversation_params: ConversationParams | None = None
     cache_salt: str | None = None
+    #: vLLM's field (not TensorRT-LLM's; NeMo-Gym's training config sends it): log-prob tokens
+    #: are answered as ``token_id:N`` (drs_protocol.fields.TOKEN_ID_PREFIX) instead of their text.
+    return_tokens_as_token_ids: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -206,7 +209,8 @@ class CompletionRequest(_Common):
         return value
 
     def wants_logprobs(self) -> bool:
-        return self.logprobs is not None and self.logprobs > 0
+        """``logprobs: 0`` asks for the sampled tokens' log-probs without alternatives (OpenAI, vLLM)."""
+        return self.logprobs is not None
 
     def top_logprobs_count(self) -> int:
         return self.logprobs or 0

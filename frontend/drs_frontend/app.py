@@ -6,9 +6,10 @@
 ``GET /health``                200 while the process serves (liveness)
 ``GET /ready``                 200 while at least one prefill and one decode engine answer /health
 ``GET /metrics``               Prometheus text (:mod:`drs_frontend.metrics`)
+``GET /v1/models``             OpenAI's model list, an engine's (:mod:`drs_frontend.model_list`)
 =========================  =====================================================================
 
-Five routes and no request model worth validating twice (the engines validate), so routing is a
+Six routes and no request model worth validating twice (the engines validate), so routing is a
 dict lookup and no web framework sits here (FastAPI, then a plain ASGI app on uvicorn, were
 measured: ``bench/relay.py``). The server answers bodies over ``limits.max_request_bytes`` with
 413 before the relay sees them, and cancels a turn whose client disconnects (counted in
@@ -32,6 +33,7 @@ from drs_frontend.config import FrontendConfig
 from drs_frontend.health import HealthProber
 from drs_frontend.httpserver import HttpServer, Request, Response, ServerLimits
 from drs_frontend.metrics import CONTENT_TYPE_LATEST, FrontendMetrics
+from drs_frontend.model_list import relay_model_list
 from drs_frontend.relay import JSON, Relay, Reply
 from drs_frontend.tokenization import ChatTokenizer
 from drs_frontend.upstream import UpstreamClient, build_upstream
@@ -131,6 +133,10 @@ class FrontendApp:
             return json_response(200 if ready else 503, status)
         if path == routes.METRICS and method == "GET":
             return Response(200, self.metrics.render(), CONTENT_TYPE_LATEST.encode())
+        if path == routes.MODELS and method == "GET":
+            pools = (self.relay.prefill, self.relay.decode)
+            code, body = await relay_model_list(pools, self.upstream, self.config.timeouts.models)
+            return Response(code, body)
         return error_response(404, f"no route {method} {path}")
 
     async def _turn(self, endpoint: Endpoint, request: Request) -> Response:

@@ -5,7 +5,8 @@ In the order a turn uses them:
 1. :func:`parse_request` — the client's JSON body, checked just enough to relay it (the engines
    validate the rest and their 4xx passes through); raises
    :class:`~drs_frontend.errors.RequestError`.
-2. :func:`strip_client_fields` — drop NeMo-Gym's three client-only fields.
+2. :func:`strip_client_fields` — drop the NeMo-Gym fields no engine takes (``return_token_ids``,
+   ``required_prefix_token_ids``; ``return_tokens_as_token_ids`` is relayed: the engines honour it).
 3. :func:`build_context_request` — the context leg.
 4. :func:`check_context_response` — is the turn already finished?
 5. :func:`build_generation_request` — the generation leg.
@@ -145,9 +146,15 @@ def check_context_response(ctx: Mapping[str, Any]) -> bool:
 
 
 def finished_context_response(ctx: Body) -> Body:
-    """The context response as the turn's answer: ``disaggregated_params`` removed."""
+    """The context response as the turn's answer: ``disaggregated_params`` removed, and the prompt
+    ids the leg answered as ``prompt_token_ids_b64`` (our own leg field) given as top-level
+    ``prompt_token_ids``, as a generation leg's answer has them: NeMo-Gym reads that field with the
+    choice's ``token_ids`` and refuses one without the other ("partial token metadata")."""
     out = dict(ctx)
     out.pop("disaggregated_params", None)
+    if out.get("prompt_token_ids") is None and isinstance(out.get("prompt_token_ids_b64"), str):
+        out["prompt_token_ids"] = prompt_ids_of(out)
+    out.pop("prompt_token_ids_b64", None)
     out["choices"] = [{k: v for k, v in c.items() if k != "disaggregated_params"} for c in ctx["choices"]]
     return out
 
@@ -237,10 +244,10 @@ def generation_ids_of(choice: Mapping[str, Any]) -> list[int] | None:
     out: list[int] = []
     for entry in entries:
         token = entry.get("token") if isinstance(entry, dict) else None
-        if not isinstance(token, str) or not token.startswith("token_id:"):
+        if not isinstance(token, str) or not token.startswith(fields.TOKEN_ID_PREFIX):
             return None
         try:
-            out.append(int(token[len("token_id:") :]))
+            out.append(int(token[len(fields.TOKEN_ID_PREFIX) :]))
         except ValueError:
             return None
     return out

@@ -5,9 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-#: Fields NeMo-Gym adds that TensorRT-LLM's request models (extra="forbid") reject:
-#: the frontend strips them before relaying.
-GYM_ONLY_FIELDS: Final = ("return_tokens_as_token_ids", "return_token_ids", "required_prefix_token_ids")
+#: vLLM's request field that NeMo-Gym's training config sends: log-prob tokens are answered as
+#: ``token_id:N`` (:data:`TOKEN_ID_PREFIX`) instead of their text. The drs engine accepts and
+#: honours it (every backend; an extension: TensorRT-LLM's request models have no such field), and
+#: the frontend relays it to both legs.
+RETURN_TOKENS_AS_TOKEN_IDS: Final = "return_tokens_as_token_ids"
+#: A log-prob entry's token under :data:`RETURN_TOKENS_AS_TOKEN_IDS`: ``f"{TOKEN_ID_PREFIX}{id}"``.
+TOKEN_ID_PREFIX: Final = "token_id:"
+
+#: Fields NeMo-Gym adds that TensorRT-LLM's request models (extra="forbid") reject and that the
+#: frontend strips before relaying: ``return_token_ids`` (every drs answer carries the ids) and
+#: ``required_prefix_token_ids`` (honoured by the splice, then given to an engine that splices).
+GYM_ONLY_FIELDS: Final = ("return_token_ids", "required_prefix_token_ids")
 
 #: The first header that carries a conversation id (a client that sends one sends this).
 SESSION_HEADER: Final = "x-session-id"

@@ -58,6 +58,7 @@ class Timeouts(_Model):
         default=3600.0, gt=0, description="whole generation leg (non-streaming) or stream read gap"
     )
     health: float = Field(default=2.0, gt=0, description="one GET /health probe")
+    models: float = Field(default=5.0, gt=0, description="one GET /v1/models asked of an engine for a client")
 
 
 class Limits(_Model):

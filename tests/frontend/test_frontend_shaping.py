@@ -109,13 +109,18 @@ def test_bad_requests_are_refused_with_a_named_reason(
 
 def test_the_gym_only_fields_are_stripped_and_nothing_else() -> None:
     stripped = strip_client_fields(GYM_BODY)
-    assert not {"return_tokens_as_token_ids", "return_token_ids", "required_prefix_token_ids"} & set(stripped)
-    assert set(GYM_BODY) - set(stripped) == {
-        "return_tokens_as_token_ids",
-        "return_token_ids",
-        "required_prefix_token_ids",
-    }
+    assert set(GYM_BODY) - set(stripped) == {"return_token_ids", "required_prefix_token_ids"}
+    assert stripped["return_tokens_as_token_ids"] is True  # relayed: the engines honour it
     assert "return_token_ids" in GYM_BODY  # the caller's dict is untouched
+
+
+def test_a_finished_context_response_answers_its_prompt_ids_as_the_list() -> None:
+    """Gym reads top-level ``prompt_token_ids`` with ``choices[].token_ids``; the context leg
+    answered them as our base64 leg field, which the client never asked for."""
+    ctx = {**ctx_response("stop"), "prompt_token_ids": None, "prompt_token_ids_b64": encode_token_ids_b64([7, 8, 9])}
+    answer = finished_context_response(ctx)
+    assert answer["prompt_token_ids"] == [7, 8, 9]
+    assert "prompt_token_ids_b64" not in answer
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 Routes:
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` — serving (:mod:`.serving`);
-- ``GET /v1/models`` — the one model served;
+- ``GET /v1/models`` — the one model served, OpenAI's model list (:mod:`drs_protocol.model_list`);
 - ``GET /health`` — 200 once the model is loaded, 503 before and while draining (SIGTERM);
 - ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
 - ``GET /v1/gang`` — an engine wider than a node: its leader's report of every rank (joined, node,
@@ -20,6 +20,7 @@ Every error, including unknown routes and bugs, is a JSON body in the OpenAI err
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,6 +29,7 @@ from drs_protocol import routes
 from drs_protocol.errors import error_body
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
+from drs_protocol.model_list import model_list
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -132,9 +134,10 @@ def _add_info_routes(app: FastAPI, state: EngineState) -> None:
         except EngineError as exc:
             return JSONResponse(exc.to_body(), status_code=exc.status)
 
+    served = model_list(config.served_model_name(), int(time.time())).model_dump(mode="json")
+
     async def models() -> Response:
-        model = {"id": config.served_model_name(), "object": "model", "owned_by": "drs"}
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse(served)
 
     async def metrics() -> Response:
         if state.metrics is None:

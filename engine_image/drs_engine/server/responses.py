@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from drs_protocol import fields
 from drs_protocol.token_ids import encode_token_ids_b64
 
 from drs_engine.backends.base import ContextHandoff, LegFinished, TokenStep
@@ -72,27 +73,42 @@ def _text_bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
+def token_texts(text_of: TokenText, *, as_token_ids: bool) -> TokenText:
+    """How a log-prob entry names its token: its text, or ``token_id:N`` when the request asked
+    ``return_tokens_as_token_ids`` (vLLM's field, which NeMo-Gym's training config sends)."""
+    if as_token_ids:
+        return lambda tid: f"{fields.TOKEN_ID_PREFIX}{tid}"
+    return text_of
+
+
 def chat_logprobs(steps: Sequence[TokenStep], token_text: TokenText, top: int) -> dict[str, Any]:
+    """``choice.logprobs`` of a chat answer. Every entry carries ``top_logprobs``, a list (empty
+    when none were asked): OpenAI's ``ChatCompletionTokenLogprob`` requires it, and NeMo-Gym
+    validates the answer with the SDK's models."""
     content = []
     for step in steps:
         text = token_text(step.token_id)
-        entry: dict[str, Any] = {
-            "token": text,
-            "logprob": max(step.logprob if step.logprob is not None else -9999.0, -9999.0),
-            "bytes": _text_bytes(text),
-        }
-        if top:
-            entry["top_logprobs"] = [
-                {"token": (t := token_text(tid)), "logprob": max(lp, -9999.0), "bytes": _text_bytes(t)}
-                for tid, lp in step.top_logprobs[:top]
-            ]
-        content.append(entry)
+        content.append(
+            {
+                "token": text,
+                "logprob": max(step.logprob if step.logprob is not None else -9999.0, -9999.0),
+                "bytes": _text_bytes(text),
+                "top_logprobs": [
+                    {"token": (t := token_text(tid)), "logprob": max(lp, -9999.0), "bytes": _text_bytes(t)}
+                    for tid, lp in step.top_logprobs[:top]
+                ]
+                if top
+                else [],
+            }
+        )
     return {"content": content}
 
 
 def completion_logprobs(
     steps: Sequence[TokenStep], token_text: TokenText, top: int, text_offset: int = 0
 ) -> dict[str, Any]:
+    """``choice.logprobs`` of a completions answer; ``top_logprobs`` holds one dict per token (empty
+    when none were asked: OpenAI's ``Logprobs`` types it ``List[Dict[str, float]]``)."""
     tokens, token_logprobs, offsets, tops = [], [], [], []
     offset = text_offset
     for step in steps:
@@ -101,7 +117,7 @@ def completion_logprobs(
         token_logprobs.append(step.logprob)
         offsets.append(offset)
         offset += len(text)
-        tops.append({token_text(tid): lp for tid, lp in step.top_logprobs[:top]} if top else None)
+        tops.append({token_text(tid): lp for tid, lp in step.top_logprobs[:top]} if top else {})
     return {"text_offset": offsets, "token_logprobs": token_logprobs, "tokens": tokens, "top_logprobs": tops}
 
 

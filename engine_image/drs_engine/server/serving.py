@@ -307,7 +307,6 @@ def _full_body(
     if leg.request_type is RequestType.CONTEXT_ONLY and finished.handoff is not None:
         disagg = responses.disaggregated_params_out(dp, finished.handoff)
         as_b64 = dp is not None and dp.return_prompt_token_ids_b64
-    tokenizer = state.tokenizer
     return responses.full_response(
         meta,
         text=text,
@@ -315,10 +314,17 @@ def _full_body(
         finished=finished,
         logprobs=leg.logprobs,
         top_logprobs=leg.top_logprobs,
-        token_text=lambda tid: token_text(tokenizer, tid),
+        token_text=_logprob_token_text(state, leg),
         prompt_token_ids=leg.prompt_token_ids,
         prompt_ids_b64=as_b64,
         disaggregated_params=disagg,
+    )
+
+
+def _logprob_token_text(state: EngineState, leg: LegRequest) -> responses.TokenText:
+    tokenizer = state.tokenizer
+    return responses.token_texts(
+        lambda tid: token_text(tokenizer, tid), as_token_ids=leg.request.return_tokens_as_token_ids
     )
 
 
@@ -341,7 +347,7 @@ async def _stream(
     common: dict[str, Any] = {
         "logprobs": leg.logprobs,
         "top_logprobs": leg.top_logprobs,
-        "token_text": lambda tid: token_text(tokenizer, tid),
+        "token_text": _logprob_token_text(state, leg),
     }
     admission = state.require_admission()
     generated = 0
