@@ -1,0 +1,193 @@
+"""The trainer's library (``drs_client``) and ``drs gym-config`` against the real control plane: the
+operator places a sim fleet, the pod runner runs it, and the library finds it, waits for it, watches
+it change, refits it through a real ``drs sidecar`` and reads the weights every engine serves."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from drs_client import AsyncFleet, Fleet, FleetNotFound, Progress
+from drs_client.gym import SERVER_PATH
+from drs_devcluster.testing import RunningCluster
+from operator_harness import OperatorProcess, apply, drs_status, free_port, running_operator, wait_for
+
+DRS = str(Path(sys.executable).parent / "drs")
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def stack(
+    devcluster: RunningCluster, pod_runner: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    devcluster.install_crd()
+    with running_operator(devcluster, tmp_path_factory.mktemp("trainer-client") / "operator.log") as op:
+        yield op
+
+
+def sim_fleet(name: str, replicas: int, base_port: int, engine_port: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggReplicaSet",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "model": {"path": "sim-qwen3"},
+            "engine": {"backend": "sim", "simOptions": {"speed": 0}},
+            "prefill": {"engines": 1, "tensorParallelSize": 1},
+            "decode": {"engines": 1, "tensorParallelSize": 1},
+            "frontend": {"workers": 1, "basePort": base_port},
+            "trtllm": {"enginePort": engine_port},
+            "network": {"hostNetwork": True},
+            "topology": {"gpusPerNode": 8},
+            "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
+        },
+    }
+
+
+@pytest.fixture
+def sidecar_process(devcluster: RunningCluster, namespace: str) -> Iterator[tuple[str, list[Any]]]:
+    """``drs sidecar --name trainer`` (its token from the fleet's Secret), and where it runs."""
+    port = free_port()
+    procs: list[Any] = []
+
+    def start() -> None:
+        procs.append(
+            subprocess.Popen(
+                [DRS, "sidecar", "--name", "trainer", "--namespace", namespace, "--port", str(port)],
+                env={k: v for k, v in devcluster.env.items() if k != "DRS_CONTROL_TOKEN"},
+                stderr=subprocess.PIPE,
+            )
+        )
+
+    yield f"http://127.0.0.1:{port}", [start]
+    for proc in procs:
+        proc.terminate()
+        try:
+            _, err = proc.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        print(err.decode(errors="replace")[-3000:])
+
+
+def test_the_library_finds_waits_for_watches_and_refits_a_fleet(
+    devcluster: RunningCluster,
+    namespace: str,
+    stack: OperatorProcess,
+    tmp_path: Path,
+    sidecar_process: tuple[str, list[Any]],
+) -> None:
+    apply(devcluster, namespace, sim_fleet("trainer", 2, 18500, 18200))
+    seen: list[Progress] = []
+
+    async def wait() -> Any:
+        async with await AsyncFleet.connect("trainer", namespace, kubeconfig=devcluster.kubeconfig) as fleet:
+            return await fleet.wait_ready(timeout_s=180, progress=seen.append)
+
+    view = asyncio.run(wait())
+    status = drs_status(devcluster, namespace, "trainer")
+    assert view.phase == "Ready" and list(view.urls) == status["urls"] and len(view.urls) == 2
+    assert seen[-1].phase == "Ready" and seen[-1].ready_replicas == seen[-1].replicas == 2
+    assert any(p.phase != "Ready" for p in seen), "the callback saw the way there, not only the end"
+    assert sorted(e.name for e in view.engines) == [
+        "trainer-r0-decode-0",
+        "trainer-r0-prefill-0",
+        "trainer-r1-decode-0",
+        "trainer-r1-prefill-0",
+    ]
+
+    # drs gym-config --watch keeps Gym's config current while the fleet scales down to one replica
+    config = tmp_path / "gym.yaml"
+    watcher = subprocess.Popen(
+        [DRS, "gym-config", "trainer", "-n", namespace, "-o", str(config), "--watch"],
+        env=devcluster.env,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for("gym-config to write the config", config.exists, timeout=30)
+        assert _base_urls(config) == status["urls"]
+        url, [start_sidecar] = sidecar_process
+        with Fleet.connect("trainer", namespace, kubeconfig=devcluster.kubeconfig, sidecar_url=url) as fleet:
+            changes = fleet.watch()
+            assert next(changes).urls == view.urls
+            devcluster.kubectl(
+                "patch", "drs", "trainer", "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"replicas": 1}})
+            )
+            smaller = next(v for v in changes if len(v.urls) == 1 and v.serves())
+            changes.close()
+            assert smaller.urls == view.urls[:1]
+            wait_for("gym-config to follow the scale-down", lambda: _base_urls(config) == list(smaller.urls), 30)
+
+            start_sidecar()
+            wait_for("the sidecar to serve", lambda: _healthy(url), timeout=30)
+            checkpoint = tmp_path / "step-5"
+            checkpoint.write_bytes(b"policy weights after step 5")
+            report = fleet.refit(str(checkpoint), "step-5")
+            assert report.complete and report.ok == 2
+            shown = fleet.wait_weights("step-5", timeout_s=60)
+            assert shown.engine_weights() == {"trainer-r0-prefill-0": "step-5", "trainer-r0-decode-0": "step-5"}
+            assert [e.weights_version for e in fleet.served_weights().engines] == ["step-5", "step-5"]
+            assert fleet.reset_prefix_cache().complete
+    finally:
+        watcher.terminate()
+        watcher.communicate(timeout=15)
+    # the one-URL fleet now has Gym's endpoint-file form too
+    endpoint = tmp_path / "endpoint"
+    once = subprocess.run(
+        [DRS, "gym-config", "trainer", "-n", namespace, "--endpoint-file", str(endpoint)],
+        env=devcluster.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert once.returncode == 0, once.stderr
+    assert endpoint.read_text() == smaller.urls[0] + "\n"
+    assert _server(yaml.safe_load(once.stdout))["endpoint_file"] == str(endpoint)
+
+
+def test_a_fleet_that_is_not_there_is_named(devcluster: RunningCluster, namespace: str, stack: OperatorProcess) -> None:
+    with (
+        pytest.raises(FleetNotFound, match=f"{namespace}/nothing-here: not found"),
+        Fleet.connect("nothing-here", namespace, kubeconfig=devcluster.kubeconfig) as fleet,
+    ):
+        fleet.get()
+    started = time.monotonic()
+    result = subprocess.run(
+        [DRS, "gym-config", "nothing-here", "-n", namespace], env=devcluster.env, capture_output=True, text=True
+    )
+    assert result.returncode == 1 and "nothing-here: not found" in result.stderr
+    assert time.monotonic() - started < 30
+
+
+def _server(config: dict[str, Any]) -> dict[str, Any]:
+    for key in SERVER_PATH:
+        config = config[key]
+    return config
+
+
+def _base_urls(path: Path) -> list[str] | None:
+    try:
+        urls = yaml.safe_load(path.read_text())["policy_base_url"]
+    except (OSError, TypeError, KeyError):
+        return None
+    return list(urls)
+
+
+def _healthy(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except OSError:
+        return False
