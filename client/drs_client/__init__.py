@@ -6,6 +6,8 @@ operator's Kubernetes layer).
   progress callback, its URLs and engines, :meth:`~AsyncFleet.watch` its changes, and through the
   trainer's sidecar (``drs sidecar``) refit / sleep / wake / reset the prefix cache and read the
   weights every engine serves.
+* :class:`Sidecar` (blocking; ``drs_client.sidecar.AsyncSidecar`` for asyncio): the sidecar alone,
+  for a trainer that knows only its URL, with NeMo RL's collective and colocated refit steps too.
 * :class:`FleetView`, :class:`EngineView`, :class:`Progress`: what it reads (pure data).
 * :mod:`drs_client.errors`: one exception tree; every error names the fleet, the engine or the field.
 * :mod:`drs_client.gym`: NeMo-Gym's model-server config for a fleet (``drs gym-config``).
@@ -29,7 +31,7 @@ from drs_client.errors import (
     WaitTimeout,
 )
 from drs_client.fleet import EngineView, FleetView, Progress
-from drs_client.sync import Fleet
+from drs_client.sync import Fleet, Sidecar
 
 __all__ = [
     "AsyncFleet",
@@ -45,6 +47,7 @@ __all__ = [
     "NoSidecar",
     "Progress",
     "RefitIncomplete",
+    "Sidecar",
     "SidecarError",
     "SidecarRejected",
     "SidecarUnreachable",

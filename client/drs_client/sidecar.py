@@ -14,7 +14,7 @@ from typing import Any, Final, TypeVar
 
 import httpx
 from drs_protocol import env
-from drs_protocol.control import MemoryTags
+from drs_protocol.control import IpcBuffer, MemoryTags
 from drs_protocol.routes import HEALTHZ, TrainerRoute
 from drs_protocol.trainer_api import (
     CollectiveInit,
@@ -23,6 +23,7 @@ from drs_protocol.trainer_api import (
     CollectiveUpdate,
     FanOutReport,
     FleetReport,
+    IpcRefit,
     RefitRequest,
 )
 from pydantic import BaseModel, ValidationError
@@ -100,6 +101,20 @@ class AsyncSidecar:
     ) -> FanOutReport:
         body = CollectiveUpdate(version=version, drain=drain, recompute_kv=recompute_kv, path=path)
         return await self._fan_out(TrainerRoute.COLLECTIVE_UPDATE, body, FanOutReport, LOAD_TIMEOUT_S)
+
+    async def ipc_update(
+        self,
+        version: str,
+        state_dict_info: dict[str, Any],
+        buffers: Sequence[IpcBuffer | dict[str, Any]],
+        *,
+        path: str | None = None,
+    ) -> FanOutReport:
+        """The colocated refit: every engine copies the trainer's CUDA-IPC-shared packed buffers."""
+        body = IpcRefit.model_validate(
+            {"version": version, "state_dict_info": state_dict_info, "buffers": list(buffers), "path": path}
+        )
+        return await self._fan_out(TrainerRoute.IPC_UPDATE, body, FanOutReport, LOAD_TIMEOUT_S)
 
     async def fleet(self) -> FleetReport:
         """``GET /v1/fleet``: the version every engine serves now, as each answers the sidecar."""

@@ -19,10 +19,12 @@ import threading
 from collections.abc import Awaitable, Coroutine, Iterator, Sequence
 from typing import Any, Final, TypeVar
 
-from drs_protocol.trainer_api import FanOutReport, FleetReport
+from drs_protocol.control import IpcBuffer
+from drs_protocol.trainer_api import CollectiveInitReport, FanOutReport, FleetReport
 
 from drs_client.aio import SIDECAR_START_TIMEOUT_S, WAIT_TIMEOUT_S, WEIGHTS_TIMEOUT_S, AsyncFleet, ProgressCallback
 from drs_client.fleet import EngineView, FleetView
+from drs_client.sidecar import AsyncSidecar, sidecar_url
 
 T = TypeVar("T")
 
@@ -152,6 +154,77 @@ class Fleet:
             self._loop.stop()
 
     def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Sidecar:
+    """The blocking face of :class:`~drs_client.sidecar.AsyncSidecar`, for a trainer that knows only
+    its sidecar's URL (``url``, else ``$DRS_SIDECAR_URL``). Safe to call from several threads at
+    once (a collective step is in flight in one while the trainer joins the group in another)."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self._loop = _LoopThread()
+        self._sidecar = AsyncSidecar(sidecar_url(url))
+
+    @property
+    def url(self) -> str:
+        return self._sidecar.url
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        async def wrapped() -> T:
+            return await awaitable
+
+        return self._loop.run(wrapped())
+
+    def healthy(self) -> bool:
+        return self._run(self._sidecar.healthy())
+
+    def refit(self, path: str, version: str) -> FanOutReport:
+        return self._run(self._sidecar.refit(path, version))
+
+    def reset_prefix_cache(self) -> FanOutReport:
+        return self._run(self._sidecar.reset_prefix_cache())
+
+    def sleep(self, tags: Sequence[str] = ()) -> FanOutReport:
+        return self._run(self._sidecar.sleep(tags))
+
+    def wake(self, tags: Sequence[str] = ()) -> FanOutReport:
+        return self._run(self._sidecar.wake(tags))
+
+    def collective_init(self, ip: str, port: int, train_world_size: int) -> CollectiveInitReport:
+        return self._run(self._sidecar.collective_init(ip, port, train_world_size))
+
+    def collective_prepare(self, state_dict_info: dict[str, Any]) -> FanOutReport:
+        return self._run(self._sidecar.collective_prepare(state_dict_info))
+
+    def collective_update(
+        self, version: str, *, drain: bool = True, recompute_kv: bool = False, path: str | None = None
+    ) -> FanOutReport:
+        return self._run(self._sidecar.collective_update(version, drain=drain, recompute_kv=recompute_kv, path=path))
+
+    def ipc_update(
+        self,
+        version: str,
+        state_dict_info: dict[str, Any],
+        buffers: Sequence[IpcBuffer | dict[str, Any]],
+        *,
+        path: str | None = None,
+    ) -> FanOutReport:
+        return self._run(self._sidecar.ipc_update(version, state_dict_info, buffers, path=path))
+
+    def fleet(self) -> FleetReport:
+        return self._run(self._sidecar.fleet())
+
+    def close(self) -> None:
+        try:
+            self._run(self._sidecar.close())
+        finally:
+            self._loop.stop()
+
+    def __enter__(self) -> Sidecar:
         return self
 
     def __exit__(self, *exc: Any) -> None:

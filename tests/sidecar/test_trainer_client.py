@@ -3,11 +3,12 @@ every call's answer is the protocol's model, every failure a typed error naming 
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
 import pytest
-from drs_client import EnginesFailed, NoSidecar, RefitIncomplete, SidecarRejected, SidecarUnreachable
+from drs_client import EnginesFailed, NoSidecar, RefitIncomplete, Sidecar, SidecarRejected, SidecarUnreachable
 from drs_client.sidecar import AsyncSidecar, sidecar_url
 from drs_protocol.routes import ControlOp
 
@@ -79,3 +80,21 @@ async def test_no_sidecar_and_a_sidecar_that_does_not_answer_are_told_apart(monk
             await client.refit("/x", "v")
     finally:
         await client.close()
+
+
+async def test_the_blocking_sidecar_serves_several_threads_at_once(checkpoint: Path, token_file: Path) -> None:
+    async with sim_engine() as a, sim_engine("decode") as b, sidecar(a.url, b.url, token_file=token_file) as url:
+        with Sidecar(url) as blocking:
+            # the engines run on this test's loop: the blocking calls go to other threads
+            refit, fleet = await asyncio.gather(
+                asyncio.to_thread(blocking.refit, str(checkpoint), "step-11"),
+                asyncio.to_thread(blocking.fleet),
+            )
+            assert refit.complete and refit.ok == 2
+            assert len(fleet.engines) == 2
+            after = await asyncio.to_thread(blocking.fleet)
+            assert [e.weights_version for e in after.engines] == ["step-11", "step-11"]
+            with pytest.raises(EnginesFailed) as caught:  # the sim engines have no NCCL: each one says 501
+                await asyncio.to_thread(blocking.collective_init, "10.0.0.1", 29500, 1)
+            assert sorted(caught.value.engines) == sorted([a.url, b.url])
+            assert all(f.detail.startswith("501") for f in caught.value.failed)
