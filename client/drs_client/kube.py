@@ -52,11 +52,12 @@ async def api_client(kubeconfig: str | os.PathLike[str] | None = None) -> Any:
 class KubeReader:
     """One DisaggReplicaSet, read with its own ApiClient (closed by :meth:`close`)."""
 
-    def __init__(self, api: Any, namespace: str, name: str) -> None:
+    def __init__(self, api: Any, namespace: str, name: str, *, watch_timeout_s: int = WATCH_TIMEOUT_S) -> None:
         self._api = api
         self._custom = client.CustomObjectsApi(api)
         self.namespace = namespace
         self.name = name
+        self.watch_timeout_s = watch_timeout_s
 
     async def read(self) -> dict[str, Any]:
         """The resource as the API returns it (``FleetNotFound``, ``FleetUnreadable``)."""
@@ -125,8 +126,8 @@ class KubeReader:
             PLURAL,
             field_selector=f"metadata.name={self.name}",
             resource_version=version,
-            timeout_seconds=WATCH_TIMEOUT_S,
-            _request_timeout=WATCH_TIMEOUT_S + KUBE_TIMEOUT_S,
+            timeout_seconds=self.watch_timeout_s,
+            _request_timeout=self.watch_timeout_s + KUBE_TIMEOUT_S,
         ) as events:
             async for event in events:
                 yield event

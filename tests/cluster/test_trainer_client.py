@@ -17,6 +17,7 @@ import pytest
 import yaml
 from drs_client import AsyncFleet, Fleet, FleetNotFound, Progress
 from drs_client.gym import SERVER_PATH
+from drs_client.kube import KubeReader, api_client
 from drs_devcluster.testing import RunningCluster
 from operator_harness import OperatorProcess, apply, drs_status, free_port, running_operator, wait_for
 
@@ -153,6 +154,57 @@ def test_the_library_finds_waits_for_watches_and_refits_a_fleet(
     assert once.returncode == 0, once.stderr
     assert endpoint.read_text() == smaller.urls[0] + "\n"
     assert _server(yaml.safe_load(once.stdout))["endpoint_file"] == str(endpoint)
+
+
+def test_the_watch_outlives_the_apiservers_watch_timeout(
+    devcluster: RunningCluster, namespace: str, stack: OperatorProcess, tmp_path: Path
+) -> None:
+    """The apiserver ends each watch after ``watch_timeout_s`` (1 s here); the watch opens the next one
+    from the last version it saw, so a change made after several such ends still arrives, once. And
+    ``drs gym-config --endpoint-file --watch`` publishes the one URL of a one-frontend fleet, then
+    removes the file while the fleet has none (Gym's "unpublished")."""
+    apply(devcluster, namespace, sim_fleet("watched", 1, 18700, 18300))
+    endpoint = tmp_path / "endpoint"
+    publisher = subprocess.Popen(
+        [DRS, "gym-config", "watched", "-n", namespace, "--endpoint-file", str(endpoint), "--watch", "--wait", "180"],
+        env=devcluster.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    async def follow() -> list[Any]:
+        reader = KubeReader(await api_client(devcluster.kubeconfig), namespace, "watched", watch_timeout_s=1)
+        fleet = AsyncFleet(reader)
+        try:
+            await fleet.wait_ready(timeout_s=180)
+            seen = []
+            async with asyncio.timeout(60):
+                watch = fleet.watch()
+                first = await anext(watch)
+                await asyncio.sleep(3.5)  # three server-side timeouts, each followed by a new watch
+                patch = {"metadata": {"annotations": {"example": "x"}}, "spec": {"replicas": 0}}
+                devcluster.kubectl("patch", "drs", "watched", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+                async for view in watch:
+                    seen.append(view)
+                    if not view.urls and view.current:
+                        break
+                await watch.aclose()
+            return [first, *seen]
+        finally:
+            await fleet.close()
+
+    try:
+        views = asyncio.run(follow())
+        assert len(views[0].urls) == 1 and not views[-1].urls
+        assert len(views) == len({(v.generation, v.phase, v.urls, v.ready_replicas, v.engines) for v in views})
+        wait_for("gym-config to remove the endpoint file", lambda: not endpoint.exists(), timeout=30)
+        assert publisher.poll() is None, "it keeps watching"
+    finally:
+        publisher.terminate()
+        _, err = publisher.communicate(timeout=15)
+    log = err.decode()
+    assert f"wrote {endpoint}: {views[0].urls[0]}" in log, log
+    assert f"removed {endpoint}" in log, log
 
 
 def test_a_fleet_that_is_not_there_is_named(devcluster: RunningCluster, namespace: str, stack: OperatorProcess) -> None:
