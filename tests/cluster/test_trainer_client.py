@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
-from drs_client import AsyncFleet, Fleet, FleetNotFound, Progress
+from drs_client import AsyncFleet, Fleet, FleetNotFound, FleetUnreadable, Progress
 from drs_client.gym import SERVER_PATH
 from drs_client.kube import KubeReader, api_client
 from drs_devcluster.testing import RunningCluster
-from operator_harness import OperatorProcess, apply, drs_status, free_port, running_operator, wait_for
+from operator_harness import ROOT, OperatorProcess, apply, drs_status, free_port, running_operator, wait_for
 
 DRS = str(Path(sys.executable).parent / "drs")
 
@@ -243,3 +243,37 @@ def _healthy(url: str) -> bool:
             return bool(resp.status == 200)
     except OSError:
         return False
+
+
+def test_in_a_pod_the_library_reads_with_the_pods_service_account(
+    devcluster: RunningCluster, namespace: str, stack: OperatorProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No kubeconfig given and the in-cluster variables set: the library uses the ServiceAccount's
+    token (here the example trainer's, with its Role from examples/trainer/sidecar-rbac.yaml), which
+    may read the fleets of its namespace and nothing else."""
+    import base64
+    import urllib.parse
+
+    from kubernetes_asyncio.config import incluster_config
+
+    devcluster.kubectl("apply", "-n", namespace, "-f", str(ROOT / "examples" / "trainer" / "sidecar-rbac.yaml"))
+    apply(devcluster, namespace, sim_fleet("rollouts", 0, 18800, 18350))
+    token = devcluster.kubectl("create", "token", "trainer", "-n", namespace).stdout.strip()
+    kubeconfig = yaml.safe_load(devcluster.kubeconfig.read_text())
+    cluster = kubeconfig["clusters"][0]["cluster"]
+    ca = tmp_path / "ca.crt"
+    if "certificate-authority-data" in cluster:
+        ca.write_bytes(base64.b64decode(cluster["certificate-authority-data"]))
+    else:
+        ca.write_bytes(Path(cluster["certificate-authority"]).read_bytes())
+    (tmp_path / "token").write_text(token)
+    server = urllib.parse.urlsplit(cluster["server"])
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", str(server.hostname))
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.port))
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    with Fleet.connect("rollouts", namespace) as fleet:
+        assert (fleet.get().namespace, fleet.get().name) == (namespace, "rollouts")
+    with pytest.raises(FleetUnreadable, match=r"default/rollouts: 403"), Fleet.connect("rollouts", "default") as fleet:
+        fleet.get()  # the admin's kubeconfig would have read it (404 at most): these are the pod's credentials
