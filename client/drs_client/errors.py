@@ -82,11 +82,12 @@ class SidecarRejected(SidecarError):
     """The sidecar answered its error body (``status``, ``type``, ``message``; ``body``: all of it)."""
 
     def __init__(self, route: str, status: int, body: dict[str, Any]) -> None:
-        error = body.get("error") if isinstance(body.get("error"), dict) else {}
+        error = body.get("error")
+        fields: dict[str, Any] = error if isinstance(error, dict) else {}
         self.route = route
         self.status = status
-        self.type = str(error.get("type", "")) if error else ""
-        self.message = str(error.get("message", body)) if error else str(body)
+        self.type = str(fields.get("type", ""))
+        self.message = str(fields.get("message", body))
         self.body = body
         super().__init__(f"{route}: {status} {self.type}: {self.message}")
 

@@ -51,7 +51,9 @@ class _LoopThread:
 
 
 class Fleet:
-    """The blocking face of :class:`~drs_client.aio.AsyncFleet` (same methods, same errors)."""
+    """The blocking face of :class:`~drs_client.aio.AsyncFleet` (same methods, same errors). A
+    progress callback runs on the client's own thread: it must not call this Fleet (that would
+    wait for itself)."""
 
     def __init__(self, fleet: AsyncFleet, loop: _LoopThread) -> None:
         self._fleet = fleet
