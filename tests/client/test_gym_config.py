@@ -108,3 +108,12 @@ def test_files_are_replaced_by_a_rename_and_an_unchanged_text_is_not_rewritten(t
     assert write_atomically(path, "a: 2\n") and path.stat().st_ino != inode
     assert yaml.safe_load(path.read_text()) == {"a": 2}
     assert os.listdir(path.parent) == ["gym.yaml"], "no temporary file left behind"
+
+
+def test_the_command_needs_a_file_to_keep_current_when_watching() -> None:
+    from click.testing import CliRunner
+    from drs_cli.main import main as drs
+
+    result = CliRunner().invoke(drs, ["gym-config", "pol", "--watch"])
+    assert result.exit_code == 2 and "give -o FILE and/or --endpoint-file FILE" in result.output
+    assert "gym-config" in CliRunner().invoke(drs, ["--help"]).output
