@@ -40,6 +40,7 @@ COPY engine_image/drs_engine/ engine_image/drs_engine/
 COPY protocol/ protocol/
 COPY devcluster/ devcluster/
 COPY sidecar/ sidecar/
+COPY client/ client/
 RUN --mount=type=secret,id=ca-bundle,required=false \
     --mount=type=cache,target=/root/.cache/pip,sharing=locked \
     if test -s /run/secrets/ca-bundle; then export PIP_CERT=/run/secrets/ca-bundle; fi \

@@ -44,11 +44,11 @@ images: install
 	$(BIN)/drs dev images
 
 lint: install
-	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster sidecar tests bench examples
-	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster sidecar tests bench examples
+	$(BIN)/ruff check cli operator frontend engine_image protocol devcluster sidecar client tests bench examples
+	$(BIN)/ruff format --check cli operator frontend engine_image protocol devcluster sidecar client tests bench examples
 
 typecheck: install
-	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster sidecar/drs_sidecar bench examples
+	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster sidecar/drs_sidecar client/drs_client bench examples
 
 test: install gym-install controlplane lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -10,8 +10,8 @@
    sha256(session) % len(urls) as NeMo-Gym does), printing which prefill and decode engines
    served each turn and how many prompt tokens the prefill engines' cache held;
 5. start the trainer's refit sidecar (`drs sidecar`), refit every engine to new weights through
-   it as a trainer does after a policy update, and show `status.weights.version` and that the
-   same request now generates other tokens.
+   it as a trainer does after a policy update (with the trainer's library, `drs_client`), and
+   show `status.weights.version` and that the same request now generates other tokens.
 
 Everything keeps running afterwards; `make demo-down` (`drs dev down`) stops all of it.
 """
@@ -24,9 +24,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 from demo_steps import ROOT, ensure_operator, ensure_sim_cluster, install_crd, kubectl, say, wait_ready, wait_serving
+from drs_client import Fleet, SidecarUnreachable
 from drs_devcluster import processes, runner_daemon
 from drs_devcluster.cluster import DevCluster
 from drs_protocol import routes
@@ -50,7 +50,7 @@ def one_completion(url: str) -> list[int]:
         return list(json.loads(resp.read())["choices"][0]["token_ids"])
 
 
-def refit(cluster: DevCluster, status: dict[str, Any]) -> None:
+def start_sidecar(cluster: DevCluster) -> None:
     pids = cluster.layout.state_dir / "sidecar-pids.json"
     processes.stop(processes.load(pids))  # a sidecar left by an earlier `make demo`
     drs = str(Path(sys.executable).parent / "drs")
@@ -58,40 +58,28 @@ def refit(cluster: DevCluster, status: dict[str, Any]) -> None:
     argv = [sys.executable, drs, "sidecar", "--name", NAME, "--namespace", "default", "--port", str(SIDECAR_PORT)]
     tracked = processes.start("sidecar", argv, cluster.layout.log("sidecar"), env=env)
     processes.save(pids, [tracked])
-    sidecar = f"http://127.0.0.1:{SIDECAR_PORT}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(sidecar + routes.HEALTHZ, timeout=2)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the sidecar did not start; see {cluster.layout.log('sidecar')}") from None
-            time.sleep(0.2)
     say(f"trainer sidecar started (pid {tracked.pid}, http://127.0.0.1:{SIDECAR_PORT}, reads {NAME}'s status)")
+
+
+def refit(cluster: DevCluster, fleet: Fleet) -> None:
+    """The trainer's refit through the library: the sidecar loads new weights on every engine."""
+    start_sidecar(cluster)
+    try:
+        fleet.wait_sidecar(timeout_s=30)
+    except SidecarUnreachable:
+        raise SystemExit(f"the sidecar did not start; see {cluster.layout.log('sidecar')}") from None
     version = time.strftime("step-%H%M%S")  # a new policy version on every run of the demo
     checkpoint = cluster.layout.state_dir / "checkpoints" / version
     checkpoint.mkdir(parents=True, exist_ok=True)
     (checkpoint / "model.safetensors").write_bytes(os.urandom(64))  # the sim hashes what it loads
-    url = status["urls"][0]
+    url = fleet.get().urls[0]
     before = one_completion(url)
-    request = urllib.request.Request(
-        sidecar + routes.TrainerRoute.REFIT,
-        data=json.dumps({"path": str(checkpoint), "version": version}).encode(),
-        headers={"content-type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as resp:
-        report = json.loads(resp.read())
+    report = fleet.refit(str(checkpoint), version)
     say(
-        f"POST {routes.TrainerRoute.REFIT} {version}: complete={report['complete']} engines={report['engines']} ok={report['ok']} "
-        f"in {report['elapsed_s']}s"
+        f"POST {routes.TrainerRoute.REFIT} {version}: complete={report.complete} engines={report.engines} ok={report.ok} "
+        f"in {report.elapsed_s}s"
     )
-    deadline = time.monotonic() + 30
-    shown = None
-    while time.monotonic() < deadline and shown != version:
-        body = json.loads(kubectl(cluster, "get", "drs", NAME, "-o", "json"))
-        shown = ((body.get("status") or {}).get("weights") or {}).get("version")
-        time.sleep(0.5)
+    shown = fleet.wait_weights(version, timeout_s=30).weights_version
     say(f"status.weights.version = {shown}")
     after = one_completion(url)
     say(f"the same request via {url}: token ids {before} before, {after} after the refit")
@@ -109,8 +97,10 @@ def main() -> None:
     status = wait_ready(cluster, NAME, READY_TIMEOUT_S)
     print(kubectl(cluster, "get", "drs", "-o", "wide"), flush=True)
     wait_serving(status["urls"], READY_TIMEOUT_S)
-    drive(status)
-    refit(cluster, status)
+    sidecar = f"http://127.0.0.1:{SIDECAR_PORT}"
+    with Fleet.connect(NAME, "default", kubeconfig=cluster.layout.kubeconfig, sidecar_url=sidecar) as fleet:
+        drive(fleet.get())
+        refit(cluster, fleet)
     say(
         f"done. The fleet keeps running: export KUBECONFIG={cluster.layout.kubeconfig}; `make demo-down` stops everything."
     )

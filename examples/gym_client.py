@@ -1,14 +1,15 @@
 """The demo's trainer-side client, run in a pod (`make demo` mounts it from a ConfigMap).
 
 It does what NeMo-Gym's rollout client does against the fleet: read the frontends' URLs from the
-DisaggReplicaSet's status (in-cluster credentials: the pod's ServiceAccount), pick one per
+DisaggReplicaSet's status (through the trainer's library ``drs_client``, with in-cluster
+credentials: the pod's ServiceAccount), pick one per
 conversation with ``sha256(session) % len(urls)``, and drive multi-turn chat completions through
 it (the OpenAI wire format, sent with httpx, which the image has; the official ``openai`` client
 is a test dependency, not an image one). For every turn it prints which prefill and decode
 engines served it and how many prompt tokens the prefill engines' prefix cache held.
 
 `make demo-kwok` drives its local fleet with the same ``drive`` (one client loop for both demos);
-this file stays self-contained (httpx and kubernetes only), as the pod gets only this file.
+the pod gets only this file, and imports httpx and ``drs_client`` (both in the project's image).
 
     python gym_client.py --name pod-sim --namespace default
 """
@@ -21,7 +22,7 @@ import sys
 from typing import Any
 
 import httpx
-from kubernetes import client, config
+from drs_client import Fleet, FleetView
 
 TURNS = 3
 CONVERSATIONS = 4
@@ -37,17 +38,6 @@ def say(msg: str) -> None:
     print(f"[client] {msg}", flush=True)
 
 
-def read_status(name: str, namespace: str) -> dict[str, Any]:
-    config.load_incluster_config()
-    body = client.CustomObjectsApi().get_namespaced_custom_object(
-        "disagg.dev", "v1alpha1", namespace, "disaggreplicasets", name
-    )
-    if not isinstance(body, dict):
-        raise SystemExit(f"{namespace}/{name}: the API answered {type(body).__name__}, not an object")
-    status: dict[str, Any] = body.get("status") or {}
-    return status
-
-
 def prefix_cache_hits(http: httpx.Client, engine_urls: list[str]) -> tuple[float, float]:
     query = hit = 0.0
     for url in engine_urls:
@@ -59,9 +49,9 @@ def prefix_cache_hits(http: httpx.Client, engine_urls: list[str]) -> tuple[float
     return query, hit
 
 
-def drive(status: dict[str, Any]) -> None:
-    urls: list[str] = status["urls"]
-    prefills = [e["url"] for r in status["replicaStatuses"] for e in r["engines"] if e["role"] == "prefill"]
+def drive(view: FleetView) -> None:
+    urls = list(view.urls)
+    prefills = [e.url for e in view.engines if e.role == "prefill" and e.url]
     say(f"status.urls ({len(urls)} frontends, replica-major): {urls}")
     with httpx.Client(timeout=60) as http:
         for c in range(CONVERSATIONS):
@@ -97,11 +87,12 @@ def main() -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--namespace", required=True)
     args = parser.parse_args()
-    status = read_status(args.name, args.namespace)
-    if status.get("phase") != "Ready" or not status.get("urls"):
-        say(f"{args.name} is not Ready (phase {status.get('phase')}, urls {status.get('urls')})")
+    with Fleet.connect(args.name, args.namespace) as fleet:
+        view = fleet.get()
+    if not view.serves():
+        say(f"{args.name} is not Ready (phase {view.phase}, urls {list(view.urls)})")
         return 1
-    drive(status)
+    drive(view)
     say(f"done: {CONVERSATIONS} conversations x {TURNS} turns through Service URLs from the status")
     return 0
 

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "engine": "drs_engine.cli:engine",
     "frontend": "drs_frontend.cli:frontend",
     "sidecar": "drs_sidecar.cli:sidecar",
+    "gym-config": "drs_client.cli:gym_config_command",
 }
 
 HELP = {
@@ -31,6 +32,7 @@ HELP = {
     "engine": "Run one engine server (TensorRT-LLM or the sim test double).",
     "frontend": "Run one frontend relay in front of a replica.",
     "sidecar": "Refit every engine of a DisaggReplicaSet for the trainer (runs in the trainer's pod).",
+    "gym-config": "Write NeMo-Gym's model-server config for a DisaggReplicaSet (and keep it current).",
 }
 
 

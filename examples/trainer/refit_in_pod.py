@@ -6,8 +6,8 @@ container of this pod with its ServiceAccount and the fleet's control token) to 
 to them, then read back, from the DisaggReplicaSet's status, the version each engine reports, and
 send one fixed request before and after (the sim engine's tokens depend on the weights it loaded).
 
-The pod gets only this file; it imports httpx, the kubernetes client and ``drs_protocol`` (all in
-the project's image).
+The fleet's status, the sidecar and the refit go through the trainer's library (``drs_client``,
+in the project's image, with in-cluster credentials); the one request is plain httpx.
 
     python refit_in_pod.py --name pod-sim --namespace default --sidecar http://127.0.0.1:8400 \\
         --checkpoints /checkpoints --engine-mount /models
@@ -20,32 +20,17 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
-from drs_protocol.routes import HEALTHZ, Endpoint, TrainerRoute
-from kubernetes import client, config
+from drs_client import Fleet, RefitIncomplete
+from drs_protocol.routes import Endpoint, TrainerRoute
 
 SIDECAR_START_TIMEOUT_S = 60.0
-REFIT_TIMEOUT_S = 120.0
 STATUS_TIMEOUT_S = 60.0
-POLL_S = 0.5
 
 
 def say(msg: str) -> None:
     print(f"[trainer] {msg}", flush=True)
-
-
-def read_status(name: str, namespace: str) -> dict[str, Any]:
-    body = client.CustomObjectsApi().get_namespaced_custom_object(
-        "disagg.dev", "v1alpha1", namespace, "disaggreplicasets", name
-    )
-    status: dict[str, Any] = (body.get("status") if isinstance(body, dict) else None) or {}
-    return status
-
-
-def engine_versions(status: dict[str, Any]) -> dict[str, str | None]:
-    return {e["name"]: e.get("weightsVersion") for r in status.get("replicaStatuses", []) for e in r["engines"]}
 
 
 def one_completion(http: httpx.Client, url: str) -> list[int]:
@@ -56,38 +41,12 @@ def one_completion(http: httpx.Client, url: str) -> list[int]:
     return list(resp.json()["choices"][0]["token_ids"])
 
 
-def wait_sidecar(http: httpx.Client, sidecar: str) -> None:
-    deadline = time.monotonic() + SIDECAR_START_TIMEOUT_S
-    while True:
-        try:
-            if http.get(sidecar + HEALTHZ, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"the sidecar at {sidecar} did not answer {HEALTHZ} in {SIDECAR_START_TIMEOUT_S:.0f}s")
-        time.sleep(POLL_S)
-
-
 def write_checkpoint(checkpoints: Path, version: str) -> Path:
     """New "weights" (random bytes: the sim hashes what it loads) in the shared volume."""
     directory = checkpoints / version
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "model.safetensors").write_bytes(os.urandom(64))
     return directory
-
-
-def wait_versions(name: str, namespace: str, version: str) -> dict[str, Any]:
-    deadline = time.monotonic() + STATUS_TIMEOUT_S
-    while True:
-        status = read_status(name, namespace)
-        versions = engine_versions(status)
-        shown = (status.get("weights") or {}).get("version")
-        if shown == version and versions and all(v == version for v in versions.values()):
-            return status
-        if time.monotonic() > deadline:
-            raise SystemExit(f"status still shows weights {shown} and engines {versions} after {STATUS_TIMEOUT_S:.0f}s")
-        time.sleep(POLL_S)
 
 
 def main() -> int:
@@ -98,31 +57,28 @@ def main() -> int:
     parser.add_argument("--checkpoints", type=Path, required=True, help="the checkpoint volume, here")
     parser.add_argument("--engine-mount", required=True, help="where the engines mount the same volume")
     args = parser.parse_args()
-    config.load_incluster_config()
-    status = read_status(args.name, args.namespace)
-    url = status["urls"][0]
     version = time.strftime("step-%H%M%S")  # a new policy version on every run
-    with httpx.Client(timeout=60) as http:
-        wait_sidecar(http, args.sidecar)
+    with Fleet.connect(args.name, args.namespace, sidecar_url=args.sidecar) as fleet, httpx.Client(timeout=60) as http:
+        view = fleet.get()
+        url = view.urls[0]
+        fleet.wait_sidecar(timeout_s=SIDECAR_START_TIMEOUT_S)
         before = one_completion(http, url)
-        served = sorted({v or "the weights they started with" for v in engine_versions(status).values()})
+        served = sorted({v or "the weights they started with" for v in view.engine_weights().values()})
         say(f"before the refit the engines serve {', '.join(served)}")
         write_checkpoint(args.checkpoints, version)
         path = f"{args.engine_mount.rstrip('/')}/{version}"
-        resp = http.post(
-            args.sidecar + TrainerRoute.REFIT, json={"path": path, "version": version}, timeout=REFIT_TIMEOUT_S
-        )
-        report = resp.json()
+        try:
+            report = fleet.refit(path, version)
+        except RefitIncomplete as exc:
+            say(f"refit incomplete: {exc}")
+            return 1
         say(
             f"POST {TrainerRoute.REFIT} {{path: {path}, version: {version}}} to the sidecar: "
-            f"complete={report['complete']} engines={report['engines']} ok={report['ok']} in {report['elapsed_s']}s"
+            f"complete={report.complete} engines={report.engines} ok={report.ok} in {report.elapsed_s}s"
         )
-        if not report["complete"]:
-            say(f"refit incomplete: failed {report['failed']}, pending {report['pending']}")
-            return 1
-        status = wait_versions(args.name, args.namespace, version)
-        say(f"status.weights.version = {(status.get('weights') or {}).get('version')}")
-        for engine, shown in sorted(engine_versions(status).items()):
+        view = fleet.wait_weights(version, timeout_s=STATUS_TIMEOUT_S)
+        say(f"status.weights.version = {view.weights_version}")
+        for engine, shown in sorted(view.engine_weights().items()):
             say(f"  {engine}: weightsVersion {shown}")
         after = one_completion(http, url)
     say(f"the same request via {url}: token ids {before} before, {after} after the refit")

@@ -38,15 +38,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 import torch.distributed as dist
+from drs_client import Sidecar, SidecarError
 from drs_engine.backends.torch.ipc import gpu_uuid, ipc_export
 from drs_engine.backends.torch.model import parse_dtype, random_state_dict, resolve_model
 from drs_engine.backends.torch.weights.packed import pack, specs_of
 from drs_engine.backends.torch.weights.refit import GROUP_TIMEOUT, make_group
 from drs_protocol import env
-from drs_protocol.routes import TrainerRoute
 from drs_protocol.weights_pack import (
     DEFAULT_TARGET_BYTES,
     STORE_KEY_BACKEND,
@@ -54,9 +53,6 @@ from drs_protocol.weights_pack import (
     STORE_KEY_WORLD_SIZE,
     batch_ranges,
 )
-
-#: Seconds for the sidecar's answer to each step (a step waits for every engine).
-STEP_TIMEOUT_S = 600.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,14 +87,6 @@ def save_checkpoint(directory: Path, shape_config: dict[str, Any], tensors: dict
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(directory / "model.safetensors"))
 
 
-def post(client: httpx.Client, url: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = client.post(url, json=body, timeout=STEP_TIMEOUT_S)
-    if response.status_code != 200:
-        raise SystemExit(f"trainer: {url} answered {response.status_code}: {response.text[:2000]}")
-    data: dict[str, Any] = response.json()
-    return data
-
-
 def broadcast(group: Any, flat: Any, ranges: list[tuple[int, int, Any]], where: Any) -> float:
     """Broadcast every batch (a range of the packed buffer); the seconds from the first send to
     the last one's completion."""
@@ -112,60 +100,51 @@ def broadcast(group: Any, flat: Any, ranges: list[tuple[int, int, Any]], where: 
 
 
 def collective(
-    args: argparse.Namespace, client: httpx.Client, flat: Any, info: dict[str, Any], body: dict[str, Any]
+    args: argparse.Namespace, sidecar: Sidecar, flat: Any, info: dict[str, Any], body: dict[str, Any]
 ) -> dict[str, Any]:
     """The non-colocated refit: form the group, prepare, broadcast ``--updates`` times."""
     device = torch.device(args.device)
     store = dist.TCPStore(args.ip, 0, is_master=True, timeout=GROUP_TIMEOUT, wait_for_workers=False)
     store.set(STORE_KEY_BACKEND, args.backend)
     store.set(STORE_KEY_TARGET_BYTES, str(args.target_bytes))
-    sidecar = args.sidecar.rstrip("/")
     where = device if args.backend == "nccl" else torch.device("cpu")
     ranges = batch_ranges(list(specs_of_info(info)), args.target_bytes)
     with ThreadPoolExecutor(max_workers=1) as pool:
-        joining = pool.submit(
-            post,
-            client,
-            sidecar + TrainerRoute.COLLECTIVE_INIT,
-            {"ip": args.ip, "port": store.port, "train_world_size": 1},
-        )
+        joining = pool.submit(sidecar.collective_init, args.ip, store.port, 1)
         store.wait([STORE_KEY_WORLD_SIZE])
         world_size = int(store.get(STORE_KEY_WORLD_SIZE).decode())
         group = make_group(store, args.backend, 0, world_size, device)
         init = joining.result()
-        post(client, sidecar + TrainerRoute.COLLECTIVE_PREPARE, {"state_dict_info": info})
-        seconds, update = 0.0, {}
+        sidecar.collective_prepare(info)
+        seconds, update = 0.0, None
         for _ in range(args.updates):
-            updating = pool.submit(post, client, sidecar + TrainerRoute.COLLECTIVE_UPDATE, body)
+            updating = pool.submit(sidecar.collective_update, body["version"], path=body.get("path"))
             seconds = broadcast(group, flat, ranges, where)
             update = updating.result()
     return {
         "world_size": world_size,
         "batches": len(ranges),
         "seconds": seconds,
-        "group": init.get("group"),
-        "update": update,
+        "group": init.group.model_dump(mode="json"),
+        "engines_ok": None if update is None else update.ok,
     }
 
 
 def colocated(
-    args: argparse.Namespace, client: httpx.Client, flat: Any, info: dict[str, Any], body: dict[str, Any]
+    args: argparse.Namespace, sidecar: Sidecar, flat: Any, info: dict[str, Any], body: dict[str, Any]
 ) -> dict[str, Any]:
     """The colocated refit: the batches as CUDA IPC handles of the packed buffer, ``--updates`` times."""
     ranges = batch_ranges(list(specs_of_info(info)), args.target_bytes)
     uuid = gpu_uuid(flat.device)
     buffers = [{"gpu_uuid": uuid, "offset": a, "nbytes": b - a, "ipc": ipc_export(flat[a:b])} for a, b, _ in ranges]
     torch.cuda.synchronize(flat.device)  # the buffer is complete before any engine reads it
-    seconds, update = 0.0, {}
+    seconds, update = 0.0, None
     for _ in range(args.updates):
         started = time.perf_counter()
-        update = post(
-            client,
-            args.sidecar.rstrip("/") + TrainerRoute.IPC_UPDATE,
-            {**body, "state_dict_info": info, "buffers": buffers},
-        )
+        update = sidecar.ipc_update(body["version"], info, buffers, path=body.get("path"))
         seconds = time.perf_counter() - started
-    return {"world_size": None, "batches": len(ranges), "seconds": seconds, "group": None, "update": update}
+    engines_ok = None if update is None else update.ok
+    return {"world_size": None, "batches": len(ranges), "seconds": seconds, "group": None, "engines_ok": engines_ok}
 
 
 def specs_of_info(info: dict[str, Any]) -> Any:
@@ -190,9 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     body: dict[str, Any] = {"version": version}
     if args.save is not None:
         body["path"] = str(args.save)
-    with httpx.Client() as client:
-        run = colocated if args.backend == "ipc" else collective
-        done = run(args, client, weights.flat, info, body)
+    run = colocated if args.backend == "ipc" else collective
+    try:
+        with Sidecar(args.sidecar) as sidecar:
+            done = run(args, sidecar, weights.flat, info, body)
+    except SidecarError as exc:  # names each engine that failed, or the sidecar's refusal
+        raise SystemExit(f"trainer: {exc}") from exc
     nbytes = weights.nbytes
     seconds = done["seconds"]
     print(
@@ -206,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                 "broadcast_s": round(seconds, 6),
                 "broadcast_gb_per_s": round(nbytes / seconds / 1e9, 3) if seconds else None,
                 "group": done["group"],
-                "engines_ok": done["update"].get("ok"),
+                "engines_ok": done["engines_ok"],
             }
         ),
         flush=True,

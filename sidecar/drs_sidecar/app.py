@@ -27,9 +27,10 @@
 ``GET /metrics``            —                                         Prometheus (:mod:`.metrics`)
 ==========================  ========================================  ===================================
 
-Bodies are streamed against :data:`MAX_BODY_BYTES` (413 past it, like the engines); every refusal
-is an error of :mod:`drs_sidecar.errors`, answered in the one error body of
-:mod:`drs_protocol.errors` before any engine is called.
+The bodies both ways are the models of :mod:`drs_protocol.trainer_api`. Bodies are streamed
+against :data:`MAX_BODY_BYTES` (413 past it, like the engines); every refusal is an error of
+:mod:`drs_sidecar.errors`, answered in the one error body of :mod:`drs_protocol.errors` before any
+engine is called.
 
 Collective steps (:mod:`drs_sidecar.collective`) call every engine at once; the trainer joins
 the group with its own ranks while its call here is in flight. 409 when a refit runs, or for a
@@ -52,16 +53,17 @@ from collections.abc import AsyncIterator
 from typing import Any, Final, TypeVar
 
 from drs_protocol.body import read_body
-from drs_protocol.control import IpcBuffer, IpcUpdate, MemoryTags
+from drs_protocol.control import IpcUpdate, MemoryTags
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.routes import HEALTHZ, METRICS, ControlOp, TrainerRoute
+from drs_protocol.trainer_api import CollectiveInit, CollectivePrepare, CollectiveUpdate, IpcRefit, RefitRequest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
 from drs_sidecar.errors import BadRequestError, FleetError
-from drs_sidecar.refit import MAX_VERSION_CHARS, Refitter, Report
+from drs_sidecar.refit import Refitter, Report
 
 log = logging.getLogger(__name__)
 
@@ -69,39 +71,6 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES: Final = 64 * 1024
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RefitRequest(_Strict):
-    path: str = Field(min_length=1, description="checkpoint the engines load (a path they can read)")
-    version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS, description="the version they serve it as")
-
-
-class CollectiveInit(_Strict):
-    ip: str = Field(min_length=1, description="the trainer's rendezvous address (its rank 0)")
-    port: int = Field(ge=1, le=65535)
-    train_world_size: int = Field(ge=1, description="the trainer's ranks; the engines' come after")
-
-
-class CollectivePrepare(_Strict):
-    state_dict_info: dict[str, Any]
-
-
-class CollectiveUpdate(_Strict):
-    version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS)
-    drain: bool = True
-    recompute_kv: bool = False
-    path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
-
-
-class IpcRefit(_Strict):
-    version: str = Field(min_length=1, max_length=MAX_VERSION_CHARS)
-    state_dict_info: dict[str, Any]
-    buffers: list[IpcBuffer] = Field(min_length=1, description="the trainer's packed buffers, by CUDA IPC")
-    path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
 
 
 async def parse_body(request: Request, model: type[ModelT]) -> ModelT:

@@ -27,7 +27,18 @@ from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Non-test code: the source roots, the benchmarks and the examples.
-CODE_ROOTS = ("cli", "operator", "frontend", "engine_image", "protocol", "devcluster", "sidecar", "bench", "examples")
+CODE_ROOTS = (
+    "cli",
+    "operator",
+    "frontend",
+    "engine_image",
+    "protocol",
+    "devcluster",
+    "sidecar",
+    "client",
+    "bench",
+    "examples",
+)
 PROTOCOL = ROOT / "protocol" / "drs_protocol"
 #: A literal that looks like a path of one of the project's HTTP APIs.
 ROUTE_LIKE = re.compile(r"^/(v1/|control(/|$)|health$|healthz$|ready$|metrics$|server_info$)")
@@ -43,7 +54,7 @@ NOT_OURS = {
     ("bench/operator_scale.py", "/metrics"),
 }
 #: Example clients that stand for a user's program outside the project (the in-pod Gym client
-#: depends only on httpx and kubernetes, as NeMo-Gym would): they spell the public paths.
+#: sends its turns with httpx, as NeMo-Gym would): they spell the public paths.
 EXTERNAL_CLIENTS = ("examples/gym_client.py",)
 #: A literal that looks like one of the project's environment variables.
 ENV_LIKE = re.compile(r"^DRS_[A-Z0-9_]+$")
@@ -171,7 +182,7 @@ def test_every_drs_env_name_is_defined_once_in_non_test_code() -> None:
 
 
 #: Where the processes live (not the operator, which only renders names into pods).
-PROCESS_ROOTS = ("cli", "frontend", "engine_image", "devcluster", "sidecar", "examples")
+PROCESS_ROOTS = ("cli", "frontend", "engine_image", "devcluster", "sidecar", "client", "examples")
 
 
 def _env_names_read_by_processes() -> set[str]:
@@ -282,10 +293,10 @@ def test_the_crd_enums_and_the_weights_version_bound_come_from_drs_protocol() ->
 
 
 def test_every_side_bounds_the_weights_version_alike() -> None:
-    from drs_sidecar.app import CollectiveUpdate as TrainerCollectiveUpdate
-    from drs_sidecar.app import RefitRequest
+    from drs_protocol.trainer_api import CollectiveUpdate as TrainerCollectiveUpdate
+    from drs_protocol.trainer_api import IpcRefit, RefitRequest
 
-    for model in (LoadWeights, CollectiveUpdate, RefitRequest, TrainerCollectiveUpdate):
+    for model in (LoadWeights, CollectiveUpdate, RefitRequest, TrainerCollectiveUpdate, IpcRefit):
         assert model.model_json_schema()["properties"]["version"]["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
 
 
