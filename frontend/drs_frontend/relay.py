@@ -41,6 +41,7 @@ from drs_protocol.token_ids import encode_token_ids_b64
 from drs_protocol.token_prefix import DIVERGENT_LOG, PREFIX_FIELD, PrefixOutcome, Spliced, TokenPrefix, TokenPrefixError
 
 from drs_frontend import gym_ids, wire_json
+from drs_frontend.bursts import GroupBursts, Member
 from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
 from drs_frontend.errors import (
@@ -53,6 +54,7 @@ from drs_frontend.errors import (
 )
 from drs_frontend.metrics import FrontendMetrics
 from drs_frontend.routing import Candidate, Decision, Reason, RouteRequest, build_ctx_router, build_gen_router
+from drs_frontend.routing.groups import opening_of
 from drs_frontend.shaping import (
     Body,
     build_context_request,
@@ -80,7 +82,12 @@ SSE: Final = "text/event-stream"
 NO_ENGINE: Final = "none"
 #: Chat-request fields that mean the engine must render the prompt itself.
 ENGINE_RENDERS: Final = ("prompt_token_ids", "prompt_token_ids_b64", "chat_template", "documents")
-AFFINITY_OUTCOME: Final = {Reason.STICKY: "hit", Reason.REPINNED: "miss", Reason.RENDEZVOUS: "new"}
+AFFINITY_OUTCOME: Final = {
+    Reason.STICKY: "hit",
+    Reason.REPINNED: "miss",
+    Reason.RENDEZVOUS: "new",
+    Reason.GROUP: "new",
+}
 #: Generation-leg answers that mean "the context state is gone" (404: expired or never there;
 #: 502: its prefill engine could not be reached): the turn re-runs its context leg.
 RERUN_STATUSES: Final = (404, 502)
@@ -121,6 +128,7 @@ class _Turn:
     decode: str | None = None
     routed: bool = False
     ids: array[int] | None = field(default=None)
+    burst: Member | None = None  #: a first turn's place among its group's first turns here
 
 
 dumps: Final = wire_json.dumps
@@ -152,6 +160,7 @@ class Relay:
         self.ctx_router = build_ctx_router(config)
         self.gen_router = build_gen_router(config.gen_router)
         self.minter = SnowflakeMinter(config.node_id)
+        self.bursts = GroupBursts(metrics, max_bursts=config.max_sessions)
         self._rng = rng or random.Random()
 
     # -- the turn --------------------------------------------------------------------------------
@@ -171,6 +180,9 @@ class Relay:
             if isinstance(exc, UpstreamProtocolError):
                 log.warning("engine broke the protocol: %s", exc)
             reply = Reply(exc.status, JSON, dumps(exc.to_body()))
+        finally:
+            if turn.burst is not None:
+                turn.burst.leave()
         reply.prefill = reply.prefill or turn.prefill
         reply.decode = reply.decode or turn.decode
         reply.routed = turn.routed
@@ -193,6 +205,9 @@ class Relay:
             body = engine_token_prefix(request, body, tokenized=tokenized, continuity=self.config.token_continuity)
         route = self._route_request(endpoint, body, conversation_id, turn.ids)
         turn.routed = True
+        opening = route.opening
+        hold = self.config.group_routing and opening is not None and opening.first_turn
+        turn.burst = await self.bursts.join(opening.key, self.config.group_hold_seconds) if hold and opening else None
         reruns = 0
         while True:
             try:
@@ -232,7 +247,10 @@ class Relay:
             lambda candidates: self.ctx_router.pick(route, candidates),
             affinity=conversation_id is not None,
         )
+        if turn.burst is not None:
+            turn.burst.context_done()
         ctx = parse_response(ctx_raw.body, "context")
+        self._count_prefill(turn.prefill, ctx)
         # 5. finished already?
         if check_context_response(ctx):
             answer = self._shape(finished_context_response(ctx), turn)
@@ -331,12 +349,26 @@ class Relay:
     def _route_request(
         self, endpoint: Endpoint, body: Body, conversation_id: str | None, ids: array[int] | None
     ) -> RouteRequest:
+        if endpoint is Endpoint.CHAT:
+            messages, tools = body["messages"], body.get("tools")
+            return RouteRequest(conversation_id, ids, messages, tools=tools, opening=opening_of(messages, tools))
         if conversation_id is not None or ids is not None:
             return RouteRequest(conversation_id=conversation_id, prompt_ids=ids)
-        if endpoint is Endpoint.CHAT:
-            return RouteRequest(messages=body["messages"])
         prompt = body.get("prompt")
         return RouteRequest(prompt=prompt if isinstance(prompt, str) else None)
+
+    def _count_prefill(self, url: str | None, ctx: Body) -> None:
+        """Prompt tokens the prefill engine computed vs reused, as its context answer's usage says."""
+        usage = ctx.get("usage")
+        if url is None or not isinstance(usage, dict):
+            return
+        prompt = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(prompt, int):
+            reused = cached if isinstance(cached, int) else 0
+            self.metrics.prefill_tokens_of(url, "computed").inc(max(prompt - reused, 0))
+            self.metrics.prefill_tokens_of(url, "reused").inc(max(reused, 0))
 
     # -- steps 4 and 6: one leg, with retries ----------------------------------------------------
 
@@ -348,7 +380,7 @@ class Relay:
         tried: list[str],
         *,
         affinity: bool = False,
-    ) -> str | None:
+    ) -> Decision | None:
         if len(tried) >= self.config.max_attempts:
             return None
         candidates = pool.candidates(exclude.union(tried))
@@ -358,10 +390,12 @@ class Relay:
         self.metrics.routes_of(pool.role, decision.reason.value).inc()
         if affinity and decision.reason in AFFINITY_OUTCOME:
             self.metrics.affinity_of(AFFINITY_OUTCOME[decision.reason]).inc()
+        if decision.sibling is not None:
+            self.metrics.group_siblings_of(decision.sibling.value).inc()
         if tried:
             self.metrics.retries_of(pool.role).inc()
         tried.append(decision.url)
-        return decision.url
+        return decision
 
     async def _pick_or_hold(
         self,
@@ -372,18 +406,18 @@ class Relay:
         hold_until: float,
         *,
         affinity: bool = False,
-    ) -> str | None:
+    ) -> Decision | None:
         """:meth:`_pick`; when no engine of the role is left (own or fallback), hold the leg until a
         probe finds one answering (or an engine's cool-down ends), at most until ``hold_until``;
         then every engine may be tried again. None: nothing answered in time (the caller's 503)."""
-        while (url := self._pick(pool, pick, exclude, tried, affinity=affinity)) is None:
+        while (decision := self._pick(pool, pick, exclude, tried, affinity=affinity)) is None:
             left = hold_until - time.monotonic()
             if left <= 0:
                 return None
             self.metrics.retries_of(f"{pool.role}_hold").inc()
             await pool.wait_for_engine(min(left, HOLD_RECHECK_S))
             tried.clear()
-        return url
+        return decision
 
     def _failed(self, pool: EnginePool, url: str, exc: UpstreamUnavailable) -> None:
         pool.mark_down(url)
@@ -410,10 +444,14 @@ class Relay:
         tried: list[str] = []
         histogram = self.metrics.leg_seconds_of(leg)
         hold_until = time.monotonic() + self.config.hold_seconds
-        while (url := await self._pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)) is not None:
+        while (
+            decision := await self._pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)
+        ) is not None:
+            url, cost = decision.url, decision.cost
             started = time.perf_counter()
             engine = pool.engines[url]
             engine.in_flight += 1  # pool.track(url), without a generator per call
+            engine.pending += cost
             try:
                 response = await self.upstream.post_json(url + endpoint.value, body, timeout)
             except UpstreamUnavailable as exc:
@@ -421,6 +459,7 @@ class Relay:
                 continue
             finally:
                 engine.in_flight -= 1
+                engine.pending -= cost
                 histogram.observe(time.perf_counter() - started)
             if response.status == 200:
                 return url, response
@@ -434,7 +473,10 @@ class Relay:
         tried: list[str] = []
         pool = self.decode
         hold_until = time.monotonic() + self.config.hold_seconds
-        while (url := await self._pick_or_hold(pool, self.gen_router.pick, exclude, tried, hold_until)) is not None:
+        while (
+            decision := await self._pick_or_hold(pool, self.gen_router.pick, exclude, tried, hold_until)
+        ) is not None:
+            url = decision.url
             stack = contextlib.AsyncExitStack()
             await stack.__aenter__()
             stack.enter_context(pool.track(url))

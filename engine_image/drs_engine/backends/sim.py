@@ -6,7 +6,9 @@ system depends on, each real rather than faked:
 
 - a token function of (weights, prefix) (:mod:`.sim_model`), so a wrong KV handoff, a wrong
   prefix or stale weights show up as different tokens;
-- a prefix cache of chained block hashes with LRU eviction (:mod:`drs_engine.prefix_cache`);
+- a prefix cache of chained block hashes with LRU eviction (:mod:`drs_engine.prefix_cache`),
+  looked up and filled by prefill iterations as an in-flight batching engine does
+  (:mod:`drs_engine.prefill_batch`: blocks still being computed are shared with nobody);
 - a KV handoff: a context-only leg leaves its state in a bounded store
   (:mod:`drs_engine.kv_store`) under ``ctx_request_id``; the decode engine fetches it over HTTP
   from ``ctx_info_endpoint`` (``GET /v1/disagg/kv/{ctx_request_id}``) and continues from it;
@@ -53,6 +55,7 @@ from drs_engine.errors import (
 )
 from drs_engine.kv_store import ContextState, ContextStore
 from drs_engine.latency import LatencyModel
+from drs_engine.prefill_batch import PrefillIterations
 from drs_engine.prefix_cache import PrefixCache
 from drs_engine.wire import RequestType
 
@@ -85,10 +88,10 @@ class SimBackend(EngineBackend):
             capacity=spec.kv_store_capacity, ttl_seconds=spec.kv_store_ttl_seconds
         )
         self._latency = LatencyModel.from_spec(spec)
+        self._prefill = PrefillIterations(self._cache, self._latency)
         self._endpoint = config.resolved_advertise_url()
         self._client: httpx.AsyncClient | None = None
         self._decodes_in_flight = 0
-        self._prefill_lock = asyncio.Lock()
         self._profile_started: float | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -145,9 +148,7 @@ class SimBackend(EngineBackend):
 
         prompt = leg.prompt_token_ids
         hashes = block_hashes(fn.seed, prompt, fn.tokens_per_block)
-        lookup = self._cache.lookup(len(prompt), hashes)
-        await self._prefill_compute(len(prompt) - lookup.hit_tokens)
-        self._cache.insert(hashes)
+        lookup = await self._prefill.prefill(len(prompt), hashes)
         state = fn.start(prompt, hashes)
         first = fn.next_token(state, top_logprobs=leg.top_logprobs, allow_eos=_eos_allowed(leg, 0))
 
@@ -278,13 +279,9 @@ class SimBackend(EngineBackend):
         )
 
     async def _prefill_compute(self, uncached_tokens: int) -> None:
-        """Prefill takes time for uncached tokens only, and prefills share the engine: concurrent
-        prompts queue behind each other, so prefill throughput (tokens/s) is bounded."""
-        seconds = self._latency.prefill_seconds(uncached_tokens)
-        if seconds <= 0:
-            return
-        async with self._prefill_lock:
-            await self._latency.sleep(seconds)
+        """Prefill time for ``uncached_tokens``, in the engine's prefill iterations (shared with
+        the other prompts, so prefill throughput is bounded); no cache lookup."""
+        await self._prefill.prefill(uncached_tokens, None)
 
     def _finish_after(self, leg: LegRequest, generated: list[int]) -> tuple[str | None, int | str | None]:
         return finish_after(leg, generated, self._eos_token_id)
