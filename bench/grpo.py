@@ -84,6 +84,7 @@ class Session:
     hits: int = 0
     later: int = 0
     sent: float = 0.0
+    retries: int = 0
     answered: float = 0.0
 
 
@@ -110,6 +111,9 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
             "tokenize": True,
             "healthInterval": 1.0,
             "groupRouting": mode == "groups",
+            # every engine and frontend shares this process's one event loop: on a loaded machine a
+            # connect can wait for it longer than the 2 s default
+            "timeouts": {"connect": 10.0},
         }
     )
 
@@ -197,11 +201,20 @@ async def take_turn(client: httpx.AsyncClient, fleet_: Fleet, s: Session, turn: 
     }
     url = fleet_.urls[gym_url(s.name, fleet_.urls)]
     started = time.perf_counter()
-    for attempt in range(3):  # NeMo-Gym retries a 5xx
-        resp = await client.post(url + routes.Endpoint.CHAT.value, json=body)
+    resp: httpx.Response | None = None
+    for attempt in range(4):  # NeMo-Gym retries a 5xx or a broken connection
+        try:
+            resp = await client.post(url + routes.Endpoint.CHAT.value, json=body)
+        except httpx.TransportError as exc:  # a keep-alive connection to a frontend before its restart
+            s.retries += 1
+            print(f"  {s.name} turn {turn}: {type(exc).__name__} (attempt {attempt + 1})", file=sys.stderr)
+            continue
         if resp.status_code == 200:
             break
+        s.retries += 1
         print(f"  {s.name} turn {turn}: {resp.status_code} {resp.text[:120]} (attempt {attempt + 1})", file=sys.stderr)
+    if resp is None:
+        raise RuntimeError(f"{s.name} turn {turn}: no answer from {url}")
     resp.raise_for_status()
     if turn == 0:
         s.sent, s.answered = started, time.perf_counter()
@@ -253,8 +266,9 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         after = await engine_counters(client, all_prefill)
         if args.restart:
             await restart_all(fl, outer)
-        for turn in range(1, args.turns):
-            await asyncio.gather(*(take_turn(client, fl, s, turn, args) for s in sessions))
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as later:  # fresh connections
+            for turn in range(1, args.turns):
+                await asyncio.gather(*(take_turn(later, fl, s, turn, args) for s in sessions))
         final = await engine_counters(client, all_prefill)
 
     pairs: dict[tuple[int, int], list[str]] = defaultdict(list)
@@ -290,6 +304,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         "prefill_work_max_over_mean": work_ratio,
         "decode_turns_max_over_mean": decode_ratio,
         "prompt_tokens": first_prompt,
+        "client_retries": sum(s.retries for s in sessions),
     }
 
 

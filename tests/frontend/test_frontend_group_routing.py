@@ -107,7 +107,7 @@ def test_a_sibling_costs_little_where_its_group_is_and_all_of_its_prompt_elsewhe
     factor=st.floats(1.0, 3.0),
     seeded=st.booleans(),
 )
-def test_the_engine_taken_finishes_within_c_times_the_mean_expected_finish(
+def test_the_engine_taken_finishes_within_c_times_the_mean_expected_finish_or_two_prefills(
     pending: list[int], factor: float, seeded: bool
 ) -> None:
     router = ConversationRouter(load_factor=factor)
@@ -122,7 +122,11 @@ def test_the_engine_taken_finishes_within_c_times_the_mean_expected_finish(
     decision = router.pick(request("sibling", messages), candidates)
     finishes = {c.url: c.pending + (1 if c.url == known else size) for c in candidates}
     assert decision.cost == finishes[decision.url] - dict(zip(POOL, pending, strict=True))[decision.url]
-    assert finishes[decision.url] <= factor * sum(finishes.values()) / len(finishes) + 1e-6
+    limit = max(factor * sum(finishes.values()) / len(finishes), 2 * size)
+    assert finishes[decision.url] <= limit + 1e-6
+    first = hrw_order(opening.key, POOL)[0] if known is None else known
+    if finishes[first] <= limit:  # within the bound, the group's engine (or its first in order) is kept
+        assert decision.url == first
 
 
 def test_a_hot_burst_leaves_its_engine_once_that_engine_is_c_times_the_mean_behind() -> None:

@@ -15,9 +15,11 @@ In order:
    walking that order, the first engine within both bounds is taken: its *expected finish*
    (prompt tokens pending there from this frontend, :attr:`Candidate.pending`, plus what this
    prompt would compute there: little where its opening is cached, all of it elsewhere) within
-   ``c`` times the mean expected finish over the candidates, and, for an opening new to the
+   ``c`` times the mean expected finish over the candidates, or within two of this prompt's
+   prefills (an engine with one prompt ahead may always take another), and, for an opening new to the
    engine, its groups (openings placed, counting this one) within ``c`` times their mean
-   (:func:`.rendezvous.share_bound`; a group of one is a session, as before). The walk always
+   (:func:`.rendezvous.share_bound`, but at least :data:`GROUPS_FLOOR`; a group of one is a
+   session, as before). The walk always
    ends within the first bound (the engine of least expected finish is at or below the mean);
    when no engine passes both, the one least over them is taken.
 
@@ -58,6 +60,8 @@ from drs_frontend.routing.prefix import BlockChain, PrefixIndex, chain_from_ids,
 from drs_frontend.routing.rendezvous import bounded_pick, hrw_order, load_bound, share_bound
 
 DEFAULT_PREFIX_BLOCKS = 262_144
+#: Openings an engine may always hold, whatever the mean (the groups bound starts binding above it).
+GROUPS_FLOOR = 2.0
 
 
 class ConversationRouter:
@@ -173,12 +177,17 @@ class ConversationRouter:
         cost = {u: max(1, size - held) if u == known else size for u in urls}
         finish = {c.url: c.pending + cost[c.url] for c in candidates}
         n, c = len(urls), self.load_factor
-        groups = share_bound(sum(self.groups_on(u) for u in urls), n, c)  # counted after this one
+        # counted after this one; at least GROUPS_FLOOR, so the first few openings are not spread
+        # by the order they came in (which another frontend, or a restarted one, does not share)
+        groups = max(GROUPS_FLOOR, share_bound(sum(self.groups_on(u) for u in urls), n, c))
 
         def new_groups(url: str) -> int:
             return self.groups_on(url) + (url != known)
 
-        url = bounded_pick(order, [(finish.__getitem__, c * sum(finish.values()) / n), (new_groups, groups)])
+        # an engine with at most one prompt's worth ahead of this one may always take it, as the
+        # in-flight bound lets an engine with one request in flight take another
+        work = max(c * sum(finish.values()) / n, 2.0 * size)
+        url = bounded_pick(order, [(finish.__getitem__, work), (new_groups, groups)])
         if known is None:
             self._record_opening(opening.key, url)
         if url == known:
