@@ -54,7 +54,7 @@ from drs_frontend.errors import (
 )
 from drs_frontend.metrics import FrontendMetrics
 from drs_frontend.routing import Candidate, Decision, Reason, RouteRequest, build_ctx_router, build_gen_router
-from drs_frontend.routing.groups import opening_of
+from drs_frontend.routing.groups import is_first_turn, opening_of
 from drs_frontend.shaping import (
     Body,
     build_context_request,
@@ -351,7 +351,10 @@ class Relay:
     ) -> RouteRequest:
         if endpoint is Endpoint.CHAT:
             messages, tools = body["messages"], body.get("tools")
-            return RouteRequest(conversation_id, ids, messages, tools=tools, opening=opening_of(messages, tools))
+            # a first turn's opening now (the hold needs it); a later turn's only if the router asks
+            first = self.config.group_routing and is_first_turn(messages)
+            opening = opening_of(messages, tools) if first else None
+            return RouteRequest(conversation_id, ids, messages, tools=tools, opening=opening)
         if conversation_id is not None or ids is not None:
             return RouteRequest(conversation_id=conversation_id, prompt_ids=ids)
         prompt = body.get("prompt")

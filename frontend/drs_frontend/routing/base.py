@@ -57,7 +57,8 @@ class RouteRequest:
 
     ``prompt_ids`` are the frontend's token ids (tokenization on); else ``messages`` and ``tools``
     (chat) or ``prompt`` (completions) stand in for them as text. ``opening``
-    (:func:`.groups.opening_of`) names what the conversation's every turn starts with.
+    (:func:`.groups.opening_of`, what the conversation's every turn starts with) when the relay
+    computed it already (a first turn); else the router computes it from the messages if it needs it.
     """
 
     conversation_id: str | None = None

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from drs_protocol.frontend_config import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
@@ -55,11 +56,21 @@ from drs_protocol.frontend_config import (
 
 from drs_frontend.routing.balance import LeastLoadedRouter
 from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest, Sibling
-from drs_frontend.routing.groups import Opening, estimate_tokens, message_chars
+from drs_frontend.routing.groups import Opening, estimate_tokens, message_chars, opening_of
 from drs_frontend.routing.prefix import BlockChain, PrefixIndex, chain_from_ids, chain_from_messages, chain_from_text
 from drs_frontend.routing.rendezvous import bounded_pick, hrw_order, load_bound, share_bound
 
 DEFAULT_PREFIX_BLOCKS = 262_144
+
+
+@dataclass(slots=True)
+class _Pin:
+    url: str
+    tokens: int  #: the last turn's prompt tokens (the frontend's ids, else estimated from its text)
+    messages: int  #: its messages, and their characters: the next turn counts only what follows
+    chars: int
+
+
 #: Openings an engine may always hold, whatever the mean (the groups bound starts binding above it).
 GROUPS_FLOOR = 2.0
 
@@ -84,7 +95,7 @@ class ConversationRouter:
         self.match_ratio = match_ratio
         self.block_tokens = block_tokens
         self.groups = groups
-        self._pins: OrderedDict[str, tuple[str, int]] = OrderedDict()  # id -> (engine, prompt tokens)
+        self._pins: OrderedDict[str, _Pin] = OrderedDict()
         self._sessions: dict[str, int] = {}
         self._openings: OrderedDict[str, str] = OrderedDict()  # opening key -> engine (LRU, max_sessions)
         self._groups: dict[str, int] = {}
@@ -104,7 +115,7 @@ class ConversationRouter:
     def pinned(self, conversation_id: str) -> str | None:
         """The engine a conversation is pinned to (no LRU touch)."""
         pin = self._pins.get(conversation_id)
-        return None if pin is None else pin[0]
+        return None if pin is None else pin.url
 
     def sessions_on(self, url: str) -> int:
         return self._sessions.get(url, 0)
@@ -123,21 +134,41 @@ class ConversationRouter:
 
     def _pick_for_conversation(self, cid: str, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision:
         pin = self._pins.get(cid)
-        size = self._size(request)
-        if pin is not None:
-            if any(c.url == pin[0] for c in candidates):
-                self._pins.move_to_end(cid)
-                self._pins[cid] = (pin[0], size)
-                return Decision(pin[0], Reason.STICKY, cost=max(1, size - pin[1]))
-            reason = Reason.REPINNED
+        if pin is not None and any(c.url == pin.url for c in candidates):
+            self._pins.move_to_end(cid)
+            previous = pin.tokens
+            self._measure(pin, request)  # counting only the messages after the last turn's
+            return Decision(pin.url, Reason.STICKY, cost=max(1, pin.tokens - previous))
+        reason = Reason.RENDEZVOUS if pin is None else Reason.REPINNED
+        fresh = _Pin("", 0, 0, 0)
+        self._measure(fresh, request)
+        opening = self._opening(request)
+        if opening is not None:
+            decision = self._place_by_opening(opening, request, fresh.tokens, candidates, reason)
         else:
-            reason = Reason.RENDEZVOUS
-        if self.groups and request.opening is not None:
-            decision = self._place_by_opening(request.opening, request, size, candidates, reason)
-        else:
-            decision = Decision(self._place_by_id(cid, candidates), reason, cost=size)
-        self._pin(cid, decision.url, size)
+            decision = Decision(self._place_by_id(cid, candidates), reason, cost=fresh.tokens)
+        fresh.url = decision.url
+        self._pin(cid, fresh)
         return decision
+
+    def _opening(self, request: RouteRequest) -> Opening | None:
+        if not self.groups or request.messages is None:
+            return None
+        return request.opening or opening_of(request.messages, request.tools)
+
+    @staticmethod
+    def _measure(pin: _Pin, request: RouteRequest) -> None:
+        """The prompt's size: the frontend's ids, else the text (only what follows the pin's messages)."""
+        messages = request.messages
+        if messages is not None:
+            if len(messages) < pin.messages:  # not a continuation: count it all again
+                pin.messages = pin.chars = 0
+            tools = request.tools if pin.messages == 0 else None
+            pin.chars += message_chars(messages[pin.messages :], tools)
+            pin.messages = len(messages)
+        else:
+            pin.chars = len(request.prompt or "")
+        pin.tokens = len(request.prompt_ids) if request.prompt_ids is not None else estimate_tokens(pin.chars)
 
     def _place_by_id(self, cid: str, candidates: Sequence[Candidate]) -> str:
         in_flight = {c.url: c.in_flight for c in candidates}
@@ -150,15 +181,15 @@ class ConversationRouter:
         ]
         return bounded_pick(order, limits)
 
-    def _pin(self, cid: str, url: str, size: int) -> None:
+    def _pin(self, cid: str, pin: _Pin) -> None:
         old = self._pins.pop(cid, None)
         if old is not None:
-            self._sessions[old[0]] -= 1
-        self._pins[cid] = (url, size)
-        self._sessions[url] = self._sessions.get(url, 0) + 1
+            self._sessions[old.url] -= 1
+        self._pins[cid] = pin
+        self._sessions[pin.url] = self._sessions.get(pin.url, 0) + 1
         while len(self._pins) > self.max_sessions:
-            _, (evicted, _) = self._pins.popitem(last=False)
-            self._sessions[evicted] -= 1
+            _, evicted = self._pins.popitem(last=False)
+            self._sessions[evicted.url] -= 1
 
     # -- by opening ------------------------------------------------------------------------------
 
@@ -223,7 +254,7 @@ class ConversationRouter:
 
     def _pick_by_prefix(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision:
         chain = self._chain(request)
-        opening = request.opening if self.groups else None
+        opening = self._opening(request)
         size = self._size(request)
         if chain is not None:
             match = self._prefixes.longest_match(chain)

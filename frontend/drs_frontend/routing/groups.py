@@ -62,6 +62,11 @@ def opening_of(messages: Sequence[Any], tools: Any = None) -> Opening | None:
     return Opening(key=key, chars=message_chars(messages[:end], tools), first_turn=end == len(messages))
 
 
+def is_first_turn(messages: Sequence[Any]) -> bool:
+    """No assistant message yet (a scan that stops at the first one: a few messages on a later turn)."""
+    return not any(isinstance(m, Mapping) and m.get("role") == "assistant" for m in messages)
+
+
 def tools_text(tools: Any) -> bytes:
     """The tools as the canonical text the opening and the prefix chain hash."""
     return _canonical(tools) if tools else b""
