@@ -219,3 +219,16 @@ def test_without_an_id_different_tools_are_different_prefixes() -> None:
     other_tools = [{"type": "function", "function": {"name": "other", "description": "x" * 4000}}]
     decision = router.pick(request(None, messages, other_tools), idle(POOL))
     assert decision.reason is not Reason.PREFIX
+
+
+def test_a_later_turn_a_router_never_saw_goes_where_its_group_is_at_rest_whatever_the_load() -> None:
+    """Like a pinned turn: the bounds would only move it away from where its conversation is."""
+    messages = later_turn(first_turn("busy group"), "r", "o")
+    opening = opening_of(messages)
+    assert opening is not None
+    first = hrw_order(opening.key, POOL)[0]
+    busy = [Candidate(u, 40 if u == first else 0, 100_000 if u == first else 0) for u in POOL]
+    decision = ConversationRouter().pick(request("unknown", messages), busy)
+    assert decision.url == first and decision.reason is Reason.RENDEZVOUS
+    new = ConversationRouter().pick(request("new", first_turn("busy group")), busy)
+    assert new.url != first  # a first turn is bounded: it goes elsewhere

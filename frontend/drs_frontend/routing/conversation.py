@@ -28,7 +28,9 @@ In order:
    frontend of the replica) computes the same key and the same rendezvous order, and takes the
    same first engine unless the bounds moved the group when it was placed (an engine that was
    then over ``c`` times the mean): at rest, placement is a pure function of the request and the
-   replica's prefill pool.
+   replica's prefill pool. Such a later turn (an unknown id, an opening followed by an assistant
+   message) takes that first engine whatever the bounds, as a pinned turn goes to its pin: the
+   bounds would only move it away from where its conversation most likely is.
    Without an opening (completions), rendezvous over the id, with the in-flight and pinned
    sessions bounds of before.
 3. No id: the engine that saw the longest prefix of the prompt (block hashes, :mod:`.prefix`,
@@ -218,7 +220,10 @@ class ConversationRouter:
         # an engine with at most one prompt's worth ahead of this one may always take it, as the
         # in-flight bound lets an engine with one request in flight take another
         work = max(c * sum(finish.values()) / n, 2.0 * size)
-        url = bounded_pick(order, [(finish.__getitem__, work), (new_groups, groups)])
+        if opening.first_turn or reason is not Reason.RENDEZVOUS:
+            url = bounded_pick(order, [(finish.__getitem__, work), (new_groups, groups)])
+        else:  # a later turn this frontend never saw: where its conversation is at rest, as a pin
+            url = order[0]
         if known is None:
             self._record_opening(opening.key, url)
         if url == known:
