@@ -1,9 +1,9 @@
 """Benchmark: GRPO groups over a sim fleet, group routing beside today's routing in the same run.
 
-Not a test. Starts, in this process, N replicas of M ``sim`` prefill engines + K decode engines
+Not a test. Starts, in a process of their own, N replicas of M ``sim`` prefill engines + K decode engines
 (the latency model at ``--speed``: prefill time for uncached tokens only, in iterations that share
 no block still being computed, as TensorRT-LLM's executor) and F real frontends per replica
-(tokenizing), and drives Gym-shaped GRPO load: P prompts x n siblings x T turns, every sibling its
+(tokenizing) in this one, and drives Gym-shaped GRPO load: P prompts x n siblings x T turns, every sibling its
 own session with its own conversation id, sent to ``status.urls[sha256(session) % N*F]``; the
 siblings of one prompt start within ``--spread-ms`` (100 ms) of each other, the prompts
 ``--gap-ms`` apart. Before turn 1 every frontend is restarted (``--no-restart`` to keep them): later
@@ -48,7 +48,7 @@ from typing import Any
 
 import httpx
 from drs_engine.config import build_config
-from drs_engine.server.runner import RunningEngine, start_engine
+from drs_engine.server.runner import start_engine
 from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
@@ -61,8 +61,8 @@ SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps
 
 @dataclass
 class Fleet:
-    prefill: list[list[RunningEngine]]
-    decode: list[list[RunningEngine]]
+    prefill: list[list[str]]  #: engine URLs by replica
+    decode: list[list[str]]
     frontends: list[list[RunningFrontend]]
     stacks: list[list[contextlib.AsyncExitStack]]
 
@@ -111,51 +111,71 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
             "tokenize": True,
             "healthInterval": 1.0,
             "groupRouting": mode == "groups",
-            # every engine and frontend shares this process's one event loop: on a loaded machine a
-            # connect can wait for it longer than the 2 s default
-            "timeouts": {"connect": 10.0},
+            # the frontends share this process's one event loop, the engines another's: on a loaded
+            # machine a connect or a probe can wait for them longer than the 2 s defaults
+            "timeouts": {"connect": 10.0, "health": 10.0},
         }
     )
 
 
 async def serve_frontend(stack: contextlib.AsyncExitStack, config: FrontendConfig) -> RunningFrontend:
+    """A frontend, once its probes found every engine up."""
     running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
-    async with asyncio.timeout(30):
-        while running.app.prober.rounds < 1:
-            await asyncio.sleep(0.02)
+    pools = (running.app.relay.prefill, running.app.relay.decode)
+    async with asyncio.timeout(60):
+        while any(pool.answering() < len(pool.engines) for pool in pools):
+            await asyncio.sleep(0.05)
     return running
+
+
+async def serve_engines(args: argparse.Namespace) -> None:
+    """``grpo.py --serve-engines M``: the fleet's engines, in this process (its own core), until stdin closes."""
+    m = args.serve_engines
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def started(role: str) -> str:
+            engine = await stack.enter_async_context(start_engine(engine_config(role, args.speed)))
+            return engine.url
+
+        prefill = [[await started("prefill") for _ in range(m)] for _ in range(args.replicas)]
+        decode = [[await started("decode") for _ in range(args.decode)] for _ in range(args.replicas)]
+        print(json.dumps({"prefill": prefill, "decode": decode}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
 @contextlib.asynccontextmanager
 async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fleet]:
-    async with contextlib.AsyncExitStack() as stack:
-        prefill = [
-            [await stack.enter_async_context(start_engine(engine_config("prefill", args.speed))) for _ in range(m)]
-            for _ in range(args.replicas)
-        ]
-        decode = [
-            [
-                await stack.enter_async_context(start_engine(engine_config("decode", args.speed)))
-                for _ in range(args.decode)
-            ]
-            for _ in range(args.replicas)
-        ]
-        frontends: list[list[RunningFrontend]] = []
-        stacks: list[list[contextlib.AsyncExitStack]] = []
-        for r in range(args.replicas):
-            frontends.append([])
-            stacks.append([])
-            for f in range(args.frontends):
-                own = await stack.enter_async_context(contextlib.AsyncExitStack())
-                config = frontend_config(
-                    [e.url for e in prefill[r]], [e.url for e in decode[r]], r * args.frontends + f, mode
-                )
-                frontends[r].append(await serve_frontend(own, config))
-                stacks[r].append(own)
-        yield Fleet(prefill, decode, frontends, stacks)
-        for replica_stacks in stacks:
-            for own in replica_stacks:
-                await own.aclose()
+    argv = [__file__, "--serve-engines", str(m), "--replicas", str(args.replicas), "--decode", str(args.decode)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, "--speed", str(args.speed), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        engines = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
+        prefill: list[list[str]] = engines["prefill"]
+        decode: list[list[str]] = engines["decode"]
+        async with contextlib.AsyncExitStack() as stack:
+            frontends: list[list[RunningFrontend]] = []
+            stacks: list[list[contextlib.AsyncExitStack]] = []
+            for r in range(args.replicas):
+                frontends.append([])
+                stacks.append([])
+                for f in range(args.frontends):
+                    own = await stack.enter_async_context(contextlib.AsyncExitStack())
+                    config = frontend_config(prefill[r], decode[r], r * args.frontends + f, mode)
+                    frontends[r].append(await serve_frontend(own, config))
+                    stacks[r].append(own)
+            yield Fleet(prefill, decode, frontends, stacks)
+            for replica_stacks in stacks:
+                for own in replica_stacks:
+                    await own.aclose()
+    finally:
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
 async def restart_all(fleet_: Fleet, outer: contextlib.AsyncExitStack) -> None:
@@ -174,10 +194,10 @@ def gym_url(session: str, urls: list[str]) -> int:
     return int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)
 
 
-async def engine_counters(client: httpx.AsyncClient, engines: list[RunningEngine]) -> list[tuple[float, float]]:
+async def engine_counters(client: httpx.AsyncClient, engines: list[str]) -> list[tuple[float, float]]:
     out = []
     for engine in engines:
-        text = (await client.get(engine.url + routes.METRICS)).text
+        text = (await client.get(engine + routes.METRICS)).text
         values = {}
         for line in text.splitlines():
             for name in ("drs_engine_prefix_cache_query_tokens_total", "drs_engine_prefix_cache_hit_tokens_total"):
@@ -292,7 +312,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         decodes = Counter(
             e for s in sessions if s.replica == r for e in s.engines if e.startswith("decode:") and e != "decode:none"
         )
-        counts = [decodes.get("decode:" + e.url, 0) for e in fl.decode[r]]
+        counts = [decodes.get("decode:" + e, 0) for e in fl.decode[r]]
         decode_ratio = max(decode_ratio, max(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0)
     return {
         "prompt_prefills_per_group_replica": computed0 / (first_prompt * len(pairs)),
@@ -374,8 +394,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--no-restart", dest="restart", action="store_false")
+    p.add_argument("--serve-engines", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 if __name__ == "__main__":
-    asyncio.run(main(parse_args()))
+    parsed = parse_args()
+    asyncio.run(serve_engines(parsed) if parsed.serve_engines is not None else main(parsed))
