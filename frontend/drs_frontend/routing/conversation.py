@@ -73,8 +73,12 @@ class _Pin:
     chars: int
 
 
-#: Openings an engine may always hold, whatever the mean (the groups bound starts binding above it).
-GROUPS_FLOOR = 2.0
+#: Openings an engine may always hold, whatever the mean: the groups bound binds from 5 openings
+#: on an engine. Below that the counts are too small for the bound to balance anything (a step of
+#: 8 prompts over 4 engines puts 4 on one engine in 1 run of 10 by rendezvous alone), and each
+#: group it moved is a group that another frontend of the replica, seeing the openings in another
+#: order, places elsewhere, and that a restarted frontend looks for on its first engine.
+GROUPS_FLOOR = 4.0
 
 
 class ConversationRouter:
