@@ -1,8 +1,8 @@
 """The ``sim`` backend's latency model (part of the test double).
 
 - prefill: ``uncached prompt tokens * prefill_seconds_per_token`` — cache hits are free, as
-  block reuse makes them on a GPU; the sim runs one prefill at a time, so concurrent prompts
-  share the engine's prefill throughput;
+  block reuse makes them on a GPU; the sim runs one prefill iteration at a time
+  (:mod:`drs_engine.prefill_batch`), so concurrent prompts share the engine's prefill throughput;
 - decode: each step takes ``decode_seconds_per_token + decode_seconds_per_batch_slot * (others)``
   where ``others`` is the number of other decodes in flight on the engine, so per-token latency
   grows with batch size;

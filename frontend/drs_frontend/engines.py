@@ -25,6 +25,7 @@ from drs_frontend.routing import Candidate
 class Engine:
     url: str
     in_flight: int = 0
+    pending: int = 0  #: prompt tokens the context legs in flight here are expected to compute
     down_until: float = 0.0
     probe_ok: bool | None = None  #: None until the first probe answers
     fallback: bool = False  #: another replica's engine, used only while none of ours is a candidate
@@ -60,8 +61,8 @@ class EnginePool:
         usable = [
             e for e in self.engines.values() if e.url not in exclude and e.probe_ok is not False and e.down_until <= now
         ]
-        own = [Candidate(e.url, e.in_flight) for e in usable if not e.fallback]
-        return own or [Candidate(e.url, e.in_flight) for e in usable]
+        own = [Candidate(e.url, e.in_flight, e.pending) for e in usable if not e.fallback]
+        return own or [Candidate(e.url, e.in_flight, e.pending) for e in usable]
 
     async def wait_for_engine(self, timeout: float) -> None:
         """Until a probe finds an engine answering again, or ``timeout`` seconds (whichever is first)."""

@@ -25,7 +25,12 @@ from drs_frontend.upstream import UpstreamResponse
 
 log = logging.getLogger("drs_frontend.relay")  # the relay's log lines, as before the split
 
-AFFINITY_OUTCOME: Final = {Reason.STICKY: "hit", Reason.REPINNED: "miss", Reason.RENDEZVOUS: "new"}
+AFFINITY_OUTCOME: Final = {
+    Reason.STICKY: "hit",
+    Reason.REPINNED: "miss",
+    Reason.RENDEZVOUS: "new",
+    Reason.GROUP: "new",
+}
 #: A held leg looks again at least this often (cool-downs end without a probe event).
 HOLD_RECHECK_S: Final = 0.5
 
@@ -54,7 +59,7 @@ class LegAttempts:
         tried: list[str],
         *,
         affinity: bool = False,
-    ) -> str | None:
+    ) -> Decision | None:
         if len(tried) >= self.config.max_attempts:
             return None
         candidates = pool.candidates(exclude.union(tried))
@@ -64,10 +69,12 @@ class LegAttempts:
         self.metrics.routes_of(pool.role, decision.reason.value).inc()
         if affinity and decision.reason in AFFINITY_OUTCOME:
             self.metrics.affinity_of(AFFINITY_OUTCOME[decision.reason]).inc()
+        if decision.sibling is not None:
+            self.metrics.group_siblings_of(decision.sibling.value).inc()
         if tried:
             self.metrics.retries_of(pool.role).inc()
         tried.append(decision.url)
-        return decision.url
+        return decision
 
     async def pick_or_hold(
         self,
@@ -78,18 +85,18 @@ class LegAttempts:
         hold_until: float,
         *,
         affinity: bool = False,
-    ) -> str | None:
+    ) -> Decision | None:
         """:meth:`pick`; when no engine of the role is left (own or fallback), hold the leg until a
         probe finds one answering (or an engine's cool-down ends), at most until ``hold_until``;
         then every engine may be tried again. None: nothing answered in time (the caller's 503)."""
-        while (url := self.pick(pool, pick, exclude, tried, affinity=affinity)) is None:
+        while (decision := self.pick(pool, pick, exclude, tried, affinity=affinity)) is None:
             left = hold_until - time.monotonic()
             if left <= 0:
                 return None
             self.metrics.retries_of(f"{pool.role}_hold").inc()
             await pool.wait_for_engine(min(left, HOLD_RECHECK_S))
             tried.clear()
-        return url
+        return decision
 
     def failed(self, pool: EnginePool, url: str, exc: UpstreamUnavailable) -> None:
         pool.mark_down(url)
@@ -105,7 +112,7 @@ class LegAttempts:
         self,
         pool: EnginePool,
         pick: Callable[[list[Candidate]], Decision],
-        attempt: Callable[[str], Awaitable[_T | Refused]],
+        attempt: Callable[[Decision], Awaitable[_T | Refused]],
         *,
         exclude: frozenset[str] = frozenset(),
         affinity: bool = False,
@@ -116,9 +123,12 @@ class LegAttempts:
         (:class:`EngineRejected`); none left: :class:`NoEngineAvailable` naming the role."""
         tried: list[str] = []
         hold_until = time.monotonic() + self.config.hold_seconds
-        while (url := await self.pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)) is not None:
+        while (
+            decision := await self.pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)
+        ) is not None:
+            url = decision.url
             try:
-                outcome = await attempt(url)
+                outcome = await attempt(decision)
             except UpstreamUnavailable as exc:
                 self.failed(pool, url, exc)
                 continue

@@ -21,6 +21,16 @@ drs_frontend_token_prefix_total{outcome}        counter    token prefixes splice
 drs_frontend_token_prefix_read_total{how}       counter    how a prefix was read: after_last_turn (only the text after last
                                                            turn's), whole_text, parsed (a body parsed in full)
 drs_frontend_client_disconnects_total           counter    turns cancelled because the client went away
+drs_frontend_prefill_tokens_total{engine,kind}  counter    prompt tokens of context legs answered by a prefill engine:
+                                                           computed there, or reused from its prefix cache
+drs_frontend_group_siblings_total{placed}       counter    new conversations placed by their opening: first (placed its
+                                                           group), with_group (its engine), apart; co-location ratio =
+                                                           with_group / (with_group + apart)
+drs_frontend_group_holds_total{outcome}         counter    first turns held for their group's first context leg:
+                                                           released (it ended), timed_out (groupHoldSeconds)
+drs_frontend_group_hold_seconds                 histogram  how long one such first turn was held
+drs_frontend_group_completion_seconds           histogram  a group's burst of first turns here: first dispatch to the
+                                                           last answer (bursts of two or more)
 ==============================================  =========  ============================================
 
 The request path reaches labelled series through :class:`Children` (``metrics.requests_of(endpoint,
@@ -96,6 +106,19 @@ class FrontendMetrics:
         self.token_prefix_read = Counter(
             "drs_frontend_token_prefix_read", "How token prefixes were read.", ["how"], registry=r
         )
+        self.prefill_tokens = Counter(
+            "drs_frontend_prefill_tokens", "Prompt tokens of context legs.", ["engine", "kind"], registry=r
+        )
+        self.group_siblings = Counter(
+            "drs_frontend_group_siblings", "New conversations placed by opening.", ["placed"], registry=r
+        )
+        self.group_holds = Counter("drs_frontend_group_holds", "First turns held.", ["outcome"], registry=r)
+        self.group_hold_seconds = Histogram(
+            "drs_frontend_group_hold_seconds", "Hold of one first turn.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.group_completion_seconds = Histogram(
+            "drs_frontend_group_completion_seconds", "A group's burst.", buckets=LATENCY_BUCKETS, registry=r
+        )
         self.disconnects = Counter("drs_frontend_client_disconnects", "Turns cancelled by the client.", registry=r)
         # the same series, looked up once per label tuple, for the request path
         self.requests_of = Children(self.requests)  # (endpoint, status)
@@ -108,6 +131,9 @@ class FrontendMetrics:
         self.tokenize_new_tokens_of = Children(self.tokenize_new_tokens)  # (path,)
         self.token_prefix_of = Children(self.token_prefix)  # (outcome,)
         self.token_prefix_read_of = Children(self.token_prefix_read)  # (how,)
+        self.prefill_tokens_of = Children(self.prefill_tokens)  # (engine, kind)
+        self.group_siblings_of = Children(self.group_siblings)  # (placed,)
+        self.group_holds_of = Children(self.group_holds)  # (outcome,)
 
     def watch_in_flight(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
         """Export ``drs_frontend_engine_in_flight`` from ``read()`` -> (role, engine, count) at

@@ -47,6 +47,7 @@ from drs_protocol.token_ids import encode_token_ids_b64
 from drs_protocol.token_prefix import DIVERGENT_LOG, PREFIX_FIELD, PrefixOutcome, Spliced, TokenPrefix, TokenPrefixError
 
 from drs_frontend import gym_ids, wire_json
+from drs_frontend.bursts import GroupBursts, Member
 from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
 from drs_frontend.errors import (
@@ -60,6 +61,7 @@ from drs_frontend.errors import (
 from drs_frontend.legs import LegAttempts, Refused
 from drs_frontend.metrics import FrontendMetrics
 from drs_frontend.routing import Candidate, Decision, RouteRequest, build_ctx_router, build_gen_router
+from drs_frontend.routing.groups import is_first_turn, opening_of
 from drs_frontend.shaping import (
     Body,
     build_context_request,
@@ -125,6 +127,7 @@ class _Turn:
     decode: str | None = None
     routed: bool = False
     ids: array[int] | None = field(default=None)
+    burst: Member | None = None  #: a first turn's place among its group's first turns here
 
 
 dumps: Final = wire_json.dumps
@@ -156,6 +159,7 @@ class Relay:
         self.ctx_router = build_ctx_router(config)
         self.gen_router = build_gen_router(config.gen_router)
         self.minter = SnowflakeMinter(config.node_id)
+        self.bursts = GroupBursts(metrics, max_bursts=config.max_sessions)
         self._rng = rng or random.Random()
         self.legs = LegAttempts(config, metrics)
 
@@ -176,6 +180,9 @@ class Relay:
             if isinstance(exc, UpstreamProtocolError):
                 log.warning("engine broke the protocol: %s", exc)
             reply = Reply(exc.status, JSON, dumps(exc.to_body()))
+        finally:
+            if turn.burst is not None:
+                turn.burst.leave()
         reply.prefill = reply.prefill or turn.prefill
         reply.decode = reply.decode or turn.decode
         reply.routed = turn.routed
@@ -198,6 +205,9 @@ class Relay:
             body = engine_token_prefix(request, body, tokenized=tokenized, continuity=self.config.token_continuity)
         route = self._route_request(endpoint, body, conversation_id, turn.ids)
         turn.routed = True
+        opening = route.opening
+        hold = self.config.group_routing and opening is not None and opening.first_turn
+        turn.burst = await self.bursts.join(opening.key, self.config.group_hold_seconds) if hold and opening else None
         reruns = 0
         while True:
             try:
@@ -237,7 +247,10 @@ class Relay:
             lambda candidates: self.ctx_router.pick(route, candidates),
             affinity=conversation_id is not None,
         )
+        if turn.burst is not None:
+            turn.burst.context_done()
         ctx = parse_response(ctx_raw.body, "context")
+        self._count_prefill(turn.prefill, ctx)
         # 5. finished already?
         if check_context_response(ctx):
             answer = self._shape(finished_context_response(ctx), turn)
@@ -336,12 +349,29 @@ class Relay:
     def _route_request(
         self, endpoint: Endpoint, body: Body, conversation_id: str | None, ids: array[int] | None
     ) -> RouteRequest:
+        if endpoint is Endpoint.CHAT:
+            messages, tools = body["messages"], body.get("tools")
+            # a first turn's opening now (the hold needs it); a later turn's only if the router asks
+            first = self.config.group_routing and is_first_turn(messages)
+            opening = opening_of(messages, tools) if first else None
+            return RouteRequest(conversation_id, ids, messages, tools=tools, opening=opening)
         if conversation_id is not None or ids is not None:
             return RouteRequest(conversation_id=conversation_id, prompt_ids=ids)
-        if endpoint is Endpoint.CHAT:
-            return RouteRequest(messages=body["messages"])
         prompt = body.get("prompt")
         return RouteRequest(prompt=prompt if isinstance(prompt, str) else None)
+
+    def _count_prefill(self, url: str | None, ctx: Body) -> None:
+        """Prompt tokens the prefill engine computed vs reused, as its context answer's usage says."""
+        usage = ctx.get("usage")
+        if url is None or not isinstance(usage, dict):
+            return
+        prompt = usage.get("prompt_tokens")
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if isinstance(prompt, int):
+            reused = cached if isinstance(cached, int) else 0
+            self.metrics.prefill_tokens_of(url, "computed").inc(max(prompt - reused, 0))
+            self.metrics.prefill_tokens_of(url, "reused").inc(max(reused, 0))
 
     # -- steps 4 and 6: one leg, with retries ----------------------------------------------------
 
@@ -359,14 +389,17 @@ class Relay:
     ) -> tuple[str, UpstreamResponse]:
         histogram = self.metrics.leg_seconds_of(leg)
 
-        async def post(url: str) -> UpstreamResponse | Refused:
+        async def post(decision: Decision) -> UpstreamResponse | Refused:
+            url, cost = decision.url, decision.cost
             started = time.perf_counter()
             engine = pool.engines[url]
             engine.in_flight += 1  # pool.track(url), without a generator per call
+            engine.pending += cost
             try:
                 response = await self.upstream.post_json(url + endpoint.value, body, timeout)
             finally:
                 engine.in_flight -= 1
+                engine.pending -= cost
                 histogram.observe(time.perf_counter() - started)
             return response if response.status == 200 else Refused(response)
 
@@ -375,7 +408,8 @@ class Relay:
     async def _stream_generation(self, endpoint: Endpoint, body: bytes, exclude: frozenset[str], turn: _Turn) -> Reply:
         pool = self.decode
 
-        async def open_stream(url: str) -> tuple[UpstreamStream, contextlib.AsyncExitStack] | Refused:
+        async def open_stream(decision: Decision) -> tuple[UpstreamStream, contextlib.AsyncExitStack] | Refused:
+            url = decision.url
             stack = contextlib.AsyncExitStack()
             await stack.__aenter__()
             stack.enter_context(pool.track(url))

@@ -144,6 +144,18 @@ class FrontendConfig(_Model):
     affinity_load_factor: float = Field(
         default=DEFAULT_AFFINITY_LOAD_FACTOR, ge=1.0, description="bounded-load c for new conversations"
     )
+    group_routing: bool = Field(
+        default=True,
+        description="place a new conversation by its opening (tools and messages before the first assistant "
+        "message), so GRPO siblings share one engine and a restarted frontend finds later turns' engine; "
+        "off: by rendezvous over the conversation id",
+    )
+    group_hold_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description="a first turn whose opening's first turn is in its context leg here waits for it at most "
+        "this long, then reads its prompt from the cache (0: no holding)",
+    )
     prefix_match_ratio: float = Field(
         default=DEFAULT_PREFIX_MATCH_RATIO, gt=0.0, le=1.0, description="prefix share needed to follow a prefix"
     )

@@ -4,25 +4,50 @@ In order:
 
 1. An explicit conversation id seen before goes to its pinned engine (``STICKY``) while that
    engine is a candidate. The pin table is an LRU bounded by ``max_sessions``.
-2. An explicit id not seen before (or whose engine is gone: ``REPINNED``) goes to the first engine
-   in rendezvous order of the id (:mod:`.rendezvous`) whose in-flight requests are within
-   ``ceil(c * mean)`` and whose pinned sessions, counting this one, stay within ``c * mean``
-   (so pinned sessions end within ``c`` of their mean). Without the bound this is a pure function of the
-   id and the replica's prefill pool, so a restarted frontend, or a second frontend of the same
-   replica, picks the engine that already holds the conversation; the bound moves a new
-   conversation off an engine only when that engine is running well above the mean.
-3. No id: the engine that saw the longest prefix of the prompt (block hashes, :mod:`.prefix`)
-   if that prefix is at least ``match_ratio`` of the prompt and the engine is within the bound.
-4. Else the least loaded engine (``LEAST_LOADED``), ties in turn.
+2. An explicit id not seen before (or whose engine is gone: ``REPINNED``) is placed by its
+   *opening* (:mod:`.groups`: the tools and the messages before the first assistant message), so
+   the siblings of a GRPO group, each its own session, land on one engine and its prompt is
+   prefilled once (the relay holds siblings until the first one's context leg is done):
 
-Every decision pins (1, 2) or records the prompt's blocks (3, 4) at once, so a retry of the same
-turn on another engine moves the pin with it.
+   * an opening this frontend placed already (``GROUP``) goes to that engine first;
+   * else the engines in rendezvous order of the opening's key (:mod:`.rendezvous`);
+
+   walking that order, the first engine within both bounds is taken: its *expected finish*
+   (prompt tokens pending there from this frontend, :attr:`Candidate.pending`, plus what this
+   prompt would compute there: little where its opening is cached, all of it elsewhere) within
+   ``c`` times the mean expected finish over the candidates, or within two of this prompt's
+   prefills (an engine with one prompt ahead may always take another), and, for an opening new to the
+   engine, its groups (openings placed, counting this one) within ``c`` times their mean
+   (:func:`.rendezvous.share_bound`, but at least :data:`GROUPS_FLOOR`; a group of one is a
+   session, as before). The walk always
+   ends within the first bound (the engine of least expected finish is at or below the mean);
+   when no engine passes both, the one least over them is taken.
+
+   Why later turns find their engine without shared state: every later turn starts with the
+   same opening, so a frontend that has no pin for the conversation (restarted, or another
+   frontend of the replica) computes the same key and the same rendezvous order, and takes the
+   same first engine unless the bounds moved the group when it was placed (an engine that was
+   then over ``c`` times the mean): at rest, placement is a pure function of the request and the
+   replica's prefill pool. Such a later turn (an unknown id, an opening followed by an assistant
+   message) takes that first engine whatever the bounds, as a pinned turn goes to its pin: the
+   bounds would only move it away from where its conversation most likely is.
+   Without an opening (completions), rendezvous over the id, with the in-flight and pinned
+   sessions bounds of before.
+3. No id: the engine that saw the longest prefix of the prompt (block hashes, :mod:`.prefix`,
+   tools included) if that prefix is at least ``match_ratio`` of the prompt or covers the
+   opening (an earlier turn of this conversation, or a sibling's) and the engine is within the
+   in-flight bound; else placed by its opening as in 2; else the least loaded engine.
+
+Every decision pins (1, 2) or records the prompt's blocks (3) at once, so a retry of the same
+turn on another engine moves the pin with it. ``groups=False`` is the routing before openings
+(rendezvous over the id; no id: prefix match, else least loaded), kept for comparison.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from drs_protocol.frontend_config import (
     DEFAULT_AFFINITY_LOAD_FACTOR,
@@ -32,11 +57,28 @@ from drs_protocol.frontend_config import (
 )
 
 from drs_frontend.routing.balance import LeastLoadedRouter
-from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest
+from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest, Sibling
+from drs_frontend.routing.groups import Opening, estimate_tokens, message_chars, opening_of
 from drs_frontend.routing.prefix import BlockChain, PrefixIndex, chain_from_ids, chain_from_messages, chain_from_text
 from drs_frontend.routing.rendezvous import bounded_pick, hrw_order, load_bound, share_bound
 
 DEFAULT_PREFIX_BLOCKS = 262_144
+
+
+@dataclass(slots=True)
+class _Pin:
+    url: str
+    tokens: int  #: the last turn's prompt tokens (the frontend's ids, else estimated from its text)
+    messages: int  #: its messages, and their characters: the next turn counts only what follows
+    chars: int
+
+
+#: Openings an engine may always hold, whatever the mean: the groups bound binds from 5 openings
+#: on an engine. Below that the counts are too small for the bound to balance anything (a step of
+#: 8 prompts over 4 engines puts 4 on one engine in 1 run of 10 by rendezvous alone), and each
+#: group it moved is a group that another frontend of the replica, seeing the openings in another
+#: order, places elsewhere, and that a restarted frontend looks for on its first engine.
+GROUPS_FLOOR = 4.0
 
 
 class ConversationRouter:
@@ -48,6 +90,7 @@ class ConversationRouter:
         match_ratio: float = DEFAULT_PREFIX_MATCH_RATIO,
         block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS,
         prefix_blocks: int = DEFAULT_PREFIX_BLOCKS,
+        groups: bool = True,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
@@ -57,8 +100,11 @@ class ConversationRouter:
         self.load_factor = load_factor
         self.match_ratio = match_ratio
         self.block_tokens = block_tokens
-        self._pins: OrderedDict[str, str] = OrderedDict()
+        self.groups = groups
+        self._pins: OrderedDict[str, _Pin] = OrderedDict()
         self._sessions: dict[str, int] = {}
+        self._openings: OrderedDict[str, str] = OrderedDict()  # opening key -> engine (LRU, max_sessions)
+        self._groups: dict[str, int] = {}
         self._prefixes = PrefixIndex(prefix_blocks)
         self._fallback = LeastLoadedRouter()
 
@@ -69,30 +115,68 @@ class ConversationRouter:
             raise ValueError("no candidates")
         cid = request.conversation_id
         if cid is not None:
-            return self._pick_for_conversation(cid, candidates)
+            return self._pick_for_conversation(cid, request, candidates)
         return self._pick_by_prefix(request, candidates)
 
     def pinned(self, conversation_id: str) -> str | None:
         """The engine a conversation is pinned to (no LRU touch)."""
-        return self._pins.get(conversation_id)
+        pin = self._pins.get(conversation_id)
+        return None if pin is None else pin.url
 
     def sessions_on(self, url: str) -> int:
         return self._sessions.get(url, 0)
+
+    def groups_on(self, url: str) -> int:
+        """Openings placed on ``url`` that this router remembers."""
+        return self._groups.get(url, 0)
+
+    def group_engine(self, key: str) -> str | None:
+        return self._openings.get(key)
 
     def __len__(self) -> int:
         return len(self._pins)
 
     # -- explicit conversation id ----------------------------------------------------------------
 
-    def _pick_for_conversation(self, cid: str, candidates: Sequence[Candidate]) -> Decision:
-        pinned = self._pins.get(cid)
-        if pinned is not None:
-            if any(c.url == pinned for c in candidates):
-                self._pins.move_to_end(cid)
-                return Decision(pinned, Reason.STICKY)
-            reason = Reason.REPINNED
+    def _pick_for_conversation(self, cid: str, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision:
+        pin = self._pins.get(cid)
+        if pin is not None and any(c.url == pin.url for c in candidates):
+            self._pins.move_to_end(cid)
+            previous = pin.tokens
+            self._measure(pin, request)  # counting only the messages after the last turn's
+            return Decision(pin.url, Reason.STICKY, cost=max(1, pin.tokens - previous))
+        reason = Reason.RENDEZVOUS if pin is None else Reason.REPINNED
+        fresh = _Pin("", 0, 0, 0)
+        self._measure(fresh, request)
+        opening = self._opening(request)
+        if opening is not None:
+            decision = self._place_by_opening(opening, request, fresh.tokens, candidates, reason)
         else:
-            reason = Reason.RENDEZVOUS
+            decision = Decision(self._place_by_id(cid, candidates), reason, cost=fresh.tokens)
+        fresh.url = decision.url
+        self._pin(cid, fresh)
+        return decision
+
+    def _opening(self, request: RouteRequest) -> Opening | None:
+        if not self.groups or request.messages is None:
+            return None
+        return request.opening or opening_of(request.messages, request.tools)
+
+    @staticmethod
+    def _measure(pin: _Pin, request: RouteRequest) -> None:
+        """The prompt's size: the frontend's ids, else the text (only what follows the pin's messages)."""
+        messages = request.messages
+        if messages is not None:
+            if len(messages) < pin.messages:  # not a continuation: count it all again
+                pin.messages = pin.chars = 0
+            tools = request.tools if pin.messages == 0 else None
+            pin.chars += message_chars(messages[pin.messages :], tools)
+            pin.messages = len(messages)
+        else:
+            pin.chars = len(request.prompt or "")
+        pin.tokens = len(request.prompt_ids) if request.prompt_ids is not None else estimate_tokens(pin.chars)
+
+    def _place_by_id(self, cid: str, candidates: Sequence[Candidate]) -> str:
         in_flight = {c.url: c.in_flight for c in candidates}
         order = hrw_order(cid, list(in_flight))
         n, c = len(order), self.load_factor
@@ -101,42 +185,112 @@ class ConversationRouter:
             (in_flight.__getitem__, float(load_bound(sum(in_flight.values()), n, c))),
             (self.sessions_on, sessions),
         ]
-        url = bounded_pick(order, limits)
-        self._pin(cid, url)
-        return Decision(url, reason)
+        return bounded_pick(order, limits)
 
-    def _pin(self, cid: str, url: str) -> None:
+    def _pin(self, cid: str, pin: _Pin) -> None:
         old = self._pins.pop(cid, None)
         if old is not None:
-            self._sessions[old] -= 1
-        self._pins[cid] = url
-        self._sessions[url] = self._sessions.get(url, 0) + 1
+            self._sessions[old.url] -= 1
+        self._pins[cid] = pin
+        self._sessions[pin.url] = self._sessions.get(pin.url, 0) + 1
         while len(self._pins) > self.max_sessions:
             _, evicted = self._pins.popitem(last=False)
-            self._sessions[evicted] -= 1
+            self._sessions[evicted.url] -= 1
 
-    # -- no id: prefix, else least loaded --------------------------------------------------------
+    # -- by opening ------------------------------------------------------------------------------
+
+    def _place_by_opening(
+        self, opening: Opening, request: RouteRequest, size: int, candidates: Sequence[Candidate], reason: Reason
+    ) -> Decision:
+        urls = [c.url for c in candidates]
+        known = self._openings.get(opening.key)
+        if known not in urls:
+            known = None
+        order = hrw_order(opening.key, urls)
+        if known is not None:
+            order.remove(known)
+            order.insert(0, known)
+        held = size - 1 if opening.first_turn else min(size - 1, size * opening.chars // self._chars(request))
+        cost = {u: max(1, size - held) if u == known else size for u in urls}
+        finish = {c.url: c.pending + cost[c.url] for c in candidates}
+        n, c = len(urls), self.load_factor
+        # counted after this one; at least GROUPS_FLOOR, so the first few openings are not spread
+        # by the order they came in (which another frontend, or a restarted one, does not share)
+        groups = max(GROUPS_FLOOR, share_bound(sum(self.groups_on(u) for u in urls), n, c))
+
+        def new_groups(url: str) -> int:
+            return self.groups_on(url) + (url != known)
+
+        # an engine with at most one prompt's worth ahead of this one may always take it, as the
+        # in-flight bound lets an engine with one request in flight take another
+        work = max(c * sum(finish.values()) / n, 2.0 * size)
+        if opening.first_turn or reason is not Reason.RENDEZVOUS:
+            url = bounded_pick(order, [(finish.__getitem__, work), (new_groups, groups)])
+        else:  # a later turn this frontend never saw: where its conversation is at rest, as a pin
+            url = order[0]
+        if known is None:
+            self._record_opening(opening.key, url)
+        if url == known:
+            reason = Reason.GROUP
+        sibling = None
+        if opening.first_turn and reason in (Reason.RENDEZVOUS, Reason.GROUP):
+            sibling = Sibling.FIRST if known is None else Sibling.WITH_GROUP if url == known else Sibling.APART
+        return Decision(url, reason, cost=cost[url], sibling=sibling)
+
+    def _record_opening(self, key: str, url: str) -> None:
+        old = self._openings.pop(key, None)
+        if old is not None:
+            self._groups[old] -= 1
+        self._openings[key] = url
+        self._groups[url] = self._groups.get(url, 0) + 1
+        while len(self._openings) > self.max_sessions:
+            _, evicted = self._openings.popitem(last=False)
+            self._groups[evicted] -= 1
+
+    def _size(self, request: RouteRequest) -> int:
+        """The prompt's tokens: the frontend's ids, else estimated from the text."""
+        if request.prompt_ids is not None:
+            return max(1, len(request.prompt_ids))
+        return estimate_tokens(self._chars(request))
+
+    @staticmethod
+    def _chars(request: RouteRequest) -> int:
+        if request.messages is not None:
+            return max(1, message_chars(request.messages, request.tools))
+        return max(1, len(request.prompt or ""))
+
+    # -- no id: prefix, else opening, else least loaded ------------------------------------------
 
     def _pick_by_prefix(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision:
         chain = self._chain(request)
+        opening = self._opening(request)
+        size = self._size(request)
         if chain is not None:
             match = self._prefixes.longest_match(chain)
-            if match is not None and match.ratio >= self.match_ratio:
+            if match is not None and (match.ratio >= self.match_ratio or self._covers(match.ratio, request, opening)):
                 loads = {c.url: c.in_flight for c in candidates}
                 load = loads.get(match.url)
                 if load is not None and load <= load_bound(sum(loads.values()), len(loads), self.load_factor):
                     self._prefixes.record(chain, match.url)
-                    return Decision(match.url, Reason.PREFIX)
-        decision = self._fallback.pick(candidates)
+                    return Decision(match.url, Reason.PREFIX, cost=max(1, round(size * (1 - match.ratio))))
+        if opening is not None:
+            decision = self._place_by_opening(opening, request, size, candidates, Reason.RENDEZVOUS)
+        else:
+            decision = self._fallback.pick(candidates)
+            decision = Decision(decision.url, decision.reason, cost=size)
         if chain is not None:
             self._prefixes.record(chain, decision.url)
         return decision
+
+    def _covers(self, ratio: float, request: RouteRequest, opening: Opening | None) -> bool:
+        """The matched prefix holds at least the opening (an earlier turn's, or a sibling's prompt)."""
+        return opening is not None and ratio >= opening.chars / self._chars(request) - 1e-9
 
     def _chain(self, request: RouteRequest) -> BlockChain | None:
         if request.prompt_ids is not None:
             return chain_from_ids(request.prompt_ids, self.block_tokens)
         if request.messages is not None:
-            return chain_from_messages(request.messages)
+            return chain_from_messages(request.messages, request.tools)
         if request.prompt is not None:
             return chain_from_text(request.prompt)
         return None

@@ -39,6 +39,7 @@ def build_ctx_router(config: FrontendConfig) -> CtxRouter:
             load_factor=config.affinity_load_factor,
             match_ratio=config.prefix_match_ratio,
             block_tokens=config.prefix_block_tokens,
+            groups=config.group_routing,
         )
     round_robin = name == enums.CtxRouter.ROUND_ROBIN
     return _Stateless(build_gen_router(enums.GenRouter.ROUND_ROBIN if round_robin else enums.GenRouter.LOAD_BALANCING))

@@ -2,9 +2,10 @@
 
 A prompt becomes a chain of block hashes: ``h[i] = hash((h[i-1], block[i]))``, so ``h[i]``
 names the whole prefix up to block ``i``. Blocks are ``block_tokens`` token ids when the frontend
-tokenized, else one block per message (``role`` and ``content``) or per ``TEXT_BLOCK_CHARS`` of a
-completions prompt; each block weighs its length, so the match ratio is the share of the prompt
-(tokens or characters) that some engine already saw. :class:`PrefixIndex` remembers, for a
+tokenized, else one block for the ``tools`` (the chat template renders them first) and one per
+message (``role`` and ``content``), or one per ``TEXT_BLOCK_CHARS`` of a completions prompt; each
+block weighs its length (the message blocks as :func:`.groups.message_chars` counts them), so the
+match ratio is the share of the prompt (tokens or characters) that some engine already saw. :class:`PrefixIndex` remembers, for a
 bounded number of block hashes (LRU), the engine that last served a prompt containing it. The
 hashes are Python's (salted per process): the index lives and dies with the process.
 """
@@ -16,6 +17,8 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from drs_frontend.routing.groups import content_text, tools_text
 
 #: Characters per block of a completions prompt (no messages, no token ids).
 TEXT_BLOCK_CHARS = 1024
@@ -43,15 +46,20 @@ def chain_from_ids(ids: Sequence[int], block_tokens: int) -> BlockChain:
     return BlockChain(hashes, [block_tokens] * len(hashes))
 
 
-def chain_from_messages(messages: Sequence[Mapping[str, Any]]) -> BlockChain:
-    """One block per message: its role and its content as text."""
+def chain_from_messages(messages: Sequence[Mapping[str, Any]], tools: Any = None) -> BlockChain:
+    """One block for the tools (if any), then one per message: its role and its content as text."""
     hashes: list[int] = []
     weights: list[int] = []
     h = 0
+    tools_block = tools_text(tools)
+    if tools_block:
+        h = hash((h, "tools", tools_block))
+        hashes.append(h)
+        weights.append(len(tools_block))
     for message in messages:
         role = str(message.get("role", ""))
         content = message.get("content")
-        text = content if isinstance(content, str) else repr(content)
+        text = content if isinstance(content, str) else content_text(content)
         h = hash((h, role, text))
         hashes.append(h)
         weights.append(len(role) + len(text) + 1)

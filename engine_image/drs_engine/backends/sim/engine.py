@@ -6,7 +6,9 @@ system depends on, each real rather than faked:
 
 - a token function of (weights, prefix) (:mod:`.model`), so a wrong KV handoff, a wrong
   prefix or stale weights show up as different tokens;
-- a prefix cache of chained block hashes with LRU eviction (:mod:`drs_engine.prefix_cache`);
+- a prefix cache of chained block hashes with LRU eviction (:mod:`drs_engine.prefix_cache`),
+  looked up and filled by prefill iterations as an in-flight batching engine does
+  (:mod:`drs_engine.prefill_batch`: blocks still being computed are shared with nobody);
 - a KV handoff (:mod:`.handoff`): a context-only leg leaves its state in a bounded store
   (:mod:`drs_engine.kv_store`) under ``ctx_request_id``; the decode engine fetches it over HTTP
   from ``ctx_info_endpoint`` (``GET /v1/disagg/kv/{ctx_request_id}``) and continues from it;
@@ -48,6 +50,7 @@ from drs_engine.backends.sim.weights import SimWeights, hash_weights_path, initi
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import NotSupportedError
 from drs_engine.latency import LatencyModel
+from drs_engine.prefill_batch import PrefillIterations
 from drs_engine.prefix_cache import PrefixCache
 from drs_engine.prefix_hash import block_hashes
 from drs_engine.wire import RequestType
@@ -76,8 +79,8 @@ class SimBackend(EngineBackend):
         self._cache = PrefixCache(tokens_per_block=spec.tokens_per_block, capacity_tokens=spec.cache_capacity_tokens)
         self._handoff = SimHandoff(spec, config.resolved_advertise_url())
         self._latency = LatencyModel.from_spec(spec)
+        self._prefill = PrefillIterations(self._cache, self._latency)
         self._decodes_in_flight = 0
-        self._prefill_lock = asyncio.Lock()
         self._profile = WallClockProfile({})
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -143,9 +146,7 @@ class SimBackend(EngineBackend):
         fn = self._token_function(weights)
         prompt = leg.prompt_token_ids
         hashes = block_hashes(fn.seed, prompt, fn.tokens_per_block)
-        lookup = self._cache.lookup(len(prompt), hashes)
-        await self._prefill_compute(len(prompt) - lookup.hit_tokens)
-        self._cache.insert(hashes)
+        lookup = await self._prefill.prefill(len(prompt), hashes)
         state = fn.start(prompt, hashes)
         first = self._next(fn, state, leg, produced=0)
         return Prefilled(SimLeg(state, weights), first, lookup.hit_tokens, len(prompt), weights.version)
@@ -209,13 +210,9 @@ class SimBackend(EngineBackend):
         return fn.start(ids)
 
     async def _prefill_compute(self, uncached_tokens: int) -> None:
-        """Prefill takes time for uncached tokens only, and prefills share the engine: concurrent
-        prompts queue behind each other, so prefill throughput (tokens/s) is bounded."""
-        seconds = self._latency.prefill_seconds(uncached_tokens)
-        if seconds <= 0:
-            return
-        async with self._prefill_lock:
-            await self._latency.sleep(seconds)
+        """Prefill time for ``uncached_tokens``, in the engine's prefill iterations (shared with
+        the other prompts, so prefill throughput is bounded); no cache lookup."""
+        await self._prefill.prefill(uncached_tokens, None)
 
     def pending_handoffs(self) -> int:
         return len(self._handoff)

@@ -1,0 +1,403 @@
+"""Benchmark: GRPO groups over a sim fleet, group routing beside today's routing in the same run.
+
+Not a test. Starts, in a process of their own, N replicas of M ``sim`` prefill engines + K decode engines
+(the latency model at ``--speed``: prefill time for uncached tokens only, in iterations that share
+no block still being computed, as TensorRT-LLM's executor) and F real frontends per replica
+(tokenizing) in this one, and drives Gym-shaped GRPO load: P prompts x n siblings x T turns, every sibling its
+own session with its own conversation id, sent to ``status.urls[sha256(session) % N*F]``; the
+siblings of one prompt start within ``--spread-ms`` (100 ms) of each other, the prompts
+``--gap-ms`` apart. Before turn 1 every frontend is restarted (``--no-restart`` to keep them): later
+turns must find their engine without the frontends' memory.
+
+Two modes, each with a fresh fleet per round, rounds interleaved: ``groups`` (the default routing:
+by opening, siblings held for the first one's context leg) and ``today`` (``groupRouting: false``:
+rendezvous over the conversation id). Figures per mode and M, each the median over ``--rounds``
+(after ``--warmup`` rounds not counted), with the spread (min..max):
+
+* ``prompt_prefills_per_group_replica``: prompt tokens the prefill engines computed during turn 0
+  (their own counters, query - hit) / (prompt tokens x the (group, replica) pairs that got a
+  sibling): 1.0 is one prefill of the shared prompt per replica per group;
+* ``colocation``: per (group, replica), the share of its siblings on its most used prefill engine;
+* ``group_completion_s``: per group, first sibling sent to last sibling's turn-0 answer (mean);
+* ``sibling_turn0_s``: a sibling's turn-0 latency (mean and max), held siblings included;
+* ``later_turn_affinity``: turns >= 1 whose prefill engine held the previous turn's prompt (its
+  reported cached tokens cover the previous prompt's full blocks);
+* ``prefill_work_max_over_mean`` / ``decode_turns_max_over_mean``: per replica, the busiest prefill
+  engine's computed tokens and decode engine's turns over their mean (worst replica).
+
+The last line is one JSON object with every figure and the ratios groups / today.
+
+    .venv/bin/python bench/grpo.py [--prefill 2,4] [--prompts 8] [--siblings 8] [--turns 3] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import json
+import random
+import statistics
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from drs_engine.config import build_config
+from drs_engine.server.runner import start_engine
+from drs_frontend.app import FrontendApp
+from drs_frontend.config import FrontendConfig
+from drs_frontend.server import RunningFrontend, start_frontend
+from drs_protocol import fields, routes
+
+BLOCK = 32  # the sim engine's tokens per block
+MODES = ("groups", "today")
+SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
+
+
+@dataclass
+class Fleet:
+    prefill: list[list[str]]  #: engine URLs by replica
+    decode: list[list[str]]
+    frontends: list[list[RunningFrontend]]
+    stacks: list[list[contextlib.AsyncExitStack]]
+
+    @property
+    def urls(self) -> list[str]:
+        return [f.url for replica in self.frontends for f in replica]
+
+
+@dataclass
+class Session:
+    name: str
+    group: int
+    url: str
+    replica: int
+    messages: list[dict[str, Any]]
+    previous_prompt: int = 0
+    first_prompt: int = 0
+    engines: list[str] = field(default_factory=list)
+    hits: int = 0
+    later: int = 0
+    sent: float = 0.0
+    retries: int = 0
+    answered: float = 0.0
+
+
+def engine_config(role: str, speed: float) -> Any:
+    return build_config(
+        {
+            "backend": "sim",
+            "role": role,
+            "host": "127.0.0.1",
+            "port": 0,
+            "sim": {"speed": speed, "eosProbability": 0.0},
+        }
+    )
+
+
+def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str) -> FrontendConfig:
+    return FrontendConfig.model_validate(
+        {
+            "prefill": prefill,
+            "decode": decode,
+            "host": "127.0.0.1",
+            "port": 0,
+            "nodeId": node,
+            "tokenize": True,
+            "healthInterval": 1.0,
+            "groupRouting": mode == "groups",
+            # the frontends share this process's one event loop, the engines another's: on a loaded
+            # machine a connect or a probe can wait for them longer than the 2 s defaults
+            "timeouts": {"connect": 10.0, "health": 10.0},
+        }
+    )
+
+
+async def serve_frontend(stack: contextlib.AsyncExitStack, config: FrontendConfig) -> RunningFrontend:
+    """A frontend, once its probes found every engine up."""
+    running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
+    pools = (running.app.relay.prefill, running.app.relay.decode)
+    async with asyncio.timeout(60):
+        while any(pool.answering() < len(pool.engines) for pool in pools):
+            await asyncio.sleep(0.05)
+    return running
+
+
+async def serve_engines(args: argparse.Namespace) -> None:
+    """``grpo.py --serve-engines M``: the fleet's engines, in this process (its own core), until stdin closes."""
+    m = args.serve_engines
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def started(role: str) -> str:
+            engine = await stack.enter_async_context(start_engine(engine_config(role, args.speed)))
+            return engine.url
+
+        prefill = [[await started("prefill") for _ in range(m)] for _ in range(args.replicas)]
+        decode = [[await started("decode") for _ in range(args.decode)] for _ in range(args.replicas)]
+        print(json.dumps({"prefill": prefill, "decode": decode}), flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+
+@contextlib.asynccontextmanager
+async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fleet]:
+    argv = [__file__, "--serve-engines", str(m), "--replicas", str(args.replicas), "--decode", str(args.decode)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *argv, "--speed", str(args.speed), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        engines = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
+        prefill: list[list[str]] = engines["prefill"]
+        decode: list[list[str]] = engines["decode"]
+        async with contextlib.AsyncExitStack() as stack:
+            frontends: list[list[RunningFrontend]] = []
+            stacks: list[list[contextlib.AsyncExitStack]] = []
+            for r in range(args.replicas):
+                frontends.append([])
+                stacks.append([])
+                for f in range(args.frontends):
+                    own = await stack.enter_async_context(contextlib.AsyncExitStack())
+                    config = frontend_config(prefill[r], decode[r], r * args.frontends + f, mode)
+                    frontends[r].append(await serve_frontend(own, config))
+                    stacks[r].append(own)
+            yield Fleet(prefill, decode, frontends, stacks)
+            for replica_stacks in stacks:
+                for own in replica_stacks:
+                    await own.aclose()
+    finally:
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def restart_all(fleet_: Fleet, outer: contextlib.AsyncExitStack) -> None:
+    """Every frontend stopped (its pins, groups and prefix index die with it) and started again
+    with the same config and port, as a restarted pod comes back."""
+    for r, replica in enumerate(fleet_.frontends):
+        for f, running in enumerate(replica):
+            config = running.app.config
+            await fleet_.stacks[r][f].aclose()
+            own = await outer.enter_async_context(contextlib.AsyncExitStack())
+            fleet_.frontends[r][f] = await serve_frontend(own, config)
+            fleet_.stacks[r][f] = own
+
+
+def gym_url(session: str, urls: list[str]) -> int:
+    return int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)
+
+
+async def engine_counters(client: httpx.AsyncClient, engines: list[str]) -> list[tuple[float, float]]:
+    out = []
+    for engine in engines:
+        text = (await client.get(engine + routes.METRICS)).text
+        values = {}
+        for line in text.splitlines():
+            for name in ("drs_engine_prefix_cache_query_tokens_total", "drs_engine_prefix_cache_hit_tokens_total"):
+                if line.startswith(name + " "):
+                    values[name] = float(line.split()[1])
+        out.append(
+            (
+                values.get("drs_engine_prefix_cache_query_tokens_total", 0.0),
+                values.get("drs_engine_prefix_cache_hit_tokens_total", 0.0),
+            )
+        )
+    return out
+
+
+async def take_turn(client: httpx.AsyncClient, fleet_: Fleet, s: Session, turn: int, args: argparse.Namespace) -> None:
+    body = {
+        "model": "sim-qwen3",
+        "messages": s.messages,
+        "max_tokens": args.max_tokens,
+        "conversation_params": {"conversation_id": s.name},
+    }
+    url = fleet_.urls[gym_url(s.name, fleet_.urls)]
+    started = time.perf_counter()
+    resp: httpx.Response | None = None
+    for attempt in range(4):  # NeMo-Gym retries a 5xx or a broken connection
+        try:
+            resp = await client.post(url + routes.Endpoint.CHAT.value, json=body)
+        except httpx.TransportError as exc:  # a keep-alive connection to a frontend before its restart
+            s.retries += 1
+            print(f"  {s.name} turn {turn}: {type(exc).__name__} (attempt {attempt + 1})", file=sys.stderr)
+            continue
+        if resp.status_code == 200:
+            break
+        s.retries += 1
+        print(f"  {s.name} turn {turn}: {resp.status_code} {resp.text[:120]} (attempt {attempt + 1})", file=sys.stderr)
+    if resp is None:
+        raise RuntimeError(f"{s.name} turn {turn}: no answer from {url}")
+    resp.raise_for_status()
+    if turn == 0:
+        s.sent, s.answered = started, time.perf_counter()
+    data = resp.json()
+    message = data["choices"][0]["message"]
+    cached = data["usage"]["prompt_tokens_details"]["cached_tokens"]
+    if turn == 0:
+        s.first_prompt = data["usage"]["prompt_tokens"]
+    else:
+        s.later += 1
+        s.hits += cached >= (s.previous_prompt // BLOCK) * BLOCK
+    s.previous_prompt = data["usage"]["prompt_tokens"]
+    s.engines.append(resp.headers[fields.HEADER_PREFILL_ENGINE])
+    s.engines.append("decode:" + resp.headers[fields.HEADER_DECODE_ENGINE])
+    s.messages.append({"role": "assistant", "content": message["content"]})
+    s.messages.append({"role": "user", "content": f"Observation {turn + 1} for {s.name}: the tool returned 42."})
+
+
+def prompt_of(group: int, rng: random.Random, args: argparse.Namespace) -> list[dict[str, Any]]:
+    words = " ".join(f"w{rng.randrange(10_000)}" for _ in range(args.task_words))
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {group}: {words}"}]
+
+
+async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> dict[str, float]:
+    rng = random.Random(seed)
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
+    async with (
+        contextlib.AsyncExitStack() as outer,
+        fleet(args, m, mode) as fl,
+        httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client,
+    ):
+        urls = fl.urls
+        sessions: list[Session] = []
+        for g in range(args.prompts):
+            prompt = prompt_of(g, rng, args)
+            for i in range(args.siblings):
+                name = f"step{seed}-p{g}-s{i}"
+                index = gym_url(name, urls)
+                replica = index // args.frontends
+                sessions.append(Session(name, g, urls[index], replica, [dict(x) for x in prompt]))
+        all_prefill = [e for replica in fl.prefill for e in replica]
+        before = await engine_counters(client, all_prefill)
+
+        async def first(s: Session) -> None:
+            await asyncio.sleep(s.group * args.gap_ms / 1000 + rng.uniform(0, args.spread_ms / 1000))
+            await take_turn(client, fl, s, 0, args)
+
+        await asyncio.gather(*(first(s) for s in sessions))
+        after = await engine_counters(client, all_prefill)
+        if args.restart:
+            await restart_all(fl, outer)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as later:  # fresh connections
+            for turn in range(1, args.turns):
+                await asyncio.gather(*(take_turn(later, fl, s, turn, args) for s in sessions))
+        final = await engine_counters(client, all_prefill)
+
+    pairs: dict[tuple[int, int], list[str]] = defaultdict(list)
+    for s in sessions:
+        pairs[(s.group, s.replica)].append(s.engines[0])
+    computed0 = sum((a[0] - a[1]) - (b[0] - b[1]) for a, b in zip(after, before, strict=True))
+    first_prompt = statistics.mean(s.first_prompt for s in sessions)  # the same for every sibling
+    colocation = statistics.mean(Counter(v).most_common(1)[0][1] / len(v) for v in pairs.values())
+    completion = []
+    for g in range(args.prompts):
+        members = [s for s in sessions if s.group == g]
+        completion.append(max(s.answered for s in members) - min(s.sent for s in members))
+    turn0 = [s.answered - s.sent for s in sessions]
+    work_ratio = 0.0
+    decode_ratio = 0.0
+    offset = 0
+    for r, replica in enumerate(fl.prefill):
+        work = [(final[offset + i][0] - final[offset + i][1]) for i in range(len(replica))]
+        offset += len(replica)
+        work_ratio = max(work_ratio, max(work) / (sum(work) / len(work)) if sum(work) else 0.0)
+        decodes = Counter(
+            e for s in sessions if s.replica == r for e in s.engines if e.startswith("decode:") and e != "decode:none"
+        )
+        counts = [decodes.get("decode:" + e, 0) for e in fl.decode[r]]
+        decode_ratio = max(decode_ratio, max(counts) / (sum(counts) / len(counts)) if sum(counts) else 0.0)
+    return {
+        "prompt_prefills_per_group_replica": computed0 / (first_prompt * len(pairs)),
+        "colocation": colocation,
+        "group_completion_s": statistics.mean(completion),
+        "sibling_turn0_s_mean": statistics.mean(turn0),
+        "sibling_turn0_s_max": max(turn0),
+        "later_turn_affinity": sum(s.hits for s in sessions) / max(1, sum(s.later for s in sessions)),
+        "prefill_work_max_over_mean": work_ratio,
+        "decode_turns_max_over_mean": decode_ratio,
+        "prompt_tokens": first_prompt,
+        "client_retries": sum(s.retries for s in sessions),
+    }
+
+
+def summarize(rounds: dict[tuple[int, str], list[dict[str, float]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for (m, mode), figures in rounds.items():
+        entry = out.setdefault(f"M={m}", {})
+        entry[mode] = {
+            name: {
+                "median": round(statistics.median(f[name] for f in figures), 4),
+                "spread": [round(min(f[name] for f in figures), 4), round(max(f[name] for f in figures), 4)],
+            }
+            for name in figures[0]
+        }
+    for entry in out.values():
+        if "groups" in entry and "today" in entry:
+            entry["groups_over_today"] = {
+                name: round(entry["groups"][name]["median"] / entry["today"][name]["median"], 4)
+                for name in entry["groups"]
+                if entry["today"][name]["median"]
+            }
+    return out
+
+
+async def main(args: argparse.Namespace) -> None:
+    ms = [int(x) for x in args.prefill.split(",")]
+    rounds: dict[tuple[int, str], list[dict[str, float]]] = defaultdict(list)
+    started = time.perf_counter()
+    for number in range(args.warmup + args.rounds):
+        for m in ms:
+            for mode in MODES:
+                figures = await one_round(args, m, mode, seed=1000 * number + m)
+                counted = number >= args.warmup
+                label = f"round {number + 1 - args.warmup}" if counted else "warm-up"
+                print(
+                    f"{label} M={m} {mode}: {json.dumps({k: round(v, 3) for k, v in figures.items()})}", file=sys.stderr
+                )
+                if counted:
+                    rounds[(m, mode)].append(figures)
+    config = {k: v for k, v in vars(args).items()}
+    print(
+        json.dumps(
+            {
+                "bench": "grpo",
+                "config": config,
+                "wall_s": round(time.perf_counter() - started, 1),
+                "results": summarize(rounds),
+            }
+        )
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--prefill", default="2,4", help="prefill engines per replica (M), comma-separated")
+    p.add_argument("--decode", type=int, default=2, help="decode engines per replica (K)")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--frontends", type=int, default=2, help="frontends per replica (F)")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per step (P)")
+    p.add_argument("--siblings", type=int, default=8, help="samples per prompt (n)")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--task-words", type=int, default=160, help="words of each prompt's task (~3 tokens each)")
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--spread-ms", type=float, default=100.0, help="siblings of a prompt start within this")
+    p.add_argument("--gap-ms", type=float, default=50.0, help="between the prompts' bursts")
+    p.add_argument("--speed", type=float, default=1.0, help="the sim latency model's speed")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--no-restart", dest="restart", action="store_false")
+    p.add_argument("--serve-engines", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parsed = parse_args()
+    asyncio.run(serve_engines(parsed) if parsed.serve_engines is not None else main(parsed))

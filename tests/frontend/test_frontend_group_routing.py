@@ -1,0 +1,234 @@
+"""Placing new conversations by their opening (GRPO groups), without HTTP: the rule is pure."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from typing import Any
+
+from drs_frontend.routing import Candidate, ConversationRouter, Reason, RouteRequest
+from drs_frontend.routing.base import Sibling
+from drs_frontend.routing.groups import estimate_tokens, message_chars, opening_of
+from drs_frontend.routing.rendezvous import hrw_order
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+POOL = [f"http://127.0.0.1:{8000 + i}" for i in range(4)]
+TOOLS = [{"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+
+
+def idle(urls: list[str]) -> list[Candidate]:
+    return [Candidate(u, 0, 0) for u in urls]
+
+
+def first_turn(task: str) -> list[dict[str, Any]]:
+    return [{"role": "system", "content": "You are an agent. " * 20}, {"role": "user", "content": task}]
+
+
+def later_turn(opening: list[dict[str, Any]], reply: str, observation: str) -> list[dict[str, Any]]:
+    assistant = {"role": "assistant", "content": reply, "prompt_token_ids": [1, 2], "generation_token_ids": [3]}
+    return [*opening, assistant, {"role": "tool", "content": observation, "tool_call_id": "c1"}]
+
+
+def request(cid: str | None, messages: list[dict[str, Any]], tools: Any = None) -> RouteRequest:
+    return RouteRequest(cid, None, messages, tools=tools, opening=opening_of(messages, tools))
+
+
+# -- the opening ---------------------------------------------------------------------------------
+
+
+def test_every_turn_of_a_conversation_has_the_opening_of_its_first_turn() -> None:
+    opening = first_turn("task 7")
+    turn1 = opening_of(opening, TOOLS)
+    turn3 = opening_of(later_turn(later_turn(opening, "a", "b"), "c", "d"), TOOLS)
+    assert turn1 is not None and turn3 is not None
+    assert turn1.key == turn3.key
+    assert turn1.first_turn and not turn3.first_turn
+    assert turn1.chars == turn3.chars == message_chars(opening, TOOLS)
+
+
+def test_the_opening_includes_the_tools_and_ignores_gym_id_fields() -> None:
+    opening = first_turn("task 7")
+    with_tools, without = opening_of(opening, TOOLS), opening_of(opening)
+    assert with_tools is not None and without is not None and with_tools.key != without.key
+    a = later_turn(opening, "reply one", "obs")
+    b = later_turn(opening, "another reply", "other obs")
+    b[2]["generation_token_ids"] = [9, 9, 9]
+    assert opening_of(a, TOOLS) == opening_of(b, TOOLS) == replace(with_tools, first_turn=False)
+
+
+def test_a_conversation_that_opens_with_the_assistant_has_no_opening() -> None:
+    assert opening_of([{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]) is None
+
+
+def test_the_key_is_the_same_in_another_process_with_another_hash_seed() -> None:
+    messages = first_turn("the same task")
+    code = f"from drs_frontend.routing.groups import opening_of;print(opening_of({messages!r}, {TOOLS!r}).key)"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    opening = opening_of(messages, TOOLS)
+    assert opening is not None and out.stdout.strip() == opening.key
+
+
+# -- siblings ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=40)
+@given(n=st.integers(2, 64), engines=st.integers(1, 8), task=st.text(min_size=1, max_size=30))
+def test_the_siblings_of_a_group_all_go_to_the_engine_the_first_went_to(n: int, engines: int, task: str) -> None:
+    pool = [f"http://e{i}" for i in range(engines)]
+    router = ConversationRouter()
+    messages = first_turn(task)
+    decisions = [router.pick(request(f"sibling-{i}", messages, TOOLS), idle(pool)) for i in range(n)]
+    opening = opening_of(messages, TOOLS)
+    assert opening is not None
+    assert {d.url for d in decisions} == {hrw_order(opening.key, pool)[0]}
+    assert [d.sibling for d in decisions] == [Sibling.FIRST] + [Sibling.WITH_GROUP] * (n - 1)
+    assert decisions[0].reason is Reason.RENDEZVOUS
+    assert all(d.reason is Reason.GROUP for d in decisions[1:])
+    assert router.groups_on(decisions[0].url) == 1
+
+
+def test_a_sibling_costs_little_where_its_group_is_and_all_of_its_prompt_elsewhere() -> None:
+    router = ConversationRouter()
+    messages = first_turn("t")
+    first = router.pick(request("s0", messages), idle(POOL))
+    size = first.cost
+    assert size > 10
+    second = router.pick(request("s1", messages), idle(POOL))
+    assert second.url == first.url and second.cost == 1
+
+
+@settings(max_examples=60)
+@given(
+    pending=st.lists(st.integers(0, 20_000), min_size=4, max_size=4),
+    factor=st.floats(1.0, 3.0),
+    seeded=st.booleans(),
+)
+def test_the_engine_taken_finishes_within_c_times_the_mean_expected_finish_or_two_prefills(
+    pending: list[int], factor: float, seeded: bool
+) -> None:
+    router = ConversationRouter(load_factor=factor)
+    messages = first_turn("hot prompt")
+    if seeded:  # the group was placed here already: its engine holds the opening
+        router.pick(request("leader", messages), idle(POOL))
+    opening = opening_of(messages)
+    assert opening is not None
+    known = router.group_engine(opening.key)
+    size = estimate_tokens(message_chars(messages))
+    candidates = [Candidate(u, 0, p) for u, p in zip(POOL, pending, strict=True)]
+    decision = router.pick(request("sibling", messages), candidates)
+    finishes = {c.url: c.pending + (1 if c.url == known else size) for c in candidates}
+    assert decision.cost == finishes[decision.url] - dict(zip(POOL, pending, strict=True))[decision.url]
+    limit = max(factor * sum(finishes.values()) / len(finishes), 2 * size)
+    assert finishes[decision.url] <= limit + 1e-6
+    first = hrw_order(opening.key, POOL)[0] if known is None else known
+    if finishes[first] <= limit:  # within the bound, the group's engine (or its first in order) is kept
+        assert decision.url == first
+
+
+def test_a_hot_burst_leaves_its_engine_once_that_engine_is_c_times_the_mean_behind() -> None:
+    """Followers cost one token each where the group is; once that engine's pending work is past
+    the bound, the next one goes elsewhere (and computes the prompt there)."""
+    router = ConversationRouter(load_factor=1.25)
+    messages = first_turn("hot")
+    leader = router.pick(request("s0", messages), idle(POOL))
+    pending = dict.fromkeys(POOL, 0)
+    pending[leader.url] = 10 * leader.cost  # that engine is far behind
+    decision = router.pick(request("s1", messages), [Candidate(u, 0, p) for u, p in pending.items()])
+    assert decision.url != leader.url and decision.sibling is Sibling.APART
+    assert decision.cost == leader.cost
+
+
+# -- later turns, restarts and other frontends ---------------------------------------------------
+
+
+@settings(max_examples=25)
+@given(groups=st.integers(1, 60), siblings=st.integers(1, 8), engines=st.integers(1, 6))
+def test_a_fresh_router_sends_a_later_turn_where_its_group_was_placed_unless_the_bound_moved_it(
+    groups: int, siblings: int, engines: int
+) -> None:
+    """The property that survives a frontend restart: a router that never saw the conversation
+    computes the same opening and the same rendezvous order; the first router's placement differs
+    from that order's first engine only where its groups bound moved the group."""
+    pool = [f"http://e{i}" for i in range(engines)]
+    first = ConversationRouter()
+    placed: dict[str, tuple[str, str, list[dict[str, Any]]]] = {}
+    for g in range(groups):
+        messages = first_turn(f"prompt {g}")
+        opening = opening_of(messages, TOOLS)
+        assert opening is not None
+        for s in range(siblings):
+            decision = first.pick(request(f"g{g}-s{s}", messages, TOOLS), idle(pool))
+            placed[f"g{g}-s{s}"] = (decision.url, opening.key, messages)
+    restarted = ConversationRouter()
+    agree = 0
+    for cid, (url, key, messages) in placed.items():
+        again = restarted.pick(request(cid, later_turn(messages, "x", "y"), TOOLS), idle(pool)).url
+        moved = url != hrw_order(key, pool)[0]
+        assert again == url or moved
+        agree += again == url
+    # the bound moves only what is above c times the mean number of groups
+    assert agree / len(placed) >= (0.5 if groups < 20 else 0.75)
+
+
+def test_later_turns_stay_pinned_and_a_restarted_router_agrees_at_rest() -> None:
+    a = ConversationRouter()
+    messages = first_turn("only group")
+    urls = {a.pick(request(f"s{i}", messages), idle(POOL)).url for i in range(8)}
+    b = ConversationRouter()
+    later = later_turn(messages, "reply", "obs")
+    again = {b.pick(request(f"s{i}", later), idle(POOL)).url for i in range(8)}
+    assert urls == again and len(urls) == 1
+    assert a.pick(request("s3", later), idle(POOL)).reason is Reason.STICKY
+
+
+def test_routing_by_id_is_kept_when_groups_are_off() -> None:
+    router = ConversationRouter(groups=False)
+    messages = first_turn("t")
+    decisions = [router.pick(request(f"c{i}", messages), idle(POOL)) for i in range(8)]
+    assert decisions[0].url == hrw_order("c0", POOL)[0]
+    assert len({d.url for d in decisions}) > 1
+    assert all(d.sibling is None for d in decisions)
+
+
+# -- no conversation id (NeMo-Gym's default config), text only -----------------------------------
+
+
+def test_without_an_id_a_later_turn_with_a_long_tool_result_stays_with_its_prefix() -> None:
+    """The prefix is most of the prompt in characters only with the tools counted; a tool result
+    longer than a quarter of the prompt no longer moves the session (the match covers the opening)."""
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "description": "d" * 400}} for i in range(6)]
+    router = ConversationRouter()
+    opening = [{"role": "user", "content": "Find the capital."}]
+    first = router.pick(request(None, opening, tools), idle(POOL))
+    later = later_turn(opening, "calling search", "result " * 2000)
+    loaded = [Candidate(u, 1 if u == first.url else 0, 0) for u in POOL]  # busier than the rest
+    again = router.pick(request(None, later, tools), loaded)
+    assert again.url == first.url and again.reason is Reason.PREFIX
+    fresh = ConversationRouter().pick(request(None, later, tools), idle(POOL))
+    assert fresh.url == first.url and fresh.reason is Reason.RENDEZVOUS
+
+
+def test_without_an_id_different_tools_are_different_prefixes() -> None:
+    router = ConversationRouter()
+    messages = [{"role": "user", "content": "same words " * 10}]
+    router.pick(request(None, messages, TOOLS), idle(POOL))
+    other_tools = [{"type": "function", "function": {"name": "other", "description": "x" * 4000}}]
+    decision = router.pick(request(None, messages, other_tools), idle(POOL))
+    assert decision.reason is not Reason.PREFIX
+
+
+def test_a_later_turn_a_router_never_saw_goes_where_its_group_is_at_rest_whatever_the_load() -> None:
+    """Like a pinned turn: the bounds would only move it away from where its conversation is."""
+    messages = later_turn(first_turn("busy group"), "r", "o")
+    opening = opening_of(messages)
+    assert opening is not None
+    first = hrw_order(opening.key, POOL)[0]
+    busy = [Candidate(u, 40 if u == first else 0, 100_000 if u == first else 0) for u in POOL]
+    decision = ConversationRouter().pick(request("unknown", messages), busy)
+    assert decision.url == first and decision.reason is Reason.RENDEZVOUS
+    new = ConversationRouter().pick(request("new", first_turn("busy group")), busy)
+    assert new.url != first  # a first turn is bounded: it goes elsewhere
