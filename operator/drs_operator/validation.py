@@ -16,6 +16,7 @@ Rules (paths are reported under ``spec.``; the CEL twins of the first ones live 
   overlap the engine ports (``enginePort``, or with host networking ``enginePort + i`` for every
   engine ``i``, which must stay ≤ 65535 too);
 * ``engine.simOptions`` (deprecated) is exclusive with ``engine.sim`` and must parse as it;
+* with ``engine.backend: torch`` every role's ``tensorParallelSize`` (and MoE size) is 1;
 * ``metadata.name`` is a DNS label of at most 40 characters (so every child name fits);
 * beyond CEL: with ``topology.gpusPerNode`` the engine widths must tile nodes of that size
   (``plan.tiling_problem``); TensorRT-LLM kwargs may not set what a typed field owns (for
@@ -34,7 +35,16 @@ from drs_protocol.validation_errors import field_problems
 from pydantic import ValidationError
 
 from drs_operator.api import rules
-from drs_operator.api.constants import API_VERSION, KIND, MAX_FRONTENDS, MAX_NAME_LENGTH, MAX_PORT, ROLES, Role
+from drs_operator.api.constants import (
+    API_VERSION,
+    KIND,
+    MAX_FRONTENDS,
+    MAX_NAME_LENGTH,
+    MAX_PORT,
+    ROLES,
+    EngineBackend,
+    Role,
+)
 from drs_operator.api.resource import DisaggReplicaSet
 from drs_operator.api.spec import (
     DisaggReplicaSetSpec,
@@ -251,6 +261,8 @@ def _cross_field(p: _Parts, path: str) -> list[Problem]:
         block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:
             problems.extend(_role_problems(block, f"{path}.{role}"))
+            if p.engine is not None and p.engine.backend is EngineBackend.TORCH:
+                problems.extend(_torch_width_problems(block, f"{path}.{role}"))
     if p.trtllm is not None:
         problems.extend(_kwargs_problems(p.trtllm.kwargs, f"{path}.trtllm.kwargs"))
     if p.prefill is None or p.decode is None:
@@ -332,6 +344,20 @@ def _engine_problems(engine: EngineSpec, path: str) -> list[Problem]:
     except ValidationError as exc:
         return problems_from_pydantic(exc, f"{path}.simOptions")
     return []
+
+
+def _torch_width_problems(role: RoleSpec, path: str) -> list[Problem]:
+    """The torch backend's engines are one GPU wide (``EngineConfig`` refuses anything else)."""
+    sizes = {
+        "tensorParallelSize": role.tensor_parallel_size,
+        "moeTensorParallelSize": role.moe_tensor_parallel_size,
+        "moeExpertParallelSize": role.moe_expert_parallel_size,
+    }
+    return [
+        Problem(f"{path}.{name}", f"{rules.MSG_TORCH_WIDTH}; got {size}")
+        for name, size in sizes.items()
+        if size is not None and size != 1
+    ]
 
 
 def _role_problems(role: RoleSpec, path: str) -> list[Problem]:
