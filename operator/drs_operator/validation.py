@@ -20,7 +20,8 @@ Rules (paths are reported under ``spec.``; the CEL twins of the first ones live 
 * ``metadata.name`` is a DNS label of at most 40 characters (so every child name fits);
 * beyond CEL: with ``topology.gpusPerNode`` the engine widths must tile nodes of that size
   (``plan.tiling_problem``); TensorRT-LLM kwargs may not set what a typed field owns (for
-  example ``tensor_parallel_size``, ``max_seq_len``, ``dtype``).
+  example ``tensor_parallel_size``, ``max_seq_len``, ``dtype``), and their
+  ``cache_transceiver_config`` must parse as the engine config's ``cacheTransceiver``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from drs_protocol.engine_config import SimSpec
+from drs_protocol.engine_config import CacheTransceiverSpec, SimSpec
 from drs_protocol.validation_errors import field_problems
 from pydantic import ValidationError
 
@@ -390,6 +391,12 @@ def _kwargs_problems(kwargs: Mapping[str, Any], path: str) -> list[Problem]:
         for key, where in OWNED_KWARGS.items()
         if key in kwargs
     ]
+    transceiver = kwargs.get("cache_transceiver_config")
+    if isinstance(transceiver, Mapping):  # rendered as the engine config's typed cacheTransceiver
+        try:
+            CacheTransceiverSpec.model_validate(dict(transceiver))
+        except ValidationError as exc:
+            out.extend(problems_from_pydantic(exc, f"{path}.cache_transceiver_config"))
     kv = kwargs.get("kv_cache_config")
     if isinstance(kv, Mapping):
         out.extend(

@@ -144,3 +144,18 @@ def test_a_torch_engine_wider_than_one_gpu_is_invalid_not_an_exception(
 
 def test_a_one_gpu_torch_fleet_is_valid_and_renders() -> None:
     assert _rendered({"backend": "torch"})["backend"] == "torch"
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ({"trtllm": {"kwargs": {"cache_transceiver_config": {"max_tokens_in_buffer": 0}}}}, "spec.trtllm.kwargs"),
+        ({"decode": {"trtllmKwargs": {"cache_transceiver_config": {"backend": 7}}}}, "spec.decode.trtllmKwargs"),
+    ],
+    ids=["a zero transceiver buffer in the shared kwargs", "a numeric transceiver backend in a role's kwargs"],
+)
+def test_a_bad_cache_transceiver_config_is_a_problem_not_an_exception(where: dict[str, Any], path: str) -> None:
+    spec = {**_spec({"backend": "trtllm"}), **where}
+    parsed, problems = validate_spec_data(spec)
+    assert parsed is None
+    assert any(p.path.startswith(f"{path}.cache_transceiver_config.") for p in problems), problems
