@@ -194,23 +194,20 @@ def _env_from(
     problems: list[str],
 ) -> dict[str, str]:
     prefix = str(source.get("prefix") or "")
-    if source.get("configMapRef"):
-        ref = source["configMapRef"]
-        cm = config_maps.get(ref.get("name", ""))
-        if cm is None:
+    for key, kind, objects in (("configMapRef", "configmap", config_maps), ("secretRef", "secret", secrets)):
+        ref = source.get(key)
+        if not ref:
+            continue
+        obj = objects.get(ref.get("name", ""))
+        if obj is None:
             if not ref.get("optional"):
-                problems.append(f"envFrom: configmap {ref.get('name')!r} not found")
+                problems.append(f"envFrom: {kind} {ref.get('name')!r} not found")
             return {}
-        return {prefix + k: str(v) for k, v in (cm.get("data") or {}).items()}
-    if source.get("secretRef"):
-        ref = source["secretRef"]
-        secret = secrets.get(ref.get("name", ""))
-        if secret is None:
-            if not ref.get("optional"):
-                problems.append(f"envFrom: secret {ref.get('name')!r} not found")
-            return {}
+        data = (obj.get("data") or {}).items()
+        if kind == "configmap":
+            return {prefix + k: str(v) for k, v in data}
         out: dict[str, str] = {}
-        for k, v in (secret.get("data") or {}).items():
+        for k, v in data:
             decoded = _decode_secret_value(str(v), f"envFrom: secret {ref.get('name')!r} key {k!r}", problems)
             if decoded is not None:
                 out[prefix + k] = decoded

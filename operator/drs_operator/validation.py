@@ -16,10 +16,12 @@ Rules (paths are reported under ``spec.``; the CEL twins of the first ones live 
   overlap the engine ports (``enginePort``, or with host networking ``enginePort + i`` for every
   engine ``i``, which must stay ≤ 65535 too);
 * ``engine.simOptions`` (deprecated) is exclusive with ``engine.sim`` and must parse as it;
+* with ``engine.backend: torch`` every role's ``tensorParallelSize`` (and MoE size) is 1;
 * ``metadata.name`` is a DNS label of at most 40 characters (so every child name fits);
 * beyond CEL: with ``topology.gpusPerNode`` the engine widths must tile nodes of that size
   (``plan.tiling_problem``); TensorRT-LLM kwargs may not set what a typed field owns (for
-  example ``tensor_parallel_size``, ``max_seq_len``, ``dtype``).
+  example ``tensor_parallel_size``, ``max_seq_len``, ``dtype``), and their
+  ``cache_transceiver_config`` must parse as the engine config's ``cacheTransceiver``.
 """
 
 from __future__ import annotations
@@ -29,12 +31,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from drs_protocol.engine_config import SimSpec
+from drs_protocol.engine_config import CacheTransceiverSpec, SimSpec
 from drs_protocol.validation_errors import field_problems
 from pydantic import ValidationError
 
 from drs_operator.api import rules
-from drs_operator.api.constants import API_VERSION, KIND, MAX_FRONTENDS, MAX_NAME_LENGTH, MAX_PORT, ROLES, Role
+from drs_operator.api.constants import (
+    API_VERSION,
+    KIND,
+    MAX_FRONTENDS,
+    MAX_NAME_LENGTH,
+    MAX_PORT,
+    ROLES,
+    EngineBackend,
+    Role,
+)
 from drs_operator.api.resource import DisaggReplicaSet
 from drs_operator.api.spec import (
     DisaggReplicaSetSpec,
@@ -251,6 +262,8 @@ def _cross_field(p: _Parts, path: str) -> list[Problem]:
         block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:
             problems.extend(_role_problems(block, f"{path}.{role}"))
+            if p.engine is not None and p.engine.backend is EngineBackend.TORCH:
+                problems.extend(_torch_width_problems(block, f"{path}.{role}"))
     if p.trtllm is not None:
         problems.extend(_kwargs_problems(p.trtllm.kwargs, f"{path}.trtllm.kwargs"))
     if p.prefill is None or p.decode is None:
@@ -334,6 +347,20 @@ def _engine_problems(engine: EngineSpec, path: str) -> list[Problem]:
     return []
 
 
+def _torch_width_problems(role: RoleSpec, path: str) -> list[Problem]:
+    """The torch backend's engines are one GPU wide (``EngineConfig`` refuses anything else)."""
+    sizes = {
+        "tensorParallelSize": role.tensor_parallel_size,
+        "moeTensorParallelSize": role.moe_tensor_parallel_size,
+        "moeExpertParallelSize": role.moe_expert_parallel_size,
+    }
+    return [
+        Problem(f"{path}.{name}", f"{rules.MSG_TORCH_WIDTH}; got {size}")
+        for name, size in sizes.items()
+        if size is not None and size != 1
+    ]
+
+
 def _role_problems(role: RoleSpec, path: str) -> list[Problem]:
     out: list[Problem] = []
     tp, mtp, mep = role.tensor_parallel_size, role.moe_tensor_parallel_size, role.moe_expert_parallel_size
@@ -364,6 +391,12 @@ def _kwargs_problems(kwargs: Mapping[str, Any], path: str) -> list[Problem]:
         for key, where in OWNED_KWARGS.items()
         if key in kwargs
     ]
+    transceiver = kwargs.get("cache_transceiver_config")
+    if isinstance(transceiver, Mapping):  # rendered as the engine config's typed cacheTransceiver
+        try:
+            CacheTransceiverSpec.model_validate(dict(transceiver))
+        except ValidationError as exc:
+            out.extend(problems_from_pydantic(exc, f"{path}.cache_transceiver_config"))
     kv = kwargs.get("kv_cache_config")
     if isinstance(kv, Mapping):
         out.extend(

@@ -122,3 +122,40 @@ def test_the_engine_configs_precision_is_the_precision_enum(given: str, precisio
 def test_an_unknown_precision_is_refused() -> None:
     with pytest.raises(ValidationError, match="precision"):
         ModelSpec.model_validate({"path": "/m", "precision": "int3"})
+
+
+@pytest.mark.parametrize(
+    ("role", "width", "field"),
+    [
+        ("prefill", {"tensorParallelSize": 2}, "spec.prefill.tensorParallelSize"),
+        ("decode", {"tensorParallelSize": 4, "moeExpertParallelSize": 4}, "spec.decode.moeExpertParallelSize"),
+    ],
+    ids=["a TP2 prefill engine", "a decode engine with MoE EP4"],
+)
+def test_a_torch_engine_wider_than_one_gpu_is_invalid_not_an_exception(
+    role: str, width: dict[str, int], field: str
+) -> None:
+    spec = _spec({"backend": "torch"})
+    spec[role] = width
+    parsed, problems = validate_spec_data(spec)
+    assert parsed is None and field in {p.path for p in problems}
+    assert all(rules.MSG_TORCH_WIDTH in p.message for p in problems if p.path == field)
+
+
+def test_a_one_gpu_torch_fleet_is_valid_and_renders() -> None:
+    assert _rendered({"backend": "torch"})["backend"] == "torch"
+
+
+@pytest.mark.parametrize(
+    ("where", "path"),
+    [
+        ({"trtllm": {"kwargs": {"cache_transceiver_config": {"max_tokens_in_buffer": 0}}}}, "spec.trtllm.kwargs"),
+        ({"decode": {"trtllmKwargs": {"cache_transceiver_config": {"backend": 7}}}}, "spec.decode.trtllmKwargs"),
+    ],
+    ids=["a zero transceiver buffer in the shared kwargs", "a numeric transceiver backend in a role's kwargs"],
+)
+def test_a_bad_cache_transceiver_config_is_a_problem_not_an_exception(where: dict[str, Any], path: str) -> None:
+    spec = {**_spec({"backend": "trtllm"}), **where}
+    parsed, problems = validate_spec_data(spec)
+    assert parsed is None
+    assert any(p.path.startswith(f"{path}.cache_transceiver_config.") for p in problems), problems

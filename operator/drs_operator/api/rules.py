@@ -75,6 +75,10 @@ MSG_POLICY_HOST_NETWORK: Final = (
     "networkPolicy.enabled needs pod networking: NetworkPolicies do not apply to pods on the host "
     "network (network.hostNetwork), so the engines would stay open"
 )
+MSG_TORCH_WIDTH: Final = (
+    "the torch backend runs one GPU per engine: tensorParallelSize and the MoE sizes must be 1 "
+    "(wider engines need the trtllm backend)"
+)
 MSG_SIM_OPTIONS_ALIAS: Final = "engine.simOptions is the deprecated spelling of engine.sim: set only engine.sim"
 MSG_NAME: Final = (
     "metadata.name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
