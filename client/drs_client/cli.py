@@ -117,7 +117,7 @@ def _write(
         endpoint_file=None if endpoint_file is None else str(endpoint_file),
     )
     if endpoint_file is not None and write_atomically(endpoint_file, endpoint_file_text(view)):
-        _say(f"wrote {endpoint_file}: {view.urls[0]}")
+        _say(f"wrote {endpoint_file}: {endpoint_file_text(view).strip()}")
     text = render(config, view)
     if output is None:
         click.echo(text, nl=False)

@@ -6,8 +6,9 @@ and ``model`` taken from the top-level ``policy_base_url``, ``policy_api_key`` a
 ``policy_model_name`` (OmegaConf interpolations; NeMo RL fills those three), and the training flags
 ``return_token_id_information: true`` and ``request_prompt_and_generation_token_ids: false``.
 :func:`gym_config` writes the same keys with the same interpolations and sets the three values
-from the fleet: ``policy_base_url`` is ``status.urls`` (a list: Gym's server picks
-``sha256(session) % len(base_url)``, the fleet's own rule), ``policy_model_name`` the served
+from the fleet: ``policy_base_url`` is ``status.urls``, each with the OpenAI base path ``/v1`` (a
+list: Gym's server picks ``sha256(session) % len(base_url)``, the fleet's own rule; its client posts
+to ``base_url + "/chat/completions"``), ``policy_model_name`` the served
 model name. It adds ``forward_session_id_as_conversation_id: true`` (a ``VLLMModelConfig`` field
 of 0.7.0, off by default there): each Gym session is sent as ``conversation_params`` so the
 frontend keeps a conversation on the prefill engine holding its prefix.
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 import yaml
+from drs_protocol.routes import OPENAI_BASE_PATH
 
 from drs_client.errors import DrsClientError
 from drs_client.fleet import FleetView
@@ -71,11 +73,17 @@ def gym_config(
     if endpoint_file is not None:
         server["endpoint_file"] = endpoint_file
     return {
-        "policy_base_url": list(view.urls),
+        "policy_base_url": base_urls(view),
         "policy_api_key": api_key,
         "policy_model_name": view.model,
         SERVER_PATH[0]: {SERVER_PATH[1]: {SERVER_PATH[2]: server}},
     }
+
+
+def base_urls(view: FleetView) -> list[str]:
+    """Gym's ``base_url`` list: each frontend URL of the status, replica-major, with the OpenAI base
+    path (Gym's client posts to ``base_url + "/chat/completions"``)."""
+    return [url.rstrip("/") + OPENAI_BASE_PATH for url in view.urls]
 
 
 def render(config: dict[str, Any], view: FleetView) -> str:
@@ -88,14 +96,14 @@ def render(config: dict[str, Any], view: FleetView) -> str:
 
 
 def endpoint_file_text(view: FleetView) -> str:
-    """What Gym 0.7.0's ``endpoint_file`` holds for this fleet: its one URL and a newline."""
+    """What Gym 0.7.0's ``endpoint_file`` holds for this fleet: its one base URL and a newline."""
     if len(view.urls) != 1:
         raise GymConfigError(
             f"DisaggReplicaSet {view.namespace}/{view.name} has {len(view.urls)} URLs; NeMo-Gym {GYM_VERSION}'s "
             "endpoint_file holds one (its server reads the whole file as one base_url): use the config's "
             "base_url list (drs gym-config -o FILE --watch keeps it current)"
         )
-    return view.urls[0] + "\n"
+    return base_urls(view)[0] + "\n"
 
 
 def write_atomically(path: Path, text: str) -> bool:

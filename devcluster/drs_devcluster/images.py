@@ -85,7 +85,7 @@ def context_files() -> list[str]:
     """The tracked files the build reads (Dockerfile, .dockerignore and what it COPYs), sorted."""
     out = subprocess.run(
         ["git", "ls-files", "-z", "--", "Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "cli",
-         "operator", "frontend", "engine_image/drs_engine", "protocol", "devcluster", "sidecar"],
+         "operator", "frontend", "engine_image/drs_engine", "protocol", "devcluster", "sidecar", "client"],
         cwd=ROOT, capture_output=True, check=False, timeout=60,
     )  # fmt: skip
     if out.returncode != 0:

@@ -28,6 +28,11 @@ class Endpoint(StrEnum):
     COMPLETIONS = "/v1/completions"
 
 
+#: What an OpenAI client's ``base_url`` ends with (its requests go to ``base_url + "/chat/completions"``
+#: …): every :class:`Endpoint` is below it. NeMo-Gym's ``base_url`` is a frontend URL plus this.
+OPENAI_BASE_PATH: Final = "/v1"
+
+
 #: 200 once the process serves (engine: once the model is loaded; frontend: liveness).
 HEALTH: Final = "/health"
 #: Frontend readiness: 200 while at least one prefill and one decode engine answer ``/health``.

@@ -80,7 +80,8 @@ def test_the_config_has_the_shipped_keys_and_values_and_resolves_to_the_status_u
         assert isinstance(resolved[key], types), (key, resolved[key])
     for key, type_ in ALSO_GYM_FIELDS.items():
         assert key not in resolved or isinstance(resolved[key], type_)
-    assert resolved["base_url"] == ["http://f0:8300", "http://f1:8301"]  # replica-major, as the status lists them
+    # replica-major, as the status lists them, each with the path Gym's OpenAI client posts below
+    assert resolved["base_url"] == ["http://f0:8300/v1", "http://f1:8301/v1"]
     assert (resolved["model"], resolved["api_key"]) == ("policy", "drs")
     assert resolved["forward_session_id_as_conversation_id"] is True
 
@@ -95,7 +96,7 @@ def test_a_fleet_without_urls_has_no_config_yet() -> None:
 
 
 def test_gyms_endpoint_file_holds_one_url_so_a_wider_fleet_is_refused_with_why() -> None:
-    assert endpoint_file_text(view(urls=("http://f0:8300",))) == "http://f0:8300\n"
+    assert endpoint_file_text(view(urls=("http://f0:8300",))) == "http://f0:8300/v1\n"
     with pytest.raises(GymConfigError, match=r"has 2 URLs; NeMo-Gym 0\.7\.0's endpoint_file holds one"):
         endpoint_file_text(view())
 
@@ -117,3 +118,9 @@ def test_the_command_needs_a_file_to_keep_current_when_watching() -> None:
     result = CliRunner().invoke(drs, ["gym-config", "pol", "--watch"])
     assert result.exit_code == 2 and "give -o FILE and/or --endpoint-file FILE" in result.output
     assert "gym-config" in CliRunner().invoke(drs, ["--help"]).output
+
+
+def test_every_openai_route_is_below_the_base_path_gyms_base_url_ends_with() -> None:
+    from drs_protocol.routes import OPENAI_BASE_PATH, Endpoint
+
+    assert all(e.value.startswith(OPENAI_BASE_PATH + "/") for e in Endpoint)

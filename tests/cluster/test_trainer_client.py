@@ -116,7 +116,7 @@ def test_the_library_finds_waits_for_watches_and_refits_a_fleet(
     )
     try:
         wait_for("gym-config to write the config", config.exists, timeout=30)
-        assert _base_urls(config) == status["urls"]
+        assert _base_urls(config) == [u + "/v1" for u in status["urls"]]
         url, [start_sidecar] = sidecar_process
         with Fleet.connect("trainer", namespace, kubeconfig=devcluster.kubeconfig, sidecar_url=url) as fleet:
             changes = fleet.watch()
@@ -127,7 +127,7 @@ def test_the_library_finds_waits_for_watches_and_refits_a_fleet(
             smaller = next(v for v in changes if len(v.urls) == 1 and v.serves())
             changes.close()
             assert smaller.urls == view.urls[:1]
-            wait_for("gym-config to follow the scale-down", lambda: _base_urls(config) == list(smaller.urls), 30)
+            wait_for("gym-config to follow the scale-down", lambda: _base_urls(config) == [smaller.urls[0] + "/v1"], 30)
 
             start_sidecar()
             wait_for("the sidecar to serve", lambda: _healthy(url), timeout=30)
@@ -152,7 +152,7 @@ def test_the_library_finds_waits_for_watches_and_refits_a_fleet(
         timeout=60,
     )
     assert once.returncode == 0, once.stderr
-    assert endpoint.read_text() == smaller.urls[0] + "\n"
+    assert endpoint.read_text() == smaller.urls[0] + "/v1\n"
     assert _server(yaml.safe_load(once.stdout))["endpoint_file"] == str(endpoint)
 
 
@@ -203,7 +203,7 @@ def test_the_watch_outlives_the_apiservers_watch_timeout(
         publisher.terminate()
         _, err = publisher.communicate(timeout=15)
     log = err.decode()
-    assert f"wrote {endpoint}: {views[0].urls[0]}" in log, log
+    assert f"wrote {endpoint}: {views[0].urls[0]}/v1" in log, log
     assert f"removed {endpoint}" in log, log
 
 

@@ -153,3 +153,15 @@ def test_the_wheel_builds_from_exactly_the_copied_paths(tmp_path: Path) -> None:
     packages = {Path(p).name for p in PYPROJECT["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]}
     assert packages <= top
     assert "drs = drs_cli.main:main" in entry_points
+
+
+def test_the_image_cache_key_covers_every_file_the_dockerfile_copies() -> None:
+    """``drs dev images`` rebuilds when the digest of ``context_files()`` changes: a copied file
+    outside it would leave a stale image in use."""
+    from drs_devcluster.images import context_files
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", *copied_sources()], cwd=ROOT, capture_output=True, check=True
+    ).stdout.decode()
+    copied = set(filter(None, tracked.split("\0")))
+    assert copied and not copied - set(context_files())
