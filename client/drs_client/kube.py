@@ -21,7 +21,8 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from drs_client.errors import FleetNotFound, FleetUnreadable
-from drs_client.fleet import FleetView, view_of
+from drs_client.fleet import FleetView
+from drs_client.parse import view_of
 
 log = logging.getLogger(__name__)
 

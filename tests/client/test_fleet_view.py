@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from drs_client import Fleet, FleetUnreadable
-from drs_client.fleet import view_of
+from drs_client.parse import view_of
 
 
 def resource(status: dict[str, Any] | None = None, *, generation: int = 3, **model: Any) -> dict[str, Any]:
