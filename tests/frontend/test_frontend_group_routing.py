@@ -142,6 +142,17 @@ def test_a_hot_burst_leaves_its_engine_once_that_engine_is_c_times_the_mean_behi
     assert decision.cost == leader.cost
 
 
+def test_a_group_placed_off_its_first_engine_says_so() -> None:
+    messages = first_turn("moved")
+    opening = opening_of(messages)
+    assert opening is not None
+    first = hrw_order(opening.key, POOL)[0]
+    busy = [Candidate(u, 0, 100_000 if u == first else 0) for u in POOL]
+    decision = ConversationRouter().pick(request("s0", messages), busy)
+    assert decision.url != first and decision.sibling is Sibling.MOVED
+    assert ConversationRouter().pick(request("s0", messages), idle(POOL)).sibling is Sibling.FIRST
+
+
 # -- later turns, restarts and other frontends ---------------------------------------------------
 
 
