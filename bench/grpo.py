@@ -194,10 +194,18 @@ def gym_url(session: str, urls: list[str]) -> int:
     return int.from_bytes(hashlib.sha256(session.encode()).digest()[:8], "big") % len(urls)
 
 
+async def scrape(client: httpx.AsyncClient, url: str) -> str:
+    """GET ``url``, once more when a kept-alive connection was closed under it (uvicorn's keep-alive)."""
+    try:
+        return (await client.get(url)).text
+    except httpx.TransportError:
+        return (await client.get(url)).text
+
+
 async def engine_counters(client: httpx.AsyncClient, engines: list[str]) -> list[tuple[float, float]]:
     out = []
     for engine in engines:
-        text = (await client.get(engine + routes.METRICS)).text
+        text = await scrape(client, engine + routes.METRICS)
         values = {}
         for line in text.splitlines():
             for name in ("drs_engine_prefix_cache_query_tokens_total", "drs_engine_prefix_cache_hit_tokens_total"):

@@ -8,8 +8,9 @@ are numbered here as in the code:
 2. with ``tokenize`` on, render the chat template and tokenize (incrementally per conversation,
    spliced after the policy's own ids with ``tokenContinuity``);
 3. mint the snowflake ``disagg_request_id`` with this frontend's node id;
-4. pick a prefill engine (ctx router) and send the context leg, retrying on another prefill
-   engine when one is unreachable;
+4. a first turn whose group's first turn (the same opening) is in its context leg here waits for
+   it (:mod:`.bursts`); pick a prefill engine (ctx router) and send the context leg, retrying on
+   another prefill engine when one is unreachable;
 5. if the context leg finished the turn, answer with it (as SSE if the client streams);
 6. else pick a decode engine (gen router, never the prefill engine's address) and send the
    generation leg, streamed through when the client streams;
@@ -205,9 +206,9 @@ class Relay:
             body = engine_token_prefix(request, body, tokenized=tokenized, continuity=self.config.token_continuity)
         route = self._route_request(endpoint, body, conversation_id, turn.ids)
         turn.routed = True
-        opening = route.opening
-        hold = self.config.group_routing and opening is not None and opening.first_turn
-        turn.burst = await self.bursts.join(opening.key, self.config.group_hold_seconds) if hold and opening else None
+        opening = route.opening  # a first turn's (group routing on): siblings wait for the first one
+        if opening is not None and opening.first_turn:
+            turn.burst = await self.bursts.join(opening.key, self.config.group_hold_seconds)
         reruns = 0
         while True:
             try:

@@ -26,7 +26,8 @@ class Sibling(StrEnum):
     """Where a new conversation went relative to its group (the ``placed`` label of
     ``drs_frontend_group_siblings_total``)."""
 
-    FIRST = "first"  #: the first of its opening here: it placed the group
+    FIRST = "first"  #: the first of its opening here: it placed the group on its first engine
+    MOVED = "moved"  #: the first, placed off its first engine by a bound (a restarted frontend looks there)
     WITH_GROUP = "with_group"  #: on the engine its group was placed on
     APART = "apart"  #: elsewhere (that engine was over the load bound, or gone)
 

@@ -234,7 +234,10 @@ class ConversationRouter:
             reason = Reason.GROUP
         sibling = None
         if opening.first_turn and reason in (Reason.RENDEZVOUS, Reason.GROUP):
-            sibling = Sibling.FIRST if known is None else Sibling.WITH_GROUP if url == known else Sibling.APART
+            if known is None:
+                sibling = Sibling.FIRST if url == order[0] else Sibling.MOVED
+            else:
+                sibling = Sibling.WITH_GROUP if url == known else Sibling.APART
         return Decision(url, reason, cost=cost[url], sibling=sibling)
 
     def _record_opening(self, key: str, url: str) -> None:
