@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 from drs_protocol.routes import HEALTHZ, Endpoint, TrainerRoute
+from drs_protocol.weights_digest import digest_files
 from kubernetes import client, config
 
 SIDECAR_START_TIMEOUT_S = 60.0
@@ -107,15 +108,18 @@ def main() -> int:
         before = one_completion(http, url)
         served = sorted({v or "the weights they started with" for v in engine_versions(status).values()})
         say(f"before the refit the engines serve {', '.join(served)}")
-        write_checkpoint(args.checkpoints, version)
+        digest = digest_files(write_checkpoint(args.checkpoints, version))  # over what it wrote
         path = f"{args.engine_mount.rstrip('/')}/{version}"
         resp = http.post(
-            args.sidecar + TrainerRoute.REFIT, json={"path": path, "version": version}, timeout=REFIT_TIMEOUT_S
+            args.sidecar + TrainerRoute.REFIT,
+            json={"path": path, "version": version, "digest": digest},
+            timeout=REFIT_TIMEOUT_S,
         )
         report = resp.json()
         say(
             f"POST {TrainerRoute.REFIT} {{path: {path}, version: {version}}} to the sidecar: "
             f"complete={report['complete']} engines={report['engines']} ok={report['ok']} in {report['elapsed_s']}s"
+            f" (digest {digest[:20]}…, over what it wrote)"
         )
         if not report["complete"]:
             say(f"refit incomplete: failed {report['failed']}, pending {report['pending']}")

@@ -45,6 +45,7 @@ from drs_engine.backends.torch_kv import gpu_uuid, ipc_export
 from drs_engine.backends.torch_model import parse_dtype, random_state_dict, resolve_model
 from drs_engine.backends.torch_refit import GROUP_TIMEOUT, make_group
 from drs_engine.backends.torch_weights import pack, specs_of
+from drs_engine.weights.digest import torch_weights_digest
 from drs_protocol import env
 from drs_protocol.routes import TrainerRoute
 from drs_protocol.weights_pack import (
@@ -187,7 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.save is not None:
         save_checkpoint(args.save, source.shape.to_hf_config(), weights.params)
     info = {s.name: [list(s.shape), s.dtype] for s in specs_of(weights.params)}
-    body: dict[str, Any] = {"version": version}
+    digest = torch_weights_digest(
+        weights.flat, weights.params
+    )  # over what it sends: every engine must hold exactly this
+    body: dict[str, Any] = {"version": version, "digest": digest}
     if args.save is not None:
         body["path"] = str(args.save)
     with httpx.Client() as client:
@@ -199,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "version": version,
+                "digest": digest,
                 "world_size": done["world_size"],
                 "backend": args.backend,
                 "bytes": nbytes,

@@ -13,6 +13,8 @@ import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
 
+from drs_protocol.held_weights import HeldWeights
+
 from drs_operator.api.constants import LABEL_REPLICA
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.api.status import DisaggReplicaSetStatus
@@ -48,7 +50,7 @@ def decide(
     *,
     generation: int,
     weights_version: str | None = None,
-    engine_weights: Mapping[str, str] | None = None,
+    engine_weights: Mapping[str, HeldWeights] | None = None,
 ) -> Decision:
     """Plan, place (sticky on the placement recorded in ``previous``), desire and compare."""
     plan = make_plan(spec, owner.name)

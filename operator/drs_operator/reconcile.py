@@ -31,11 +31,12 @@ import logging
 import time
 from typing import Any, Final
 
+from drs_protocol.held_weights import parse_engine_weights
 from kubernetes_asyncio import client
 
 from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, CHILD_KINDS, Reason
 from drs_operator.api.status import DisaggReplicaSetStatus
-from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
+from drs_operator.conditions import EventNote, Observed, compute_status, status_dict
 from drs_operator.decide import Decision, decide
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache

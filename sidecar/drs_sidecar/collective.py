@@ -67,7 +67,7 @@ def group_layout(engines: Sequence[Engine], train_world_size: int) -> GroupLayou
         raise Refused("no engines: the DisaggReplicaSet has none placed")
     missing = [e for e in engines if not (e.ready and e.url)]
     if missing:
-        raise NotAllReady(missing)
+        raise NotAllReady([e.name for e in missing])
     members: list[GroupMember] = []
     offset = 0
     for engine in engines:

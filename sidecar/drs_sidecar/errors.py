@@ -23,12 +23,9 @@ when the refit is not complete).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from drs_protocol.errors import ApiError, BadRequestError, ConflictError, PayloadTooLargeError, UnavailableError
-
-if TYPE_CHECKING:
-    from drs_sidecar.fleet import Engine
 
 __all__ = [
     "ApiError",
@@ -65,10 +62,9 @@ class FleetError(UnavailableError):
 class NotAllReady(UnavailableError):
     """A collective step needs every engine; these are not ready."""
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
-        names = ", ".join(e.name for e in engines)
-        super().__init__(f"a collective refit needs every engine ready; not ready: {names}")
+    def __init__(self, engines: Sequence[str]) -> None:
+        super().__init__(f"a collective refit needs every engine ready; not ready: {', '.join(engines)}")
         self.engines = list(engines)
 
     def extra(self) -> dict[str, Any]:
-        return {"engines": [e.name for e in self.engines]}
+        return {"engines": self.engines}

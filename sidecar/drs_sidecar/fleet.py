@@ -12,7 +12,6 @@ the sidecar beside engines outside Kubernetes.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -21,6 +20,7 @@ from drs_operator.api import DisaggReplicaSetStatus
 from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, GROUP, PLURAL, VERSION
 from drs_operator.api.names import control_secret_name
 from drs_protocol.env import CONTROL_TOKEN_SECRET_KEY
+from drs_protocol.held_weights import HeldWeights, dump_engine_weights
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -64,7 +64,7 @@ def engines_from_status(status: Mapping[str, Any] | None) -> list[Engine]:
 class Fleet(Protocol):
     async def engines(self) -> list[Engine]: ...
     async def publish(self, version: str) -> None: ...
-    async def publish_engines(self, versions: Mapping[str, str]) -> None: ...
+    async def publish_engines(self, held: Mapping[str, HeldWeights]) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -81,7 +81,7 @@ class StaticFleet:
     async def publish(self, version: str) -> None:
         return None
 
-    async def publish_engines(self, versions: Mapping[str, str]) -> None:
+    async def publish_engines(self, held: Mapping[str, HeldWeights]) -> None:
         return None
 
     async def close(self) -> None:
@@ -121,10 +121,11 @@ class KubeFleet:
     async def publish(self, version: str) -> None:
         await self._annotate(ANNOTATION_WEIGHTS_VERSION, version, f"recording weights version {version!r}")
 
-    async def publish_engines(self, versions: Mapping[str, str]) -> None:
-        """Record the version each engine serves, for the operator's per-engine status and WeightsSplit."""
-        text = json.dumps(dict(sorted(versions.items())), separators=(",", ":"))
-        await self._annotate(ANNOTATION_ENGINE_WEIGHTS, text, "recording per-engine weights versions")
+    async def publish_engines(self, held: Mapping[str, HeldWeights]) -> None:
+        """Record what each engine holds (version and digest), for the operator's per-engine
+        status and WeightsSplit (:mod:`drs_protocol.held_weights`)."""
+        text = dump_engine_weights(dict(held))
+        await self._annotate(ANNOTATION_ENGINE_WEIGHTS, text, "recording per-engine weights")
 
     async def _annotate(self, key: str, value: str, what: str) -> None:
         patch = {"metadata": {"annotations": {key: value}}}

@@ -4,6 +4,7 @@ which refuse the collective steps with 501 (the sim has no GPU or NCCL) after va
 from __future__ import annotations
 
 import pytest
+from drs_protocol.control import TrainerCollectiveUpdate
 from drs_sidecar.collective import group_layout
 from drs_sidecar.errors import NoGroup, NotAllReady
 from drs_sidecar.fleet import Engine
@@ -34,7 +35,7 @@ def test_every_rank_of_the_group_belongs_to_exactly_one_worker(widths: list[int]
 def test_a_group_needs_every_engine_ready_and_says_which_are_not() -> None:
     with pytest.raises(NotAllReady, match="r1-d0") as caught:
         group_layout([engine("r0-p0", 4), engine("r1-d0", 2, ready=False)], train_world_size=8)
-    assert [e.name for e in caught.value.engines] == ["r1-d0"]
+    assert caught.value.engines == ["r1-d0"]
     with pytest.raises(ValueError, match="train_world_size"):
         group_layout([engine("r0-p0", 4)], train_world_size=0)
     with pytest.raises(ValueError, match="no engines"):
@@ -58,7 +59,7 @@ async def test_the_sim_engines_receive_valid_collective_calls_and_refuse_them_as
         assert all("not supported by the sim backend" in o.detail for o in report.outcomes)
         assert refitter.group is None
         with pytest.raises(NoGroup):
-            await refitter.collective_update("step-5", drain=True, recompute_kv=False, path=None)
+            await refitter.collective_update(TrainerCollectiveUpdate(version="step-5"))
         with pytest.raises(NoGroup):
             await refitter.collective_prepare({"w": {"shape": [2, 2], "dtype": "bfloat16"}})
         assert fleet.published == []

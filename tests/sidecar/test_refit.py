@@ -9,9 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.weights_digest import digest_bytes, digest_files
 from drs_sidecar.errors import RefitBusy
 from drs_sidecar.fleet import Engine
-from drs_sidecar.refit import MAX_VERSION_CHARS
 
 from .conftest import TOKEN, as_engine, completion, refitter_over, served_version, sim_engine
 
@@ -87,7 +88,7 @@ async def test_a_second_refit_while_one_runs_is_refused(checkpoint: Path) -> Non
 
 @pytest.mark.parametrize(
     ("path", "version", "field"),
-    [("", "v1", "path"), ("/ckpt", "", "version"), ("/ckpt", "v" * (MAX_VERSION_CHARS + 1), "version")],
+    [("", "v1", "path"), ("/ckpt", "", "version"), ("/ckpt", "v" * (MAX_WEIGHTS_VERSION_CHARS + 1), "version")],
 )
 async def test_a_refit_no_engine_would_accept_is_refused_before_any_call(path: str, version: str, field: str) -> None:
     async with refitter_over([]) as (refitter, fleet):
@@ -135,3 +136,48 @@ async def test_an_engine_that_keeps_failing_its_catch_up_load_is_retried_with_ba
         second = await refitter.reconcile_once()
         assert second is not None and second.outcomes == [], "backing off: not retried on the next pass"
         moved.rename(checkpoint)
+
+
+async def test_a_load_that_moves_nothing_is_caught_by_its_digest_and_named(checkpoint: Path) -> None:
+    """The injected fault of the sim double: the load answers 200 under the new version and keeps
+    the bytes it had. The other engines agree on the digest, so the odd one out fails by name."""
+    async with contextlib.AsyncExitStack() as stack:
+        good = [await stack.enter_async_context(sim_engine()) for _ in range(2)]
+        liar = await stack.enter_async_context(sim_engine(faultLoadMovesNothing=True))
+        engines = [as_engine(e, i) for i, e in enumerate([*good, liar])]
+        async with refitter_over(engines) as (refitter, fleet):
+            report = await refitter.refit(str(checkpoint), "step-100")
+            assert await served_version(liar.url) == "step-100", "the engine itself claims the new version"
+            assert not report.complete and fleet.published == []
+            assert [o.engine for o in report.failed] == [liar.url]
+            assert "moved other bytes" in report.failed[0].detail
+            assert report.digest == digest_files(checkpoint) == refitter.desired.digest  # type: ignore[union-attr]
+            held = fleet.engine_weights[-1]
+            assert held[liar.url].version == "step-100" and held[liar.url].digest != report.digest
+            assert {held[e.url].digest for e in good} == {report.digest}
+            again = await refitter.reconcile_once()  # the liar is behind by digest: loaded again, fails again
+            assert again is not None and [(o.engine, o.ok) for o in again.outcomes] == [(liar.url, False)]
+
+
+async def test_the_trainers_digest_decides_and_a_wrong_one_fails_every_engine(checkpoint: Path) -> None:
+    async with sim_engine() as a, sim_engine() as b, refitter_over([as_engine(a), as_engine(b, 1)]) as (refitter, _):
+        sent = digest_files(checkpoint)
+        assert (await refitter.refit(str(checkpoint), "step-100", sent)).complete
+        other = digest_bytes(b"not what was written")
+        wrong = await refitter.refit(str(checkpoint), "step-101", other)
+        assert not wrong.complete and len(wrong.failed) == 2
+        assert all(other in o.detail and "the trainer's" in o.detail for o in wrong.failed)
+        assert refitter.desired is not None and refitter.desired.version == "step-100", "kept as it was"
+        with pytest.raises(ValueError, match=r"^digest:"):
+            await refitter.refit(str(checkpoint), "step-102", "sha256:abc")
+
+
+async def test_engines_that_disagree_with_no_majority_all_fail(checkpoint: Path) -> None:
+    async with (
+        sim_engine() as a,
+        sim_engine(faultLoadMovesNothing=True) as b,
+        refitter_over([as_engine(a), as_engine(b, 1)]) as (refitter, _),
+    ):
+        report = await refitter.refit(str(checkpoint), "step-100")
+        assert not report.complete and report.digest is None
+        assert len(report.failed) == 2 and all("disagree" in o.detail for o in report.failed)

@@ -22,6 +22,7 @@ from drs_engine.backends.torch_weights import PackedWeights, pack
 from drs_engine.errors import BadRequestError, EngineError
 from drs_engine.kv_store import ContextStore
 from drs_engine.prefix_cache import PrefixCache
+from drs_engine.weights.digest import torch_weights_digest
 
 ALL_MEMORY_TAGS: Final = ("model", "kv_cache")
 
@@ -65,6 +66,9 @@ class TorchControl:
         evicted = self._cache.reset()
         self._last_refit = {"version": version, **result}
         return {"version": version, "previous_version": previous, "prefix_cache_blocks_evicted": evicted, **result}
+
+    async def measure_digest(self) -> str | None:
+        return await self._worker.run(torch_weights_digest, self._weights.flat, self._weights.params)
 
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         started = time.perf_counter()

@@ -75,6 +75,8 @@ class EngineState:
         self.stop_server: Callable[[], None] = lambda: None
         self.tokenizer: Any = None
         self.backend: EngineBackend | None = None
+        #: The digest of the weights the backend holds, measured after start and after every change.
+        self.weights_digest: str | None = None
         self.released_tags: set[str] = set()
         self.control_lock = asyncio.Lock()
         self._local_ids = itertools.count(1)
@@ -129,6 +131,7 @@ class EngineState:
         )
         metrics = EngineMetrics(backend=backend.name, role=self.config.role.value, test_double=backend.test_double)
         await backend.start()
+        self.weights_digest = await backend.measure_digest()
         metrics.set_weights_version(backend.weights_version, loaded=False)
         self.metrics = metrics
         self.admission = Admission(limit=self.config.max_batch_size, metrics=metrics)

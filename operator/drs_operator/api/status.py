@@ -13,6 +13,7 @@ from datetime import datetime
 
 from drs_protocol.config import CamelModel
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.weights_digest import DIGEST_PATTERN
 from pydantic import ConfigDict, Field
 
 from drs_operator.api.constants import MAX_FRONTENDS, ConditionStatus, Phase, Role
@@ -62,7 +63,13 @@ class EngineStatus(StatusModel):
     weights_version: str | None = Field(
         None,
         max_length=MAX_WEIGHTS_VERSION_CHARS,
-        description="Weights version the engine serves, as the trainer's sidecar last saw it.",
+        description="Weights version the engine serves, as the engine answered the trainer's sidecar.",
+    )
+    weights_digest: str | None = Field(
+        None,
+        pattern=DIGEST_PATTERN,
+        description="Digest of the weights the engine holds (drs_protocol.weights_digest), measured by the engine "
+        "over its bytes, as it answered the trainer's sidecar.",
     )
     problem: str | None = Field(
         None, max_length=128, description="Why a pod of the engine does not run (e.g. Unschedulable, ImagePullBackOff)."
