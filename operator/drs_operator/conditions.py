@@ -32,13 +32,14 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from drs_protocol.held_weights import HeldWeights
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
 
 from drs_operator.api import names
 from drs_operator.api.constants import ConditionStatus, ConditionType, Phase, Reason
 from drs_operator.api.status import (
     Condition,
+    DesiredWeightsStatus,
     DisaggReplicaSetStatus,
     EngineStatus,
     RankStatus,
@@ -86,6 +87,8 @@ class Observed:
     weights_version: str | None = None
     #: the ``disagg.dev/engine-weights`` annotation, parsed: engine name -> what it answered it holds
     engine_weights: Mapping[str, HeldWeights] = dataclasses.field(default_factory=dict)
+    #: the ``disagg.dev/desired-weights`` annotation, parsed: the weights the fleet must hold
+    desired_weights: DesiredWeights | None = None
 
 
 def _cond(
@@ -273,7 +276,7 @@ def compute_status(
         conditions=conditions,
         urls=[u or "" for u in observed.urls],
         replica_statuses=replicas,
-        weights=weights_status(previous.weights, observed.weights_version, now),
+        weights=weights_status(previous.weights, observed.weights_version, observed.desired_weights, now),
     )
     return status, (
         _transitions(prev, conditions)
@@ -324,7 +327,7 @@ def _invalid_status(
             "phase": Phase.INVALID,
             "conditions": conditions,
             "selector": names.selector(drs),
-            "weights": weights_status(previous.weights, observed.weights_version, make.now),
+            "weights": weights_status(previous.weights, observed.weights_version, observed.desired_weights, make.now),
         }
     )
     return status, _transitions(previous.conditions, conditions)
@@ -407,15 +410,27 @@ def _phase(
 
 
 def weights_status(
-    previous: WeightsStatus | None, annotated: str | None, now: datetime.datetime
+    previous: WeightsStatus | None,
+    annotated: str | None,
+    desired: DesiredWeights | None,
+    now: datetime.datetime,
 ) -> WeightsStatus | None:
-    """``status.weights`` from the sidecar's annotation: a new version is stamped with ``now``, the
-    same version keeps its time, and no annotation keeps what status had."""
-    if not annotated or len(annotated) > MAX_WEIGHTS_VERSION_CHARS:
-        return previous
-    if previous is not None and previous.version == annotated:
-        return previous
-    return WeightsStatus(version=annotated, last_update_time=now)
+    """``status.weights`` from the sidecar's annotations: ``version`` (the last refit that reached
+    every engine; a new version is stamped with ``now``, the same version keeps its time, and no
+    annotation keeps what status had) and ``desired`` (the weights the fleet must hold, as the
+    sidecar stored them when a refit started; kept when the annotation is gone)."""
+    current = previous
+    if (
+        annotated
+        and len(annotated) <= MAX_WEIGHTS_VERSION_CHARS
+        and (previous is None or previous.version != annotated)
+    ):
+        current = WeightsStatus(version=annotated, last_update_time=now, desired=previous.desired if previous else None)
+    if desired is not None:
+        shown = DesiredWeightsStatus(version=desired.version, path=desired.path, digest=desired.digest)
+        if current is None or current.desired != shown:
+            current = (current or WeightsStatus()).model_copy(update={"desired": shown})
+    return current
 
 
 def _transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> list[EventNote]:

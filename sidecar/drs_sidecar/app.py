@@ -128,8 +128,16 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
 
 
 async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
-    """Every ``interval_s``: bring engines at another version to the desired weights."""
+    """First the desired weights stored on the resource (a restarted sidecar knows them at once),
+    then every ``interval_s``: bring engines at other weights to the desired ones."""
+    restored = False
     while True:
+        try:
+            if not restored:
+                await refitter.restore()
+                restored = True
+        except FleetError as exc:
+            log.warning("desired weights not read from the resource yet: %s", exc)
         await asyncio.sleep(interval_s)
         try:
             await refitter.reconcile_once()

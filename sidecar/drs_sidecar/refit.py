@@ -47,8 +47,8 @@ from drs_protocol.control import (
     TrainerCollectiveUpdate,
     TrainerIpcUpdate,
 )
-from drs_protocol.held_weights import HeldWeights
 from drs_protocol.routes import ControlOp, TrainerRoute
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
 from pydantic import BaseModel, ValidationError
 
 from drs_sidecar.collective import GroupLayout, group_layout
@@ -69,16 +69,6 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 WEIGHTS_OPS: Final = frozenset(
     {ControlOp.LOAD_WEIGHTS, ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, ControlOp.UPDATE_WEIGHTS_FROM_IPC}
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Weights:
-    """The desired weights: ``version``, a checkpoint ``path`` engines can load them from (None:
-    they came by broadcast or CUDA IPC), and their ``digest`` (None: not known yet)."""
-
-    path: str | None
-    version: str
-    digest: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +186,7 @@ class Refitter:
         self.control = control
         self.metrics = metrics
         self.concurrency = concurrency
-        self.desired: Weights | None = None
+        self.desired: DesiredWeights | None = None
         self.published: str | None = None
         #: engine name -> what it holds, as last recorded on the resource
         self.engine_weights: dict[str, HeldWeights] = {}
@@ -218,17 +208,18 @@ class Refitter:
         if self._lock.locked():
             raise RefitBusy()
         async with self._lock:
+            engines = await self.fleet.engines()
+            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+            previous = await self._start(target)
             report = await self._fan_out(
                 ControlOp.LOAD_WEIGHTS,
-                await self.fleet.engines(),
+                engines,
                 lambda url: self.control.load_checkpoint(url, request.path, request.version),
                 desired_digest=request.digest,
             )
             self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
             self.metrics.refit_seconds.observe(report.elapsed_s)
-            if any(o.ok for o in report.outcomes):
-                self.desired = Weights(request.path, request.version, report.digest)
-                self._backoff.clear()
+            await self._settle(report, previous, target)
             await self._record_outcomes(report)
             if report.complete:
                 await self._publish(request.version)
@@ -280,9 +271,11 @@ class Refitter:
         the same weights, loaded on engines that come back later (without one, a restarted engine
         cannot be brought to them from a checkpoint)."""
         body = CollectiveUpdate(version=request.version, drain=request.drain, recompute_kv=request.recompute_kv)
-        report = await self._collective(ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body, desired_digest=request.digest)
+        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+        report = await self._collective(
+            ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body, desired_digest=request.digest, target=target
+        )
         if report.complete:
-            self._desire(Weights(request.path, request.version, report.digest))
             await self._publish(request.version)
         return report
 
@@ -295,29 +288,64 @@ class Refitter:
             raise RefitBusy()
         async with self._lock:
             op = ControlOp.UPDATE_WEIGHTS_FROM_IPC
+            engines = await self.fleet.engines()
+            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+            previous = await self._start(target)
             report = await self._fan_out(
                 op,
-                await self.fleet.engines(),
+                engines,
                 lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
                 all_at_once=True,
                 desired_digest=request.digest,
             )
+            await self._settle(report, previous, target)
             await self._record_outcomes(report)
         if report.complete:
-            self._desire(Weights(request.path, request.version, report.digest))
             await self._publish(request.version)
         return report
 
-    def _desire(self, weights: Weights) -> None:
-        self.desired = weights
-        self._backoff.clear()
-        if weights.path is None:
-            log.warning(
-                "weights %s came without a checkpoint path: restarted engines cannot load them", weights.version
-            )
+    async def restore(self) -> DesiredWeights | None:
+        """Take the desired weights from the resource, where an earlier refit stored them (a
+        restarted sidecar or trainer pod forgets nothing). :class:`FleetError` when unreadable."""
+        stored = await self.fleet.desired()
+        if stored is not None and self.desired is None:
+            self.desired = stored
+            log.info("desired weights %s restored from the resource", stored.version)
+        return stored
+
+    async def _start(self, target: DesiredWeights) -> DesiredWeights | None:
+        """Store ``target`` as the desired weights on the resource before any engine is called (a
+        refit that cannot be recorded is refused: :class:`FleetError`); the previous ones back."""
+        previous = self.desired
+        await self.fleet.desire(target)
+        self.desired = target
+        return previous
+
+    async def _settle(self, report: Report, previous: DesiredWeights | None, target: DesiredWeights) -> None:
+        """After a weights operation: the new weights stay desired (with the digest the engines were
+        checked against) when any engine took them; one that reached no engine puts the previous
+        desired weights back (a mistyped path changes nothing)."""
+        if any(o.ok for o in report.outcomes):
+            desired: DesiredWeights | None = target.model_copy(update={"digest": target.digest or report.digest})
+            self._backoff.clear()
+            if target.path is None:
+                log.warning("weights %s came without a checkpoint path: later engines cannot load them", target.version)
+        else:
+            desired = previous
+        if desired != target:
+            try:
+                await self.fleet.desire(desired)
+            except FleetError as exc:
+                log.error("desired weights could not be recorded: %s", exc)
+        self.desired = desired
 
     async def _collective(
-        self, op: ControlOp, body: PrepareRefitInfo | CollectiveUpdate, *, desired_digest: str | None = None
+        self,
+        op: ControlOp,
+        body: PrepareRefitInfo | CollectiveUpdate,
+        *,
+        desired_digest: str | None = None,
+        target: DesiredWeights | None = None,
     ) -> Report:
         if self._lock.locked():
             raise RefitBusy()
@@ -325,6 +353,7 @@ class Refitter:
             group = self.group
             if group is None:
                 raise NoGroup(f"no collective group: POST {TrainerRoute.COLLECTIVE_INIT} first")
+            previous = await self._start(target) if target is not None else None
             report = await self._fan_out(
                 op,
                 [m.engine for m in group.members],
@@ -334,6 +363,8 @@ class Refitter:
             )
             if report.failed:
                 self.group = None  # a member failed mid-collective: the group is not usable
+            if target is not None:
+                await self._settle(report, previous, target)
             if op in WEIGHTS_OPS:
                 await self._record_outcomes(report)
             return report
@@ -470,7 +501,7 @@ class Refitter:
         return report
 
 
-def _holds(answer: CallResult, desired: Weights) -> bool:
+def _holds(answer: CallResult, desired: DesiredWeights) -> bool:
     """Whether an engine's ``GET /control/weights`` answer is at the desired weights (by digest
     when both are known)."""
     if answer.weights_version != desired.version:

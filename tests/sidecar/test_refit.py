@@ -11,8 +11,12 @@ import httpx
 import pytest
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 from drs_protocol.weights_digest import digest_bytes, digest_files
-from drs_sidecar.errors import RefitBusy
+from drs_protocol.weights_state import DesiredWeights
+from drs_sidecar.control import ControlClient
+from drs_sidecar.errors import FleetError, RefitBusy
 from drs_sidecar.fleet import Engine
+from drs_sidecar.metrics import SidecarMetrics
+from drs_sidecar.refit import Refitter
 
 from .conftest import TOKEN, as_engine, completion, refitter_over, served_version, sim_engine
 
@@ -181,3 +185,44 @@ async def test_engines_that_disagree_with_no_majority_all_fail(checkpoint: Path)
         report = await refitter.refit(str(checkpoint), "step-100")
         assert not report.complete and report.digest is None
         assert len(report.failed) == 2 and all("disagree" in o.detail for o in report.failed)
+
+
+async def test_the_desired_weights_are_stored_before_any_load_and_outlive_the_sidecar(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    async with sim_engine() as engine, sim_engine() as late:
+        async with refitter_over([as_engine(engine)]) as (refitter, fleet):
+            report = await refitter.refit(str(checkpoint), "step-100")
+            first = DesiredWeights(version="step-100", path=str(checkpoint))
+            assert fleet.desires[0] == first, "stored before the engines were called"
+            assert fleet.desires[-1] == first.model_copy(update={"digest": report.digest})
+            assert report.digest == digest_files(checkpoint)
+            typo = await refitter.refit(str(tmp_path / "step-1O1"), "step-101")
+            assert not typo.complete
+            assert fleet.desires[-2].version == "step-101"  # type: ignore[union-attr]
+            assert fleet.desires[-1] == refitter.desired and refitter.desired.version == "step-100"  # type: ignore[union-attr]
+        # a new sidecar (its trainer pod restarted) over the same resource, and an engine that came up at its start weights
+        fleet.list.append(as_engine(late, 1))
+        control = ControlClient(TOKEN, call_s=5.0, load_s=30.0)
+        try:
+            again = Refitter(fleet, control, SidecarMetrics())
+            assert again.desired is None
+            assert await again.restore() == fleet.desires[-1]
+            caught_up = await again.reconcile_once()
+            assert caught_up is not None and [(o.engine, o.ok) for o in caught_up.outcomes] == [(late.url, True)]
+            assert await served_version(late.url) == "step-100"
+        finally:
+            await control.close()
+
+
+async def test_a_refit_that_cannot_store_its_desired_weights_is_refused_before_any_load(checkpoint: Path) -> None:
+    async with sim_engine() as engine, refitter_over([as_engine(engine)]) as (refitter, fleet):
+
+        async def unwritable(weights: DesiredWeights | None) -> None:
+            raise FleetError("recording the desired weights: 403 Forbidden")
+
+        fleet.desire = unwritable  # type: ignore[method-assign]
+        with pytest.raises(FleetError, match="403"):
+            await refitter.refit(str(checkpoint), "step-100")
+        assert await served_version(engine.url) == "0", "no engine was called"
+        assert refitter.desired is None

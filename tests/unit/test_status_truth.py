@@ -24,8 +24,8 @@ from drs_operator.layout import frontend_urls, replica_statuses
 from drs_operator.manifests.children import Children
 from drs_operator.manifests.common import SPEC_HASH_ANNOTATION
 from drs_operator.rollout import compute_actions
-from drs_protocol.held_weights import HeldWeights, dump_engine_weights, parse_engine_weights
 from drs_protocol.weights_digest import digest_bytes
+from drs_protocol.weights_state import HeldWeights, dump_engine_weights, parse_engine_weights
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from operator_fixtures import OWNER, as_live, build, hgx, spec

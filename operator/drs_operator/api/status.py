@@ -107,13 +107,23 @@ class ReplicaStatus(StatusModel):
     frontends: list[FrontendStatus] = Field(default_factory=list, max_length=MAX_FRONTENDS)
 
 
+class DesiredWeightsStatus(StatusModel):
+    """The weights the fleet must hold (``disagg.dev/desired-weights``, stored by the trainer's
+    sidecar as a refit starts; the engines read it at their start from the weights ConfigMap)."""
+
+    version: str = Field(max_length=MAX_WEIGHTS_VERSION_CHARS)
+    path: str | None = Field(None, max_length=4096, description="Checkpoint the engines load them from.")
+    digest: str | None = Field(None, pattern=DIGEST_PATTERN, description="Digest of their bytes.")
+
+
 class WeightsStatus(StatusModel):
-    """The weights the engines serve."""
+    """The weights the engines serve, and the weights they must."""
 
     version: str | None = Field(
         None, max_length=MAX_WEIGHTS_VERSION_CHARS, description="Weights version of the last completed refit."
     )
     last_update_time: datetime | None = None
+    desired: DesiredWeightsStatus | None = Field(None, description="The weights the fleet must hold.")
 
 
 class DisaggReplicaSetStatus(StatusModel):
