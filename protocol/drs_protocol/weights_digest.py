@@ -223,6 +223,42 @@ def digest_torch_tensors(tensors: Iterable[Any]) -> str:
     return finish(total, torch.cat(sums).cpu().tolist() if sums else [])
 
 
+class TorchDigester:
+    """The digest of ``uint8`` torch tensors given one after the other (in layout order), on their
+    device: whole chunks are summed where they lie, a piece shorter than a chunk waits for the next
+    (the ``trtllm`` worker extension digests each batch as it hands it to the engine)."""
+
+    def __init__(self) -> None:
+        self._sums: list[Any] = []
+        self._pending: Any = None
+        self.total_bytes = 0
+
+    def update(self, flat: Any) -> None:
+        import torch
+
+        piece = flat.detach().reshape(-1).view(torch.uint8)
+        self.total_bytes += int(piece.numel())
+        if self._pending is not None:
+            need = CHUNK_BYTES - int(self._pending.numel())
+            self._pending = torch.cat([self._pending, piece[:need]])
+            piece = piece[need:]
+            if self._pending.numel() < CHUNK_BYTES:
+                return
+            self._sums.extend(_torch_sums(self._pending))
+            self._pending = None
+        whole = int(piece.numel()) - int(piece.numel()) % CHUNK_BYTES
+        if whole:
+            self._sums.extend(_torch_sums(piece[:whole]))
+        if whole < piece.numel():
+            self._pending = piece[whole:].clone()
+
+    def hexdigest(self) -> str:
+        import torch
+
+        sums = [*self._sums, *(_torch_sums(self._pending) if self._pending is not None else [])]
+        return finish(self.total_bytes, torch.cat(sums).cpu().tolist() if sums else [])
+
+
 def _torch_sums(flat: Any) -> list[Any]:
     """``flat``'s chunk sums as ``int64`` tensors on its device, in order (none for no bytes)."""
     import torch

@@ -37,6 +37,10 @@ def test_torch_on_the_cpu_computes_the_reference_digest(size: int, offset: int, 
     bounds = sorted({0, size, *(c % (size + 1) for c in cuts)})
     pieces = [flat[a:b] for a, b in itertools.pairwise(bounds)]  # tensors in layout order
     assert wd.digest_torch_tensors(pieces) == reference
+    streamed = wd.TorchDigester()  # as the trtllm worker extension digests its batches
+    for piece in pieces:
+        streamed.update(piece)
+    assert streamed.total_bytes == size and streamed.hexdigest() == reference
 
 
 def test_tensors_of_other_dtypes_digest_as_their_bytes() -> None:
