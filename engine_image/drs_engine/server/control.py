@@ -38,6 +38,7 @@ serving and says why.
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -63,9 +64,12 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from drs_engine.backends.base import EngineBackend
 from drs_engine.errors import EngineError, ForbiddenError, UnauthorizedError
 from drs_engine.server.body import validate
 from drs_engine.server.state import EngineState
+
+log = logging.getLogger(__name__)
 
 #: An operation's handler: its parsed request (None for an op without parameters) -> the backend's report.
 Handler = Callable[[Any], Awaitable[dict[str, Any]]]
@@ -114,7 +118,7 @@ async def run_op(state: EngineState, request: Request, op: ControlOp, handler: H
                 raw = await handler(params)
             finally:
                 if op in WEIGHTS_OPS:  # even a failed update may have changed bytes in place
-                    state.weights_digest = await backend.measure_digest()
+                    state.weights_digest = await _measure(backend)
             done = time.monotonic()
         try:
             result = result_of(result_model, raw)
@@ -135,6 +139,16 @@ async def run_op(state: EngineState, request: Request, op: ControlOp, handler: H
         elapsed_s=round(done - started, 6),
     )
     return JSONResponse(answer_json(answer))
+
+
+async def _measure(backend: EngineBackend) -> str | None:
+    """The backend's digest now; None (unknown) when measuring fails, which never hides the
+    operation's own outcome."""
+    try:
+        return await backend.measure_digest()
+    except EngineError as exc:
+        log.error("the weights digest could not be measured: %s", exc)
+        return None
 
 
 def _error(exc: EngineError) -> Response:
