@@ -58,6 +58,24 @@ class GroupLayout:
         }
 
 
+def membership_changes(layout: GroupLayout, engines: Sequence[Engine]) -> list[str]:
+    """How the fleet now differs from ``layout``'s members (empty: every member is still there,
+    ready, at the same URL and width, and no engine was added)."""
+    now = {e.name: e for e in engines}
+    changes: list[str] = []
+    for member in layout.members:
+        engine = now.get(member.engine.name)
+        if engine is None:
+            changes.append(f"{member.engine.name} is gone")
+        elif not (engine.ready and engine.url):
+            changes.append(f"{engine.name} is not ready")
+        elif engine.url != member.engine.url or engine.width != member.engine.width:
+            changes.append(f"{engine.name} moved ({member.engine.url} -> {engine.url})")
+    members = {m.engine.name for m in layout.members}
+    changes += [f"{e.name} joined the fleet" for e in engines if e.name not in members]
+    return changes
+
+
 def group_layout(engines: Sequence[Engine], train_world_size: int) -> GroupLayout:
     """Each engine's ``rank_prefix`` and the group's ``world_size`` (``NotAllReady`` if any is
     not ready; :class:`Refused` for no engines or a trainer without ranks)."""

@@ -11,7 +11,8 @@ A trainer-API route answers every error before any engine is called with the one
     ├── PayloadTooLargeError      (413 request_too_large)      a body over MAX_BODY_BYTES
     ├── ConflictError             (409 conflict_error)
     │   ├── RefitBusy             (409) a refit (or collective step) is already running
-    │   └── NoGroup               (409) a collective step before collective/init formed a group
+    │   ├── NoGroup               (409) a collective step before collective/init formed a group
+    │   └── GroupChanged          (409) the fleet is no longer the group's members (names them)
     └── UnavailableError          (503 service_unavailable)
         ├── FleetError            (503) the resource cannot be read (missing, unparsable, API down)
         └── NotAllReady           (503) a collective step needs every engine; names those not ready
@@ -31,6 +32,7 @@ __all__ = [
     "ApiError",
     "BadRequestError",
     "FleetError",
+    "GroupChanged",
     "NoGroup",
     "NotAllReady",
     "PayloadTooLargeError",
@@ -53,6 +55,20 @@ class RefitBusy(ConflictError):
 
 class NoGroup(ConflictError):
     """A collective step before ``collective_init`` formed the group."""
+
+
+class GroupChanged(ConflictError):
+    """The engines of the status are no longer the collective group's members (one went away, is
+    not ready, moved, or one was added): the group is dropped; ``collective/init`` forms a new one."""
+
+    def __init__(self, changes: Sequence[str]) -> None:
+        super().__init__(
+            "the collective group's members changed: " + "; ".join(changes) + " (POST /v1/collective/init again)"
+        )
+        self.changes = list(changes)
+
+    def extra(self) -> dict[str, Any]:
+        return {"changes": self.changes}
 
 
 class FleetError(UnavailableError):

@@ -51,9 +51,9 @@ from drs_protocol.routes import ControlOp, TrainerRoute
 from drs_protocol.weights_state import DesiredWeights, HeldWeights
 from pydantic import BaseModel, ValidationError
 
-from drs_sidecar.collective import GroupLayout, group_layout
+from drs_sidecar.collective import GroupLayout, group_layout, membership_changes
 from drs_sidecar.control import CallResult, ControlClient
-from drs_sidecar.errors import FleetError, NoGroup, RefitBusy, Refused
+from drs_sidecar.errors import FleetError, GroupChanged, NoGroup, RefitBusy, Refused
 from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.metrics import SidecarMetrics
 
@@ -353,6 +353,10 @@ class Refitter:
             group = self.group
             if group is None:
                 raise NoGroup(f"no collective group: POST {TrainerRoute.COLLECTIVE_INIT} first")
+            changes = membership_changes(group, await self.fleet.engines())
+            if changes:  # a collective over a member that is not there would wait for it
+                self.group = None
+                raise GroupChanged(changes)
             previous = await self._start(target) if target is not None else None
             report = await self._fan_out(
                 op,
