@@ -186,10 +186,12 @@ class MemoryReleased(_Result):
     released: list[str]
     prefix_cache_blocks_evicted: int | None = None
     context_states_dropped: int | None = None
+    gpu_allocated_bytes: int | None = None  #: what the engine still holds on its GPU (torch)
 
 
 class MemoryResumed(_Result):
     resumed: list[str]
+    gpu_allocated_bytes: int | None = None  #: what the engine holds on its GPU again (torch)
 
 
 class Profiling(_Result):

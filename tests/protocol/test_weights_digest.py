@@ -73,3 +73,18 @@ def test_files_digest_as_their_bytes_one_after_the_other(tmp_path: Path) -> None
 def test_a_digest_of_another_format_is_refused(bad: str) -> None:
     with pytest.raises(wd.DigestFormatError):
         wd.check_digest(bad)
+
+
+def test_a_backend_report_becomes_its_result_model_with_its_own_figures() -> None:
+    from drs_protocol.control import MemoryReleased, WeightsChanged, result_of
+
+    report = {"version": "v2", "previous_version": "v1", "bytes": 12, "seconds": 0.5, "source": "/ckpt"}
+    changed = result_of(WeightsChanged, report)
+    assert (changed.version, changed.previous_version) == ("v2", "v1")
+    assert changed.figures == {"bytes": 12, "seconds": 0.5, "source": "/ckpt"}
+    released = result_of(MemoryReleased, {"released": ["model"], "gpu_allocated_bytes": 7, "gpu_free_bytes_after": 9})
+    assert released.gpu_allocated_bytes == 7 and released.figures == {"gpu_free_bytes_after": 9}
+    with pytest.raises(ValueError, match="not JSON scalars: nested"):
+        result_of(WeightsChanged, {**report, "nested": {"a": 1}})
+    with pytest.raises(ValueError):
+        result_of(WeightsChanged, {"previous_version": "v1"})  # the named field is missing
