@@ -19,8 +19,11 @@ from drs_protocol.control import LoadWeights, WeightsInfo, answer_model
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
 from pydantic import BaseModel, ValidationError
 
-#: Connections kept per engine: the sidecar makes one call per engine at a time.
-MAX_CONNECTIONS: Final = 256
+#: Connections kept per engine: the sidecar makes one call per engine at a time (a few spare).
+MAX_CONNECTIONS_PER_ENGINE: Final = 4
+#: Idle connections expire before the engine's uvicorn keep-alive timeout (5 s) closes them, so a
+#: call never goes out on a connection the engine is closing.
+KEEPALIVE_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,17 +41,33 @@ class CallResult:
 
 
 class ControlClient:
+    """One connection pool per engine: httpcore assigns a request by scanning every connection of
+    its pool, so one shared pool over N engines costs O(N) per call (O(N²) per fan-out; at 256
+    engines that was most of a refit's CPU time, ``bench/refit_scale.py``)."""
+
     def __init__(self, token: str, *, call_s: float = 30.0, load_s: float = 1800.0, connect_s: float = 5.0) -> None:
         self.call_s = call_s
         self.load_s = load_s
-        self._client = httpx.AsyncClient(
-            headers=fields.control_auth(token),
-            timeout=httpx.Timeout(call_s, connect=connect_s),
-            limits=httpx.Limits(max_connections=MAX_CONNECTIONS, max_keepalive_connections=MAX_CONNECTIONS),
-        )
+        self._headers = fields.control_auth(token)
+        self._timeout = httpx.Timeout(call_s, connect=connect_s)
+        self._clients: dict[str, httpx.AsyncClient] = {}
+
+    def _client(self, url: str) -> httpx.AsyncClient:
+        client = self._clients.get(url)
+        if client is None:
+            limits = httpx.Limits(
+                max_connections=MAX_CONNECTIONS_PER_ENGINE,
+                max_keepalive_connections=MAX_CONNECTIONS_PER_ENGINE,
+                keepalive_expiry=KEEPALIVE_S,
+            )
+            client = httpx.AsyncClient(headers=self._headers, timeout=self._timeout, limits=limits)
+            self._clients[url] = client
+        return client
 
     async def close(self) -> None:
-        await self._client.aclose()
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            await client.aclose()
 
     async def weights(self, url: str) -> CallResult:
         """``GET /control/weights``: the version and digest the engine holds."""
@@ -80,7 +99,7 @@ class ControlClient:
     ) -> CallResult:
         started = time.perf_counter()
         try:
-            response = await self._client.request(method, url + route, json=body, timeout=timeout)
+            response = await self._client(url).request(method, url + route, json=body, timeout=timeout)
         except httpx.TimeoutException:
             return CallResult(url, False, None, f"no answer within {timeout:g}s", time.perf_counter() - started)
         except httpx.TransportError as exc:
