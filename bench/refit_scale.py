@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from drs_protocol import env
+
 #: Seconds the child may take to start its engines.
 START_TIMEOUT_S = 900.0
 
@@ -45,7 +47,7 @@ async def serve(count: int) -> None:
         urls = []
         for _ in range(count):
             engine = await stack.enter_async_context(
-                start_engine(build_config({**config, "sim": sim}), control_token=os.environ["DRS_CONTROL_TOKEN"])
+                start_engine(build_config({**config, "sim": sim}), control_token=os.environ[env.CONTROL_TOKEN])
             )
             urls.append(engine.url)
         print(json.dumps(urls), flush=True)
@@ -117,7 +119,7 @@ def main() -> None:
         [sys.executable, __file__, "--serve", str(args.engines)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        env={**os.environ, "DRS_CONTROL_TOKEN": token},
+        env={**os.environ, env.CONTROL_TOKEN: token},
         text=True,
     )
     try:

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from drs_protocol.errors import ApiError, BadRequestError, ConflictError, PayloadTooLargeError, UnavailableError
+from drs_protocol.routes import TrainerRoute
 
 __all__ = [
     "ApiError",
@@ -63,7 +64,9 @@ class GroupChanged(ConflictError):
 
     def __init__(self, changes: Sequence[str]) -> None:
         super().__init__(
-            "the collective group's members changed: " + "; ".join(changes) + " (POST /v1/collective/init again)"
+            "the collective group's members changed: "
+            + "; ".join(changes)
+            + f" (POST {TrainerRoute.COLLECTIVE_INIT} again)"
         )
         self.changes = list(changes)
 
