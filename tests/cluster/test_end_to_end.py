@@ -170,7 +170,7 @@ def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_u
 ) -> None:
     """Refit; then, with no sidecar running, an engine pod is deleted: its replacement reads the
     desired weights from the weights ConfigMap and loads them before it is Ready; a new sidecar
-    knows the desired weights from the resource."""
+    knows the desired weights from the resource; a replica added afterwards starts at them too."""
     fleet = sim_fleet("refit")
     fleet["spec"]["frontend"]["basePort"] = 18400
     fleet["spec"]["trtllm"]["enginePort"] = 18100
@@ -234,6 +234,21 @@ def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_u
         assert [e["weights_digest"] for e in fleet_now.get("engines", [])] == [digest] * 6
     finally:
         stop_sidecar(sidecar)
+
+    # scale up by one replica, no sidecar running: the new engines come up at the desired weights
+    fleet["spec"]["replicas"] = 3
+    apply(devcluster, namespace, fleet)
+    wait_ready(devcluster, namespace, "refit", 3, timeout=180)
+    added = [
+        e["name"]
+        for r in drs_status(devcluster, namespace, "refit")["replicaStatuses"]
+        if r["index"] == 2
+        for e in r["engines"]
+    ]
+    assert len(added) == 3
+    for engine in added:
+        held = engine_weights(devcluster, namespace, "refit", engine)
+        assert held is not None and (held["weights_version"], held["weights_digest"]) == ("step-1", digest), engine
 
 
 def _get(url: str) -> Any:
