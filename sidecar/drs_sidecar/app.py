@@ -70,10 +70,10 @@ from drs_protocol.routes import HEALTHZ, METRICS, ControlOp, TrainerRoute
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from drs_sidecar.errors import BadRequestError, FleetError
-from drs_sidecar.refit import Refitter, Report
+from drs_sidecar.refit import Refitter, Report, checked
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +91,7 @@ async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
         data = json.loads(raw or b"{}")
     except ValueError as exc:
         raise BadRequestError(f"body: not valid JSON ({exc})") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise BadRequestError(problems) from None
+    return checked(model, data)
 
 
 def report_response(report: Report, **extra: Any) -> JSONResponse:

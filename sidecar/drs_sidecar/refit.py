@@ -130,11 +130,12 @@ class Report:
         }
 
 
-def checked(model: type[ModelT], **fields: Any) -> ModelT:
-    """``model`` from ``fields``, or :class:`Refused` naming each bad field (the models of
-    :mod:`drs_protocol.control` hold the one rule for each: version, digest, path)."""
+def checked(model: type[ModelT], data: object) -> ModelT:
+    """``model`` from ``data``, or :class:`Refused` naming each bad field (the models of
+    :mod:`drs_protocol.control` hold the one rule for each: version, digest, path). The one place
+    the sidecar words a validation error (trainer bodies, and refits called in-process)."""
     try:
-        return model.model_validate(fields)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise Refused(
             "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
@@ -204,7 +205,7 @@ class Refitter:
         """Load ``path`` as ``version`` on every ready engine; publish the version if all of the
         fleet now holds it (by digest: ``digest``, the trainer's, else the engines' agreement).
         Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
-        request = checked(Refit, path=path, version=version, digest=digest)
+        request = checked(Refit, {"path": path, "version": version, "digest": digest})
         if self._lock.locked():
             raise RefitBusy()
         async with self._lock:
