@@ -93,6 +93,7 @@ gpu-tests:
 gpu-bench:
 	mkdir -p $(GPU_OUT)
 	set -o pipefail; $(GPU_ENV) $(GPU_PYTHON) bench/gpu_disagg.py 2>$(GPU_OUT)/gpu_disagg.log | tee $(GPU_OUT)/gpu_disagg.json
+	set -o pipefail; $(GPU_ENV) $(GPU_PYTHON) bench/weights_digest.py 2>$(GPU_OUT)/weights_digest.log | tee $(GPU_OUT)/weights_digest.json
 
 crd: install
 	$(BIN)/drs crd > crds/disagg.dev_disaggreplicasets.yaml

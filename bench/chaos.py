@@ -15,8 +15,12 @@ each with the load running before, during and after the event:
 * ``frontend_killed`` — frontend 0 of replica 0 deleted with grace 0 (its Deployment brings it back);
 * ``operator_killed`` — a roll, with the operator SIGKILLed once the roll has begun and restarted.
 
-Prints one JSON line: per scenario the turns attempted and failed, turns that needed a retry, and
-p50/p99 turn latency (first attempt to answer), plus each scenario's p50 over the baseline's.
+Prints one JSON line: per scenario the turns attempted and failed, turns that needed a retry,
+``off_policy`` (answered turns whose weights version — ``x-drs-weights-version`` — differs from the
+fleet's desired version when the turn started, i.e. the version of the last refit begun before it;
+turns marked ``weights_boundary`` are excepted, and before the first refit nothing is desired),
+``boundary`` (turns marked ``weights_boundary``) and p50/p99 turn latency (first attempt to answer),
+plus each scenario's p50 over the baseline's.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ sys.path.insert(0, str(ROOT / "tests" / "cluster"))
 from drs_devcluster import build  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster, pod_runner  # noqa: E402
-from drs_protocol import fields, routes  # noqa: E402
+from drs_protocol import fields, lifecycle, routes  # noqa: E402
+from drs_protocol.weights_digest import digest_files  # noqa: E402
 from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
 
 NAME = "chaos"
@@ -90,6 +95,8 @@ class Turn:
     attempts: int
     status: int | None
     started: float
+    version: str | None = None  #: the weights version that answered it
+    boundary: bool = False  #: marked ``weights_boundary`` (re-prefilled across a refit)
 
 
 @dataclass
@@ -149,10 +156,14 @@ class Load:
             try:
                 async with http.post(f"{url}{routes.Endpoint.CHAT}", json=body, headers=headers) as resp:
                     status = resp.status
+                    version = resp.headers.get(fields.HEADER_WEIGHTS_VERSION)
                     data = await resp.json(content_type=None)
                 if status == 200:
                     text = data["choices"][0]["message"]["content"] or ""
-                    return Turn(True, time.monotonic() - started, attempt, status, started), text
+                    boundary = data.get(lifecycle.FIELD_WEIGHTS_BOUNDARY) is not None
+                    version = version or data.get(lifecycle.FIELD_WEIGHTS_VERSION)
+                    turn = Turn(True, time.monotonic() - started, attempt, status, started, version, boundary)
+                    return turn, text
                 if status < 500:
                     break  # a 4xx is the client's fault: not retried
             except (aiohttp.ClientError, TimeoutError, ValueError):
@@ -161,7 +172,17 @@ class Load:
         return Turn(False, time.monotonic() - started, ATTEMPTS, status, started), ""
 
 
-def summarize(turns: list[Turn]) -> dict[str, Any]:
+def off_policy(turns: list[Turn], desired_at: Callable[[float], str | None]) -> int:
+    """Answered turns at another version than the one desired when they started (boundary-marked
+    turns excepted; no desired version: none counted)."""
+    return sum(
+        1
+        for t in turns
+        if t.ok and not t.boundary and (want := desired_at(t.started)) is not None and t.version != want
+    )
+
+
+def summarize(turns: list[Turn], desired_at: Callable[[float], str | None] = lambda _: None) -> dict[str, Any]:
     latencies = sorted(t.latency_s for t in turns if t.ok)
 
     def pct(q: float) -> float | None:
@@ -173,6 +194,8 @@ def summarize(turns: list[Turn]) -> dict[str, Any]:
         "turns": len(turns),
         "failed": sum(not t.ok for t in turns),
         "retried": sum(t.ok and t.attempts > 1 for t in turns),
+        "off_policy": off_policy(turns, desired_at),
+        "boundary": sum(t.boundary for t in turns),
         "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
         "p99_ms": pct(0.99),
         "max_ms": round(1000 * latencies[-1], 1) if latencies else None,
@@ -191,6 +214,12 @@ class Fleet:
     speed: float = 0.1
     sidecar: subprocess.Popen[bytes] | None = None
     sidecar_url: str = ""
+    #: (monotonic time a refit began, its version), in order: what the fleet desires since then
+    refits: list[tuple[float, str]] = field(default_factory=list)
+
+    def desired_at(self, when: float) -> str | None:
+        """The desired weights version at ``when`` (None before the first refit)."""
+        return next((v for t, v in reversed(self.refits) if t <= when), None)
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         return self.rc.kubectl(*args, "-n", self.namespace, input=input).stdout
@@ -278,11 +307,13 @@ class Fleet:
         checkpoint = self.workdir / "checkpoints" / version
         checkpoint.mkdir(parents=True, exist_ok=True)
         (checkpoint / "model.safetensors").write_bytes(os.urandom(64))
+        body = {"path": str(checkpoint), "version": version, "digest": digest_files(checkpoint)}
         request = urllib.request.Request(
             f"{self.sidecar_url}{routes.TrainerRoute.REFIT}",
-            data=json.dumps({"path": str(checkpoint), "version": version}).encode(),
+            data=json.dumps(body).encode(),
             headers={"content-type": "application/json"},
         )
+        self.refits.append((time.monotonic(), version))
         with urllib.request.urlopen(request, timeout=120) as resp:
             report: dict[str, Any] = json.loads(resp.read())
         return report
@@ -354,7 +385,7 @@ def run_scenarios(
         fleet_.wait_serving(urls)
         time.sleep(settle_s)
         turns = load.stop()
-        results[name] = {**summarize(turns), "seconds": round(time.monotonic() - started, 1)}
+        results[name] = {**summarize(turns, fleet_.desired_at), "seconds": round(time.monotonic() - started, 1)}
         say(f"[chaos] {name}: {json.dumps(results[name])}")
     return results
 
@@ -411,6 +442,7 @@ def main() -> None:
         "client_attempts": ATTEMPTS,
         "scenarios": results,
         "failed_total": sum(r["failed"] for r in results.values()),
+        "off_policy_total": sum(r["off_policy"] for r in results.values()),
     }
     print(json.dumps(line))
 

@@ -162,10 +162,11 @@ class AsyncFleet:
                 raise SidecarUnreachable(sidecar.url, f"not healthy after {timeout_s:.0f}s")
             await asyncio.sleep(SIDECAR_POLL_S)
 
-    async def refit(self, path: str, version: str) -> FanOutReport:
+    async def refit(self, path: str, version: str, *, digest: str | None = None) -> FanOutReport:
         """Every engine loads ``path`` and serves it as ``version`` (``RefitIncomplete`` names those
-        that did not; the sidecar keeps the weights as desired and loads them there later)."""
-        return await self._sidecar().refit(path, version)
+        that did not; the sidecar keeps the weights as desired and loads them there later);
+        ``digest``: the :mod:`drs_protocol.weights_digest` of what the trainer wrote there."""
+        return await self._sidecar().refit(path, version, digest=digest)
 
     async def reset_prefix_cache(self) -> FanOutReport:
         return await self._sidecar().reset_prefix_cache()

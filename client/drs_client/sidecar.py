@@ -1,4 +1,5 @@
-"""The trainer's side of ``drs sidecar``'s API: every body a :mod:`drs_protocol.trainer_api` model.
+"""The trainer's side of ``drs sidecar``'s API: requests are :mod:`drs_protocol.control`'s trainer models,
+answers :mod:`drs_protocol.trainer_api`'s.
 
 Fan-outs answer a :class:`~drs_protocol.trainer_api.FanOutReport`; one that did not reach every
 engine (the sidecar's 502) raises :class:`~drs_client.errors.EnginesFailed` (a refit:
@@ -14,18 +15,17 @@ from typing import Any, Final, TypeVar
 
 import httpx
 from drs_protocol import env
-from drs_protocol.control import IpcBuffer, MemoryTags
-from drs_protocol.routes import HEALTHZ, TrainerRoute
-from drs_protocol.trainer_api import (
-    CollectiveInit,
-    CollectiveInitReport,
-    CollectivePrepare,
-    CollectiveUpdate,
-    FanOutReport,
-    FleetReport,
-    IpcRefit,
-    RefitRequest,
+from drs_protocol.control import (
+    IpcBuffer,
+    MemoryTags,
+    PrepareRefitInfo,
+    Refit,
+    TrainerCollectiveInit,
+    TrainerCollectiveUpdate,
+    TrainerIpcUpdate,
 )
+from drs_protocol.routes import HEALTHZ, TrainerRoute
+from drs_protocol.trainer_api import CollectiveInitReport, FanOutReport, FleetReport
 from pydantic import BaseModel, ValidationError
 
 from drs_client.errors import (
@@ -73,9 +73,11 @@ class AsyncSidecar:
         except httpx.HTTPError:
             return False
 
-    async def refit(self, path: str, version: str) -> FanOutReport:
-        """Every engine loads ``path`` as ``version`` (``RefitIncomplete`` names those that did not)."""
-        body = RefitRequest(path=path, version=version)
+    async def refit(self, path: str, version: str, *, digest: str | None = None) -> FanOutReport:
+        """Every engine loads ``path`` as ``version`` (``RefitIncomplete`` names those that did not);
+        ``digest``: the :mod:`drs_protocol.weights_digest` of what the trainer wrote there, which
+        every engine must hold afterwards."""
+        body = Refit(path=path, version=version, digest=digest)
         return await self._fan_out(TrainerRoute.REFIT, body, FanOutReport, LOAD_TIMEOUT_S, RefitIncomplete)
 
     async def reset_prefix_cache(self) -> FanOutReport:
@@ -89,17 +91,25 @@ class AsyncSidecar:
         return await self._fan_out(TrainerRoute.WAKE, MemoryTags(tags=list(tags)), FanOutReport, CALL_TIMEOUT_S)
 
     async def collective_init(self, ip: str, port: int, train_world_size: int) -> CollectiveInitReport:
-        body = CollectiveInit(ip=ip, port=port, train_world_size=train_world_size)
+        body = TrainerCollectiveInit(ip=ip, port=port, train_world_size=train_world_size)
         return await self._fan_out(TrainerRoute.COLLECTIVE_INIT, body, CollectiveInitReport, LOAD_TIMEOUT_S)
 
     async def collective_prepare(self, state_dict_info: dict[str, Any]) -> FanOutReport:
-        body = CollectivePrepare(state_dict_info=state_dict_info)
+        body = PrepareRefitInfo(state_dict_info=state_dict_info)
         return await self._fan_out(TrainerRoute.COLLECTIVE_PREPARE, body, FanOutReport, LOAD_TIMEOUT_S)
 
     async def collective_update(
-        self, version: str, *, drain: bool = True, recompute_kv: bool = False, path: str | None = None
+        self,
+        version: str,
+        *,
+        drain: bool = True,
+        recompute_kv: bool = False,
+        path: str | None = None,
+        digest: str | None = None,
     ) -> FanOutReport:
-        body = CollectiveUpdate(version=version, drain=drain, recompute_kv=recompute_kv, path=path)
+        body = TrainerCollectiveUpdate(
+            version=version, drain=drain, recompute_kv=recompute_kv, path=path, digest=digest
+        )
         return await self._fan_out(TrainerRoute.COLLECTIVE_UPDATE, body, FanOutReport, LOAD_TIMEOUT_S)
 
     async def ipc_update(
@@ -109,10 +119,17 @@ class AsyncSidecar:
         buffers: Sequence[IpcBuffer | dict[str, Any]],
         *,
         path: str | None = None,
+        digest: str | None = None,
     ) -> FanOutReport:
         """The colocated refit: every engine copies the trainer's CUDA-IPC-shared packed buffers."""
-        body = IpcRefit.model_validate(
-            {"version": version, "state_dict_info": state_dict_info, "buffers": list(buffers), "path": path}
+        body = TrainerIpcUpdate.model_validate(
+            {
+                "version": version,
+                "state_dict_info": state_dict_info,
+                "buffers": list(buffers),
+                "path": path,
+                "digest": digest,
+            }
         )
         return await self._fan_out(TrainerRoute.IPC_UPDATE, body, FanOutReport, LOAD_TIMEOUT_S)
 

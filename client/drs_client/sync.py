@@ -134,8 +134,8 @@ class Fleet:
     def wait_sidecar(self, *, timeout_s: float = SIDECAR_START_TIMEOUT_S) -> None:
         self._run(self._fleet.wait_sidecar(timeout_s=timeout_s))
 
-    def refit(self, path: str, version: str) -> FanOutReport:
-        return self._run(self._fleet.refit(path, version))
+    def refit(self, path: str, version: str, *, digest: str | None = None) -> FanOutReport:
+        return self._run(self._fleet.refit(path, version, digest=digest))
 
     def reset_prefix_cache(self) -> FanOutReport:
         return self._run(self._fleet.reset_prefix_cache())
@@ -184,8 +184,8 @@ class Sidecar:
     def healthy(self) -> bool:
         return self._run(self._sidecar.healthy())
 
-    def refit(self, path: str, version: str) -> FanOutReport:
-        return self._run(self._sidecar.refit(path, version))
+    def refit(self, path: str, version: str, *, digest: str | None = None) -> FanOutReport:
+        return self._run(self._sidecar.refit(path, version, digest=digest))
 
     def reset_prefix_cache(self) -> FanOutReport:
         return self._run(self._sidecar.reset_prefix_cache())
@@ -203,9 +203,17 @@ class Sidecar:
         return self._run(self._sidecar.collective_prepare(state_dict_info))
 
     def collective_update(
-        self, version: str, *, drain: bool = True, recompute_kv: bool = False, path: str | None = None
+        self,
+        version: str,
+        *,
+        drain: bool = True,
+        recompute_kv: bool = False,
+        path: str | None = None,
+        digest: str | None = None,
     ) -> FanOutReport:
-        return self._run(self._sidecar.collective_update(version, drain=drain, recompute_kv=recompute_kv, path=path))
+        return self._run(
+            self._sidecar.collective_update(version, drain=drain, recompute_kv=recompute_kv, path=path, digest=digest)
+        )
 
     def ipc_update(
         self,
@@ -214,8 +222,9 @@ class Sidecar:
         buffers: Sequence[IpcBuffer | dict[str, Any]],
         *,
         path: str | None = None,
+        digest: str | None = None,
     ) -> FanOutReport:
-        return self._run(self._sidecar.ipc_update(version, state_dict_info, buffers, path=path))
+        return self._run(self._sidecar.ipc_update(version, state_dict_info, buffers, path=path, digest=digest))
 
     def fleet(self) -> FleetReport:
         return self._run(self._sidecar.fleet())

@@ -23,6 +23,7 @@ from drs_protocol.enums import EngineBackend, Role, choices
 
 from drs_engine.config import build_config, load_config_file
 from drs_engine.gang.spec import EXIT_GANG_LOST, GangSpec
+from drs_engine.weights.desired import DesiredWeightsError, desired_from_env
 
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
@@ -115,6 +116,10 @@ def engine(
         raise click.ClickException(f"invalid gang: {exc}") from exc
     token = read_control_token(control_token_file)
     try:
+        desired_weights = desired_from_env(os.environ)
+    except DesiredWeightsError as exc:
+        raise click.ClickException(str(exc)) from exc
+    try:
         sock = bind_socket(config.host, config.port)
     except BindError as exc:
         click.echo(f"drs engine: {exc.strerror}", err=True)
@@ -134,7 +139,7 @@ def engine(
         click.echo(
             f"drs engine: leader of a gang of {gang.world_size} ranks (Ray head on port {gang.ray_port})", err=True
         )
-    server = uvicorn_server(config, token, log_level=log_level, gang=gang)
+    server = uvicorn_server(config, token, log_level=log_level, gang=gang, desired_weights=desired_weights)
     try:
         server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn exits this way when the app's startup (model load) fails

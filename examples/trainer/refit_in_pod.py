@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 from drs_client import Fleet, RefitIncomplete
 from drs_protocol.routes import Endpoint, TrainerRoute
+from drs_protocol.weights_digest import digest_files
 
 SIDECAR_START_TIMEOUT_S = 60.0
 STATUS_TIMEOUT_S = 60.0
@@ -65,16 +66,17 @@ def main() -> int:
         before = one_completion(http, url)
         served = sorted({v or "the weights they started with" for v in view.engine_weights().values()})
         say(f"before the refit the engines serve {', '.join(served)}")
-        write_checkpoint(args.checkpoints, version)
+        digest = digest_files(write_checkpoint(args.checkpoints, version))  # over what it wrote
         path = f"{args.engine_mount.rstrip('/')}/{version}"
         try:
-            report = fleet.refit(path, version)
+            report = fleet.refit(path, version, digest=digest)
         except RefitIncomplete as exc:
             say(f"refit incomplete: {exc}")
             return 1
         say(
             f"POST {TrainerRoute.REFIT} {{path: {path}, version: {version}}} to the sidecar: "
             f"complete={report.complete} engines={report.engines} ok={report.ok} in {report.elapsed_s}s"
+            f" (digest {digest[:20]}…, over what it wrote)"
         )
         view = fleet.wait_weights(version, timeout_s=STATUS_TIMEOUT_S)
         say(f"status.weights.version = {view.weights_version}")

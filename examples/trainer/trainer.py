@@ -45,6 +45,7 @@ from drs_engine.backends.torch.ipc import gpu_uuid, ipc_export
 from drs_engine.backends.torch.model import parse_dtype, random_state_dict, resolve_model
 from drs_engine.backends.torch.weights.packed import pack, specs_of
 from drs_engine.backends.torch.weights.refit import GROUP_TIMEOUT, make_group
+from drs_engine.weights.digest import torch_weights_digest
 from drs_protocol import env
 from drs_protocol.weights_pack import (
     DEFAULT_TARGET_BYTES,
@@ -118,7 +119,9 @@ def collective(
         sidecar.collective_prepare(info)
         seconds, update = 0.0, None
         for _ in range(args.updates):
-            updating = pool.submit(sidecar.collective_update, body["version"], path=body.get("path"))
+            updating = pool.submit(
+                sidecar.collective_update, body["version"], path=body.get("path"), digest=body.get("digest")
+            )
             seconds = broadcast(group, flat, ranges, where)
             update = updating.result()
     return {
@@ -141,7 +144,7 @@ def colocated(
     seconds, update = 0.0, None
     for _ in range(args.updates):
         started = time.perf_counter()
-        update = sidecar.ipc_update(body["version"], info, buffers, path=body.get("path"))
+        update = sidecar.ipc_update(body["version"], info, buffers, path=body.get("path"), digest=body.get("digest"))
         seconds = time.perf_counter() - started
     engines_ok = None if update is None else update.ok
     return {"world_size": None, "batches": len(ranges), "seconds": seconds, "group": None, "engines_ok": engines_ok}
@@ -166,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.save is not None:
         save_checkpoint(args.save, source.shape.to_hf_config(), weights.params)
     info = {s.name: [list(s.shape), s.dtype] for s in specs_of(weights.params)}
-    body: dict[str, Any] = {"version": version}
+    digest = torch_weights_digest(
+        weights.flat, weights.params
+    )  # over what it sends: every engine must hold exactly this
+    body: dict[str, Any] = {"version": version, "digest": digest}
     if args.save is not None:
         body["path"] = str(args.save)
     run = colocated if args.backend == "ipc" else collective
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         json.dumps(
             {
                 "version": version,
+                "digest": digest,
                 "world_size": done["world_size"],
                 "backend": args.backend,
                 "bytes": nbytes,

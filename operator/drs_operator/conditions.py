@@ -29,17 +29,18 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
 
 from drs_operator.api import names
 from drs_operator.api.constants import ConditionStatus, ConditionType, EventReason, EventType, Phase, Reason
 from drs_operator.api.objects import Manifest
 from drs_operator.api.status import (
     Condition,
+    DesiredWeightsStatus,
     DisaggReplicaSetStatus,
     EngineStatus,
     RankStatus,
@@ -83,8 +84,10 @@ class Observed:
     moved: Sequence[int] = ()  #: replicas moved off lost nodes in this pass
     #: the ``disagg.dev/weights-version`` annotation (the trainer sidecar's last completed refit)
     weights_version: str | None = None
-    #: the ``disagg.dev/engine-weights`` annotation, parsed: engine name -> version the sidecar saw
-    engine_weights: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: the ``disagg.dev/engine-weights`` annotation, parsed: engine name -> what it answered it holds
+    engine_weights: Mapping[str, HeldWeights] = dataclasses.field(default_factory=dict)
+    #: the ``disagg.dev/desired-weights`` annotation, parsed: the weights the fleet must hold
+    desired_weights: DesiredWeights | None = None
 
 
 def _cond(
@@ -134,7 +137,8 @@ def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
                     update={
                         "ready": rs.placed and engine_serving(list(want), pods),
                         "updated": rs.placed and engine_updated(want, pods),
-                        "weights_version": observed.engine_weights.get(e.name),
+                        "weights_version": held.version if (held := observed.engine_weights.get(e.name)) else None,
+                        "weights_digest": held.digest if held else None,
                         "problem": problem.reason if problem else None,
                         "message": problem.text()[:1024] if problem else None,
                         "ranks": _ranks(e, rs.placed, pods),
@@ -202,19 +206,25 @@ def _gang_notes(previous: Sequence[ReplicaStatus], current: Sequence[ReplicaStat
 
 
 def _weights_split(replicas: Sequence[ReplicaStatus]) -> str | None:
-    """A message when the ready engines serve more than one weights version (as the sidecar saw them)."""
-    by_version: dict[str, list[str]] = {}
+    """A message when the ready engines hold more than one set of weights: by digest where the
+    engines measured one (the same version with other bytes is a split), else by version."""
+    by_weights: dict[tuple[str, str | None], list[str]] = {}
     for r in replicas:
         for e in r.engines:
             if e.ready and e.weights_version is not None:
-                by_version.setdefault(e.weights_version, []).append(e.name)
-    if len(by_version) < 2:
+                by_weights.setdefault((e.weights_version, e.weights_digest), []).append(e.name)
+    digests = {d for _, d in by_weights if d is not None}
+    groups: dict[str, list[str]] = {}
+    for (version, digest), engines in by_weights.items():
+        key = f"{version} ({digest[:16]}…)" if digest is not None and len(digests) > 1 else version
+        groups.setdefault(key, []).extend(engines)
+    if len(groups) < 2:
         return None
     parts = [
         f"{v} on {len(engines)} engine(s) ({', '.join(engines[:3])}{', …' if len(engines) > 3 else ''})"
-        for v, engines in sorted(by_version.items(), key=lambda kv: -len(kv[1]))
+        for v, engines in sorted(groups.items(), key=lambda kv: -len(kv[1]))
     ]
-    return f"engines serve {len(by_version)} weights versions: " + "; ".join(parts)
+    return f"engines hold {len(groups)} different weights: " + "; ".join(parts)
 
 
 def _problem_notes(previous: DisaggReplicaSetStatus, replicas: Sequence[ReplicaStatus]) -> list[EventNote]:
@@ -269,7 +279,7 @@ def compute_status(
         conditions=conditions,
         urls=[u or "" for u in observed.urls],
         replica_statuses=replicas,
-        weights=weights_status(previous.weights, observed.weights_version, now),
+        weights=weights_status(previous.weights, observed.weights_version, observed.desired_weights, now),
     )
     return status, (
         _transitions(prev, conditions)
@@ -320,7 +330,7 @@ def _invalid_status(
             "phase": Phase.INVALID,
             "conditions": conditions,
             "selector": names.selector(drs),
-            "weights": weights_status(previous.weights, observed.weights_version, make.now),
+            "weights": weights_status(previous.weights, observed.weights_version, observed.desired_weights, make.now),
         }
     )
     return status, _transitions(previous.conditions, conditions)
@@ -402,34 +412,28 @@ def _phase(
     return Phase.PROGRESSING
 
 
-def parse_engine_weights(annotation: str | None) -> dict[str, str]:
-    """The sidecar's ``disagg.dev/engine-weights`` annotation (JSON ``{engine: version}``); anything
-    unreadable or out of bounds is ignored (the sidecar never writes it)."""
-    if not annotation:
-        return {}
-    try:
-        data = json.loads(annotation)
-    except ValueError:
-        return {}
-    if not isinstance(data, dict):
-        return {}
-    return {
-        str(k): v
-        for k, v in data.items()
-        if isinstance(v, str) and 0 < len(v) <= MAX_WEIGHTS_VERSION_CHARS and len(k) <= 253
-    }
-
-
 def weights_status(
-    previous: WeightsStatus | None, annotated: str | None, now: datetime.datetime
+    previous: WeightsStatus | None,
+    annotated: str | None,
+    desired: DesiredWeights | None,
+    now: datetime.datetime,
 ) -> WeightsStatus | None:
-    """``status.weights`` from the sidecar's annotation: a new version is stamped with ``now``, the
-    same version keeps its time, and no annotation keeps what status had."""
-    if not annotated or len(annotated) > MAX_WEIGHTS_VERSION_CHARS:
-        return previous
-    if previous is not None and previous.version == annotated:
-        return previous
-    return WeightsStatus(version=annotated, last_update_time=now)
+    """``status.weights`` from the sidecar's annotations: ``version`` (the last refit that reached
+    every engine; a new version is stamped with ``now``, the same version keeps its time, and no
+    annotation keeps what status had) and ``desired`` (the weights the fleet must hold, as the
+    sidecar stored them when a refit started; kept when the annotation is gone)."""
+    current = previous
+    if (
+        annotated
+        and len(annotated) <= MAX_WEIGHTS_VERSION_CHARS
+        and (previous is None or previous.version != annotated)
+    ):
+        current = WeightsStatus(version=annotated, last_update_time=now, desired=previous.desired if previous else None)
+    if desired is not None:
+        shown = DesiredWeightsStatus(version=desired.version, path=desired.path, digest=desired.digest)
+        if current is None or current.desired != shown:
+            current = (current or WeightsStatus()).model_copy(update={"desired": shown})
+    return current
 
 
 def _transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> list[EventNote]:

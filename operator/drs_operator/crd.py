@@ -49,6 +49,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Replicas ready"},
     {"name": "GPUs", "type": "integer", "jsonPath": ".status.gpus", "description": "GPUs the plan uses"},
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {
+        "name": "Weights",
+        "type": "string",
+        "jsonPath": ".status.weights.desired.version",
+        "description": "The weights version the fleet must hold",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -13,6 +13,8 @@ import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
 
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
+
 from drs_operator.api.constants import LABEL_REPLICA
 from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
@@ -49,7 +51,8 @@ def decide(
     *,
     generation: int,
     weights_version: str | None = None,
-    engine_weights: Mapping[str, str] | None = None,
+    engine_weights: Mapping[str, HeldWeights] | None = None,
+    desired_weights: DesiredWeights | None = None,
 ) -> Decision:
     """Plan, place (sticky on the placement recorded in ``previous``), desire and compare."""
     plan = make_plan(spec, owner.name)
@@ -59,7 +62,7 @@ def decide(
     usable = {n.name for n in nodes if n.schedulable or n.tolerated_until is not None}
     lost = {n for rs in previous.replica_statuses for n in rs.nodes if n not in usable}
     moved = moved_replicas(prior, placement)
-    desired = desired_children(owner, spec, plan, placement, addresses)
+    desired = desired_children(owner, spec, plan, placement, addresses, desired_weights)
     rollout = compute_actions(desired, live, lost, [r.index for r in plan.replicas])
     observed = Observed(
         generation=generation,
@@ -73,6 +76,7 @@ def decide(
         moved=moved,
         weights_version=weights_version,
         engine_weights=dict(engine_weights or {}),
+        desired_weights=desired_weights,
     )
     held = {n for r in placement.replicas if r.placed for n in r.nodes}
     until = min((n.tolerated_until for n in nodes if n.name in held and n.tolerated_until is not None), default=None)

@@ -31,9 +31,11 @@ import logging
 import time
 from typing import Any, Final
 
+from drs_protocol.weights_state import parse_desired_weights, parse_engine_weights
 from kubernetes_asyncio import client
 
 from drs_operator.api.constants import (
+    ANNOTATION_DESIRED_WEIGHTS,
     ANNOTATION_ENGINE_WEIGHTS,
     ANNOTATION_WEIGHTS_VERSION,
     CHILD_KINDS,
@@ -43,7 +45,7 @@ from drs_operator.api.constants import (
 )
 from drs_operator.api.objects import Manifest
 from drs_operator.api.status import DisaggReplicaSetStatus
-from drs_operator.conditions import EventNote, Observed, compute_status, parse_engine_weights, status_dict
+from drs_operator.conditions import EventNote, Observed, compute_status, status_dict
 from drs_operator.decide import Decision, decide
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
@@ -103,6 +105,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     previous = _parse_status(body.get("status"))
     weights_version = (meta.get("annotations") or {}).get(ANNOTATION_WEIGHTS_VERSION)
     engine_weights = parse_engine_weights((meta.get("annotations") or {}).get(ANNOTATION_ENGINE_WEIGHTS))
+    desired_weights = parse_desired_weights((meta.get("annotations") or {}).get(ANNOTATION_DESIRED_WEIGHTS))
     now = datetime.datetime.now(datetime.UTC)
 
     # 2. validate
@@ -112,7 +115,12 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         status, notes = compute_status(
             name,
             previous,
-            Observed(generation=generation, problems=problems or _unknown(), weights_version=weights_version),
+            Observed(
+                generation=generation,
+                problems=problems or _unknown(),
+                weights_version=weights_version,
+                desired_weights=desired_weights,
+            ),
             now,
         )
         await _write_status(ctx, body, status, notes)
@@ -139,6 +147,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         generation=generation,
         weights_version=weights_version,
         engine_weights=engine_weights,
+        desired_weights=desired_weights,
     )
     placement, rollout, moved = decision.placement, decision.rollout, decision.moved
 

@@ -1,15 +1,44 @@
-"""Request bodies of the engine control API: the sidecar builds them, the engine validates them.
+"""The engine control API typed both ways: request bodies (the sidecar builds them, the engine
+validates them) and answers (the engine returns them, the sidecar parses them).
 
 Routes and operation names: :mod:`drs_protocol.routes` (:class:`~drs_protocol.routes.ControlOp`).
+:data:`OPS` is the one table of each ``POST`` operation's request model (None: no parameters) and
+result model; every successful ``POST`` answers a :class:`ControlAnswer` of that result, and
+``GET /control/weights`` a :class:`WeightsInfo`. A result's ``figures`` are a backend's own
+measurements (seconds, bytes, GPU memory …): JSON scalars by name, never read by a decision.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Annotated, Any, Final, Generic, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.routes import ControlOp
+from drs_protocol.weights_digest import DIGEST_PATTERN
+
+
+def _printable(value: str) -> str:
+    if value != value.strip() or not value.isprintable():
+        raise ValueError("must be printable, with no leading or trailing whitespace")
+    return value
+
+
+#: A weights version, the one rule wherever one is given (the engine's control API, the sidecar's
+#: trainer API, the annotations the operator reads): 1 to
+#: :data:`~drs_protocol.limits.MAX_WEIGHTS_VERSION_CHARS` characters, printable, no surrounding
+#: whitespace.
+Version = Annotated[
+    str, StringConstraints(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS), AfterValidator(_printable)
+]
+#: A weights digest (:mod:`drs_protocol.weights_digest`): ``wd1:`` and 64 lower-case hex digits.
+Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
+
+
+#: A backend's measurement: a JSON scalar.
+Figure = int | float | str | bool | None
 
 
 class _Strict(BaseModel):
@@ -20,17 +49,34 @@ class LoadWeights(_Strict):
     """Load weights from a path (a checkpoint directory or file) and serve them as ``version``."""
 
     path: str = Field(min_length=1)
-    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
+    version: Version
 
 
-class CollectiveInit(_Strict):
-    """NeMo RL's ``init_collective``: join the trainer's NCCL group for weight broadcasts."""
+class Refit(LoadWeights):
+    """The trainer's ``POST /v1/refit`` to the sidecar: every engine loads ``path`` as ``version``."""
+
+    digest: Digest | None = Field(
+        None,
+        description="drs_protocol.weights_digest of the checkpoint's weights (the trainer computes it): an engine "
+        "whose digest differs after the load has failed; without it, the engines must agree",
+    )
+
+
+class TrainerCollectiveInit(_Strict):
+    """The trainer's ``POST /v1/collective/init`` to the sidecar: where its group's store is and how
+    many ranks it holds (the engines' ranks come after, in status order)."""
+
+    ip: str = Field(min_length=1, description="the trainer's rendezvous address (its rank 0)")
+    port: int = Field(ge=1, le=65535)
+    train_world_size: int = Field(ge=1, description="the trainer's ranks; the engines' come after")
+
+
+class CollectiveInit(TrainerCollectiveInit):
+    """NeMo RL's ``init_collective`` (the sidecar to one engine): join the trainer's group at
+    ``train_world_size + rank_prefix``; the group holds ``world_size`` ranks."""
 
     rank_prefix: int = Field(ge=0)
-    ip: str = Field(min_length=1)
-    port: int = Field(ge=1, le=65535)
     world_size: int = Field(ge=1)
-    train_world_size: int = Field(ge=1)
 
 
 class PrepareRefitInfo(_Strict):
@@ -42,9 +88,25 @@ class PrepareRefitInfo(_Strict):
 class CollectiveUpdate(_Strict):
     """NeMo RL's ``update_weights_from_collective``, then serve the result as ``version``."""
 
-    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
+    version: Version
     drain: bool = True
     recompute_kv: bool = False
+
+
+class _Desired(_Strict):
+    """What a trainer adds to an update sent to the sidecar: where engines that come later get the
+    same weights, and their digest."""
+
+    path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
+    digest: Digest | None = Field(
+        None,
+        description="drs_protocol.weights_digest of the weights sent (the trainer computes it): an engine whose "
+        "digest differs after the update has failed; without it, the engines must agree",
+    )
+
+
+class TrainerCollectiveUpdate(CollectiveUpdate, _Desired):
+    """The trainer's ``POST /v1/collective/update`` to the sidecar."""
 
 
 class IpcBuffer(_Strict):
@@ -65,9 +127,13 @@ class IpcUpdate(_Strict):
     that order with no padding, out of ``buffers`` into the engine's weights; serve them as
     ``version``. The trainer keeps the buffers alive and unchanged until the call returns."""
 
-    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
+    version: Version
     state_dict_info: dict[str, Any]
     buffers: list[IpcBuffer] = Field(min_length=1)
+
+
+class TrainerIpcUpdate(IpcUpdate, _Desired):
+    """The trainer's ``POST /v1/weights/ipc`` to the sidecar."""
 
 
 class MemoryTags(_Strict):
@@ -75,3 +141,115 @@ class MemoryTags(_Strict):
     ``model``, ``kv_cache``, ``sampler``, ``drafter``, … — any string is accepted)."""
 
     tags: list[str] = Field(default_factory=list)
+
+
+# -- answers ---------------------------------------------------------------------------------
+
+
+class WeightsInfo(_Strict):
+    """``GET /control/weights``: the weights the engine holds, as the engine itself observes them.
+    ``weights_digest``: :mod:`drs_protocol.weights_digest` of the bytes it holds, computed by the
+    engine after every change of its weights (None: its backend computes none)."""
+
+    weights_version: str
+    weights_digest: Digest | None
+    backend: str
+    test_double: bool
+
+
+class _Result(_Strict):
+    figures: dict[str, Figure] = Field(default_factory=dict)
+
+
+class WeightsChanged(_Result):
+    """A load, collective update or CUDA IPC update: the engine now serves ``version``."""
+
+    version: str
+    previous_version: str
+    prefix_cache_blocks_evicted: int | None = None
+
+
+class CollectiveJoined(_Result):
+    world_size: int
+    rank: int | None = None  #: this engine's first rank (None: the backend does not say)
+
+
+class RefitPrepared(_Result):
+    tensors: int
+
+
+class CacheReset(_Result):
+    prefix_cache_blocks_evicted: int | None = None
+
+
+class MemoryReleased(_Result):
+    released: list[str]
+    prefix_cache_blocks_evicted: int | None = None
+    context_states_dropped: int | None = None
+    gpu_allocated_bytes: int | None = None  #: what the engine still holds on its GPU (torch)
+
+
+class MemoryResumed(_Result):
+    resumed: list[str]
+    gpu_allocated_bytes: int | None = None  #: what the engine holds on its GPU again (torch)
+
+
+class Profiling(_Result):
+    profiling: bool
+    duration_s: float | None = None
+
+
+ResultT = TypeVar("ResultT", bound=_Result)
+
+
+class ControlAnswer(_Strict, Generic[ResultT]):
+    """A successful ``POST`` of the control API. ``weights_version`` and ``weights_digest``: what
+    the engine holds after the operation; ``waited_s``: queued behind other control calls. The
+    engine writes it without the fields at their defaults (an empty ``figures``, a None
+    ``duration_s`` …), as :func:`answer_json` does."""
+
+    op: ControlOp
+    result: ResultT
+    weights_version: str
+    weights_digest: Digest | None
+    waited_s: float
+    elapsed_s: float
+
+
+#: Each operation's request model (None: no parameters; any JSON object is accepted and ignored)
+#: and result model.
+OPS: Final[dict[ControlOp, tuple[type[BaseModel] | None, type[_Result]]]] = {
+    ControlOp.LOAD_WEIGHTS: (LoadWeights, WeightsChanged),
+    ControlOp.INIT_COLLECTIVE: (CollectiveInit, CollectiveJoined),
+    ControlOp.PREPARE_REFIT_INFO: (PrepareRefitInfo, RefitPrepared),
+    ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: (CollectiveUpdate, WeightsChanged),
+    ControlOp.UPDATE_WEIGHTS_FROM_IPC: (IpcUpdate, WeightsChanged),
+    ControlOp.RESET_PREFIX_CACHE: (None, CacheReset),
+    ControlOp.RELEASE_MEMORY: (MemoryTags, MemoryReleased),
+    ControlOp.RESUME_MEMORY: (MemoryTags, MemoryResumed),
+    ControlOp.START_PROFILE: (None, Profiling),
+    ControlOp.STOP_PROFILE: (None, Profiling),
+}
+
+
+@functools.cache
+def answer_model(op: ControlOp) -> type[ControlAnswer[Any]]:
+    """The answer model of ``op``: a :class:`ControlAnswer` of its result model (:data:`OPS`)."""
+    generic: Any = ControlAnswer
+    return cast("type[ControlAnswer[Any]]", generic[OPS[op][1]])
+
+
+def answer_json(answer: BaseModel) -> dict[str, Any]:
+    """An answer as the engine writes it: JSON, fields at their defaults left out."""
+    return answer.model_dump(mode="json", exclude_defaults=True)
+
+
+def result_of(model: type[ResultT], raw: dict[str, Any]) -> ResultT:
+    """A backend's report as ``model``: its named fields, every other JSON scalar into
+    ``figures`` (anything else: ``ValueError``, the backend broke the contract)."""
+    named = {k: v for k, v in raw.items() if k in model.model_fields and k != "figures"}
+    figures = {k: v for k, v in raw.items() if k not in named}
+    bad = sorted(k for k, v in figures.items() if v is not None and not isinstance(v, int | float | str | bool))
+    if bad:
+        raise ValueError(f"{model.__name__}: not JSON scalars: {', '.join(bad)}")
+    return model.model_validate({**named, "figures": figures})

@@ -106,6 +106,11 @@ class SimSpec(ConfigModel):
         default=0.0002, ge=0.0, description="Added to a decode step per other in-flight decode."
     )
     weights_load_seconds: float = Field(default=2.0, ge=0.0, description="Simulated time of one weights load.")
+    fault_load_moves_nothing: bool = Field(
+        default=False,
+        description="Injected fault (tests): a weights load answers success under the new version and keeps "
+        "the bytes it had (the digest shows it).",
+    )
     kv_store_capacity: int = Field(default=4096, ge=1, description="Context states kept for decode engines to fetch.")
     kv_store_ttl_seconds: float = Field(default=300.0, gt=0.0, description="Unfetched context states expire after.")
 

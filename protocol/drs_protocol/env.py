@@ -15,6 +15,9 @@ CONTROL_TOKEN: Final = "DRS_CONTROL_TOKEN"
 ENGINE_CONFIG_JSON: Final = "DRS_ENGINE_CONFIG_JSON"
 #: The frontend config as JSON (:class:`drs_protocol.frontend_config.FrontendConfig`), from the replica's ConfigMap.
 FRONTEND_CONFIG_JSON: Final = "DRS_FRONTEND_CONFIG_JSON"
+#: The fleet's desired weights as JSON (:class:`drs_protocol.weights_state.DesiredWeights`; empty:
+#: none), from the fleet's weights ConfigMap (read once, at the engine's start).
+DESIRED_WEIGHTS_JSON: Final = "DRS_DESIRED_WEIGHTS_JSON"
 #: The pod's own address (downward API ``status.podIP``); the pods' ``--host $(POD_IP)``.
 POD_IP: Final = "POD_IP"
 #: The pod's name (downward API ``metadata.name``).
@@ -38,3 +41,5 @@ SIDECAR_URL: Final = "DRS_SIDECAR_URL"
 
 #: Key of the control token in the Secret the operator creates (the sidecar reads it from there).
 CONTROL_TOKEN_SECRET_KEY: Final = "token"
+#: Key of the desired weights (JSON) in the fleet's weights ConfigMap the operator keeps.
+DESIRED_WEIGHTS_KEY: Final = "desired"

@@ -1,74 +1,22 @@
-"""Bodies of the sidecar's trainer API (:class:`~drs_protocol.routes.TrainerRoute`), both ways.
+"""The answers of the sidecar's trainer API (:class:`~drs_protocol.routes.TrainerRoute`).
 
-The sidecar (``drs_sidecar.app``) validates the requests with these models and answers in the
-shapes of the answer models; the trainer's library (``drs_client``) builds the requests and parses
-the answers with the same models. ``POST /v1/sleep`` and ``/v1/wake`` take
-:class:`drs_protocol.control.MemoryTags`, the engines' own body.
-
-Requests forbid unknown fields (a typo is a 400 naming it); answers ignore them, so a client of an
-older release still reads a newer sidecar (``tests/sidecar/test_trainer_api.py`` checks that every
-answer the sidecar gives is exactly what its model dumps, so no field goes unmodelled).
+Its requests are :mod:`drs_protocol.control`'s trainer models (``Refit``, ``TrainerCollectiveInit``,
+``PrepareRefitInfo``, ``TrainerCollectiveUpdate``, ``TrainerIpcUpdate``, ``MemoryTags``), which forbid
+unknown fields (a typo is a 400 naming it). The sidecar (``drs_sidecar.app``) answers in the shapes
+of the models here and the trainer's library (``drs_client``) parses them with the same models.
+Answers ignore unknown fields, so a client of an older release still reads a newer sidecar
+(``tests/sidecar/test_trainer_api.py`` checks that every answer the sidecar gives is exactly what its model dumps, so no field goes unmodelled).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import BaseModel, ConfigDict, Field
 
-from drs_protocol.control import IpcBuffer
-from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 from drs_protocol.routes import ControlOp
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore")
-
-
-# --- requests -------------------------------------------------------------------------------
-
-
-class RefitRequest(_Request):
-    """``POST /v1/refit``: every engine loads ``path`` and serves it as ``version``."""
-
-    path: str = Field(min_length=1, description="checkpoint the engines load (a path they can read)")
-    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS, description="the version they serve it as")
-
-
-class CollectiveInit(_Request):
-    """``POST /v1/collective/init``: every engine joins the trainer's NCCL group."""
-
-    ip: str = Field(min_length=1, description="the trainer's rendezvous address (its rank 0)")
-    port: int = Field(ge=1, le=65535)
-    train_world_size: int = Field(ge=1, description="the trainer's ranks; the engines' come after")
-
-
-class CollectivePrepare(_Request):
-    """``POST /v1/collective/prepare``: names, shapes and dtypes of the tensors to come."""
-
-    state_dict_info: dict[str, Any]
-
-
-class CollectiveUpdate(_Request):
-    """``POST /v1/collective/update``: receive the trainer's broadcast and serve it as ``version``."""
-
-    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
-    drain: bool = True
-    recompute_kv: bool = False
-    path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
-
-
-class IpcRefit(_Request):
-    """``POST /v1/weights/ipc``: the colocated refit, by CUDA IPC handles of packed buffers."""
-
-    version: str = Field(min_length=1, max_length=MAX_WEIGHTS_VERSION_CHARS)
-    state_dict_info: dict[str, Any]
-    buffers: list[IpcBuffer] = Field(min_length=1, description="the trainer's packed buffers, by CUDA IPC")
-    path: str | None = Field(None, min_length=1, description="a checkpoint of these weights, for late engines")
 
 
 # --- answers --------------------------------------------------------------------------------
@@ -83,6 +31,9 @@ class EngineOutcome(_Answer):
     url: str | None
     ok: bool
     detail: str
+    #: the weights the engine answered it holds after the call (None: it did not say)
+    weights_version: str | None = None
+    weights_digest: str | None = None
     elapsed_s: float
 
 
@@ -104,6 +55,8 @@ class FanOutReport(_Answer):
     failed: list[EngineOutcome]
     pending: list[PendingEngine]
     outcomes: list[EngineOutcome]
+    #: the digest every engine had to hold (the trainer's, else the engines' agreed one; None: none)
+    weights_digest: str | None = None
     elapsed_s: float
 
 
@@ -129,8 +82,11 @@ class CollectiveInitReport(FanOutReport):
 
 
 class DesiredWeights(_Answer):
-    path: str
+    """The fleet's desired weights as the sidecar stored them (``path`` None: a broadcast refit)."""
+
+    path: str | None
     version: str
+    digest: str | None = None
 
 
 class FleetEngine(_Answer):
@@ -142,10 +98,12 @@ class FleetEngine(_Answer):
     url: str | None
     ready: bool
     weights_version: str | None
+    weights_digest: str | None = None
 
 
 class FleetReport(_Answer):
-    """``GET /v1/fleet``: every engine with the version it serves, the desired and published weights."""
+    """``GET /v1/fleet``: every engine with the version and digest it holds, the desired and published
+    weights."""
 
     desired: DesiredWeights | None
     published: str | None

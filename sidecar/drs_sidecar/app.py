@@ -1,7 +1,7 @@
 """The trainer-facing HTTP API (on localhost in the trainer's pod).
 
 ==========================  ========================================  ===================================
-``POST /v1/refit``          ``{"path": str, "version": str}``         200 every engine serves it (then
+``POST /v1/refit``          ``{"path", "version", "digest"?}``        200 every engine holds it (then
                                                                       published); 502 some failed or were
                                                                       not ready (report names them); 409
                                                                       a refit runs; 400 bad body
@@ -16,10 +16,10 @@
                                                                       not ready)
 ``POST /v1/collective/prepare``  ``{"state_dict_info": {...}}``       names, shapes, dtypes to come
 ``POST /v1/collective/update``   ``{"version", "drain", "recompute_kv",  receive the broadcast; ``path``: a
-                                 "path"}``                            checkpoint of the same weights for
+                                 "path", "digest"}``                  checkpoint of the same weights for
                                                                       engines that come back later
 ``POST /v1/weights/ipc``    ``{"version", "state_dict_info",         colocated refit: every engine copies
-                            "buffers", "path"}``                      the trainer's CUDA-IPC-shared packed
+                            "buffers", "path", "digest"}``            the trainer's CUDA-IPC-shared packed
                                                                       buffers (same host; torch engines)
 ``GET /v1/fleet``           —                                         engines, the version each serves,
                                                                       desired and published weights
@@ -27,10 +27,15 @@
 ``GET /metrics``            —                                         Prometheus (:mod:`.metrics`)
 ==========================  ========================================  ===================================
 
-The bodies both ways are the models of :mod:`drs_protocol.trainer_api`. Bodies are streamed
-against :data:`MAX_BODY_BYTES` (413 past it, like the engines); every refusal is an error of
-:mod:`drs_sidecar.errors`, answered in the one error body of :mod:`drs_protocol.errors` before any
-engine is called.
+Requests are :mod:`drs_protocol.control`'s trainer models (``Refit``, ``TrainerCollectiveInit``,
+``PrepareRefitInfo``, ``TrainerCollectiveUpdate``, ``TrainerIpcUpdate``, ``MemoryTags``); answers are :mod:`drs_protocol.trainer_api`'s models (the reports and the fleet
+view, which ``drs_client`` parses). ``digest``:
+the trainer's :mod:`drs_protocol.weights_digest` of what it sent; an engine holding another digest
+afterwards is a failed engine (:func:`drs_sidecar.refit.verify_digests`).
+
+Bodies are streamed against :data:`MAX_BODY_BYTES` (413 past it, like the engines); every refusal
+is an error of :mod:`drs_sidecar.errors`, answered in the one error body of
+:mod:`drs_protocol.errors` before any engine is called.
 
 Collective steps (:mod:`drs_sidecar.collective`) call every engine at once; the trainer joins
 the group with its own ranks while its call here is in flight. 409 when a refit runs, or for a
@@ -53,17 +58,23 @@ from collections.abc import AsyncIterator
 from typing import Any, Final, TypeVar
 
 from drs_protocol.body import read_body
-from drs_protocol.control import IpcUpdate, MemoryTags
+from drs_protocol.control import (
+    MemoryTags,
+    PrepareRefitInfo,
+    Refit,
+    TrainerCollectiveInit,
+    TrainerCollectiveUpdate,
+    TrainerIpcUpdate,
+)
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.routes import HEALTHZ, METRICS, ControlOp, TrainerRoute
-from drs_protocol.trainer_api import CollectiveInit, CollectivePrepare, CollectiveUpdate, IpcRefit, RefitRequest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from drs_sidecar.errors import BadRequestError, FleetError
-from drs_sidecar.refit import Refitter, Report
+from drs_sidecar.refit import Refitter, Report, checked
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +92,7 @@ async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
         data = json.loads(raw or b"{}")
     except ValueError as exc:
         raise BadRequestError(f"body: not valid JSON ({exc})") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        raise BadRequestError(problems) from None
+    return checked(model, data)
 
 
 def report_response(report: Report, **extra: Any) -> JSONResponse:
@@ -118,8 +125,16 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
 
 
 async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
-    """Every ``interval_s``: bring engines at another version to the desired weights."""
+    """First the desired weights stored on the resource (a restarted sidecar knows them at once),
+    then every ``interval_s``: bring engines at other weights to the desired ones."""
+    restored = False
     while True:
+        try:
+            if not restored:
+                await refitter.restore()
+                restored = True
+        except FleetError as exc:
+            log.warning("desired weights not read from the resource yet: %s", exc)
         await asyncio.sleep(interval_s)
         try:
             await refitter.reconcile_once()
@@ -132,35 +147,31 @@ async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
 def _add_refit_routes(app: FastAPI, refitter: Refitter) -> None:
     @app.post(TrainerRoute.REFIT)
     async def refit(request: Request) -> Response:
-        body = await parse_body(request, RefitRequest)
-        return report_response(await refitter.refit(body.path, body.version))
+        body = await parse_body(request, Refit)
+        return report_response(await refitter.refit(body.path, body.version, body.digest))
 
 
 def _add_collective_routes(app: FastAPI, refitter: Refitter) -> None:
     @app.post(TrainerRoute.COLLECTIVE_INIT)
     async def collective_init(request: Request) -> Response:
-        body = await parse_body(request, CollectiveInit)
+        body = await parse_body(request, TrainerCollectiveInit)
         layout, report = await refitter.collective_init(body.ip, body.port, body.train_world_size)
         return report_response(report, group=layout.as_dict())
 
     @app.post(TrainerRoute.COLLECTIVE_PREPARE)
     async def collective_prepare(request: Request) -> Response:
-        body = await parse_body(request, CollectivePrepare)
+        body = await parse_body(request, PrepareRefitInfo)
         return report_response(await refitter.collective_prepare(body.state_dict_info))
 
     @app.post(TrainerRoute.COLLECTIVE_UPDATE)
     async def collective_update(request: Request) -> Response:
-        body = await parse_body(request, CollectiveUpdate)
-        report = await refitter.collective_update(
-            body.version, drain=body.drain, recompute_kv=body.recompute_kv, path=body.path
-        )
-        return report_response(report)
+        body = await parse_body(request, TrainerCollectiveUpdate)
+        return report_response(await refitter.collective_update(body))
 
     @app.post(TrainerRoute.IPC_UPDATE)
     async def ipc_update(request: Request) -> Response:
-        body = await parse_body(request, IpcRefit)
-        update = IpcUpdate(version=body.version, state_dict_info=body.state_dict_info, buffers=body.buffers)
-        return report_response(await refitter.ipc_update(update, path=body.path))
+        body = await parse_body(request, TrainerIpcUpdate)
+        return report_response(await refitter.ipc_update(body))
 
 
 def _add_broadcast_routes(app: FastAPI, refitter: Refitter) -> None:
@@ -202,14 +213,16 @@ def _add_status_routes(app: FastAPI, refitter: Refitter) -> None:
 
 
 async def fleet_view(refitter: Refitter) -> dict[str, Any]:
-    """``GET /v1/fleet``: every engine with the version it serves (None: it did not answer), and
-    the desired and published weights."""
+    """``GET /v1/fleet``: every engine with the version and digest it holds (None: it did not
+    answer), and the desired and published weights."""
     engines = await refitter.fleet.engines()
-    versions = await asyncio.gather(*(refitter.control.weights_version(e.url) for e in engines if e.url))
-    served = {v.url: v.body.get("weights_version") for v in versions if v.ok}
+    answers = await asyncio.gather(*(refitter.control.weights(e.url) for e in engines if e.url))
+    held = {a.url: a for a in answers if a.ok}
     desired = refitter.desired
     return {
-        "desired": None if desired is None else {"path": desired.path, "version": desired.version},
+        "desired": None
+        if desired is None
+        else {"path": desired.path, "version": desired.version, "digest": desired.digest},
         "published": refitter.published,
         "refitting": refitter.busy,
         "collective_group": None if refitter.group is None else refitter.group.as_dict(),
@@ -220,8 +233,14 @@ async def fleet_view(refitter: Refitter) -> dict[str, Any]:
                 "replica": e.replica,
                 "url": e.url,
                 "ready": e.ready,
-                "weights_version": served.get(e.url or ""),
+                "weights_version": _held(held, e.url, "weights_version"),
+                "weights_digest": _held(held, e.url, "weights_digest"),
             }
             for e in engines
         ],
     }
+
+
+def _held(answers: dict[str, Any], url: str | None, what: str) -> str | None:
+    answer = answers.get(url or "")
+    return None if answer is None else getattr(answer, what, None)

@@ -58,6 +58,24 @@ class GroupLayout:
         }
 
 
+def membership_changes(layout: GroupLayout, engines: Sequence[Engine]) -> list[str]:
+    """How the fleet now differs from ``layout``'s members (empty: every member is still there,
+    ready, at the same URL and width, and no engine was added)."""
+    now = {e.name: e for e in engines}
+    changes: list[str] = []
+    for member in layout.members:
+        engine = now.get(member.engine.name)
+        if engine is None:
+            changes.append(f"{member.engine.name} is gone")
+        elif not (engine.ready and engine.url):
+            changes.append(f"{engine.name} is not ready")
+        elif engine.url != member.engine.url or engine.width != member.engine.width:
+            changes.append(f"{engine.name} moved ({member.engine.url} -> {engine.url})")
+    members = {m.engine.name for m in layout.members}
+    changes += [f"{e.name} joined the fleet" for e in engines if e.name not in members]
+    return changes
+
+
 def group_layout(engines: Sequence[Engine], train_world_size: int) -> GroupLayout:
     """Each engine's ``rank_prefix`` and the group's ``world_size`` (``NotAllReady`` if any is
     not ready; :class:`Refused` for no engines or a trainer without ranks)."""
@@ -67,7 +85,7 @@ def group_layout(engines: Sequence[Engine], train_world_size: int) -> GroupLayou
         raise Refused("no engines: the DisaggReplicaSet has none placed")
     missing = [e for e in engines if not (e.ready and e.url)]
     if missing:
-        raise NotAllReady(missing)
+        raise NotAllReady([e.name for e in missing])
     members: list[GroupMember] = []
     offset = 0
     for engine in engines:

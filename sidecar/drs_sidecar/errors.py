@@ -11,7 +11,8 @@ A trainer-API route answers every error before any engine is called with the one
     ├── PayloadTooLargeError      (413 request_too_large)      a body over MAX_BODY_BYTES
     ├── ConflictError             (409 conflict_error)
     │   ├── RefitBusy             (409) a refit (or collective step) is already running
-    │   └── NoGroup               (409) a collective step before collective/init formed a group
+    │   ├── NoGroup               (409) a collective step before collective/init formed a group
+    │   └── GroupChanged          (409) the fleet is no longer the group's members (names them)
     └── UnavailableError          (503 service_unavailable)
         ├── FleetError            (503) the resource cannot be read (missing, unparsable, API down)
         └── NotAllReady           (503) a collective step needs every engine; names those not ready
@@ -23,17 +24,16 @@ when the refit is not complete).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from drs_protocol.errors import ApiError, BadRequestError, ConflictError, PayloadTooLargeError, UnavailableError
-
-if TYPE_CHECKING:
-    from drs_sidecar.fleet import Engine
+from drs_protocol.routes import TrainerRoute
 
 __all__ = [
     "ApiError",
     "BadRequestError",
     "FleetError",
+    "GroupChanged",
     "NoGroup",
     "NotAllReady",
     "PayloadTooLargeError",
@@ -58,6 +58,22 @@ class NoGroup(ConflictError):
     """A collective step before ``collective_init`` formed the group."""
 
 
+class GroupChanged(ConflictError):
+    """The engines of the status are no longer the collective group's members (one went away, is
+    not ready, moved, or one was added): the group is dropped; ``collective/init`` forms a new one."""
+
+    def __init__(self, changes: Sequence[str]) -> None:
+        super().__init__(
+            "the collective group's members changed: "
+            + "; ".join(changes)
+            + f" (POST {TrainerRoute.COLLECTIVE_INIT} again)"
+        )
+        self.changes = list(changes)
+
+    def extra(self) -> dict[str, Any]:
+        return {"changes": self.changes}
+
+
 class FleetError(UnavailableError):
     """The fleet cannot be read (the resource is missing, its status unparsable, the API down)."""
 
@@ -65,10 +81,9 @@ class FleetError(UnavailableError):
 class NotAllReady(UnavailableError):
     """A collective step needs every engine; these are not ready."""
 
-    def __init__(self, engines: Sequence[Engine]) -> None:
-        names = ", ".join(e.name for e in engines)
-        super().__init__(f"a collective refit needs every engine ready; not ready: {names}")
+    def __init__(self, engines: Sequence[str]) -> None:
+        super().__init__(f"a collective refit needs every engine ready; not ready: {', '.join(engines)}")
         self.engines = list(engines)
 
     def extra(self) -> dict[str, Any]:
-        return {"engines": [e.name for e in self.engines]}
+        return {"engines": self.engines}

@@ -12,15 +12,22 @@ the sidecar beside engines outside Kubernetes.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
 from drs_operator.api import DisaggReplicaSetStatus
-from drs_operator.api.constants import ANNOTATION_ENGINE_WEIGHTS, ANNOTATION_WEIGHTS_VERSION, GROUP, PLURAL, VERSION
+from drs_operator.api.constants import (
+    ANNOTATION_DESIRED_WEIGHTS,
+    ANNOTATION_ENGINE_WEIGHTS,
+    ANNOTATION_WEIGHTS_VERSION,
+    GROUP,
+    PLURAL,
+    VERSION,
+)
 from drs_operator.api.names import control_secret_name
 from drs_protocol.env import CONTROL_TOKEN_SECRET_KEY
+from drs_protocol.weights_state import DesiredWeights, HeldWeights, dump_engine_weights, parse_desired_weights
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -64,7 +71,9 @@ def engines_from_status(status: Mapping[str, Any] | None) -> list[Engine]:
 class Fleet(Protocol):
     async def engines(self) -> list[Engine]: ...
     async def publish(self, version: str) -> None: ...
-    async def publish_engines(self, versions: Mapping[str, str]) -> None: ...
+    async def publish_engines(self, held: Mapping[str, HeldWeights]) -> None: ...
+    async def desire(self, weights: DesiredWeights | None) -> None: ...
+    async def desired(self) -> DesiredWeights | None: ...
     async def close(self) -> None: ...
 
 
@@ -74,6 +83,7 @@ class StaticFleet:
 
     def __init__(self, urls: Sequence[str]) -> None:
         self._engines = [Engine(name=url, role="engine", replica=0, url=url.rstrip("/"), ready=True) for url in urls]
+        self._desired: DesiredWeights | None = None
 
     async def engines(self) -> list[Engine]:
         return list(self._engines)
@@ -81,8 +91,14 @@ class StaticFleet:
     async def publish(self, version: str) -> None:
         return None
 
-    async def publish_engines(self, versions: Mapping[str, str]) -> None:
+    async def publish_engines(self, held: Mapping[str, HeldWeights]) -> None:
         return None
+
+    async def desire(self, weights: DesiredWeights | None) -> None:
+        self._desired = weights
+
+    async def desired(self) -> DesiredWeights | None:
+        return self._desired
 
     async def close(self) -> None:
         return None
@@ -121,12 +137,23 @@ class KubeFleet:
     async def publish(self, version: str) -> None:
         await self._annotate(ANNOTATION_WEIGHTS_VERSION, version, f"recording weights version {version!r}")
 
-    async def publish_engines(self, versions: Mapping[str, str]) -> None:
-        """Record the version each engine serves, for the operator's per-engine status and WeightsSplit."""
-        text = json.dumps(dict(sorted(versions.items())), separators=(",", ":"))
-        await self._annotate(ANNOTATION_ENGINE_WEIGHTS, text, "recording per-engine weights versions")
+    async def publish_engines(self, held: Mapping[str, HeldWeights]) -> None:
+        """Record what each engine holds (version and digest), for the operator's per-engine
+        status and WeightsSplit (:mod:`drs_protocol.weights_state`)."""
+        text = dump_engine_weights(dict(held))
+        await self._annotate(ANNOTATION_ENGINE_WEIGHTS, text, "recording per-engine weights")
 
-    async def _annotate(self, key: str, value: str, what: str) -> None:
+    async def desire(self, weights: DesiredWeights | None) -> None:
+        """Store the desired weights (annotation ``disagg.dev/desired-weights``; None removes it)."""
+        what = "recording the desired weights" if weights else "removing the desired weights"
+        await self._annotate(ANNOTATION_DESIRED_WEIGHTS, weights.dump() if weights else None, what)
+
+    async def desired(self) -> DesiredWeights | None:
+        """The desired weights an earlier refit stored (None: none, or unreadable)."""
+        annotations = ((await self._read()).get("metadata") or {}).get("annotations") or {}
+        return parse_desired_weights(annotations.get(ANNOTATION_DESIRED_WEIGHTS))
+
+    async def _annotate(self, key: str, value: str | None, what: str) -> None:
         patch = {"metadata": {"annotations": {key: value}}}
         try:
             await self._custom.patch_namespaced_custom_object(  # type: ignore[call-arg]

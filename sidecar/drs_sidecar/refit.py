@@ -17,40 +17,58 @@ back-off (``RETRY_BASE_S`` doubling up to ``RETRY_MAX_S``), not on every pass.
 
 One refit at a time: a second one while the first runs is refused (:class:`RefitBusy`), since
 two interleaved loads would leave engines at different versions.
+
+Digest proof: every answer of a weights operation carries the digest the engine measured over the
+bytes it now holds (:mod:`drs_protocol.weights_digest`). An engine's load counts only when its
+digest equals the desired one: the trainer's (``digest`` in its request, computed over what it
+sent), else the one the engines agree on (most of them; a tie is a disagreement and fails every
+engine of it). A load that answered 200 but holds other bytes is a failure naming the engine. An
+engine whose backend computes no digest (``trtllm`` today) counts unverified, and its outcome
+says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any, Final
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Final, TypeVar
 
-from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, MemoryTags, PrepareRefitInfo
-from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.control import (
+    CollectiveInit,
+    CollectiveUpdate,
+    IpcUpdate,
+    MemoryTags,
+    PrepareRefitInfo,
+    Refit,
+    TrainerCollectiveUpdate,
+    TrainerIpcUpdate,
+)
 from drs_protocol.routes import ControlOp, TrainerRoute
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
+from pydantic import BaseModel, ValidationError
 
-from drs_sidecar.collective import GroupLayout, group_layout
+from drs_sidecar.collective import GroupLayout, group_layout, membership_changes
 from drs_sidecar.control import CallResult, ControlClient
-from drs_sidecar.errors import FleetError, NoGroup, RefitBusy, Refused
+from drs_sidecar.errors import FleetError, GroupChanged, NoGroup, RefitBusy, Refused
 from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.metrics import SidecarMetrics
 
 log = logging.getLogger(__name__)
 
-#: The engines refuse longer versions (``drs_protocol.control.LoadWeights``).
-MAX_VERSION_CHARS: Final = MAX_WEIGHTS_VERSION_CHARS
 #: Seconds before an engine whose catch-up load failed is tried again (doubling per failure).
 RETRY_BASE_S: Final = 5.0
 RETRY_MAX_S: Final = 300.0
 
 
-@dataclass(frozen=True, slots=True)
-class Weights:
-    path: str
-    version: str
+ModelT = TypeVar("ModelT", bound=BaseModel)
+#: The operations that change an engine's weights (their outcomes are checked by digest).
+WEIGHTS_OPS: Final = frozenset(
+    {ControlOp.LOAD_WEIGHTS, ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, ControlOp.UPDATE_WEIGHTS_FROM_IPC}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +80,8 @@ class EngineOutcome:
     ok: bool
     detail: str
     elapsed_s: float
+    weights_version: str | None = None  #: what the engine answered it holds afterwards
+    weights_digest: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -71,6 +91,8 @@ class EngineOutcome:
             "url": self.url,
             "ok": self.ok,
             "detail": self.detail,
+            "weights_version": self.weights_version,
+            "weights_digest": self.weights_digest,
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -83,6 +105,8 @@ class Report:
     outcomes: list[EngineOutcome] = field(default_factory=list)
     pending: list[Engine] = field(default_factory=list)
     elapsed_s: float = 0.0
+    #: The digest every engine had to reach (a weights operation), None when none could be decided.
+    digest: str | None = None
 
     @property
     def failed(self) -> list[EngineOutcome]:
@@ -101,16 +125,60 @@ class Report:
             "failed": [o.as_dict() for o in self.failed],
             "pending": [{"engine": e.name, "role": e.role, "replica": e.replica} for e in self.pending],
             "outcomes": [o.as_dict() for o in self.outcomes],
+            "weights_digest": self.digest,
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
 
-def check_weights(path: str, version: str) -> None:
-    """:class:`Refused` naming the field for a refit request no engine would accept."""
-    if not path:
-        raise Refused("path: must not be empty")
-    if not version or len(version) > MAX_VERSION_CHARS:
-        raise Refused(f"version: must be 1 to {MAX_VERSION_CHARS} characters")
+def checked(model: type[ModelT], data: object) -> ModelT:
+    """``model`` from ``data``, or :class:`Refused` naming each bad field (the models of
+    :mod:`drs_protocol.control` hold the one rule for each: version, digest, path). The one place
+    the sidecar words a validation error (trainer bodies, and refits called in-process)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise Refused(
+            "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+        ) from None
+
+
+def expected_digest(outcomes: Sequence[EngineOutcome], desired: str | None) -> str | None:
+    """The digest the engines must hold: ``desired`` when the trainer gave one, else the one most
+    of the engines that answered with a digest hold (None on a tie: they disagree)."""
+    if desired is not None:
+        return desired
+    counts = collections.Counter(o.weights_digest for o in outcomes if o.ok and o.weights_digest)
+    ranked = counts.most_common(2)
+    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]
+
+
+def verify_digests(report: Report, desired: str | None) -> Report:
+    """Every outcome that answered 200 is failed unless the engine's digest is the expected one
+    (:func:`expected_digest`); an engine that reports no digest stays ok, marked unverified."""
+    expect = expected_digest(report.outcomes, desired)
+    answered = [o.weights_digest for o in report.outcomes if o.ok and o.weights_digest]
+    checked_outcomes = []
+    for o in report.outcomes:
+        if not o.ok:
+            checked_outcomes.append(o)
+        elif o.weights_digest is None:
+            checked_outcomes.append(replace(o, detail="unverified: its backend computes no weights digest"))
+        elif expect is None:
+            seen = ", ".join(sorted(set(answered)))
+            checked_outcomes.append(replace(o, ok=False, detail=f"weights digests disagree across engines ({seen})"))
+        elif o.weights_digest != expect:
+            what = "the trainer's" if desired is not None else "the other engines'"
+            detail = f"holds weights digest {o.weights_digest}, not {what} {expect}: the load moved other bytes"
+            checked_outcomes.append(replace(o, ok=False, detail=detail))
+        else:
+            checked_outcomes.append(o)
+    report.outcomes = checked_outcomes
+    report.digest = expect
+    for failed in report.failed:
+        log.warning("%s on %s (%s): %s", report.op, failed.engine, failed.url, failed.detail)
+    return report
 
 
 class Refitter:
@@ -119,10 +187,10 @@ class Refitter:
         self.control = control
         self.metrics = metrics
         self.concurrency = concurrency
-        self.desired: Weights | None = None
+        self.desired: DesiredWeights | None = None
         self.published: str | None = None
-        #: engine name -> the version it serves, as last recorded on the resource
-        self.engine_versions: dict[str, str] = {}
+        #: engine name -> what it holds, as last recorded on the resource
+        self.engine_weights: dict[str, HeldWeights] = {}
         self._lock = asyncio.Lock()
         #: engine URL -> (failed catch-up loads in a row, loop time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
@@ -133,35 +201,38 @@ class Refitter:
     def busy(self) -> bool:
         return self._lock.locked()
 
-    async def refit(self, path: str, version: str) -> Report:
+    async def refit(self, path: str, version: str, digest: str | None = None) -> Report:
         """Load ``path`` as ``version`` on every ready engine; publish the version if all of the
-        fleet now serves it. Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
-        check_weights(path, version)
+        fleet now holds it (by digest: ``digest``, the trainer's, else the engines' agreement).
+        Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
+        request = checked(Refit, {"path": path, "version": version, "digest": digest})
         if self._lock.locked():
             raise RefitBusy()
         async with self._lock:
+            engines = await self.fleet.engines()
+            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+            previous = await self._start(target)
             report = await self._fan_out(
                 ControlOp.LOAD_WEIGHTS,
-                await self.fleet.engines(),
-                lambda url: self.control.load_weights(url, path, version),
+                engines,
+                lambda url: self.control.load_checkpoint(url, request.path, request.version),
+                desired_digest=request.digest,
             )
             self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
             self.metrics.refit_seconds.observe(report.elapsed_s)
-            if any(o.ok for o in report.outcomes):
-                self.desired = Weights(path, version)
-                self._backoff.clear()
-            await self._record_engines({**self.engine_versions, **{o.engine: version for o in report.outcomes if o.ok}})
+            await self._settle(report, previous, target)
+            await self._record_outcomes(report)
             if report.complete:
-                await self._publish(version)
-            elif self.desired is not None and self.desired.version == version:
+                await self._publish(request.version)
+            elif self.desired is not None and self.desired.version == request.version:
                 log.warning(
                     "refit to %s incomplete: %d failed, %d pending (kept as desired; retried as engines come up)",
-                    version,
+                    request.version,
                     len(report.failed),
                     len(report.pending),
                 )
             else:
-                log.warning("refit to %s loaded on no engine: the desired weights are unchanged", version)
+                log.warning("refit to %s loaded on no engine: the desired weights are unchanged", request.version)
             return report
 
     # -- collective (NCCL) refit: see drs_sidecar.collective ----------------------------------
@@ -195,60 +266,112 @@ class Refitter:
         """Tell every engine of the group which tensors will come (names, shapes, dtypes)."""
         return await self._collective(ControlOp.PREPARE_REFIT_INFO, PrepareRefitInfo(state_dict_info=state_dict_info))
 
-    async def collective_update(self, version: str, *, drain: bool, recompute_kv: bool, path: str | None) -> Report:
-        """Every engine of the group receives the trainer's broadcast and serves it as ``version``.
-        ``path``: a checkpoint of the same weights, loaded on engines that come back later (without
-        one, nothing is desired: a restarted engine keeps the weights it starts with)."""
-        check_weights(path or "-", version)
-        body = CollectiveUpdate(version=version, drain=drain, recompute_kv=recompute_kv)
-        report = await self._collective(ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body)
+    async def collective_update(self, request: TrainerCollectiveUpdate) -> Report:
+        """Every engine of the group receives the trainer's broadcast and serves it as
+        ``request.version``, checked against ``request.digest``. ``request.path``: a checkpoint of
+        the same weights, loaded on engines that come back later (without one, a restarted engine
+        cannot be brought to them from a checkpoint)."""
+        body = CollectiveUpdate(version=request.version, drain=request.drain, recompute_kv=request.recompute_kv)
+        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+        report = await self._collective(
+            ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body, desired_digest=request.digest, target=target
+        )
         if report.complete:
-            self.desired = Weights(path, version) if path else None
-            self._backoff.clear()
-            if path is None:
-                log.warning("weights %s came by broadcast, no checkpoint path: restarted engines keep theirs", version)
-            await self._publish(version)
+            await self._publish(request.version)
         return report
 
-    async def ipc_update(self, body: IpcUpdate, *, path: str | None) -> Report:
+    async def ipc_update(self, request: TrainerIpcUpdate) -> Report:
         """The colocated refit: every ready engine copies the trainer's CUDA-IPC-shared packed
-        buffers into its weights and serves them as ``body.version`` (engines on the trainer's host;
-        no group to form). ``path`` as for :meth:`collective_update`."""
-        check_weights(path or "-", body.version)
+        buffers into its weights and serves them as ``request.version`` (engines on the trainer's
+        host; no group to form). ``path`` and ``digest`` as for :meth:`collective_update`."""
+        body = IpcUpdate(version=request.version, state_dict_info=request.state_dict_info, buffers=request.buffers)
         if self._lock.locked():
             raise RefitBusy()
         async with self._lock:
             op = ControlOp.UPDATE_WEIGHTS_FROM_IPC
+            engines = await self.fleet.engines()
+            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+            previous = await self._start(target)
             report = await self._fan_out(
                 op,
-                await self.fleet.engines(),
+                engines,
                 lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
                 all_at_once=True,
+                desired_digest=request.digest,
             )
-            await self._record_engines(
-                {**self.engine_versions, **{o.engine: body.version for o in report.outcomes if o.ok}}
-            )
+            await self._settle(report, previous, target)
+            await self._record_outcomes(report)
         if report.complete:
-            self.desired = Weights(path, body.version) if path else None
-            self._backoff.clear()
-            await self._publish(body.version)
+            await self._publish(request.version)
         return report
 
-    async def _collective(self, op: ControlOp, body: PrepareRefitInfo | CollectiveUpdate) -> Report:
+    async def restore(self) -> DesiredWeights | None:
+        """Take the desired weights from the resource, where an earlier refit stored them (a
+        restarted sidecar or trainer pod forgets nothing). :class:`FleetError` when unreadable."""
+        stored = await self.fleet.desired()
+        if stored is not None and self.desired is None:
+            self.desired = stored
+            log.info("desired weights %s restored from the resource", stored.version)
+        return stored
+
+    async def _start(self, target: DesiredWeights) -> DesiredWeights | None:
+        """Store ``target`` as the desired weights on the resource before any engine is called (a
+        refit that cannot be recorded is refused: :class:`FleetError`); the previous ones back."""
+        previous = self.desired
+        await self.fleet.desire(target)
+        self.desired = target
+        return previous
+
+    async def _settle(self, report: Report, previous: DesiredWeights | None, target: DesiredWeights) -> None:
+        """After a weights operation: the new weights stay desired (with the digest the engines were
+        checked against) when any engine took them; one that reached no engine puts the previous
+        desired weights back (a mistyped path changes nothing)."""
+        if any(o.ok for o in report.outcomes):
+            desired: DesiredWeights | None = target.model_copy(update={"digest": target.digest or report.digest})
+            self._backoff.clear()
+            if target.path is None:
+                log.warning("weights %s came without a checkpoint path: later engines cannot load them", target.version)
+        else:
+            desired = previous
+        if desired != target:
+            try:
+                await self.fleet.desire(desired)
+            except FleetError as exc:
+                log.error("desired weights could not be recorded: %s", exc)
+        self.desired = desired
+
+    async def _collective(
+        self,
+        op: ControlOp,
+        body: PrepareRefitInfo | CollectiveUpdate,
+        *,
+        desired_digest: str | None = None,
+        target: DesiredWeights | None = None,
+    ) -> Report:
         if self._lock.locked():
             raise RefitBusy()
         async with self._lock:
             group = self.group
             if group is None:
                 raise NoGroup(f"no collective group: POST {TrainerRoute.COLLECTIVE_INIT} first")
+            changes = membership_changes(group, await self.fleet.engines())
+            if changes:  # a collective over a member that is not there would wait for it
+                self.group = None
+                raise GroupChanged(changes)
+            previous = await self._start(target) if target is not None else None
             report = await self._fan_out(
                 op,
                 [m.engine for m in group.members],
                 lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
                 all_at_once=True,
+                desired_digest=desired_digest,
             )
             if report.failed:
                 self.group = None  # a member failed mid-collective: the group is not usable
+            if target is not None:
+                await self._settle(report, previous, target)
+            if op in WEIGHTS_OPS:
+                await self._record_outcomes(report)
             return report
 
     async def broadcast(self, op: ControlOp, body: MemoryTags | None = None) -> Report:
@@ -256,39 +379,38 @@ class Refitter:
         return await self._fan_out(op, await self.fleet.engines(), lambda url: self.control.op(url, op, body))
 
     async def reconcile_once(self) -> Report | None:
-        """Record the version every ready engine serves (the operator's per-engine status); bring
-        every ready engine that serves another version to the desired weights; publish the
-        version once the whole fleet serves it. None when nothing is desired or a refit runs.
-        Without desired weights nothing is locked: a refit arriving meanwhile is never refused."""
+        """Record what every ready engine holds (the operator's per-engine status); bring every
+        ready engine that holds other weights (another version, or another digest than the
+        desired one) to the desired weights when they have a checkpoint path; publish the version
+        once the whole fleet holds it. None when nothing is desired or a refit runs. Without
+        desired weights nothing is locked: a refit arriving meanwhile is never refused."""
         if self._lock.locked():
             return None
         if self.desired is None:
-            *_, served = await self._read_versions()
+            *_, held = await self._read_weights()
             if self.desired is None and not self._lock.locked():
-                await self._record_engines(served)
+                await self._record_engines(held)
             return None
         async with self._lock:
             desired = self.desired
-            engines, ready, versions, served = await self._read_versions()
-            behind = [
-                e
-                for e, v in zip(ready, versions, strict=True)
-                if v.ok and v.body.get("weights_version") != desired.version
-            ]
-            unknown = sum(not v.ok for v in versions)
+            engines, ready, answers, held = await self._read_weights()
+            behind = [e for e, a in zip(ready, answers, strict=True) if a.ok and not _holds(a, desired)]
+            unknown = sum(not a.ok for a in answers)
             self.metrics.engines_behind.set(len(behind) + unknown + (len(engines) - len(ready)))
             now = asyncio.get_running_loop().time()
             due = [e for e in behind if self._backoff.get(e.url or "", (0, 0.0))[1] <= now]
             report = Report(ControlOp.LOAD_WEIGHTS)
-            if due:
+            path = desired.path
+            if due and path is not None:
                 log.info("%d engine(s) not at weights %s: loading", len(due), desired.version)
                 report = await self._fan_out(
                     ControlOp.LOAD_WEIGHTS,
                     due,
-                    lambda url: self.control.load_weights(url, desired.path, desired.version),
+                    lambda url: self.control.load_checkpoint(url, path, desired.version),
+                    desired_digest=desired.digest,
                 )
                 self._note_attempts(report, now)
-            await self._record_engines({**served, **{o.engine: desired.version for o in report.outcomes if o.ok}})
+            await self._record_engines({**held, **_held_after(report)})
             loaded = {o.url for o in report.outcomes if o.ok}
             all_current = len(ready) == len(engines) and unknown == 0 and all(e.url in loaded for e in behind)
             if all_current and engines and self.published != desired.version:
@@ -304,29 +426,32 @@ class Refitter:
                 failures = self._backoff.get(url, (0, 0.0))[0] + 1
                 self._backoff[url] = (failures, now + min(RETRY_BASE_S * 2 ** (failures - 1), RETRY_MAX_S))
 
-    async def _read_versions(self) -> tuple[list[Engine], list[Engine], list[CallResult], dict[str, str]]:
+    async def _read_weights(self) -> tuple[list[Engine], list[Engine], list[CallResult], dict[str, HeldWeights]]:
         """The fleet's engines, the ready ones, their answers to ``GET /control/weights``, and
-        ``{engine name: version}`` of those that answered."""
+        what each that answered holds, by engine name."""
         engines = await self.fleet.engines()
         ready = [e for e in engines if e.ready and e.url]
-        versions = await asyncio.gather(*(self.control.weights_version(e.url) for e in ready if e.url))
-        served = {
-            e.name: str(v.body["weights_version"])
-            for e, v in zip(ready, versions, strict=True)
-            if v.ok and isinstance(v.body.get("weights_version"), str)
+        answers = await asyncio.gather(*(self.control.weights(e.url) for e in ready if e.url))
+        held = {
+            e.name: HeldWeights(version=a.weights_version, digest=a.weights_digest)
+            for e, a in zip(ready, answers, strict=True)
+            if a.ok and a.weights_version is not None
         }
-        return engines, ready, list(versions), served
+        return engines, ready, list(answers), held
 
-    async def _record_engines(self, versions: dict[str, str]) -> None:
-        """Write the per-engine versions to the resource when they changed (never fails the caller)."""
-        if versions == self.engine_versions:
+    async def _record_outcomes(self, report: Report) -> None:
+        await self._record_engines({**self.engine_weights, **_held_after(report)})
+
+    async def _record_engines(self, held: dict[str, HeldWeights]) -> None:
+        """Write what each engine holds to the resource when it changed (never fails the caller)."""
+        if held == self.engine_weights:
             return
         try:
-            await self.fleet.publish_engines(versions)
+            await self.fleet.publish_engines(held)
         except FleetError as exc:
-            log.warning("per-engine weights versions could not be recorded: %s", exc)
+            log.warning("per-engine weights could not be recorded: %s", exc)
             return
-        self.engine_versions = dict(versions)
+        self.engine_weights = dict(held)
 
     async def _publish(self, version: str) -> None:
         try:
@@ -345,9 +470,11 @@ class Refitter:
         call: Callable[[str], Awaitable[CallResult]],
         *,
         all_at_once: bool = False,
+        desired_digest: str | None = None,
     ) -> Report:
         """``call`` on every ready engine, at most ``concurrency`` at once, or all at once (a
-        collective step: every member must be inside the call for any of them to finish)."""
+        collective step: every member must be inside the call for any of them to finish). The
+        outcomes of a weights operation are checked by digest (:func:`verify_digests`)."""
         started = time.perf_counter()
         report = Report(op, pending=[e for e in engines if not (e.ready and e.url)])
         gate = asyncio.Semaphore(max(1, len(engines)) if all_at_once else self.concurrency)
@@ -359,11 +486,38 @@ class Refitter:
             self.metrics.engine_calls.labels(op=op.value, result="ok" if result.ok else "failed").inc()
             detail = result.detail if result.status is None or result.ok else f"{result.status}: {result.detail}"
             return EngineOutcome(
-                engine.name, engine.role, engine.replica, engine.url, result.ok, detail, result.elapsed_s
+                engine.name,
+                engine.role,
+                engine.replica,
+                engine.url,
+                result.ok,
+                detail,
+                result.elapsed_s,
+                result.weights_version,
+                result.weights_digest,
             )
 
         report.outcomes = list(await asyncio.gather(*(one(e) for e in engines if e.ready and e.url)))
         report.elapsed_s = time.perf_counter() - started
+        if op in WEIGHTS_OPS:
+            return verify_digests(report, desired_digest)
         for failed in report.failed:
             log.warning("%s on %s (%s) failed: %s", op, failed.engine, failed.url, failed.detail)
         return report
+
+
+def _holds(answer: CallResult, desired: DesiredWeights) -> bool:
+    """Whether an engine's ``GET /control/weights`` answer is at the desired weights (by digest
+    when both are known)."""
+    if answer.weights_version != desired.version:
+        return False
+    return desired.digest is None or answer.weights_digest is None or answer.weights_digest == desired.digest
+
+
+def _held_after(report: Report) -> dict[str, HeldWeights]:
+    """What each engine that answered a weights operation holds now (as it answered)."""
+    return {
+        o.engine: HeldWeights(version=o.weights_version, digest=o.weights_digest)
+        for o in report.outcomes
+        if o.weights_version is not None
+    }

@@ -4,6 +4,7 @@ frontend → prefill engine → decode engine."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import signal
@@ -19,6 +20,7 @@ import openai
 import pytest
 from drs_devcluster import profiles
 from drs_devcluster.testing import TEST_GB200_NODES, TEST_HGX_NODES, RunningCluster
+from drs_protocol.weights_digest import digest_files
 from operator_harness import (
     ROOT,
     OperatorProcess,
@@ -123,9 +125,52 @@ def test_a_chat_turn_sent_to_a_status_url_is_served_by_that_replicas_engines(
     assert list(pods_dir.glob(f"{namespace}_e2e-r0-prefill-0_*/log")), "the prefill engine ran as a local process"
 
 
+def start_sidecar(devcluster: RunningCluster, namespace: str, name: str, port: int) -> subprocess.Popen[bytes]:
+    # the control token comes from the resource's Secret (read through the API, as in a trainer pod)
+    return subprocess.Popen(
+        [DRS, "sidecar", "--name", name, "--namespace", namespace, "--port", str(port), "--reconcile-interval", "0.5"],
+        env={k: v for k, v in devcluster.env.items() if k != "DRS_CONTROL_TOKEN"},
+        stderr=subprocess.PIPE,
+    )
+
+
+def stop_sidecar(sidecar: subprocess.Popen[bytes]) -> None:
+    sidecar.terminate()
+    try:
+        _, err = sidecar.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        sidecar.kill()
+        _, err = sidecar.communicate()
+    print(err.decode(errors="replace")[-4000:])  # pytest shows it when the test fails
+    # uvicorn shuts down gracefully, then re-raises the signal it caught: -SIGTERM, not SIGKILL
+    assert sidecar.returncode in (0, -signal.SIGTERM), "the sidecar stops on SIGTERM"
+
+
+def engine_weights(devcluster: RunningCluster, namespace: str, name: str, engine: str) -> dict[str, Any] | None:
+    """What one engine answers it holds (``GET /control/weights``, with the fleet's control token)."""
+    status = drs_status(devcluster, namespace, name)
+    url = next(
+        (e.get("url") for r in status.get("replicaStatuses", []) for e in r["engines"] if e["name"] == engine), None
+    )
+    secret = json.loads(devcluster.kubectl("get", "secret", "-n", namespace, f"{name}-control", "-o", "json").stdout)
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    if url is None:
+        return None
+    request = urllib.request.Request(url + "/control/weights", headers={"authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            held: dict[str, Any] = json.loads(resp.read())
+            return held
+    except OSError:
+        return None
+
+
 def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_up(
     devcluster: RunningCluster, namespace: str, stack: OperatorProcess, tmp_path: Path
 ) -> None:
+    """Refit; then, with no sidecar running, an engine pod is deleted: its replacement reads the
+    desired weights from the weights ConfigMap and loads them before it is Ready; a new sidecar
+    knows the desired weights from the resource; a replica added afterwards starts at them too."""
     fleet = sim_fleet("refit")
     fleet["spec"]["frontend"]["basePort"] = 18400
     fleet["spec"]["trtllm"]["enginePort"] = 18100
@@ -133,28 +178,13 @@ def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_u
     wait_ready(devcluster, namespace, "refit", 2, timeout=180)
     checkpoint = tmp_path / "step-1"
     checkpoint.write_bytes(b"policy weights after step 1")
+    digest = digest_files(checkpoint)
     port = free_port()
-    # the control token comes from the resource's Secret (read through the API, as in a trainer pod)
-    sidecar = subprocess.Popen(
-        [
-            DRS,
-            "sidecar",
-            "--name",
-            "refit",
-            "--namespace",
-            namespace,
-            "--port",
-            str(port),
-            "--reconcile-interval",
-            "0.5",
-        ],
-        env={k: v for k, v in devcluster.env.items() if k != "DRS_CONTROL_TOKEN"},
-        stderr=subprocess.PIPE,
-    )
     url = f"http://127.0.0.1:{port}"
+    sidecar = start_sidecar(devcluster, namespace, "refit", port)
     try:
         wait_for("the sidecar to serve", lambda: _get(url + "/healthz") is not None, timeout=30)
-        report = _post(url + "/v1/refit", {"path": str(checkpoint), "version": "step-1"})
+        report = _post(url + "/v1/refit", {"path": str(checkpoint), "version": "step-1", "digest": digest})
         assert report["complete"] is True and report["ok"] == 6, report  # 2 replicas × (2 prefill + 1 decode)
         status = wait_for(
             "status.weights.version to be step-1",
@@ -163,31 +193,62 @@ def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_u
             ),
         )
         assert status["weights"]["lastUpdateTime"]
-
-        victim = "refit-r1-decode-0"
-        old_uid = engine_pods(devcluster, namespace)[victim]["metadata"]["uid"]
-        devcluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")
-
-        def all_at_step_1() -> bool:
-            pods_now = engine_pods(devcluster, namespace)
-            fleet_now = _get(url + "/v1/fleet") or {}
-            return (
-                victim in pods_now
-                and pods_now[victim]["metadata"]["uid"] != old_uid
-                and [e["weights_version"] for e in fleet_now.get("engines", [])] == ["step-1"] * 6
-            )
-
-        wait_for("the replaced engine to serve step-1 again", all_at_step_1, timeout=120)
+        assert status["weights"]["desired"] == {"version": "step-1", "path": str(checkpoint), "digest": digest}
+        shown = wait_for(
+            "every engine's digest in status",
+            lambda: (
+                (s := drs_status(devcluster, namespace, "refit"))
+                and [e.get("weightsDigest") for r in s["replicaStatuses"] for e in r["engines"]] == [digest] * 6
+                and s
+            ),
+        )
+        assert shown["phase"] == "Ready"
+        table = devcluster.kubectl("get", "drs", "-n", namespace, "refit").stdout
+        assert "WEIGHTS" in table.splitlines()[0] and "step-1" in table.splitlines()[1]
     finally:
-        sidecar.terminate()
-        try:
-            _, err = sidecar.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            sidecar.kill()
-            _, err = sidecar.communicate()
-        print(err.decode(errors="replace")[-4000:])  # pytest shows it when the test fails
-    # uvicorn shuts down gracefully, then re-raises the signal it caught: -SIGTERM, not SIGKILL
-    assert sidecar.returncode in (0, -signal.SIGTERM), "the sidecar stops on SIGTERM"
+        stop_sidecar(sidecar)
+
+    # no sidecar now: the replacement catches up by itself, before it is Ready
+    victim = "refit-r1-decode-0"
+    old_uid = engine_pods(devcluster, namespace)[victim]["metadata"]["uid"]
+    devcluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")
+
+    def replaced_and_ready() -> bool:
+        pod = engine_pods(devcluster, namespace).get(victim)
+        if pod is None or pod["metadata"]["uid"] == old_uid:
+            return False
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions", []))
+
+    wait_for("the replaced engine pod to be Ready", replaced_and_ready, timeout=120)
+    held = engine_weights(devcluster, namespace, "refit", victim)
+    assert held is not None and (held["weights_version"], held["weights_digest"]) == ("step-1", digest)
+
+    sidecar = start_sidecar(devcluster, namespace, "refit", port)
+    try:
+        wait_for("the new sidecar to serve", lambda: _get(url + "/healthz") is not None, timeout=30)
+        desired = wait_for(
+            "the new sidecar to restore the desired weights", lambda: (_get(url + "/v1/fleet") or {}).get("desired")
+        )
+        assert desired == {"path": str(checkpoint), "version": "step-1", "digest": digest}
+        fleet_now = _get(url + "/v1/fleet") or {}
+        assert [e["weights_digest"] for e in fleet_now.get("engines", [])] == [digest] * 6
+    finally:
+        stop_sidecar(sidecar)
+
+    # scale up by one replica, no sidecar running: the new engines come up at the desired weights
+    fleet["spec"]["replicas"] = 3
+    apply(devcluster, namespace, fleet)
+    wait_ready(devcluster, namespace, "refit", 3, timeout=180)
+    added = [
+        e["name"]
+        for r in drs_status(devcluster, namespace, "refit")["replicaStatuses"]
+        if r["index"] == 2
+        for e in r["engines"]
+    ]
+    assert len(added) == 3
+    for engine in added:
+        held = engine_weights(devcluster, namespace, "refit", engine)
+        assert held is not None and (held["weights_version"], held["weights_digest"]) == ("step-1", digest), engine
 
 
 def _get(url: str) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine
+from drs_protocol.weights_digest import digest_bytes
 
 from .conftest import CONTROL_TOKEN, EngineFactory, auth
 
@@ -71,7 +72,8 @@ async def test_an_engine_without_a_token_refuses_the_whole_control_api(
 
 async def test_the_weights_version_can_be_read(client: httpx.AsyncClient, prefill: RunningEngine) -> None:
     response = await client.get(prefill.url + "/control/weights", headers=auth())
-    assert response.json() == {"weights_version": "0", "backend": "sim", "test_double": True}
+    digest = digest_bytes(prefill.config.model.path.encode())  # a sim engine starts at its model label's bytes
+    assert response.json() == {"weights_version": "0", "weights_digest": digest, "backend": "sim", "test_double": True}
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 from drs_protocol.chat import default_tokenizer_dir
+from drs_protocol.weights_digest import digest_bytes
 
 DOUBLE = Path(__file__).parent / "trtllm_contract_double"
 DRS = Path(sys.executable).parent / "drs"
@@ -143,12 +144,15 @@ def test_refit_from_a_path_and_over_the_collective_changes_the_weights_and_false
     empty.mkdir()
     with trtllm_engine(tmp_path, "e", tensorParallelSize=2) as url:
         before = tokens(chat(url))
+        assert httpx.get(url + "/control/weights", headers=AUTH).json()["weights_digest"] is None, "no update yet"
         refused = httpx.post(url + "/control/weights/load", json={"path": str(empty), "version": "bad"}, headers=AUTH)
         assert refused.status_code == 400 and "returned False on worker rank(s) [0, 1]" in refused.text
         loaded = httpx.post(
             url + "/control/weights/load", json={"path": str(checkpoint), "version": "v2"}, headers=AUTH
         )
         assert loaded.status_code == 200, loaded.text
+        # the worker extension's digest of what it handed the engine, every worker agreeing
+        assert loaded.json()["weights_digest"] == digest_bytes(b"weights-v2")
         after_load = tokens(chat(url))
         assert after_load != before
         early = httpx.post(url + "/control/collective/update", json={"version": "v3"}, headers=AUTH)

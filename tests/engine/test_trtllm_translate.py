@@ -295,6 +295,7 @@ def test_a_finished_generation_output_did_no_prefix_lookup() -> None:
         ("reset_prefix_cache", "reset_prefix_cache"),
         ("start_profile", "start_profile"),
         ("stop_profile", "stop_profile"),
+        ("weights_digest", "weights_digest"),
     ],
 )
 def test_each_control_op_maps_to_one_worker_rpc(op: str, method: str) -> None:

@@ -245,10 +245,14 @@ async def test_a_gloo_collective_refit_through_the_sidecar_serves_the_trainers_w
         assert report["world_size"] == 3 and report["engines_ok"] == 2 and report["buckets"] > 1
         refit = await tokens(client, a.url, ids)
         assert refit != before and refit == await tokens(client, b.url, ids)
+        for engine in (a, b):  # each measured its own bytes: the trainer's digest over what it sent
+            held = (await client.get(engine.url + "/control/weights", headers=auth())).json()
+            assert held["weights_digest"] == report["digest"]
         load = await client.post(
             b.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path / "step-9"), "version": "disk"}
         )
         assert load.status_code == 200 and await tokens(client, b.url, ids) == refit
+        assert load.json()["weights_digest"] == report["digest"], "the same bytes from the checkpoint"
 
 
 def test_the_handoff_arena_hands_out_disjoint_regions_and_merges_freed_ones() -> None:

@@ -24,6 +24,7 @@ from drs_protocol.control import CollectiveUpdate, LoadWeights
 from drs_protocol.engine_config import EngineConfig
 from drs_protocol.frontend_config import FrontendConfig
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.weights_digest import DIGEST_PATTERN
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Non-test code: the source roots, the benchmarks and the examples.
@@ -290,13 +291,13 @@ def test_the_crd_enums_and_the_weights_version_bound_come_from_drs_protocol() ->
     assert weights["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
     engine = status["replicaStatuses"]["items"]["properties"]["engines"]["items"]["properties"]
     assert engine["weightsVersion"]["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
+    assert engine["weightsDigest"]["pattern"] == DIGEST_PATTERN
 
 
 def test_every_side_bounds_the_weights_version_alike() -> None:
-    from drs_protocol.trainer_api import CollectiveUpdate as TrainerCollectiveUpdate
-    from drs_protocol.trainer_api import IpcRefit, RefitRequest
+    from drs_protocol.control import IpcUpdate, Refit, TrainerCollectiveUpdate, TrainerIpcUpdate
 
-    for model in (LoadWeights, CollectiveUpdate, RefitRequest, TrainerCollectiveUpdate, IpcRefit):
+    for model in (LoadWeights, CollectiveUpdate, IpcUpdate, Refit, TrainerCollectiveUpdate, TrainerIpcUpdate):
         assert model.model_json_schema()["properties"]["version"]["maxLength"] == MAX_WEIGHTS_VERSION_CHARS
 
 

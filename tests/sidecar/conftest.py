@@ -12,6 +12,7 @@ import httpx
 import pytest
 from drs_engine.config import build_config
 from drs_engine.server.runner import RunningEngine, start_engine
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
 from drs_sidecar.control import ControlClient
 from drs_sidecar.fleet import Engine
 from drs_sidecar.metrics import SidecarMetrics
@@ -40,7 +41,9 @@ class ListFleet:
     def __init__(self, engines: list[Engine]) -> None:
         self.list = engines
         self.published: list[str] = []
-        self.engine_versions: list[dict[str, str]] = []
+        self.engine_weights: list[dict[str, HeldWeights]] = []
+        #: every value the desired-weights annotation took, in order (the resource holds the last)
+        self.desires: list[DesiredWeights | None] = []
 
     async def engines(self) -> list[Engine]:
         return list(self.list)
@@ -48,8 +51,19 @@ class ListFleet:
     async def publish(self, version: str) -> None:
         self.published.append(version)
 
-    async def publish_engines(self, versions: Mapping[str, str]) -> None:
-        self.engine_versions.append(dict(versions))
+    async def publish_engines(self, held: Mapping[str, HeldWeights]) -> None:
+        self.engine_weights.append(dict(held))
+
+    @property
+    def engine_versions(self) -> list[dict[str, str]]:
+        """The versions of each record (what the operator shows as ``weightsVersion``)."""
+        return [{k: v.version for k, v in record.items()} for record in self.engine_weights]
+
+    async def desire(self, weights: DesiredWeights | None) -> None:
+        self.desires.append(weights)
+
+    async def desired(self) -> DesiredWeights | None:
+        return self.desires[-1] if self.desires else None
 
     async def close(self) -> None:
         return None

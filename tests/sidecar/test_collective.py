@@ -4,8 +4,9 @@ which refuse the collective steps with 501 (the sim has no GPU or NCCL) after va
 from __future__ import annotations
 
 import pytest
+from drs_protocol.control import TrainerCollectiveUpdate
 from drs_sidecar.collective import group_layout
-from drs_sidecar.errors import NoGroup, NotAllReady
+from drs_sidecar.errors import GroupChanged, NoGroup, NotAllReady
 from drs_sidecar.fleet import Engine
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,7 +35,7 @@ def test_every_rank_of_the_group_belongs_to_exactly_one_worker(widths: list[int]
 def test_a_group_needs_every_engine_ready_and_says_which_are_not() -> None:
     with pytest.raises(NotAllReady, match="r1-d0") as caught:
         group_layout([engine("r0-p0", 4), engine("r1-d0", 2, ready=False)], train_world_size=8)
-    assert [e.name for e in caught.value.engines] == ["r1-d0"]
+    assert caught.value.engines == ["r1-d0"]
     with pytest.raises(ValueError, match="train_world_size"):
         group_layout([engine("r0-p0", 4)], train_world_size=0)
     with pytest.raises(ValueError, match="no engines"):
@@ -58,7 +59,28 @@ async def test_the_sim_engines_receive_valid_collective_calls_and_refuse_them_as
         assert all("not supported by the sim backend" in o.detail for o in report.outcomes)
         assert refitter.group is None
         with pytest.raises(NoGroup):
-            await refitter.collective_update("step-5", drain=True, recompute_kv=False, path=None)
+            await refitter.collective_update(TrainerCollectiveUpdate(version="step-5"))
         with pytest.raises(NoGroup):
             await refitter.collective_prepare({"w": {"shape": [2, 2], "dtype": "bfloat16"}})
         assert fleet.published == []
+
+
+async def test_a_collective_step_checks_the_groups_members_first_and_names_what_changed() -> None:
+    """Before every collective step the fleet is compared with the group: a member not ready, gone,
+    or an engine added (scale-up) refuses the step before any engine is called (it would wait for
+    the missing rank) and drops the group, so the next collective/init forms it from the fleet."""
+    async with sim_engine() as a, sim_engine("decode") as b, sim_engine() as c:
+        engines = [as_engine(a), as_engine(b, 1)]
+        async with refitter_over(list(engines)) as (refitter, fleet):
+            refitter.group = group_layout(engines, train_world_size=1)
+            fleet.list[1] = as_engine(b, 1, ready=False)
+            with pytest.raises(GroupChanged, match=f"{b.url} is not ready") as caught:
+                await refitter.collective_update(TrainerCollectiveUpdate(version="step-5"))
+            assert caught.value.status == 409 and refitter.group is None
+            assert fleet.desires == [], "refused before anything was stored or called"
+            refitter.group = group_layout(engines, train_world_size=1)
+            fleet.list[1] = as_engine(b, 1)
+            fleet.list.append(as_engine(c, 1))
+            with pytest.raises(GroupChanged, match=f"{c.url} joined the fleet"):
+                await refitter.collective_prepare({"w": [[2], "float32"]})
+            assert refitter.group is None

@@ -9,9 +9,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from drs_sidecar.errors import RefitBusy
+from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.weights_digest import digest_bytes, digest_files
+from drs_protocol.weights_state import DesiredWeights
+from drs_sidecar.control import ControlClient
+from drs_sidecar.errors import FleetError, RefitBusy
 from drs_sidecar.fleet import Engine
-from drs_sidecar.refit import MAX_VERSION_CHARS
+from drs_sidecar.metrics import SidecarMetrics
+from drs_sidecar.refit import Refitter
 
 from .conftest import TOKEN, as_engine, completion, refitter_over, served_version, sim_engine
 
@@ -87,7 +92,7 @@ async def test_a_second_refit_while_one_runs_is_refused(checkpoint: Path) -> Non
 
 @pytest.mark.parametrize(
     ("path", "version", "field"),
-    [("", "v1", "path"), ("/ckpt", "", "version"), ("/ckpt", "v" * (MAX_VERSION_CHARS + 1), "version")],
+    [("", "v1", "path"), ("/ckpt", "", "version"), ("/ckpt", "v" * (MAX_WEIGHTS_VERSION_CHARS + 1), "version")],
 )
 async def test_a_refit_no_engine_would_accept_is_refused_before_any_call(path: str, version: str, field: str) -> None:
     async with refitter_over([]) as (refitter, fleet):
@@ -135,3 +140,89 @@ async def test_an_engine_that_keeps_failing_its_catch_up_load_is_retried_with_ba
         second = await refitter.reconcile_once()
         assert second is not None and second.outcomes == [], "backing off: not retried on the next pass"
         moved.rename(checkpoint)
+
+
+async def test_a_load_that_moves_nothing_is_caught_by_its_digest_and_named(checkpoint: Path) -> None:
+    """The injected fault of the sim double: the load answers 200 under the new version and keeps
+    the bytes it had. The other engines agree on the digest, so the odd one out fails by name."""
+    async with contextlib.AsyncExitStack() as stack:
+        good = [await stack.enter_async_context(sim_engine()) for _ in range(2)]
+        liar = await stack.enter_async_context(sim_engine(faultLoadMovesNothing=True))
+        engines = [as_engine(e, i) for i, e in enumerate([*good, liar])]
+        async with refitter_over(engines) as (refitter, fleet):
+            report = await refitter.refit(str(checkpoint), "step-100")
+            assert await served_version(liar.url) == "step-100", "the engine itself claims the new version"
+            assert not report.complete and fleet.published == []
+            assert [o.engine for o in report.failed] == [liar.url]
+            assert "moved other bytes" in report.failed[0].detail
+            assert report.digest == digest_files(checkpoint) == refitter.desired.digest  # type: ignore[union-attr]
+            held = fleet.engine_weights[-1]
+            assert held[liar.url].version == "step-100" and held[liar.url].digest != report.digest
+            assert {held[e.url].digest for e in good} == {report.digest}
+            again = await refitter.reconcile_once()  # the liar is behind by digest: loaded again, fails again
+            assert again is not None and [(o.engine, o.ok) for o in again.outcomes] == [(liar.url, False)]
+
+
+async def test_the_trainers_digest_decides_and_a_wrong_one_fails_every_engine(checkpoint: Path) -> None:
+    async with sim_engine() as a, sim_engine() as b, refitter_over([as_engine(a), as_engine(b, 1)]) as (refitter, _):
+        sent = digest_files(checkpoint)
+        assert (await refitter.refit(str(checkpoint), "step-100", sent)).complete
+        other = digest_bytes(b"not what was written")
+        wrong = await refitter.refit(str(checkpoint), "step-101", other)
+        assert not wrong.complete and len(wrong.failed) == 2
+        assert all(other in o.detail and "the trainer's" in o.detail for o in wrong.failed)
+        assert refitter.desired is not None and refitter.desired.version == "step-100", "kept as it was"
+        with pytest.raises(ValueError, match=r"^digest:"):
+            await refitter.refit(str(checkpoint), "step-102", "sha256:abc")
+
+
+async def test_engines_that_disagree_with_no_majority_all_fail(checkpoint: Path) -> None:
+    async with (
+        sim_engine() as a,
+        sim_engine(faultLoadMovesNothing=True) as b,
+        refitter_over([as_engine(a), as_engine(b, 1)]) as (refitter, _),
+    ):
+        report = await refitter.refit(str(checkpoint), "step-100")
+        assert not report.complete and report.digest is None
+        assert len(report.failed) == 2 and all("disagree" in o.detail for o in report.failed)
+
+
+async def test_the_desired_weights_are_stored_before_any_load_and_outlive_the_sidecar(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    async with sim_engine() as engine, sim_engine() as late:
+        async with refitter_over([as_engine(engine)]) as (refitter, fleet):
+            report = await refitter.refit(str(checkpoint), "step-100")
+            first = DesiredWeights(version="step-100", path=str(checkpoint))
+            assert fleet.desires[0] == first, "stored before the engines were called"
+            assert fleet.desires[-1] == first.model_copy(update={"digest": report.digest})
+            assert report.digest == digest_files(checkpoint)
+            typo = await refitter.refit(str(tmp_path / "step-1O1"), "step-101")
+            assert not typo.complete
+            assert fleet.desires[-2].version == "step-101"  # type: ignore[union-attr]
+            assert fleet.desires[-1] == refitter.desired and refitter.desired.version == "step-100"  # type: ignore[union-attr]
+        # a new sidecar (its trainer pod restarted) over the same resource, and an engine that came up at its start weights
+        fleet.list.append(as_engine(late, 1))
+        control = ControlClient(TOKEN, call_s=5.0, load_s=30.0)
+        try:
+            again = Refitter(fleet, control, SidecarMetrics())
+            assert again.desired is None
+            assert await again.restore() == fleet.desires[-1]
+            caught_up = await again.reconcile_once()
+            assert caught_up is not None and [(o.engine, o.ok) for o in caught_up.outcomes] == [(late.url, True)]
+            assert await served_version(late.url) == "step-100"
+        finally:
+            await control.close()
+
+
+async def test_a_refit_that_cannot_store_its_desired_weights_is_refused_before_any_load(checkpoint: Path) -> None:
+    async with sim_engine() as engine, refitter_over([as_engine(engine)]) as (refitter, fleet):
+
+        async def unwritable(weights: DesiredWeights | None) -> None:
+            raise FleetError("recording the desired weights: 403 Forbidden")
+
+        fleet.desire = unwritable  # type: ignore[method-assign]
+        with pytest.raises(FleetError, match="403"):
+            await refitter.refit(str(checkpoint), "step-100")
+        assert await served_version(engine.url) == "0", "no engine was called"
+        assert refitter.desired is None

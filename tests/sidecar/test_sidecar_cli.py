@@ -13,6 +13,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 from drs_cli.main import main as drs
+from drs_protocol.weights_digest import digest_files
 from drs_sidecar.app import MAX_BODY_BYTES
 
 from .conftest import TOKEN, served_version, sim_engine
@@ -62,7 +63,9 @@ async def test_the_trainer_refits_every_engine_through_the_sidecar(checkpoint: P
             assert refit.json()["complete"] is True and refit.json()["ok"] == 2
             fleet = (await client.get(url + "/v1/fleet")).json()
             assert [e["weights_version"] for e in fleet["engines"]] == ["step-7", "step-7"]
-            assert fleet["desired"] == {"path": str(checkpoint), "version": "step-7"}
+            digest = digest_files(checkpoint)  # the engines measured their bytes: the function over the files
+            assert fleet["desired"] == {"path": str(checkpoint), "version": "step-7", "digest": digest}
+            assert [e["weights_digest"] for e in fleet["engines"]] == [digest, digest]
             assert (await client.post(url + "/v1/prefix_cache/reset")).json()["ok"] == 2
             asleep = await client.post(url + "/v1/sleep", json={"tags": []})
             assert asleep.status_code == 200, asleep.text

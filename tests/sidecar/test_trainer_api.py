@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
-from drs_protocol.trainer_api import CollectiveInitReport, FanOutReport, FleetReport, RefitRequest
+from drs_protocol.control import Refit
+from drs_protocol.trainer_api import CollectiveInitReport, FanOutReport, FleetReport
 from pydantic import BaseModel, ValidationError
 
 from .conftest import sim_engine
@@ -52,6 +53,6 @@ def test_the_round_trip_check_catches_a_field_without_a_model_field() -> None:
 
 def test_a_request_field_out_of_bounds_is_refused_naming_it() -> None:
     with pytest.raises(ValidationError, match="version"):
-        RefitRequest(path="/x", version="v" * 257)
+        Refit(path="/x", version="v" * 257)
     with pytest.raises(ValidationError, match="force"):
-        RefitRequest.model_validate({"path": "/x", "version": "v", "force": True})
+        Refit.model_validate({"path": "/x", "version": "v", "force": True})

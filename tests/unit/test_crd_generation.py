@@ -48,7 +48,14 @@ def test_identity_subresources_and_columns() -> None:
             "labelSelectorPath": ".status.selector",
         },
     }
-    assert [c["name"] for c in VERSION["additionalPrinterColumns"]] == ["Replicas", "Ready", "GPUs", "Phase", "Age"]
+    assert [c["name"] for c in VERSION["additionalPrinterColumns"]] == [
+        "Replicas",
+        "Ready",
+        "GPUs",
+        "Phase",
+        "Weights",
+        "Age",
+    ]
     for column in VERSION["additionalPrinterColumns"][:-1]:
         assert resolve(ROOT, column["jsonPath"]) is not None, column
 

@@ -19,11 +19,13 @@ from typing import Any
 
 import pytest
 from drs_operator.api.status import DisaggReplicaSetStatus
-from drs_operator.conditions import Observed, compute_status, parse_engine_weights
+from drs_operator.conditions import Observed, compute_status
 from drs_operator.layout import frontend_urls, replica_statuses
 from drs_operator.manifests.children import Children
 from drs_operator.manifests.common import SPEC_HASH_ANNOTATION
 from drs_operator.rollout import compute_actions
+from drs_protocol.weights_digest import digest_bytes
+from drs_protocol.weights_state import HeldWeights, dump_engine_weights, parse_engine_weights
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from operator_fixtures import OWNER, as_live, build, hgx, spec
@@ -214,28 +216,57 @@ def test_an_engine_pod_that_cannot_run_says_why_in_status_and_one_event(
 def test_engines_on_two_weights_versions_make_degraded_weights_split_until_they_agree() -> None:
     engines = [e.name for r in BASE.replica_statuses for e in r.engines]
     live = as_live(DESIRED, ready=True)
-    split = {name: ("step-2" if i else "step-1") for i, name in enumerate(engines)}
+    split = {name: HeldWeights(version="step-2" if i else "step-1") for i, name in enumerate(engines)}
     status, notes = compute_status(
         OWNER.name, DisaggReplicaSetStatus(), dataclasses.replace(observe(live), engine_weights=split), T0
     )
     degraded = next(c for c in status.conditions if c.type == "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "WeightsSplit")
     assert "step-1" in degraded.message and engines[0] in degraded.message
-    assert [e.weights_version for r in status.replica_statuses for e in r.engines] == list(split.values())
+    assert [e.weights_version for r in status.replica_statuses for e in r.engines] == [
+        h.version for h in split.values()
+    ]
     assert any(n.reason == "WeightsSplit" and n.type == "Warning" for n in notes)
 
-    agreed = dict.fromkeys(engines, "step-2")
+    agreed = dict.fromkeys(engines, HeldWeights(version="step-2"))
     healed, _ = compute_status(OWNER.name, status, dataclasses.replace(observe(live), engine_weights=agreed), T0)
     degraded = next(c for c in healed.conditions if c.type == "Degraded")
     assert (degraded.status, degraded.reason) == ("False", "NotDegraded")
     assert healed.phase == "Ready"
 
 
+def test_the_same_version_with_other_bytes_is_a_weights_split_by_digest() -> None:
+    engines = [e.name for r in BASE.replica_statuses for e in r.engines]
+    live = as_live(DESIRED, ready=True)
+    right, moved_nothing = digest_bytes(b"step-2 weights"), digest_bytes(b"step-1 weights")
+    held = {n: HeldWeights(version="step-2", digest=moved_nothing if i == 0 else right) for i, n in enumerate(engines)}
+    status, _ = compute_status(
+        OWNER.name, DisaggReplicaSetStatus(), dataclasses.replace(observe(live), engine_weights=held), T0
+    )
+    degraded = next(c for c in status.conditions if c.type == "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "WeightsSplit")
+    assert moved_nothing[:16] in degraded.message and engines[0] in degraded.message
+    shown = [e.weights_digest for r in status.replica_statuses for e in r.engines]
+    assert shown == [h.digest for h in held.values()]
+    agreed = dict.fromkeys(engines, HeldWeights(version="step-2", digest=right))
+    healed, _ = compute_status(OWNER.name, status, dataclasses.replace(observe(live), engine_weights=agreed), T0)
+    assert next(c for c in healed.conditions if c.type == "Degraded").status == "False"
+
+
 def test_the_engine_weights_annotation_is_read_leniently() -> None:
-    assert parse_engine_weights(json.dumps({"a": "v1", "b": 3, "c": ""})) == {"a": "v1"}
+    digest = digest_bytes(b"w")
+    annotation = json.dumps(
+        {"a": "v1", "b": 3, "c": "", "d": {"version": "v2", "digest": digest}, "e": {"version": "v3", "digest": "x"}}
+    )
+    assert parse_engine_weights(annotation) == {
+        "a": HeldWeights(version="v1"),
+        "d": HeldWeights(version="v2", digest=digest),
+    }
     assert parse_engine_weights("not json") == {}
     assert parse_engine_weights(json.dumps(["a"])) == {}
     assert parse_engine_weights(None) == {}
+    held = {"b": HeldWeights(version="v1", digest=digest), "a": HeldWeights(version="v0")}
+    assert parse_engine_weights(dump_engine_weights(held)) == held
 
 
 def test_urls_of_an_unplaced_replica_are_empty_and_the_list_keeps_its_length() -> None:

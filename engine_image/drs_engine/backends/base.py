@@ -191,8 +191,15 @@ class EngineBackend(abc.ABC):
         """Hand over (and forget) a context's KV as a binary frame over ``transport`` (torch backend)."""
         raise NotSupportedError(f"the {self.name} backend hands contexts over as JSON (GET without ?transport=)")
 
+    async def measure_digest(self) -> str | None:
+        """The :mod:`drs_protocol.weights_digest` of the weights held now, computed from the
+        bytes themselves (the server calls it after start and after every change of weights);
+        None for a backend that computes none."""
+        return None
+
     @abc.abstractmethod
-    async def load_weights(self, path: str, version: str) -> dict[str, Any]: ...
+    async def load_weights(self, path: str, version: str) -> dict[str, Any]:
+        """Read the checkpoint at ``path`` into the weights and serve them as ``version``."""
 
     @abc.abstractmethod
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]: ...

@@ -30,6 +30,7 @@ from drs_protocol.errors import error_body
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
 from drs_protocol.model_list import model_list
+from drs_protocol.weights_state import DesiredWeights
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -45,10 +46,16 @@ from drs_engine.server.state import EngineState
 log = logging.getLogger("drs_engine")
 
 
-def create_app(config: EngineConfig, *, control_token: str | None, gang: GangSpec | None = None) -> FastAPI:
+def create_app(
+    config: EngineConfig,
+    *,
+    control_token: str | None,
+    gang: GangSpec | None = None,
+    desired_weights: DesiredWeights | None = None,
+) -> FastAPI:
     """The app of one engine; the model loads in the app's lifespan (startup), or, for the leader
     of an engine wider than a node, in the background once every rank joined."""
-    state = EngineState(config, control_token=control_token, gang=gang)
+    state = EngineState(config, control_token=control_token, gang=gang, desired_weights=desired_weights)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

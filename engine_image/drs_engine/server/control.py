@@ -3,20 +3,22 @@
 Called by the trainer-side sidecar on every engine (never through a frontend). Every route needs
 ``Authorization: Bearer <token>``; the token comes from ``--control-token-file`` or the
 environment (:data:`drs_protocol.env.CONTROL_TOKEN`). Paths and operation names are
-:mod:`drs_protocol.routes`'s, bodies :mod:`drs_protocol.control`'s. No header → 401; a wrong
-token → 403; an engine started without a token refuses the whole control API (403 saying so). Calls are serialised: one
+:mod:`drs_protocol.routes`'s; request and answer models :mod:`drs_protocol.control`'s
+(:data:`~drs_protocol.control.OPS`). No header → 401; a wrong token → 403; an engine started
+without a token refuses the whole control API (403 saying so). Calls are serialised: one
 ``asyncio.Lock`` per server, so two overlapping updates run one after the other and both report.
 
 ==========================================  ==================================================  =====
 route                                       body                                                notes
 ==========================================  ==================================================  =====
-``GET  /control/weights``                   —                                                   the version served
+``GET  /control/weights``                   —                                                   version and digest held
 ``POST /control/weights/load``              ``{"path": str, "version": str}``                   sim: path must be a readable file/dir
-``POST /control/collective/init``           ``{"rank_prefix", "ip", "port", "world_size",       trtllm only (sim: 501)
+``POST /control/collective/init``           ``{"rank_prefix", "ip", "port", "world_size",       trtllm, torch (sim: 501)
                                             "train_world_size"}``
-``POST /control/collective/prepare``        ``{"state_dict_info": {...}}``                      trtllm only (sim: 501)
-``POST /control/collective/update``         ``{"version": str, "drain": bool,                   trtllm only (sim: 501)
+``POST /control/collective/prepare``        ``{"state_dict_info": {...}}``                      trtllm, torch (sim: 501)
+``POST /control/collective/update``         ``{"version": str, "drain": bool,                   trtllm, torch (sim: 501)
                                             "recompute_kv": bool}``
+``POST /control/weights/ipc``               ``{"version", "state_dict_info", "buffers"}``       torch only
 ``POST /control/prefix_cache/reset``        ``{}`` or empty                                     empties the prefix cache
 ``POST /control/memory/release``            ``{"tags": [str, ...]}`` (empty: all)               sleep: serving gets 503
 ``POST /control/memory/resume``             ``{"tags": [str, ...]}`` (empty: all)               wake
@@ -24,14 +26,19 @@ route                                       body                                
 ``POST /control/profile/stop``              ``{}`` or empty
 ==========================================  ==================================================  =====
 
-A successful call answers ``{"op", "result", "weights_version", "waited_s", "elapsed_s"}``
-(``waited_s``: time spent queued behind other control calls). A failed call answers the OpenAI
-error shape; a weights load that fails leaves the previous weights serving and says why.
+A successful call answers a :class:`~drs_protocol.control.ControlAnswer` (``op``, ``result`` of
+the op's result model, ``weights_version``, ``weights_digest``, ``waited_s``: time queued behind
+other control calls, ``elapsed_s``); ``GET /control/weights`` a
+:class:`~drs_protocol.control.WeightsInfo`. After every operation that changes the weights the
+engine measures their digest from the bytes it holds (the backend's ``measure_digest``). A
+failed call answers the OpenAI error shape; a weights load that fails leaves the previous weights
+serving and says why.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -39,24 +46,37 @@ from typing import Any
 from drs_protocol import env, fields
 from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.control import (
+    OPS,
     CollectiveInit,
     CollectiveUpdate,
+    ControlAnswer,
     IpcUpdate,
     LoadWeights,
     MemoryTags,
     PrepareRefitInfo,
+    WeightsInfo,
+    answer_json,
+    result_of,
 )
 from drs_protocol.limits import MAX_CONTROL_BODY_BYTES
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from drs_engine.backends.base import EngineBackend
 from drs_engine.errors import EngineError, ForbiddenError, UnauthorizedError
 from drs_engine.server.body import validate
 from drs_engine.server.state import EngineState
 
-Action = Callable[[Any], Awaitable[dict[str, Any]]]
+log = logging.getLogger(__name__)
+
+#: An operation's handler: its parsed request (None for an op without parameters) -> the backend's report.
+Handler = Callable[[Any], Awaitable[dict[str, Any]]]
+#: The operations that change the weights: the engine measures their digest afterwards.
+WEIGHTS_OPS = frozenset(
+    {ControlOp.LOAD_WEIGHTS, ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, ControlOp.UPDATE_WEIGHTS_FROM_IPC}
+)
 
 
 def check_token(state: EngineState, request: Request) -> None:
@@ -82,40 +102,53 @@ async def _body(request: Request, model: type[BaseModel] | None) -> Any:
     return validate(model, data)
 
 
-async def run_op(
-    state: EngineState,
-    request: Request,
-    op: ControlOp,
-    model: type[BaseModel] | None,
-    action: Action,
-) -> Response:
-    """Authenticate, parse, wait for the control lock, run ``action``, and report."""
+async def run_op(state: EngineState, request: Request, op: ControlOp, handler: Handler) -> Response:
+    """Authenticate, parse, wait for the control lock, run ``handler``, measure the digest after a
+    change of weights, and answer the op's :class:`ControlAnswer`."""
     metrics = state.metrics
+    request_model, result_model = OPS[op]
     try:
         check_token(state, request)
-        params = await _body(request, model)
-        state.require_backend()
+        params = await _body(request, request_model)
+        backend = state.require_backend()
         queued = time.monotonic()
         async with state.control_lock:
             started = time.monotonic()
-            result = await action(params)
+            try:
+                raw = await handler(params)
+            finally:
+                if op in WEIGHTS_OPS:  # even a failed update may have changed bytes in place
+                    state.weights_digest = await _measure(backend)
             done = time.monotonic()
+        try:
+            result = result_of(result_model, raw)
+        except (ValueError, ValidationError) as exc:
+            raise EngineError(f"{op.value}: the {backend.name} backend's report breaks the contract: {exc}") from exc
     except EngineError as exc:
         if metrics is not None:
             metrics.control_ops.labels(op=op.value, status="error").inc()
         return _error(exc)
-    backend = state.require_backend()
     if metrics is not None:
         metrics.control_ops.labels(op=op.value, status="ok").inc()
-    return JSONResponse(
-        {
-            "op": op.value,
-            "result": result,
-            "weights_version": backend.weights_version,
-            "waited_s": round(started - queued, 6),
-            "elapsed_s": round(done - started, 6),
-        }
+    answer = ControlAnswer[Any](
+        op=op,
+        result=result,
+        weights_version=backend.weights_version,
+        weights_digest=state.weights_digest,
+        waited_s=round(started - queued, 6),
+        elapsed_s=round(done - started, 6),
     )
+    return JSONResponse(answer_json(answer))
+
+
+async def _measure(backend: EngineBackend) -> str | None:
+    """The backend's digest now; None (unknown) when measuring fails, which never hides the
+    operation's own outcome."""
+    try:
+        return await backend.measure_digest()
+    except EngineError as exc:
+        log.error("the weights digest could not be measured: %s", exc)
+        return None
 
 
 def _error(exc: EngineError) -> Response:
@@ -124,30 +157,29 @@ def _error(exc: EngineError) -> Response:
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 
-def register(app: Any, state: EngineState) -> None:
-    """Add the control routes to ``app`` (a FastAPI/Starlette app)."""
+def weights_info(state: EngineState) -> WeightsInfo:
+    backend = state.require_backend()
+    return WeightsInfo(
+        weights_version=backend.weights_version,
+        weights_digest=state.weights_digest,
+        backend=backend.name,
+        test_double=backend.test_double,
+    )
 
-    def backend_op(op: ControlOp) -> Action:
-        async def call(params: Any) -> dict[str, Any]:
-            method: Callable[..., Awaitable[dict[str, Any]]] = getattr(state.require_backend(), op.value)
-            return await (method() if params is None else method(params))
 
-        return call
-
-    async def get_weights(request: Request) -> Response:
-        try:
-            check_token(state, request)
-            backend = state.require_backend()
-        except EngineError as exc:
-            return _error(exc)
-        return JSONResponse(
-            {"weights_version": backend.weights_version, "backend": backend.name, "test_double": backend.test_double}
-        )
+def handlers(state: EngineState) -> dict[ControlOp, Handler]:
+    """The op -> handler table (every :class:`ControlOp` with a route has one)."""
 
     async def load(params: LoadWeights) -> dict[str, Any]:
         result = await state.require_backend().load_weights(params.path, params.version)
         state.require_metrics().set_weights_version(params.version, loaded=True)
         return result
+
+    async def init_collective(params: CollectiveInit) -> dict[str, Any]:
+        return await state.require_backend().init_collective(params)
+
+    async def prepare(params: PrepareRefitInfo) -> dict[str, Any]:
+        return await state.require_backend().prepare_refit_info(params)
 
     async def update(params: CollectiveUpdate) -> dict[str, Any]:
         result = await state.require_backend().update_weights_from_collective(params)
@@ -158,6 +190,9 @@ def register(app: Any, state: EngineState) -> None:
         result = await state.require_backend().update_weights_from_ipc(params)
         state.require_metrics().set_weights_version(params.version, loaded=True)
         return result
+
+    async def reset(_: None) -> dict[str, Any]:
+        return await state.require_backend().reset_prefix_cache()
 
     async def release(params: MemoryTags) -> dict[str, Any]:
         result = await state.require_backend().release_memory(params.tags)
@@ -171,29 +206,46 @@ def register(app: Any, state: EngineState) -> None:
         state.require_metrics().asleep.set(1 if state.released_tags else 0)
         return result
 
-    ops: dict[ControlOp, tuple[type[BaseModel] | None, Action]] = {
-        ControlOp.LOAD_WEIGHTS: (LoadWeights, load),
-        ControlOp.INIT_COLLECTIVE: (CollectiveInit, backend_op(ControlOp.INIT_COLLECTIVE)),
-        ControlOp.PREPARE_REFIT_INFO: (PrepareRefitInfo, backend_op(ControlOp.PREPARE_REFIT_INFO)),
-        ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: (CollectiveUpdate, update),
-        ControlOp.UPDATE_WEIGHTS_FROM_IPC: (IpcUpdate, update_ipc),
-        ControlOp.RESET_PREFIX_CACHE: (None, backend_op(ControlOp.RESET_PREFIX_CACHE)),
-        ControlOp.RELEASE_MEMORY: (MemoryTags, release),
-        ControlOp.RESUME_MEMORY: (MemoryTags, resume),
-        ControlOp.START_PROFILE: (None, backend_op(ControlOp.START_PROFILE)),
-        ControlOp.STOP_PROFILE: (None, backend_op(ControlOp.STOP_PROFILE)),
+    async def start_profile(_: None) -> dict[str, Any]:
+        return await state.require_backend().start_profile()
+
+    async def stop_profile(_: None) -> dict[str, Any]:
+        return await state.require_backend().stop_profile()
+
+    return {
+        ControlOp.LOAD_WEIGHTS: load,
+        ControlOp.INIT_COLLECTIVE: init_collective,
+        ControlOp.PREPARE_REFIT_INFO: prepare,
+        ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: update,
+        ControlOp.UPDATE_WEIGHTS_FROM_IPC: update_ipc,
+        ControlOp.RESET_PREFIX_CACHE: reset,
+        ControlOp.RELEASE_MEMORY: release,
+        ControlOp.RESUME_MEMORY: resume,
+        ControlOp.START_PROFILE: start_profile,
+        ControlOp.STOP_PROFILE: stop_profile,
     }
+
+
+def register(app: Any, state: EngineState) -> None:
+    """Add the control routes to ``app`` (a FastAPI/Starlette app)."""
+    table = handlers(state)
+
+    async def get_weights(request: Request) -> Response:
+        try:
+            check_token(state, request)
+            info = weights_info(state)
+        except EngineError as exc:
+            return _error(exc)
+        return JSONResponse(answer_json(info))
+
     for op, path in CONTROL_ROUTES.items():
-        model, action = ops[op]
-        app.add_api_route(path, _endpoint(state, op, model, action), methods=["POST"], name=op.value)
+        app.add_api_route(path, _endpoint(state, op, table[op]), methods=["POST"], name=op.value)
     app.add_api_route(CONTROL_WEIGHTS, get_weights, methods=["GET"], name=ControlOp.GET_WEIGHTS_VERSION.value)
 
 
-def _endpoint(
-    state: EngineState, op: ControlOp, model: type[BaseModel] | None, action: Action
-) -> Callable[[Request], Awaitable[Response]]:
+def _endpoint(state: EngineState, op: ControlOp, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
     async def endpoint(request: Request) -> Response:
-        return await run_op(state, request, op, model, action)
+        return await run_op(state, request, op, handler)
 
     endpoint.__name__ = op.value
     return endpoint

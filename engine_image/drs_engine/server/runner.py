@@ -20,6 +20,7 @@ from typing import Final
 
 import uvicorn
 from drs_protocol import listen
+from drs_protocol.weights_state import DesiredWeights
 
 from drs_engine.config import EngineConfig
 from drs_engine.gang.spec import GangSpec
@@ -78,9 +79,14 @@ class DrainingServer(uvicorn.Server):
 
 
 def uvicorn_server(
-    config: EngineConfig, control_token: str | None, *, log_level: str = "info", gang: GangSpec | None = None
+    config: EngineConfig,
+    control_token: str | None,
+    *,
+    log_level: str = "info",
+    gang: GangSpec | None = None,
+    desired_weights: DesiredWeights | None = None,
 ) -> DrainingServer:
-    app = create_app(config, control_token=control_token, gang=gang)
+    app = create_app(config, control_token=control_token, gang=gang, desired_weights=desired_weights)
     uv_config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
     server = DrainingServer(uv_config, app.state.engine, config.drain_seconds)
 
@@ -110,13 +116,17 @@ async def _serve(server: uvicorn.Server, sock: socket.socket, port: int) -> None
 
 @contextlib.asynccontextmanager
 async def start_engine(
-    config: EngineConfig, *, control_token: str | None = None, log_level: str = "warning"
+    config: EngineConfig,
+    *,
+    control_token: str | None = None,
+    log_level: str = "warning",
+    desired_weights: DesiredWeights | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """Serve ``config`` (``port`` 0 picks a free port) until the block exits."""
     sock = bind_socket(config.host, config.port)
     port = sock.getsockname()[1]
     config = config.model_copy(update={"port": port})
-    server = uvicorn_server(config, control_token, log_level=log_level)
+    server = uvicorn_server(config, control_token, log_level=log_level, desired_weights=desired_weights)
     task = asyncio.create_task(_serve(server, sock, port))
     try:
         async with asyncio.timeout(STARTUP_TIMEOUT_S):

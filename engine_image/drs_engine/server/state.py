@@ -15,6 +15,7 @@ from typing import Any, Final
 
 from drs_protocol.chat import load_tokenizer
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
+from drs_protocol.weights_state import DesiredWeights
 
 from drs_engine.backends import create_backend
 from drs_engine.backends.base import EngineBackend
@@ -22,6 +23,7 @@ from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import DrainingError, UnavailableError
 from drs_engine.gang.spec import GangSpec, GangSpecError
 from drs_engine.metrics import EngineMetrics
+from drs_engine.weights import desired
 
 log = logging.getLogger("drs_engine")
 
@@ -62,9 +64,18 @@ class Admission:
 
 
 class EngineState:
-    def __init__(self, config: EngineConfig, *, control_token: str | None, gang: GangSpec | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        control_token: str | None,
+        gang: GangSpec | None = None,
+        desired_weights: DesiredWeights | None = None,
+    ) -> None:
         self.config = config
         self.control_token = control_token
+        #: The fleet's desired weights when the engine started (reached before it serves).
+        self.desired_weights = desired_weights
         #: The leader of an engine wider than a node (``drs_engine.gang.leader``); None for one pod.
         self.gang_spec = gang
         self.gang: Any = None
@@ -75,6 +86,8 @@ class EngineState:
         self.stop_server: Callable[[], None] = lambda: None
         self.tokenizer: Any = None
         self.backend: EngineBackend | None = None
+        #: The digest of the weights the backend holds, measured after start and after every change.
+        self.weights_digest: str | None = None
         self.released_tags: set[str] = set()
         self.control_lock = asyncio.Lock()
         self._local_ids = itertools.count(1)
@@ -129,7 +142,9 @@ class EngineState:
         )
         metrics = EngineMetrics(backend=backend.name, role=self.config.role.value, test_double=backend.test_double)
         await backend.start()
-        metrics.set_weights_version(backend.weights_version, loaded=False)
+        started_with = backend.weights_version
+        self.weights_digest = await desired.reach(backend, await backend.measure_digest(), self.desired_weights)
+        metrics.set_weights_version(backend.weights_version, loaded=backend.weights_version != started_with)
         self.metrics = metrics
         self.admission = Admission(limit=self.config.max_batch_size, metrics=metrics)
         self.backend = backend

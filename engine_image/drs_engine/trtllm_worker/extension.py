@@ -11,7 +11,12 @@ IPC, ``reset_prefix_cache``, ``start_profile``/``stop_profile``) with:
   post-load hooks and a prefix-cache reset;
 * NeMo RL's collective refit, by the same names and arguments as NeMo RL's ``NcclExtension``
   (``init_collective``, ``prepare_refit_info``, ``update_weights_from_collective``), receiving
-  NeMo RL's packed broadcast (layout in :mod:`drs_protocol.nemo_rl_refit`) without importing ``nemo_rl``.
+  NeMo RL's packed broadcast (layout in :mod:`drs_protocol.nemo_rl_refit`) without importing ``nemo_rl``;
+* ``weights_digest()``: the :mod:`drs_protocol.weights_digest` of the bytes this worker handed to
+  the engine's weight-update API in its last completed update, in the order it handed them (a
+  collective update: the trainer's packed layout, so it equals the trainer's digest; a path: each
+  file's tensors in the file's order); None before any update, or after a failed one. It proves
+  what was transferred to the engine, not the engine's own (fused, re-laid) parameters.
 
 Every step returns ``True`` on success and ``False`` on failure (logged with the traceback); the
 engine treats a ``False`` from any worker as a failed operation. ``torch``, ``safetensors`` and
@@ -37,6 +42,7 @@ from drs_protocol.nemo_rl_refit import (
     target_packed_bytes,
     worker_rank,
 )
+from drs_protocol.weights_digest import TorchDigester
 from tensorrt_llm._ray_utils import control_action_decorator
 from tensorrt_llm.llmapi.rlhf_utils import WorkerExtension
 
@@ -51,6 +57,8 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
 
     engine: Any
     device_id: int
+    _drs_digest: str | None
+    _drs_digester: TorchDigester
 
     # -- load from a checkpoint path -------------------------------------------------------------
 
@@ -64,6 +72,8 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
             self._begin_update()
             for file in files:
                 weights = load_file(str(file), device=f"cuda:{self.device_id}")
+                for tensor in weights.values():
+                    self._drs_digester.update(tensor.contiguous())
                 self._reload(weights)
                 del weights
             self._finish_update()
@@ -142,12 +152,17 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
 
     # -- shared steps ----------------------------------------------------------------------------
 
+    def weights_digest(self) -> str | None:
+        """The digest of what the last completed update handed to the engine (see the module)."""
+        return getattr(self, "_drs_digest", None)
+
     def _receive(self, group: Any, batch: list[Slot]) -> Iterator[tuple[str, Any]]:
         import torch
 
         buffer = torch.empty(batch_bytes(batch), dtype=torch.uint8, device=f"cuda:{self.device_id}")
         stream = torch.cuda.current_stream()
         group.broadcast(sendbuf=buffer, recvbuf=buffer, root=0, stream=int(stream.cuda_stream))
+        self._drs_digester.update(buffer)
         for slot in batch:
             dtype = self._drs_dtypes[slot.spec.dtype]
             piece = buffer[slot.offset : slot.offset + slot.spec.nbytes]
@@ -161,6 +176,8 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
                 yield module
 
     def _begin_update(self) -> None:
+        self._drs_digest = None
+        self._drs_digester = TorchDigester()
         loader = self.engine.model_engine.model_loader
         if hasattr(loader, "begin_update_weights"):
             loader.begin_update_weights()
@@ -186,8 +203,10 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
                 if hasattr(module, "post_load_weights"):
                     module.post_load_weights()
         self.engine.reset_prefix_cache()
+        self._drs_digest = self._drs_digester.hexdigest()
 
     def _abort_update(self) -> None:
+        self._drs_digest = None
         loader = getattr(getattr(self.engine, "model_engine", None), "model_loader", None)
         if loader is not None and hasattr(loader, "abort_update_weights"):
             try:

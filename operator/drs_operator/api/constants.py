@@ -55,6 +55,10 @@ ANNOTATION_WEIGHTS_VERSION: Final = f"{GROUP}/weights-version"
 #: On the DisaggReplicaSet: JSON ``{engine name: weights version}`` as the trainer's sidecar last
 #: read them from the engines; the operator copies them into ``replicaStatuses[].engines[]``.
 ANNOTATION_ENGINE_WEIGHTS: Final = f"{GROUP}/engine-weights"
+#: On the DisaggReplicaSet: JSON ``drs_protocol.weights_state.DesiredWeights``, the weights the
+#: fleet must hold, written by the trainer's sidecar as a refit starts; the operator copies it into
+#: ``status.weights.desired`` and the fleet's weights ConfigMap.
+ANNOTATION_DESIRED_WEIGHTS: Final = f"{GROUP}/desired-weights"
 
 
 #: The ``disagg.dev/role`` value of frontend children.

@@ -89,6 +89,11 @@ def network_policy_name(drs: str, replica: int) -> str:
     return f"{drs}-r{replica}-engines"
 
 
+def weights_config_name(drs: str) -> str:
+    """ConfigMap holding the fleet's desired weights (read by every engine pod at its start)."""
+    return f"{drs}-weights"
+
+
 def control_secret_name(drs: str) -> str:
     """Secret holding the bearer token of the engines' control API."""
     return f"{drs}-control"

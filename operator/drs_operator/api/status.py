@@ -13,6 +13,7 @@ from datetime import datetime
 
 from drs_protocol.config import CamelModel
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.weights_digest import DIGEST_PATTERN
 from pydantic import ConfigDict, Field
 
 from drs_operator.api.constants import MAX_FRONTENDS, ConditionStatus, Phase, Role
@@ -62,7 +63,13 @@ class EngineStatus(StatusModel):
     weights_version: str | None = Field(
         None,
         max_length=MAX_WEIGHTS_VERSION_CHARS,
-        description="Weights version the engine serves, as the trainer's sidecar last saw it.",
+        description="Weights version the engine serves, as the engine answered the trainer's sidecar.",
+    )
+    weights_digest: str | None = Field(
+        None,
+        pattern=DIGEST_PATTERN,
+        description="Digest of the weights the engine holds (drs_protocol.weights_digest), measured by the engine "
+        "over its bytes, as it answered the trainer's sidecar.",
     )
     problem: str | None = Field(
         None, max_length=128, description="Why a pod of the engine does not run (e.g. Unschedulable, ImagePullBackOff)."
@@ -100,13 +107,23 @@ class ReplicaStatus(StatusModel):
     frontends: list[FrontendStatus] = Field(default_factory=list, max_length=MAX_FRONTENDS)
 
 
+class DesiredWeightsStatus(StatusModel):
+    """The weights the fleet must hold (``disagg.dev/desired-weights``, stored by the trainer's
+    sidecar as a refit starts; the engines read it at their start from the weights ConfigMap)."""
+
+    version: str = Field(max_length=MAX_WEIGHTS_VERSION_CHARS)
+    path: str | None = Field(None, max_length=4096, description="Checkpoint the engines load them from.")
+    digest: str | None = Field(None, pattern=DIGEST_PATTERN, description="Digest of their bytes.")
+
+
 class WeightsStatus(StatusModel):
-    """The weights the engines serve."""
+    """The weights the engines serve, and the weights they must."""
 
     version: str | None = Field(
         None, max_length=MAX_WEIGHTS_VERSION_CHARS, description="Weights version of the last completed refit."
     )
     last_update_time: datetime | None = None
+    desired: DesiredWeightsStatus | None = Field(None, description="The weights the fleet must hold.")
 
 
 class DisaggReplicaSetStatus(StatusModel):

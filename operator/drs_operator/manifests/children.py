@@ -13,11 +13,18 @@ import functools
 from collections.abc import Mapping
 from typing import Any
 
+from drs_protocol.weights_state import DesiredWeights
+
 from drs_operator.api.constants import ROLES
 from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.manifests.common import SPEC_HASH_ANNOTATION, Owner
-from drs_operator.manifests.engines import build_engine_configmap, build_engine_pods, build_engines_service
+from drs_operator.manifests.engines import (
+    build_engine_configmap,
+    build_engine_pods,
+    build_engines_service,
+    build_weights_configmap,
+)
 from drs_operator.manifests.frontends import (
     build_frontend_config,
     build_frontend_configmap,
@@ -72,9 +79,15 @@ def hash_of(manifest: Mapping[str, Any]) -> str | None:
 
 
 def desired_children(
-    owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, placement: Placement, addresses: Mapping[str, str]
+    owner: Owner,
+    spec: DisaggReplicaSetSpec,
+    plan: Plan,
+    placement: Placement,
+    addresses: Mapping[str, str],
+    desired_weights: DesiredWeights | None = None,
 ) -> Children:
     role_configs = {role: build_engine_configmap(owner, spec, plan, role) for role in ROLES}
+    weights_config = build_weights_configmap(owner, desired_weights)
     services = () if plan.host_network else (build_engines_service(owner, spec.trtllm.engine_port),)
     replicas: list[ReplicaChildren] = []
     pools = {
@@ -106,4 +119,4 @@ def desired_children(
         fe_services = tuple(build_frontend_service(owner, f) for f in rp.frontends)
         policy = build_replica_network_policy(owner, spec, rp.index) if spec.network_policy.enabled else None
         replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services, policy))
-    return Children(configmaps=tuple(role_configs.values()), services=services, replicas=tuple(replicas))
+    return Children(configmaps=(*role_configs.values(), weights_config), services=services, replicas=tuple(replicas))

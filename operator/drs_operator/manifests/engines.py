@@ -11,7 +11,9 @@ and, for a gang, ``DRS_RAY_PORT``. Every pod:
   for exactly its GPUs (``nvidia.com/gpu``);
 * reads its role's rendered engine configuration (merged TensorRT-LLM kwargs, model, cache
   transceiver) from the role's ConfigMap through ``DRS_ENGINE_CONFIG_JSON``, and the control-API
-  token from the Secret through ``DRS_CONTROL_TOKEN``;
+  token from the Secret through ``DRS_CONTROL_TOKEN``, and the fleet's desired weights from the
+  weights ConfigMap through ``DRS_DESIRED_WEIGHTS_JSON`` (optional; a new value rolls nothing: only
+  the reference is in the pod, and the engine reads the value once, at its start);
 * drains when stopped: the engine turns SIGTERM into a drain of ``spec.engine.drainSeconds`` (503 to
   probes and new legs, legs in flight finish) and ``terminationGracePeriodSeconds`` is that plus a
   margin; no preStop hook is needed because the engine itself flips its readiness first;
@@ -32,6 +34,7 @@ from drs_protocol.config import render
 from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, ModelSpec
 from drs_protocol.lifecycle import TERMINATION_MARGIN_SECONDS
 from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, engine_max_request_bytes
+from drs_protocol.weights_state import DesiredWeights
 
 from drs_operator.api import names
 from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
@@ -118,6 +121,20 @@ def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan,
             "kind": "ConfigMap",
             "metadata": owner.metadata(names.engine_config_name(owner.name, role), names.labels(owner.name, str(role))),
             "data": {CONFIG_KEY: render(config)},
+        }
+    )
+
+
+def build_weights_configmap(owner: Owner, desired: DesiredWeights | None) -> Manifest:
+    """The fleet's desired weights (``disagg.dev/desired-weights``, as the sidecar stored them;
+    empty: none), for the engine pods' ``DRS_DESIRED_WEIGHTS_JSON``. Replaced when they change; no
+    pod's hash depends on it."""
+    return with_hash(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": owner.metadata(names.weights_config_name(owner.name), names.labels(owner.name)),
+            "data": {env.DESIRED_WEIGHTS_KEY: desired.dump() if desired else ""},
         }
     )
 
@@ -234,6 +251,16 @@ def _engine_env(
             "name": env.CONTROL_TOKEN,
             "valueFrom": {
                 "secretKeyRef": {"name": names.control_secret_name(owner.name), "key": env.CONTROL_TOKEN_SECRET_KEY}
+            },
+        },
+        {
+            "name": env.DESIRED_WEIGHTS_JSON,
+            "valueFrom": {
+                "configMapKeyRef": {
+                    "name": names.weights_config_name(owner.name),
+                    "key": env.DESIRED_WEIGHTS_KEY,
+                    "optional": True,
+                }
             },
         },
         {"name": env.RANK, "value": str(rank)},

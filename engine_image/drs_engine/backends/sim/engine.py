@@ -46,7 +46,7 @@ from drs_engine.backends.leg import Prefilled, run_leg
 from drs_engine.backends.profile import WallClockProfile
 from drs_engine.backends.sim.handoff import SimHandoff
 from drs_engine.backends.sim.model import PrefixState, TokenChoice, TokenFunction
-from drs_engine.backends.sim.weights import SimWeights, hash_weights_path, initial_weights
+from drs_engine.backends.sim.weights import SimWeights, digest_weights_path, hash_weights_path, initial_weights
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import NotSupportedError
 from drs_engine.latency import LatencyModel
@@ -224,9 +224,12 @@ class SimBackend(EngineBackend):
 
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         content_hash = await asyncio.to_thread(hash_weights_path, path)
+        digest = await asyncio.to_thread(digest_weights_path, path)
         await self._latency.sleep(self._latency.weights_load())
         previous = self._weights
-        self._weights = SimWeights(version=version, content_hash=content_hash, source=path)
+        if self._config.sim.fault_load_moves_nothing:  # the injected fault: "success", same bytes
+            content_hash, digest = previous.content_hash, previous.digest
+        self._weights = SimWeights(version=version, content_hash=content_hash, source=path, digest=digest)
         evicted = self._cache.reset()  # as TensorRT-LLM's final update_weights does
         return {
             "version": version,
@@ -234,6 +237,9 @@ class SimBackend(EngineBackend):
             "content_hash": content_hash.hex()[:16],
             "prefix_cache_blocks_evicted": evicted,
         }
+
+    async def measure_digest(self) -> str | None:
+        return self._weights.digest
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
         raise self._no_collective("init_collective")

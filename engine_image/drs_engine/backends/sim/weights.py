@@ -4,6 +4,11 @@ A load names a path that must exist and be readable (a file, or a directory of f
 content hash and the version string seed the token function, so new weights give new tokens.
 Each file contributes its relative path, its size and at most :data:`MAX_HASHED_BYTES_PER_FILE`
 of its bytes (a multi-GB checkpoint is fingerprinted, not read whole).
+
+The weights digest (:mod:`drs_protocol.weights_digest`) of sim weights: a sim engine's "tensors"
+are its checkpoint's files, in the order of their relative paths, each its whole bytes
+(:func:`drs_protocol.weights_digest.digest_files`, which a trainer computes over what it wrote); the
+weights a sim engine starts with are one "tensor", the model label's UTF-8 bytes.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from drs_protocol.weights_digest import digest_bytes, digest_files
 
 from drs_engine.backends.sim.model import weights_seed
 from drs_engine.errors import WeightsLoadError
@@ -26,6 +33,7 @@ class SimWeights:
     version: str
     content_hash: bytes
     source: str
+    digest: str  #: :mod:`drs_protocol.weights_digest` of the weights' bytes
 
     @property
     def seed(self) -> bytes:
@@ -34,7 +42,20 @@ class SimWeights:
 
 def initial_weights(model_path: str, version: str) -> SimWeights:
     """The weights a sim engine starts with: keyed by the model label (the path need not exist)."""
-    return SimWeights(version=version, content_hash=hashlib.blake2b(model_path.encode()).digest(), source=model_path)
+    return SimWeights(
+        version=version,
+        content_hash=hashlib.blake2b(model_path.encode()).digest(),
+        source=model_path,
+        digest=digest_bytes(model_path.encode()),
+    )
+
+
+def digest_weights_path(path: str) -> str:
+    """The weights digest of a path :func:`hash_weights_path` accepted (its files, whole)."""
+    try:
+        return digest_files(path)
+    except OSError as exc:
+        raise WeightsLoadError(f"cannot read weights path {path!r}: {exc.strerror or exc}", param="path") from exc
 
 
 def hash_weights_path(path: str) -> bytes:

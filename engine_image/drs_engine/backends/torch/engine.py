@@ -258,6 +258,9 @@ class TorchBackend(EngineBackend):
             **result,
         }
 
+    async def measure_digest(self) -> str | None:
+        return await self._weights.measure_digest()
+
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         return self._switched(*await self._weights.load(path, version))
 

@@ -202,6 +202,16 @@ class TrtllmBackend(EngineBackend):
             raise error(f"{method} failed on the TensorRT-LLM workers: {type(exc).__name__}: {exc}") from exc
         return result
 
+    async def measure_digest(self) -> str | None:
+        """The digest every worker reports of what it handed the engine (they must agree; None
+        before any update, or when TensorRT-LLM is not loaded)."""
+        if self._llm is None:
+            return None
+        digests = set(await self._rpc("weights_digest"))
+        if len(digests) > 1:
+            raise EngineError(f"the TensorRT-LLM workers hold different weights digests: {sorted(map(str, digests))}")
+        return next(iter(digests), None)
+
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         if not os.path.exists(path):
             raise WeightsLoadError(f"weights path {path!r} does not exist", param="path")

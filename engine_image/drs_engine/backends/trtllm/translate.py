@@ -291,6 +291,7 @@ RPC_METHODS: Final = {
     "reset_prefix_cache": "reset_prefix_cache",
     "start_profile": "start_profile",
     "stop_profile": "stop_profile",
+    "weights_digest": "weights_digest",
 }
 
 

@@ -27,6 +27,7 @@ from drs_engine.backends.torch.weights import refit
 from drs_engine.backends.torch.weights.packed import PackedWeights, pack
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import BadRequestError
+from drs_engine.weights.digest import torch_weights_digest
 
 
 class WeightsManager:
@@ -54,8 +55,17 @@ class WeightsManager:
         return self._weights.params
 
     @property
+    def packed(self) -> PackedWeights:
+        """The weights as packed now (``flat`` None: kept as separate tensors)."""
+        return self._weights
+
+    @property
     def version(self) -> str:
         return self._version
+
+    async def measure_digest(self) -> str:
+        """The :mod:`drs_protocol.weights_digest` of the weights held now, on their device."""
+        return await self._worker.run(torch_weights_digest, self._weights.flat, self._weights.params)
 
     @property
     def seed(self) -> bytes:

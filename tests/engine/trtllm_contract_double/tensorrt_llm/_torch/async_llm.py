@@ -46,6 +46,9 @@ class AsyncLLM:
             kwargs.get("ray_worker_extension_cls", "tensorrt_llm.llmapi.rlhf_utils.WorkerExtension")
         )
         self.weights = _digest("initial", kwargs["model"])
+        #: The bytes the last completed update handed over (the extension's ``weights_digest`` is
+        #: the drs digest of them; None before any update, as in the real extension).
+        self.handed: bytes | None = None
         self.seen_blocks: set[bytes] = set()
         self.asleep: set[str] = set()
         self.refit: dict[str, Any] = {}
@@ -213,6 +216,11 @@ class AsyncLLM:
         result = getattr(self, f"_rpc_{method}")(*args, **kwargs)
         return [result] * self.world
 
+    def _rpc_weights_digest(self) -> str | None:
+        from drs_protocol.weights_digest import digest_bytes
+
+        return None if self.handed is None else digest_bytes(self.handed)
+
     def _rpc_reset_prefix_cache(self) -> None:
         self.seen_blocks.clear()
 
@@ -226,7 +234,8 @@ class AsyncLLM:
         files = sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else [Path(path)]
         if not files or not all(f.is_file() and f.suffix == ".safetensors" for f in files):
             return False  # the real extension returns False on failure
-        self.weights = _digest("load", b"".join(f.read_bytes() for f in files))
+        self.handed = b"".join(f.read_bytes() for f in files)
+        self.weights = _digest("load", self.handed)
         self.seen_blocks.clear()
         return True
 
@@ -246,5 +255,6 @@ class AsyncLLM:
         if "info" not in self.refit:
             return False
         self.weights = _digest("collective", self.weights, sorted(self.refit["info"]))
+        self.handed = repr(sorted(self.refit["info"])).encode()  # stands for the broadcast bytes
         self.seen_blocks.clear()
         return True

@@ -1,0 +1,1 @@
+"""The engine's weights as desired state: what it holds (its digest, observed from the bytes)."""

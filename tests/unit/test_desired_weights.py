@@ -1,0 +1,78 @@
+"""The fleet's desired weights as operator state (pure): the weights ConfigMap every engine pod
+reads at its start, status.weights.desired, and the rule that a new value rolls nothing."""
+
+from __future__ import annotations
+
+import datetime
+
+from drs_operator.api import names
+from drs_operator.conditions import weights_status
+from drs_operator.manifests import desired_children
+from drs_operator.rollout import compute_actions
+from drs_protocol import env
+from drs_protocol.weights_digest import digest_bytes
+from drs_protocol.weights_state import DesiredWeights, parse_desired_weights
+from operator_fixtures import OWNER, as_live, build, spec
+
+T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
+STEP = DesiredWeights(version="step-7", path="/ckpt/step-7", digest=digest_bytes(b"step 7"))
+
+
+def test_every_engine_pod_reads_the_desired_weights_from_the_weights_configmap() -> None:
+    s = spec()
+    p, placement, children = build(s)
+    weights = children.all_of("ConfigMap")[names.weights_config_name(OWNER.name)]
+    assert weights["data"] == {env.DESIRED_WEIGHTS_KEY: ""}, "a fleet that never had a refit: none"
+    pods = children.all_of("Pod")
+    assert pods
+    for pod in pods.values():
+        refs = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == env.DESIRED_WEIGHTS_JSON]
+        assert refs == [
+            {
+                "name": env.DESIRED_WEIGHTS_JSON,
+                "valueFrom": {
+                    "configMapKeyRef": {
+                        "name": names.weights_config_name(OWNER.name),
+                        "key": env.DESIRED_WEIGHTS_KEY,
+                        "optional": True,
+                    }
+                },
+            }
+        ]
+    with_desired = desired_children(OWNER, s, p, placement, {}, STEP)
+    stored = with_desired.all_of("ConfigMap")[names.weights_config_name(OWNER.name)]["data"][env.DESIRED_WEIGHTS_KEY]
+    assert parse_desired_weights(stored) == STEP
+
+
+def test_new_desired_weights_replace_the_configmap_and_roll_no_pod() -> None:
+    s = spec()
+    p, placement, before = build(s)
+    live = as_live(before, ready=True)
+    after = desired_children(OWNER, s, p, placement, {}, STEP)
+    actions = compute_actions(after, live, set(), [r.index for r in p.replicas]).actions
+    assert [(a.verb, a.kind, a.name) for a in actions] == [
+        ("replace", "ConfigMap", names.weights_config_name(OWNER.name))
+    ]
+
+
+def test_status_shows_the_desired_weights_beside_the_served_version() -> None:
+    shown = weights_status(None, None, STEP, T0)
+    assert shown is not None and shown.version is None
+    assert shown.desired is not None and (shown.desired.version, shown.desired.path, shown.desired.digest) == (
+        STEP.version,
+        STEP.path,
+        STEP.digest,
+    )
+    served = weights_status(shown, "step-7", STEP, T0 + datetime.timedelta(seconds=3))
+    assert served is not None and served.version == "step-7" and served.desired == shown.desired
+    assert weights_status(served, "step-7", STEP, T0 + datetime.timedelta(seconds=9)) == served, "stable"
+    assert weights_status(served, "step-7", None, T0) == served, "kept when the annotation is gone"
+
+
+def test_unreadable_desired_weights_are_none() -> None:
+    assert parse_desired_weights(None) is None
+    assert parse_desired_weights("") is None
+    assert parse_desired_weights("{not json") is None
+    assert parse_desired_weights('{"version": " padded "}') is None
+    assert parse_desired_weights('{"version": "v", "digest": "sha256:0"}') is None
+    assert parse_desired_weights(STEP.dump()) == STEP
