@@ -20,11 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_ROOTS = ("cli", "operator", "frontend", "engine_image", "protocol", "devcluster", "sidecar", "client")
 
-#: Folder -> the modules of its circle, for circles being removed on other branches of issue 24.
-KNOWN_CYCLES: dict[str, frozenset[str]] = {
-    # the sidecar's errors and fleet reader (issue 24, the control API's part)
-    "sidecar/drs_sidecar": frozenset({"drs_sidecar.errors", "drs_sidecar.fleet"}),
-}
+#: Folder -> the modules of a circle being removed (none left: every folder is free of circles).
+KNOWN_CYCLES: dict[str, frozenset[str]] = {}
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ Requests are :mod:`drs_protocol.control`'s trainer models (``Refit``, ``TrainerC
 ``PrepareRefitInfo``, ``TrainerCollectiveUpdate``, ``TrainerIpcUpdate``, ``MemoryTags``); answers are :mod:`drs_protocol.trainer_api`'s models (the reports and the fleet
 view, which ``drs_client`` parses). ``digest``:
 the trainer's :mod:`drs_protocol.weights_digest` of what it sent; an engine holding another digest
-afterwards is a failed engine (:func:`drs_sidecar.refit.verify_digests`).
+afterwards is a failed engine (:func:`drs_sidecar.report.verify_digests`).
 
 Bodies are streamed against :data:`MAX_BODY_BYTES` (413 past it, like the engines); every refusal
 is an error of :mod:`drs_sidecar.errors`, answered in the one error body of
@@ -74,7 +74,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from drs_sidecar.errors import BadRequestError, FleetError
-from drs_sidecar.refit import Refitter, Report, checked
+from drs_sidecar.refit import Refitter, checked
+from drs_sidecar.report import Report
 
 log = logging.getLogger(__name__)
 
