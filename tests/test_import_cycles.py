@@ -22,17 +22,6 @@ SOURCE_ROOTS = ("cli", "operator", "frontend", "engine_image", "protocol", "devc
 
 #: Folder -> the modules of its circle, for circles being removed on other branches of issue 24.
 KNOWN_CYCLES: dict[str, frozenset[str]] = {
-    # the torch backend's mixins, split into packages by composition (issue 24, the engine's part)
-    "engine_image/drs_engine/backends": frozenset(
-        {
-            "drs_engine.backends",
-            "drs_engine.backends.torch_backend",
-            "drs_engine.backends.torch_control",
-            "drs_engine.backends.torch_handoff",
-            "drs_engine.backends.torch_refit",
-            "drs_engine.backends.torch_transfer",
-        }
-    ),
     # the sidecar's errors and fleet reader (issue 24, the control API's part)
     "sidecar/drs_sidecar": frozenset({"drs_sidecar.errors", "drs_sidecar.fleet"}),
 }
