@@ -42,8 +42,7 @@ def install_error_handlers(app: FastAPI, log: logging.Logger) -> None:
         if not problems:
             return JSONResponse(error_body(400, "invalid request"), status_code=400)
         first = problems[0]
-        message = f"{first.path}: {first.message}" if first.path else first.message
-        return JSONResponse(error_body(400, message, param=first.path or None), status_code=400)
+        return JSONResponse(error_body(400, first.describe(), param=first.path or None), status_code=400)
 
     async def api_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)

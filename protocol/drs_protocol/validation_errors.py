@@ -23,6 +23,10 @@ class FieldProblem:
     kind: str  #: pydantic's error type (``missing``, ``extra_forbidden``, ``greater_than_equal`` …)
     value: Any = None
 
+    def describe(self) -> str:
+        """``path: message`` (the message alone at the top level): how a 400 words it."""
+        return f"{self.path}: {self.message}" if self.path else self.message
+
 
 def field_path(loc: Sequence[int | str], prefix: str = "", *, skip: Collection[str] = ()) -> str:
     """``loc`` as a dotted path under ``prefix`` (indices in brackets); parts in ``skip`` left out."""

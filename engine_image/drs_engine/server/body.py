@@ -1,9 +1,15 @@
-"""Validation errors that name the field (reading and capping a body: :mod:`drs_protocol.body`)."""
+"""Validation errors that name the field (reading and capping a body: :mod:`drs_protocol.body`).
+
+The field path and message come from :func:`drs_protocol.validation_errors.field_problems`, the
+one formatter of pydantic's errors that the operator and the FastAPI servers' 400s use too; the
+engine words an unknown field its own way (as TensorRT-LLM refuses one) and counts the rest.
+"""
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from drs_protocol.validation_errors import field_problems
 from pydantic import BaseModel, ValidationError
 
 from drs_engine.errors import BadRequestError
@@ -20,17 +26,14 @@ def validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
 
 
 def validation_error(exc: ValidationError) -> BadRequestError:
-    errors = exc.errors(include_url=False)
-    if not errors:
+    problems = field_problems(exc.errors(include_url=False))
+    if not problems:
         return BadRequestError(str(exc))
-    first = errors[0]
-    loc = ".".join(str(part) for part in first.get("loc", ()))
-    if first.get("type") == "extra_forbidden":
-        message = f"unknown field {loc!r}: this engine (like TensorRT-LLM) rejects fields it does not know"
-    elif loc:
-        message = f"{loc}: {first.get('msg', 'invalid value')}"
+    first = problems[0]
+    if first.kind == "extra_forbidden":
+        message = f"unknown field {first.path!r}: this engine (like TensorRT-LLM) rejects fields it does not know"
     else:
-        message = str(first.get("msg", "invalid request"))
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return BadRequestError(message, param=loc or None)
+        message = first.describe()
+    if len(problems) > 1:
+        message += f" (and {len(problems) - 1} more problem{'s' if len(problems) > 2 else ''})"
+    return BadRequestError(message, param=first.path or None)

@@ -119,7 +119,3 @@ class PrefixIndex:
             owner.move_to_end(h)
         while len(owner) > self.max_blocks:
             owner.popitem(last=False)
-
-    def forget_engine(self, url: str) -> None:
-        for h in [h for h, u in self._owner.items() if u == url]:
-            del self._owner[h]

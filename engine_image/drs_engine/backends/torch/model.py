@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from drs_protocol.enums import Precision
 
-from drs_engine.errors import BadRequestError, WeightsLoadError
+from drs_engine.errors import WeightsLoadError
 
 RANDOM_PREFIX: Final = "random:"
 #: Standard deviation of the random init (transformers' ``initializer_range``).
@@ -399,11 +399,6 @@ def decode_step(
     """See :func:`_decode_step` (run without autograd)."""
     with torch.inference_mode():
         return _decode_step(params, shape, tokens, kvs, positions)
-
-
-def check_capacity(shape: ModelShape, total: int) -> None:
-    if total > shape.max_positions:
-        raise BadRequestError(f"the sequence needs {total} positions; the model has {shape.max_positions}")
 
 
 def pick_device(name: str | None) -> Any:

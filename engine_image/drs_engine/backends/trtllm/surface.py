@@ -49,19 +49,7 @@ def openai_model_fields(model: str) -> frozenset[str]:
     return frozenset(surface()["openai_models"]["models"][model])
 
 
-def known_memory_tags() -> tuple[str, ...]:
-    """``ExecutorMemoryType`` values as recorded (the backend reads the live enum at start)."""
-    values: list[str] = surface()["classes"]["tensorrt_llm.llmapi.llm_args.ExecutorMemoryType"]["known_values"]
-    return tuple(values)
-
-
 def worker_extension_class() -> str:
     """Dotted path of this project's worker extension (``ray_worker_extension_cls`` default)."""
     value: str = surface()["worker_extension"]["ours"]
-    return value
-
-
-def every_source() -> dict[str, dict[str, Any]]:
-    """Source id -> ``{repo, path, commit}``."""
-    value: dict[str, dict[str, Any]] = surface()["sources"]
     return value

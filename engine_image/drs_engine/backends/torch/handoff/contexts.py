@@ -21,12 +21,13 @@ from typing import Any, Final
 import httpx
 import torch
 from drs_protocol.engine_config import TorchSpec
+from drs_protocol.enums import KvTransport
 
 from drs_engine.backends.base import BinaryExport, ContextHandoff, LegRequest
 from drs_engine.backends.handoff import check_received, context_request_id, context_source, left_context, missing_here
 from drs_engine.backends.torch import ipc
 from drs_engine.backends.torch.handoff import frame
-from drs_engine.backends.torch.handoff.frame import KvTransport
+from drs_engine.backends.torch.handoff.frame import ARENA_TAKE, FETCH_TRANSPORTS
 from drs_engine.backends.torch.handoff.transfer import TorchContext, export_frame, fetch_context, header_frame
 from drs_engine.backends.torch.kv.arena import ArenaMaps, KvArena
 from drs_engine.backends.torch.model import ModelShape
@@ -145,9 +146,9 @@ class TorchHandoff:
 
     async def export(self, ctx_request_id: int, transport: str) -> BinaryExport:
         """Hand over (and forget) a context's KV as a binary frame over ``transport``."""
-        if transport not in set(KvTransport):
+        if transport not in FETCH_TRANSPORTS:
             raise BadRequestError(
-                f"transport: must be one of {', '.join(KvTransport)}, not {transport!r}", param="transport"
+                f"transport: must be one of {', '.join(FETCH_TRANSPORTS)}, not {transport!r}", param="transport"
             )
         if transport != KvTransport.HTTP and self._device.type != "cuda":
             raise BadRequestError(f"transport {transport}: this engine runs on the CPU", param="transport")
@@ -155,10 +156,10 @@ class TorchHandoff:
         if ctx is None:
             raise missing_here(ctx_request_id)
         try:
-            if transport == KvTransport.CUDA_IPC_ARENA:  # the decode engine has copied it already
+            if transport == ARENA_TAKE:  # the decode engine has copied it already
                 if ctx.arena_offset is None:
-                    raise BadRequestError("transport cuda_ipc_arena: this context is not in the arena")
-                return header_frame(ctx, KvTransport.CUDA_IPC_ARENA)
+                    raise BadRequestError(f"transport {ARENA_TAKE}: this context is not in the arena")
+                return header_frame(ctx)
             if transport == KvTransport.CUDA_IPC:
                 if ctx.arena_offset is not None:  # its own tensor, so the region can go now
                     ctx = await self._worker.run(_own_copy, ctx)

@@ -5,7 +5,8 @@ head_dim]`` on its GPU) under ``ctx_request_id``. The decode engine fetches it o
 ``GET /v1/disagg/kv/{ctx_request_id}?transport=T``; the answer is one binary frame:
 an 8-byte little-endian header length, a JSON header (:class:`KvHeader`), then the payload.
 
-Transports, chosen by the decode engine (``torch.kvTransport: auto`` picks the first that works):
+Transports (:class:`drs_protocol.enums.KvTransport`, the spec's ``torch.kvTransport``), chosen by
+the decode engine (``auto`` picks the first that works):
 
 - ``cuda_ipc`` (same host, both GPUs visible to the decode engine): the payload is the CUDA IPC
   handle of the prefill engine's tensor (a few hundred bytes of JSON, never a pickle: the
@@ -13,8 +14,9 @@ Transports, chosen by the decode engine (``torch.kvTransport: auto`` picks the f
   (NVLink peer copy). ``auto`` takes it when the prefill engine's ``encoded_opaque_state`` names
   this host and a GPU this engine can see.
   When the context lies in the prefill engine's handoff arena (named in ``encoded_opaque_state``),
-  the decode engine copies it from there first and then only takes it (``cuda_ipc_arena``:
-  :mod:`drs_engine.backends.torch.kv.arena`), mapping the arena once for all handoffs.
+  the decode engine copies it from there first and then only takes it (``?transport=cuda_ipc_arena``,
+  :data:`ARENA_TAKE`: :mod:`drs_engine.backends.torch.kv.arena`), mapping the arena once for all
+  handoffs.
 - ``http`` (anywhere): the payload is the KV's raw bytes, staged through pinned host memory on
   both sides.
 """
@@ -25,8 +27,9 @@ import json
 import os
 import struct
 from dataclasses import asdict, dataclass, field
-from enum import StrEnum
 from typing import Any, Final
+
+from drs_protocol.enums import KvTransport
 
 from drs_engine.backends.handoff import decode_opaque, encode_opaque
 from drs_engine.backends.torch.ipc import host_id, local_gpu_uuids
@@ -37,12 +40,13 @@ MAX_HEADER_BYTES: Final = 64 * 1024 * 1024
 OPAQUE_KIND: Final = "drs-torch-kv/1"
 
 
-class KvTransport(StrEnum):
-    CUDA_IPC = "cuda_ipc"
-    HTTP = "http"
-    #: not a choice of ``kvTransport``: the take after a decode engine copied the KV out of the
-    #: prefill engine's handoff arena (:mod:`drs_engine.backends.torch.kv.arena`); the frame is the header alone
-    CUDA_IPC_ARENA = "cuda_ipc_arena"
+#: ``?transport=`` of the take after a decode engine copied the KV out of the prefill engine's
+#: handoff arena (:mod:`drs_engine.backends.torch.kv.arena`); the frame is the header alone. Not a
+#: transport (the KV went by CUDA IPC), so not a member of ``KvTransport`` nor a ``kvTransport`` choice.
+ARENA_TAKE: Final = "cuda_ipc_arena"
+#: What a prefill engine's ``GET /v1/disagg/kv/{id}?transport=`` accepts (``auto`` is the decode
+#: engine's preference, resolved by :func:`choose_transport` before it asks).
+FETCH_TRANSPORTS: Final = (KvTransport.CUDA_IPC.value, KvTransport.HTTP.value, ARENA_TAKE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +102,9 @@ def read_opaque_state(encoded: str | None) -> dict[str, Any]:
     return decode_opaque(encoded, OPAQUE_KIND)
 
 
-def choose_transport(preference: str, opaque: dict[str, Any], local_device: Any) -> tuple[KvTransport, int | None]:
+def choose_transport(
+    preference: KvTransport, opaque: dict[str, Any], local_device: Any
+) -> tuple[KvTransport, int | None]:
     """The transport to ask for (and, for CUDA IPC, the producer's GPU under local numbering).
 
     ``auto``: CUDA IPC when the context was computed on this host, on a GPU this process sees,

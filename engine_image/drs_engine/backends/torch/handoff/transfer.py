@@ -16,12 +16,13 @@ from typing import Any
 
 import httpx
 import torch
+from drs_protocol.enums import KvTransport
 from drs_protocol.routes import kv_export_path
 from drs_protocol.token_ids import encode_token_ids_b64
 
 from drs_engine.backends.base import BinaryExport
 from drs_engine.backends.handoff import ContextSource, raise_for_fetch_status
-from drs_engine.backends.torch.handoff.frame import HEADER_LEN, MAX_HEADER_BYTES, KvHeader, KvTransport
+from drs_engine.backends.torch.handoff.frame import ARENA_TAKE, HEADER_LEN, MAX_HEADER_BYTES, KvHeader
 from drs_engine.backends.torch.ipc import ipc_export, ipc_import
 from drs_engine.backends.torch.kv.arena import ArenaMaps, copy_region
 from drs_engine.backends.torch.model import DTYPES
@@ -44,7 +45,7 @@ class TorchContext:
     arena_offset: int | None = None
 
 
-def _header(ctx: TorchContext, transport: KvTransport, payload_bytes: int, ipc: dict[str, Any]) -> KvHeader:
+def _header(ctx: TorchContext, transport: str, payload_bytes: int, ipc: dict[str, Any]) -> KvHeader:
     return KvHeader(
         ctx_request_id=ctx.ctx_request_id,
         prompt_token_ids_b64=encode_token_ids_b64(ctx.prompt_token_ids),
@@ -53,7 +54,7 @@ def _header(ctx: TorchContext, transport: KvTransport, payload_bytes: int, ipc: 
         first_top_logprobs=[[t, lp] for t, lp in ctx.first.top_logprobs],
         weights_version=ctx.weights_version,
         cached_tokens=ctx.cached_tokens,
-        transport=transport.value,
+        transport=transport,
         kv_shape=list(ctx.kv.shape),
         kv_dtype=str(ctx.kv.dtype).removeprefix("torch."),
         payload_bytes=payload_bytes,
@@ -71,16 +72,16 @@ def _to_pinned(kv: Any) -> Any:
 async def export_frame(worker: GpuWorker, ctx: TorchContext, transport: KvTransport, chunk: int) -> BinaryExport:
     if transport is KvTransport.CUDA_IPC:
         ipc = await worker.run(ipc_export, ctx.kv)
-        data = _header(ctx, transport, 0, ipc).encode()
+        data = _header(ctx, transport.value, 0, ipc).encode()
         return BinaryExport(length=len(data), chunks=_once(data))
     host = await worker.run(_to_pinned, ctx.kv)
-    head = _header(ctx, transport, int(host.numel()), {}).encode()
+    head = _header(ctx, transport.value, int(host.numel()), {}).encode()
     return BinaryExport(length=len(head) + int(host.numel()), chunks=_chunks(head, host, chunk))
 
 
-def header_frame(ctx: TorchContext, transport: KvTransport) -> BinaryExport:
-    """A frame of the header alone (the take after an arena copy)."""
-    data = _header(ctx, transport, 0, {}).encode()
+def header_frame(ctx: TorchContext) -> BinaryExport:
+    """A frame of the header alone (the take after an arena copy, :data:`~.frame.ARENA_TAKE`)."""
+    data = _header(ctx, ARENA_TAKE, 0, {}).encode()
     return BinaryExport(length=len(data), chunks=_once(data))
 
 
@@ -115,13 +116,13 @@ async def fetch_context(
     when given, gets the clock (``time.perf_counter``) at each step, for ``/server_info``."""
     phases = {} if phases is None else phases
     copied: tuple[Any, float] | None = None
-    wire = transport
+    wire: str = transport.value
     phases["start"] = time.perf_counter()
     if arena is not None and maps is not None and producer_device is not None:
         copied = await worker.run(copy_region, maps, arena, producer_device, device, dtype, _copy_stream(device))
-        wire = KvTransport.CUDA_IPC_ARENA  # copied: now take it (which frees the region)
+        wire = ARENA_TAKE  # copied: now take it (which frees the region)
         phases["arena_copy"] = time.perf_counter()
-    url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={wire.value}"
+    url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={wire}"
     try:
         async with client.stream("GET", url) as response:
             if response.status_code != 200:
