@@ -151,7 +151,7 @@ class Relay:
         )
         self.ctx_router = build_ctx_router(config)
         self.gen_router = build_gen_router(config.gen_router)
-        self.minter = SnowflakeMinter(config.node_id)
+        self.minter = SnowflakeMinter(config.node_id, config.process_id)
         self._rng = rng or random.Random()
 
     # -- the turn --------------------------------------------------------------------------------

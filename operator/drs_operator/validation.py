@@ -216,6 +216,7 @@ _RULE_INPUTS = frozenset(
         "hostNetwork",
         "gpusPerNode",
         "enabled",
+        "standby",
     }
 )
 
@@ -246,6 +247,8 @@ def _cross_field(p: _Parts, path: str) -> list[Problem]:
     problems: list[Problem] = []
     if p.network_policy is not None and p.network_policy.enabled and p.network is not None and p.network.host_network:
         problems.append(Problem(f"{path}.networkPolicy.enabled", rules.MSG_POLICY_HOST_NETWORK))
+    if p.frontend is not None and p.frontend.standby and p.network is not None and p.network.host_network:
+        problems.append(Problem(f"{path}.frontend.standby", rules.MSG_STANDBY_HOST_NETWORK))
     for role in ROLES:
         block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:

@@ -30,7 +30,7 @@ from drs_protocol.config import ConfigModel
 from drs_protocol.engine_config import SIM_DEFAULT_TOKENS_PER_BLOCK
 from drs_protocol.enums import CtxRouter, GenRouter
 from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, MIB, engine_max_request_bytes
-from drs_protocol.snowflake import NODE_IDS
+from drs_protocol.snowflake import NODE_IDS, PROCESS_IDS
 
 UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
 
@@ -103,6 +103,12 @@ class FrontendConfig(_Model):
     )
     node_id: int = Field(
         default=0, ge=0, le=NODE_IDS - 1, description="snowflake node id: replica_idx * F + frontend_idx"
+    )
+    process_id: int = Field(
+        default=0,
+        ge=0,
+        le=PROCESS_IDS - 1,
+        description="snowflake process id: 0, or 1 for a URL's standby process (ids minted under one node id differ)",
     )
     host: str = Field(default="0.0.0.0", description="address to listen on")
     port: int = Field(

@@ -75,6 +75,10 @@ MSG_POLICY_HOST_NETWORK: Final = (
     "networkPolicy.enabled needs pod networking: NetworkPolicies do not apply to pods on the host "
     "network (network.hostNetwork), so the engines would stay open"
 )
+MSG_STANDBY_HOST_NETWORK: Final = (
+    "frontend.standby needs pod networking: on the host network (network.hostNetwork) a second process "
+    "cannot listen on the frontend's node port"
+)
 MSG_NAME: Final = (
     "metadata.name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
     f"of at most {MAX_NAME_LENGTH} characters, so that every child name fits in 63"
@@ -139,6 +143,12 @@ SPEC_RULES: Final = (
         " || !has(self.network) || !has(self.network.hostNetwork) || !self.network.hostNetwork",
         MSG_POLICY_HOST_NETWORK,
         ".networkPolicy.enabled",
+    ),
+    CelRule(
+        "!has(self.frontend.standby) || !self.frontend.standby"
+        " || !has(self.network) || !has(self.network.hostNetwork) || !self.network.hostNetwork",
+        MSG_STANDBY_HOST_NETWORK,
+        ".frontend.standby",
     ),
 )
 
