@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any, Final
 
 from drs_protocol import fields, routes
@@ -34,6 +35,7 @@ from drs_frontend.health import HealthProber
 from drs_frontend.httpserver import HttpServer, Request, Response, ServerLimits
 from drs_frontend.metrics import CONTENT_TYPE_LATEST, FrontendMetrics
 from drs_frontend.relay import JSON, Relay, Reply
+from drs_frontend.reload import watch_config
 from drs_frontend.routing.conversation import ConversationRouter
 from drs_frontend.tokenization import ChatTokenizer
 from drs_frontend.upstream import UpstreamClient, build_upstream
@@ -83,6 +85,8 @@ class FrontendApp:
         self._prober_task: asyncio.Task[None] | None = None
         #: prefixBlockTokens not configured: learning it from the prefill engines (engine_info)
         self._block_task: asyncio.Task[int] | None = None
+        #: configWatch: applying changed fallback pools from the mounted config (reload)
+        self._watch_task: asyncio.Task[None] | None = None
 
     def _in_flight(self) -> list[tuple[str, str, int]]:
         return [
@@ -105,6 +109,16 @@ class FrontendApp:
             self.relay.chat_tokenizer = await asyncio.to_thread(load_chat_tokenizer, self.config)
         await self.upstream.start()
         self._prober_task = asyncio.create_task(self.prober.run(), name="health-prober")
+        if self.config.config_watch:
+            self._watch_task = asyncio.create_task(
+                watch_config(
+                    Path(self.config.config_watch),
+                    self.relay.prefill,
+                    self.relay.decode,
+                    interval=self.config.health_interval,
+                ),
+                name="config-watch",
+            )
         router = self.relay.ctx_router
         if "prefix_block_tokens" not in self.config.model_fields_set and isinstance(router, ConversationRouter):
             self._block_task = asyncio.create_task(
@@ -119,7 +133,7 @@ class FrontendApp:
             )
 
     async def shutdown(self) -> None:
-        for task in (self._prober_task, self._block_task):
+        for task in (self._prober_task, self._block_task, self._watch_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

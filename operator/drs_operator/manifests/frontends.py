@@ -23,7 +23,7 @@ from typing import Any, Final
 from drs_protocol import env, routes
 from drs_protocol.config import render
 from drs_protocol.frontend_config import FrontendConfig
-from drs_protocol.lifecycle import FALLBACK_DECODE_KEY, FALLBACK_PREFILL_KEY
+from drs_protocol.lifecycle import FALLBACK_DECODE_KEY, FALLBACK_PREFILL_KEY, FRONTEND_CONFIG_DIR
 from drs_protocol.limits import FRONTEND_MAX_REQUEST_BYTES
 
 from drs_operator.api import names
@@ -66,6 +66,7 @@ LIVENESS_PERIOD_S: Final = 10
 STARTUP_PERIOD_S: Final = 2
 STARTUP_FAILURES: Final = 150
 PROBE_TIMEOUT_S: Final = 5
+CONFIG_VOLUME: Final = "frontend-config"
 #: ``spec.frontend.standby``: the Service keeps a client on one process for this long (Kubernetes' default).
 AFFINITY_TIMEOUT_S: Final = 10800
 
@@ -194,6 +195,8 @@ def build_frontend_deployment(
             "--node-id",
             str(slot.node_id),
             *(["--process-id", str(process)] if process else []),
+            "--config-watch",
+            f"{FRONTEND_CONFIG_DIR}/{CONFIG_KEY}",
         ],
         "env": [
             field_env(env.POD_IP, "status.podIP"),
@@ -218,7 +221,7 @@ def build_frontend_deployment(
             "failureThreshold": 3,
             "timeoutSeconds": PROBE_TIMEOUT_S,
         },
-        "volumeMounts": [scratch_mount],
+        "volumeMounts": [scratch_mount, {"name": CONFIG_VOLUME, "mountPath": FRONTEND_CONFIG_DIR, "readOnly": True}],
         "securityContext": restricted_container_security(),
     }
     if spec.frontend.resources:
@@ -229,7 +232,12 @@ def build_frontend_deployment(
         "securityContext": restricted_pod_security(),
         "affinity": node_affinity(node),
         "containers": [container],
-        "volumes": [scratch_volume],
+        "volumes": [
+            scratch_volume,
+            # the same config again as a file the kubelet updates in place: new fallback pools reach
+            # the running frontend (drs_frontend.reload) without a restart
+            {"name": CONFIG_VOLUME, "configMap": {"name": names.frontend_config_name(owner.name, slot.replica)}},
+        ],
     }
     if plan.host_network:
         pod_spec["hostNetwork"] = True
