@@ -17,6 +17,9 @@ each with the load running before, during and after the event:
 
 Prints one JSON line: per scenario the turns attempted and failed, turns that needed a retry, and
 p50/p99 turn latency (first attempt to answer), plus each scenario's p50 over the baseline's.
+
+``bench/chaos_realnodes.py`` is the same experiment on the real-node cluster (pod networking, a
+client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
 """
 
 from __future__ import annotations
