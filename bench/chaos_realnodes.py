@@ -8,8 +8,8 @@ with ``frontend.standby`` on, and ``examples/load_client.py`` in a pod: 8 Gym-sh
 each a fresh client pod running through the event:
 
 * ``baseline`` — nothing happens;
-* ``frontend_killed`` — every URL's process-0 frontend pod deleted with grace 0, then, once they
-  are back, every standby pod (so whichever process a client's affinity chose, it died);
+* ``frontend_killed`` — per URL, the frontend pod the client is talking to (its affinity chose one
+  of the URL's two processes; read from the pods' own request counters) deleted with grace 0;
 * ``prefill_killed`` / ``decode_killed`` — replica 0's engine pod deleted with grace 0;
 * ``operator_killed`` — a roll, with the operator pod deleted (grace 0) once the roll has begun;
 * ``roll`` — a spec change that replaces every engine pod, replica by replica.
@@ -41,9 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = "pod-sim"
 NS = "chaos"
 LOAD = (ROOT / "examples" / "load_client.py").read_text()
-SCENARIOS = ("baseline", "frontend_killed", "prefill_killed", "decode_killed", "operator_killed", "roll")
+SCENARIOS = ("baseline", "prefill_killed", "decode_killed", "roll", "operator_killed", "frontend_killed")
 READY_S = 300.0
-PROCESS_LABEL = "disagg.dev/frontend-process"
 
 
 def say(msg: str) -> None:
@@ -92,18 +91,26 @@ def kill(cluster: RunningCluster, namespace: str, victims: list[dict[str, Any]])
     cluster.kubectl("delete", "pod", *names, "-n", namespace, "--grace-period=0", "--force")
 
 
+METRICS = (
+    "import sys, urllib.request; "
+    "text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode(); "
+    "print(sum(float(l.rsplit(' ', 1)[1]) for l in text.splitlines() if l.startswith('drs_frontend_requests_total{')))"
+)
+
+
+def served(cluster: RunningCluster, pod: dict[str, Any]) -> float:
+    """A frontend pod's own count of answered requests (its /metrics, read from inside the pod)."""
+    port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+    url = f"http://{pod['status']['podIP']}:{port}/metrics"
+    return float(cluster.kubectl("exec", pod["metadata"]["name"], "-n", NS, "--", "python", "-c", METRICS, url).stdout)
+
+
 def kill_frontends(cluster: RunningCluster) -> None:
-    sel = f"disagg.dev/replicaset={NAME},disagg.dev/role=frontend"
-    first = [p for p in pods(cluster, sel) if p["metadata"]["labels"].get(PROCESS_LABEL) != "1"]
-    kill(cluster, NS, first)
-    gone = {p["metadata"]["uid"] for p in first}
-
-    def back() -> bool:
-        fresh = [p for p in pods(cluster, sel) if p["metadata"]["labels"].get(PROCESS_LABEL) != "1"]
-        return converged(cluster) and len(fresh) == len(first) and not ({p["metadata"]["uid"] for p in fresh} & gone)
-
-    wait("process 0 of every URL back", back, timeout=60)
-    kill(cluster, NS, [p for p in pods(cluster, sel) if p["metadata"]["labels"].get(PROCESS_LABEL) == "1"])
+    """Per URL, the pod the client's ClientIP affinity chose (the one that served its requests)."""
+    by_url: dict[str, list[tuple[float, dict[str, Any]]]] = {}
+    for pod in pods(cluster, f"disagg.dev/replicaset={NAME},disagg.dev/role=frontend"):
+        by_url.setdefault(pod["metadata"]["labels"]["disagg.dev/replica"], []).append((served(cluster, pod), pod))
+    kill(cluster, NS, [max(candidates, key=lambda sp: sp[0])[1] for candidates in by_url.values()])
 
 
 def kill_engine(role: str) -> Callable[[RunningCluster], None]:
