@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import REAL_PORT_BASE, REAL_STATE_DIR, RunningCluster, real_node_cluster
+from drs_protocol import routes
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "pod-sim"
@@ -101,7 +102,7 @@ METRICS = (
 def served(cluster: RunningCluster, pod: dict[str, Any]) -> float:
     """A frontend pod's own count of answered requests (its /metrics, read from inside the pod)."""
     port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
-    url = f"http://{pod['status']['podIP']}:{port}/metrics"
+    url = f"http://{pod['status']['podIP']}:{port}{routes.METRICS}"
     return float(cluster.kubectl("exec", pod["metadata"]["name"], "-n", NS, "--", "python", "-c", METRICS, url).stdout)
 
 
