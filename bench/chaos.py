@@ -21,6 +21,9 @@ fleet's desired version when the turn started, i.e. the version of the last refi
 turns marked ``weights_boundary`` are excepted, and before the first refit nothing is desired),
 ``boundary`` (turns marked ``weights_boundary``) and p50/p99 turn latency (first attempt to answer),
 plus each scenario's p50 over the baseline's.
+
+``bench/chaos_realnodes.py`` is the same experiment on the real-node cluster (pod networking, a
+client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
 """
 
 from __future__ import annotations

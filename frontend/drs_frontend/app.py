@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any, Final
 
 from drs_protocol import fields, routes
@@ -30,11 +31,14 @@ from drs_protocol.routes import Endpoint
 
 from drs_frontend import wire_json
 from drs_frontend.config import FrontendConfig
+from drs_frontend.engine_info import adopt_block_tokens
 from drs_frontend.health import HealthProber
 from drs_frontend.httpserver import HttpServer, Request, Response, ServerLimits
 from drs_frontend.metrics import CONTENT_TYPE_LATEST, FrontendMetrics
 from drs_frontend.model_list import relay_model_list
 from drs_frontend.relay import JSON, Relay, Reply
+from drs_frontend.reload import watch_config
+from drs_frontend.routing.conversation import ConversationRouter
 from drs_frontend.tokenization import ChatTokenizer
 from drs_frontend.upstream import UpstreamClient, build_upstream
 
@@ -81,6 +85,10 @@ class FrontendApp:
         )
         self.metrics.watch_in_flight(self._in_flight)
         self._prober_task: asyncio.Task[None] | None = None
+        #: prefixBlockTokens not configured: learning it from the prefill engines (engine_info)
+        self._block_task: asyncio.Task[int] | None = None
+        #: configWatch: applying changed fallback pools from the mounted config (reload)
+        self._watch_task: asyncio.Task[None] | None = None
 
     def _in_flight(self) -> list[tuple[str, str, int]]:
         return [
@@ -103,12 +111,35 @@ class FrontendApp:
             self.relay.chat_tokenizer = await asyncio.to_thread(load_chat_tokenizer, self.config)
         await self.upstream.start()
         self._prober_task = asyncio.create_task(self.prober.run(), name="health-prober")
+        if self.config.config_watch:
+            self._watch_task = asyncio.create_task(
+                watch_config(
+                    Path(self.config.config_watch),
+                    self.relay.prefill,
+                    self.relay.decode,
+                    interval=self.config.health_interval,
+                ),
+                name="config-watch",
+            )
+        router = self.relay.ctx_router
+        if "prefix_block_tokens" not in self.config.model_fields_set and isinstance(router, ConversationRouter):
+            self._block_task = asyncio.create_task(
+                adopt_block_tokens(
+                    router,
+                    self.relay.prefill,
+                    self.upstream,
+                    interval=self.config.health_interval,
+                    timeout=self.config.timeouts.health,
+                ),
+                name="block-size",
+            )
 
     async def shutdown(self) -> None:
-        if self._prober_task is not None:
-            self._prober_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober_task
+        for task in (self._prober_task, self._block_task, self._watch_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.upstream.close()
 
     # -- routes ----------------------------------------------------------------------------------

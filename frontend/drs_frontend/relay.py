@@ -42,6 +42,7 @@ from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, render_completion_ids
 from drs_protocol.enums import Role
 from drs_protocol.errors import error_body
+from drs_protocol.limits import FORWARD_OVERHEAD_BYTES, token_ids_b64_bytes
 from drs_protocol.routes import Endpoint
 from drs_protocol.snowflake import SnowflakeMinter
 from drs_protocol.token_ids import encode_token_ids_b64
@@ -134,6 +135,14 @@ class _Turn:
 dumps: Final = wire_json.dumps
 
 
+def ids_overflow(raw_bytes: int, ids: int, limit: int) -> bool:
+    """Whether a body of ``raw_bytes`` forwarded with ``ids`` prompt ids may exceed ``limit`` (an
+    upper bound: the client's bytes, the base64 ids and every field a frontend adds). With the
+    limit the operator renders (drs_protocol.limits.engine_max_request_bytes) this is never true
+    for a body this frontend accepts whose prompt is shorter than the engines' maxModelLen."""
+    return raw_bytes + token_ids_b64_bytes(ids) + FORWARD_OVERHEAD_BYTES > limit
+
+
 class Relay:
     """The request path of one frontend; owns the pools, routers, tokenizer and upstream client."""
 
@@ -159,7 +168,7 @@ class Relay:
         )
         self.ctx_router = build_ctx_router(config)
         self.gen_router = build_gen_router(config.gen_router)
-        self.minter = SnowflakeMinter(config.node_id)
+        self.minter = SnowflakeMinter(config.node_id, config.process_id)
         self.bursts = GroupBursts(metrics, max_bursts=config.max_sessions)
         self._rng = rng or random.Random()
         self.legs = LegAttempts(config, metrics)
@@ -198,6 +207,11 @@ class Relay:
         conversation_id = fields.conversation_id_from(body, headers)
         # 2. the prompt ids, when this frontend tokenizes (spliced after the policy's own ids)
         turn.ids = self._prompt_ids(endpoint, body, conversation_id, request.get(PREFIX_FIELD))
+        if turn.ids is not None and ids_overflow(len(raw), len(turn.ids), self.config.limits.forward_limit()):
+            # Our ids would push the body past the engines' limit: only a prompt longer than they
+            # serve does that. Left to the engine, which renders it and answers its own 400.
+            turn.ids = None
+            self.metrics.ids_left_to_engine.inc()
         if endpoint is Endpoint.CHAT:  # Gym's ids of earlier turns only to an engine that splices
             tokenized = turn.ids is not None
             if not tokenized and skips_ids and gym_ids.skipped(request):  # the engine renders after all

@@ -7,15 +7,16 @@ and an Event is emitted on a flip (or a changed reason), never as storage.
 
 Readiness (:mod:`drs_operator.readiness`): an engine is *ready* (serving) when all its pods exist
 and are Ready, and *updated* when they also carry the desired spec hash; a frontend is ready when
-its Deployment has a ready pod, updated when that pod runs the desired template; a replica is ready
+its Deployment (or, with a standby, either of its two) has a ready pod, updated when every one of
+them runs the desired template with a ready pod; a replica is ready
 / updated when it is placed and all its engines and frontends are. ``readyReplicas`` counts serving
 replicas (a replica waiting for its turn to roll still serves), ``updatedReplicas`` the updated
 ones, and ``Ready`` is True only when every replica is updated: never Ready while a pod of the
 spec's generation is not ready, never 0 while a replica serves.
 
 ``Degraded``, most urgent first: a replica moved off a lost node; a replica not placed; an engine
-pod that cannot run (``PodsNotRunning``: unschedulable, image pull, crash loop — the message names
-the pod and the cause, and a Warning Event fires when a pod's cause changes); engines on different
+or frontend pod that cannot run (``PodsNotRunning``: unschedulable, image pull, crash loop — the
+message names the pod and the cause, and a Warning Event fires when a pod's cause changes); engines on different
 weights versions (``WeightsSplit``, from the sidecar's per-engine annotation); replicas not ready
 with nothing in flight.
 
@@ -36,7 +37,17 @@ from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 from drs_protocol.weights_state import DesiredWeights, HeldWeights
 
 from drs_operator.api import names
-from drs_operator.api.constants import ConditionStatus, ConditionType, EventReason, EventType, Phase, Reason
+from drs_operator.api.constants import (
+    FRONTEND_PODS,
+    LABEL_FRONTEND,
+    LABEL_REPLICA,
+    ConditionStatus,
+    ConditionType,
+    EventReason,
+    EventType,
+    Phase,
+    Reason,
+)
 from drs_operator.api.objects import Manifest
 from drs_operator.api.status import (
     Condition,
@@ -48,6 +59,7 @@ from drs_operator.api.status import (
     WeightsStatus,
 )
 from drs_operator.manifests.children import Children
+from drs_operator.readiness import Problem as PodProblem
 from drs_operator.readiness import (
     deployment_serving,
     deployment_updated,
@@ -117,6 +129,7 @@ def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
     current spec), the engine's weights version and why a pod of it cannot run."""
     pods = observed.live.get("Pod", {})
     deps = observed.live.get("Deployment", {})
+    frontend_pods = observed.live.get(FRONTEND_PODS, {})
     desired_pods = observed.desired.all_of("Pod") if observed.desired else {}
     desired_deps = observed.desired.all_of("Deployment") if observed.desired else {}
     # an engine's pods: its name (rank 0) and "<name>-w<rank>"; grouped once, not per engine
@@ -147,13 +160,20 @@ def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
             )
         frontends = []
         for f in rs.frontends:
-            name = names.frontend_name(drs, rs.index, f.index)
-            dep = deps.get(name)
+            dep_names = [names.frontend_deployment_name(drs, rs.index, f.index, p) for p in (0, 1)]
+            wanted = [n for n in dep_names if n in desired_deps]
+            serving = {n: n in desired_deps and deployment_serving(deps.get(n)) for n in dep_names}
+            problem = _frontend_problem(frontend_pods, rs.index, f.index) if rs.placed else None
             frontends.append(
                 f.model_copy(
                     update={
-                        "ready": rs.placed and name in desired_deps and deployment_serving(dep),
-                        "updated": rs.placed and deployment_updated(dep, desired_deps.get(name)),
+                        "ready": rs.placed and any(serving.values()),
+                        "updated": rs.placed
+                        and bool(wanted)
+                        and all(deployment_updated(deps.get(n), desired_deps.get(n)) for n in wanted),
+                        "standby_ready": (rs.placed and serving[dep_names[1]]) if dep_names[1] in wanted else None,
+                        "problem": problem.reason if problem else None,
+                        "message": problem.text()[:1024] if problem else None,
                     }
                 )
             )
@@ -170,6 +190,18 @@ def _replica_readiness(drs: str, observed: Observed) -> list[ReplicaStatus]:
             )
         )
     return replicas
+
+
+def _frontend_problem(pods: Mapping[str, Manifest], replica: int, index: int) -> PodProblem | None:
+    """Why a pod of frontend ``index`` of ``replica`` (either process) does not run, the first by
+    pod name; else None."""
+    for name in sorted(pods):
+        labels = (pods[name].get("metadata") or {}).get("labels") or {}
+        if labels.get(LABEL_REPLICA) == str(replica) and labels.get(LABEL_FRONTEND) == str(index):
+            problem = pod_problem(pods[name])
+            if problem is not None:
+                return problem
+    return None
 
 
 def _ranks(e: EngineStatus, placed: bool, pods: Mapping[str, Manifest]) -> list[RankStatus] | None:
@@ -228,14 +260,22 @@ def _weights_split(replicas: Sequence[ReplicaStatus]) -> str | None:
 
 
 def _problem_notes(previous: DisaggReplicaSetStatus, replicas: Sequence[ReplicaStatus]) -> list[EventNote]:
-    """A Warning Event for each engine whose pod cannot run for a reason it did not have before."""
+    """A Warning Event for each engine or frontend whose pod cannot run for a reason it did not have before."""
     before = {e.name: e.problem for r in previous.replica_statuses for e in r.engines}
-    return [
+    notes = [
         EventNote(EventType.WARNING, EventReason.POD_NOT_RUNNING, (e.message or e.problem or "")[:1024])
         for r in replicas
         for e in r.engines
         if e.problem and before.get(e.name) != e.problem
     ]
+    fronts_before = {(r.index, f.index): f.problem for r in previous.replica_statuses for f in r.frontends}
+    notes += [
+        EventNote(EventType.WARNING, EventReason.POD_NOT_RUNNING, (f.message or f.problem or "")[:1024])
+        for r in replicas
+        for f in r.frontends
+        if f.problem and fronts_before.get((r.index, f.index)) != f.problem
+    ]
+    return notes
 
 
 def compute_status(
@@ -251,6 +291,7 @@ def compute_status(
     rollout = observed.rollout
     in_flight = bool(rollout and (rollout.actions or rollout.waiting)) or counts.updated < counts.n - counts.unplaced
     stuck = [e.message or e.problem or "" for r in replicas for e in r.engines if e.problem]
+    stuck += [f.message or f.problem or "" for r in replicas for f in r.frontends if f.problem]
     all_updated = counts.n > 0 and counts.updated == counts.n
     ready = make(
         ConditionType.READY,

@@ -16,7 +16,10 @@ Pure: desired children (with spec hashes), live children and the set of lost nod
   ever confirm a graceful stop there, and its replica is already unavailable.
 * A replica's frontends (ConfigMap, Deployment) follow its engines: they are updated only once
   every engine pod of the replica is current and ready ("engines before their frontends").
-  Missing frontends and Services are created at once.
+  Missing frontends and Services are created at once. With a standby (``spec.frontend.standby``)
+  the two Deployments of one URL are replaced one after the other, so the URL keeps a process:
+  process 0 once its standby serves (or the standby is itself outdated and down, so there is
+  nothing to wait for), the standby once process 0 is updated (or the standby is down anyway).
 * A replica's NetworkPolicy (``spec.networkPolicy.enabled``) is created and replaced at once.
 * Children nobody desires any more (replicas scaled away, pods of a replica that can no longer
   be placed) are deleted.
@@ -30,10 +33,10 @@ from collections.abc import Collection, Mapping
 from enum import StrEnum
 from typing import Any, Literal
 
-from drs_operator.api.constants import HASHED_CHILD_KINDS, LABEL_REPLICA
+from drs_operator.api.constants import HASHED_CHILD_KINDS, LABEL_FRONTEND, LABEL_FRONTEND_PROCESS, LABEL_REPLICA
 from drs_operator.api.objects import Manifest
 from drs_operator.manifests.children import Children, ReplicaChildren, hash_of
-from drs_operator.readiness import deployment_rolled_out, pod_ready
+from drs_operator.readiness import deployment_rolled_out, deployment_serving, deployment_updated, pod_ready
 
 Verb = Literal["create", "replace", "delete"]
 
@@ -202,8 +205,22 @@ def _frontend_actions(
     """A replica's frontend config and Deployments change only once its engines are current and
     ready (a frontend never points at engines still rolling); its Services at any time."""
     actions = _sync(live, "ConfigMap", rc.frontend_config, rc.index, replace_ok=engines_done)
+    deps = live.get("Deployment", {})
+    by_url: dict[str, dict[str, Manifest]] = {}
     for dep in rc.frontend_deployments:
-        actions += _sync(live, "Deployment", dep, rc.index, replace_ok=engines_done)
+        labels = dep["metadata"].get("labels") or {}
+        by_url.setdefault(labels.get(LABEL_FRONTEND, ""), {})[labels.get(LABEL_FRONTEND_PROCESS, "0")] = dep
+    for processes in by_url.values():
+        primary, standby = processes.get("0"), processes.get("1")
+        for dep in processes.values():
+            turn = True
+            if primary is not None and standby is not None:
+                p_live, s_live = deps.get(primary["metadata"]["name"]), deps.get(standby["metadata"]["name"])
+                if dep is primary:
+                    turn = deployment_serving(s_live) or not _current(s_live, standby) or not deployment_serving(p_live)
+                else:
+                    turn = deployment_updated(p_live, primary) or not deployment_serving(s_live)
+            actions += _sync(live, "Deployment", dep, rc.index, replace_ok=engines_done and turn)
     for svc in rc.frontend_services:
         actions += _sync(live, "Service", svc, rc.index)
     return actions

@@ -226,6 +226,7 @@ _RULE_INPUTS = frozenset(
         "hostNetwork",
         "gpusPerNode",
         "enabled",
+        "standby",
     }
 )
 
@@ -258,6 +259,8 @@ def _cross_field(p: _Parts, path: str) -> list[Problem]:
         problems.append(Problem(f"{path}.networkPolicy.enabled", rules.MSG_POLICY_HOST_NETWORK))
     if p.engine is not None:
         problems.extend(_engine_problems(p.engine, f"{path}.engine"))
+    if p.frontend is not None and p.frontend.standby and p.network is not None and p.network.host_network:
+        problems.append(Problem(f"{path}.frontend.standby", rules.MSG_STANDBY_HOST_NETWORK))
     for role in ROLES:
         block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:

@@ -41,6 +41,9 @@ CONTEXT_AND_GENERATION: Final = "context_and_generation"
 
 #: Context-leg finish reasons that mean "go on to the generation leg".
 UNFINISHED_REASONS: Final = ("length", "not_finished")
+#: ``GET /server_info`` of an engine: its prefix-cache block size (tokens), which a frontend
+#: started without ``prefixBlockTokens`` adopts for its prefix routing.
+SERVER_INFO_TOKENS_PER_BLOCK: Final = "tokens_per_block"
 
 
 def conversation_id_from(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:

@@ -30,7 +30,7 @@ from drs_protocol.config import ConfigModel
 from drs_protocol.engine_config import SIM_DEFAULT_TOKENS_PER_BLOCK
 from drs_protocol.enums import CtxRouter, GenRouter
 from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, MIB, engine_max_request_bytes
-from drs_protocol.snowflake import NODE_IDS
+from drs_protocol.snowflake import NODE_IDS, PROCESS_IDS
 
 UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
 
@@ -105,6 +105,12 @@ class FrontendConfig(_Model):
     node_id: int = Field(
         default=0, ge=0, le=NODE_IDS - 1, description="snowflake node id: replica_idx * F + frontend_idx"
     )
+    process_id: int = Field(
+        default=0,
+        ge=0,
+        le=PROCESS_IDS - 1,
+        description="snowflake process id: 0, or 1 for a URL's standby process (ids minted under one node id differ)",
+    )
     host: str = Field(default="0.0.0.0", description="address to listen on")
     port: int = Field(
         default=DEFAULT_PORT, ge=0, le=65535, description="port to listen on: basePort + r*F + f (0: any free port)"
@@ -164,6 +170,11 @@ class FrontendConfig(_Model):
         ge=1,
         description="tokens per hashed block (prefix matching): the prefill engines' prefix-cache block size, "
         "which the operator renders from their config (EngineConfig.tokens_per_block)",
+    )
+    config_watch: str | None = Field(
+        default=None,
+        description="a file holding this frontend's rendered config (the operator mounts the ConfigMap): re-read "
+        "every healthInterval, and changed fallback pools applied without a restart (the rest rolls the pod)",
     )
     upstream_client: UpstreamClientName = Field(
         default="raw", description="HTTP client to the engines (bench/relay.py)"

@@ -14,7 +14,9 @@
 * A frontend's config may name *fallback* engines of other replicas
   (:data:`FALLBACK_PREFILL_KEY`, :data:`FALLBACK_DECODE_KEY`); it uses them only while no engine of
   its own replica of that role is up. The operator renders them; they are left out of the config
-  hash, so a change elsewhere in the fleet never restarts a frontend.
+  hash, so a change elsewhere in the fleet never restarts a frontend. It also mounts the rendered
+  config under :data:`FRONTEND_CONFIG_DIR` and names the file with ``configWatch``: the frontend
+  re-reads it and applies changed fallback pools without a restart.
 """
 
 from __future__ import annotations
@@ -36,3 +38,6 @@ FIELD_WEIGHTS_BOUNDARY: Final = "weights_boundary"
 #: Frontend config keys: other replicas' engines, used only while this replica has none of a role up.
 FALLBACK_PREFILL_KEY: Final = "fallback_prefill"
 FALLBACK_DECODE_KEY: Final = "fallback_decode"
+#: Where a frontend pod has its replica's rendered config mounted (the kubelet updates the file
+#: in place when the ConfigMap changes); the file is the ConfigMap's key under it.
+FRONTEND_CONFIG_DIR: Final = "/etc/drs/frontend"

@@ -3,7 +3,8 @@
 Layout (64 bits): ``0 | timestamp_ms (39) | node_id (8) | process_id (6) | counter (10)``, then
 rotated into ``[2**40, 2**63 - 1)`` because ids below ``2**40`` are reserved for engine-local
 request ids. ``node_id = replica * F + frontend`` is unique over all N×F frontends, which is why
-``N * F <= 256``. Within one millisecond a minter issues at most 1024 ids; past that it waits for
+``N * F <= 256``; ``process_id`` tells apart the processes serving one frontend URL (0, and 1 for
+its standby, ``spec.frontend.standby``), so two of them never mint the same id. Within one millisecond a minter issues at most 1024 ids; past that it waits for
 the next millisecond rather than repeat one.
 """
 
@@ -18,7 +19,9 @@ TIMESTAMP_BITS = 39
 NODE_ID_BITS: Final = 8
 #: Node ids a fleet can give its frontends (``N * F`` at most this many): 0 … NODE_IDS - 1.
 NODE_IDS: Final = 2**NODE_ID_BITS
-PROCESS_ID_BITS = 6
+PROCESS_ID_BITS: Final = 6
+#: Processes that may mint under one node id (a frontend URL's process and its standby): 0 … PROCESS_IDS - 1.
+PROCESS_IDS: Final = 2**PROCESS_ID_BITS
 COUNTER_BITS = 10
 MIN_ID = 2**40
 MAX_ID = 2**63 - 1

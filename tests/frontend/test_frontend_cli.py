@@ -42,6 +42,11 @@ def test_flags_override_the_config_file(tmp_path: Path) -> None:
             {"prefill": ["http://a:1"], "decode": ["http://d:1"], "node_id": 256}, "node_id", id="a node id over 8 bits"
         ),
         pytest.param(
+            {"prefill": ["http://a:1"], "decode": ["http://d:1"], "process_id": 64},
+            "process_id",
+            id="a process id over 6 bits",
+        ),
+        pytest.param(
             {"prefill": ["http://a:1"], "decode": ["http://d:1"], "ctx_rooter": "x"}, "ctx_rooter", id="a misspelt key"
         ),
     ],
@@ -132,6 +137,16 @@ def test_a_port_that_cannot_be_bound_exits_non_zero_at_once_naming_it() -> None:
         )
     assert proc.returncode == 1
     assert f"127.0.0.1:{port}" in proc.stderr
+
+
+def test_a_standby_process_mints_request_ids_with_its_own_process_id() -> None:
+    from drs_frontend.app import FrontendApp
+    from drs_protocol.snowflake import COUNTER_BITS, MIN_ID, PROCESS_ID_BITS, node_id_of
+
+    config = load_config(None, {"node_id": 5, "process_id": 1}, {"prefill": ["http://a:1"], "decode": ["http://d:1"]})
+    minted = FrontendApp(config).relay.minter.next_id()
+    assert node_id_of(minted) == 5
+    assert ((minted - MIN_ID) >> COUNTER_BITS) & (2**PROCESS_ID_BITS - 1) == 1
 
 
 async def test_the_command_serves_as_soon_as_it_starts() -> None:

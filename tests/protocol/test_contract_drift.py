@@ -56,7 +56,7 @@ NOT_OURS = {
 }
 #: Example clients that stand for a user's program outside the project (the in-pod Gym client
 #: sends its turns with httpx, as NeMo-Gym would): they spell the public paths.
-EXTERNAL_CLIENTS = ("examples/gym_client.py",)
+EXTERNAL_CLIENTS = ("examples/gym_client.py", "examples/load_client.py")
 #: A literal that looks like one of the project's environment variables.
 ENV_LIKE = re.compile(r"^DRS_[A-Z0-9_]+$")
 SHARED_ENUMS: tuple[type[enum.StrEnum], ...] = (

@@ -148,6 +148,8 @@ def test_child_names_follow_the_documented_scheme() -> None:
     assert names.engines_service_name("drs") == "drs-engines"
     assert names.engine_host("drs", "ns", "drs-r0-prefill-0") == "drs-r0-prefill-0.drs-engines.ns.svc"
     assert names.frontend_name("drs", 3, 1) == "drs-r3-f1"
+    assert names.frontend_deployment_name("drs", 3, 1) == "drs-r3-f1"
+    assert names.frontend_deployment_name("drs", 3, 1, process=1) == "drs-r3-f1-standby"
     assert names.frontend_host("drs", "ns", 3, 1) == "drs-r3-f1.ns.svc"
     assert names.engine_config_name("drs", Role.PREFILL) == "drs-prefill-config"
     assert names.frontend_config_name("drs", 0) == "drs-r0-frontend-config"
@@ -163,6 +165,7 @@ def test_every_child_name_of_the_longest_allowed_name_is_a_dns_label() -> None:
         names.engine_pod_name(drs, last_replica, Role.PREFILL, last_ordinal, rank=last_rank),
         names.engines_service_name(drs),
         names.frontend_name(drs, last_replica, MAX_FRONTENDS - 1),
+        names.frontend_deployment_name(drs, last_replica, MAX_FRONTENDS - 1, process=1),
         names.engine_config_name(drs, Role.PREFILL),
         names.frontend_config_name(drs, last_replica),
         names.control_secret_name(drs),

@@ -169,6 +169,14 @@ CASES = [
         "spec.networkPolicy.enabled",
         rules.MSG_POLICY_HOST_NETWORK,
     ),
+    (
+        "a standby frontend with host networking",
+        {"network": {"hostNetwork": True}, "frontend": {"standby": True}},
+        (),
+        "drs",
+        "spec.frontend.standby",
+        rules.MSG_STANDBY_HOST_NETWORK,
+    ),
     ("a name longer than 40 characters", {}, (), "a" * 41, "metadata.name", rules.MSG_NAME),
     ("a name with a dot", {}, (), "a.b", "metadata.name", rules.MSG_NAME),
     (

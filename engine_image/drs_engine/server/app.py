@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from drs_protocol import routes
+from drs_protocol import fields, routes
 from drs_protocol.errors import error_body
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
@@ -168,7 +168,7 @@ def _server_info(state: EngineState) -> dict[str, Any]:
             "cache_transceiver": _transceiver(backend),
         },
         "max_batch_size": config.max_batch_size,
-        "tokens_per_block": backend.tokens_per_block,
+        fields.SERVER_INFO_TOKENS_PER_BLOCK: backend.tokens_per_block,
         "max_num_tokens": config.max_num_tokens,
         "max_model_len": config.model.max_model_len,
         "model": config.served_model_name(),

@@ -47,6 +47,9 @@ LABEL_ROLE: Final = f"{GROUP}/role"
 LABEL_ORDINAL: Final = f"{GROUP}/ordinal"
 #: The frontend index within its replica (decimal string).
 LABEL_FRONTEND: Final = f"{GROUP}/frontend"
+#: On the pods of a frontend's ``-standby`` Deployment (``spec.frontend.standby``): ``1``, its snowflake
+#: process id (the Deployment named after the frontend runs process 0 and carries no such label).
+LABEL_FRONTEND_PROCESS: Final = f"{GROUP}/frontend-process"
 #: The rank of a pod inside an engine that spans nodes (``0`` serves HTTP).
 LABEL_RANK: Final = f"{GROUP}/rank"
 #: On the DisaggReplicaSet: the weights version of the last refit that reached every engine,
@@ -68,6 +71,9 @@ ROLE_FRONTEND: Final = "frontend"
 CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap", "Secret", "NetworkPolicy")
 #: The children compared by spec hash and rolled when it changes.
 HASHED_CHILD_KINDS: Final = ("Pod", "Deployment", "Service", "ConfigMap", "NetworkPolicy")
+#: In the live children of a reconcile: the pods of its frontend Deployments by name (their
+#: controller is a ReplicaSet, not the DisaggReplicaSet), read for why a frontend pod cannot run.
+FRONTEND_PODS: Final = "FrontendPod"
 
 # --- scheduling -----------------------------------------------------------------------------
 GPU_RESOURCE: Final = "nvidia.com/gpu"

@@ -10,6 +10,7 @@ engine (rank-0 pod)        ``<drs>-r<replica>-<role>-<ordinal>``       ``drs-r0-
 engine pod of rank k > 0   ``<engine>-w<k>``                           ``drs-r0-prefill-0-w1``
 engines headless Service   ``<drs>-engines``                           ``drs-engines``
 frontend Deployment+Svc    ``<drs>-r<replica>-f<index>``               ``drs-r1-f0``
+frontend standby Deploym.  ``<drs>-r<replica>-f<index>-standby``       ``drs-r1-f0-standby``
 role engine ConfigMap      ``<drs>-<role>-config``                     ``drs-decode-config``
 replica frontend ConfigMap ``<drs>-r<replica>-frontend-config``        ``drs-r0-frontend-config``
 control-token Secret       ``<drs>-control``                           ``drs-control``
@@ -67,6 +68,17 @@ def engine_host(drs: str, namespace: str, pod: str) -> str:
 def frontend_name(drs: str, replica: int, index: int) -> str:
     """Name of the Deployment and of the Service of frontend ``index`` of ``replica``."""
     return f"{drs}-r{replica}-f{index}"
+
+
+#: Suffix of the second Deployment of a frontend URL (``spec.frontend.standby``).
+STANDBY_SUFFIX: Final = "-standby"
+
+
+def frontend_deployment_name(drs: str, replica: int, index: int, process: int = 0) -> str:
+    """The Deployment running process ``process`` of a frontend URL: 0 is named after the frontend
+    (and its Service), 1 is its standby."""
+    base = frontend_name(drs, replica, index)
+    return base if process == 0 else f"{base}{STANDBY_SUFFIX}"
 
 
 def frontend_host(drs: str, namespace: str, replica: int, index: int) -> str:

@@ -80,6 +80,10 @@ MSG_TORCH_WIDTH: Final = (
     "(wider engines need the trtllm backend)"
 )
 MSG_SIM_OPTIONS_ALIAS: Final = "engine.simOptions is the deprecated spelling of engine.sim: set only engine.sim"
+MSG_STANDBY_HOST_NETWORK: Final = (
+    "frontend.standby needs pod networking: on the host network (network.hostNetwork) a second process "
+    "cannot listen on the frontend's node port"
+)
 MSG_NAME: Final = (
     "metadata.name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
     f"of at most {MAX_NAME_LENGTH} characters, so that every child name fits in 63"
@@ -148,6 +152,12 @@ SPEC_RULES: Final = (
         " || !has(self.network) || !has(self.network.hostNetwork) || !self.network.hostNetwork",
         MSG_POLICY_HOST_NETWORK,
         ".networkPolicy.enabled",
+    ),
+    CelRule(
+        "!has(self.frontend.standby) || !self.frontend.standby"
+        " || !has(self.network) || !has(self.network.hostNetwork) || !self.network.hostNetwork",
+        MSG_STANDBY_HOST_NETWORK,
+        ".frontend.standby",
     ),
 )
 

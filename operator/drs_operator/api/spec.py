@@ -208,6 +208,13 @@ class FrontendSpec(SpecModel):
             "this long for one before it fails with 503."
         ),
     )
+    standby: bool = Field(
+        False,
+        description=(
+            "Run a second frontend process per URL (Deployment <frontend>-standby, its own pod, snowflake process id "
+            "1) behind the same Service, so a killed frontend pod leaves its URL served. Needs pod networking."
+        ),
+    )
 
 
 class RouterSpec(SpecModel):

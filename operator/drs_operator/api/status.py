@@ -88,8 +88,20 @@ class FrontendStatus(StatusModel):
     port: int = Field(ge=1, le=65535)
     node_id: int = Field(ge=0, le=MAX_FRONTENDS - 1, description="Snowflake node id r*F + f.")
     node: str | None = Field(None, max_length=253)
-    ready: bool = Field(False, description="The frontend's pod is ready (serving), at any spec hash.")
-    updated: bool = Field(False, description="Ready, and running the current spec.")
+    ready: bool = Field(
+        False,
+        description="A pod of the frontend (its own or, with frontend.standby, its standby's) is ready, at any spec hash.",
+    )
+    updated: bool = Field(False, description="Ready, and every Deployment of the frontend runs the current spec.")
+    standby_ready: bool | None = Field(
+        None, description="frontend.standby: the standby's pod is ready (absent without a standby)."
+    )
+    problem: str | None = Field(
+        None,
+        max_length=128,
+        description="Why a pod of the frontend does not run (e.g. Unschedulable, ImagePullBackOff).",
+    )
+    message: str | None = Field(None, max_length=1024, description="The scheduler's or kubelet's words for it.")
 
 
 class ReplicaStatus(StatusModel):

@@ -30,7 +30,14 @@ from typing import Any, Final
 
 from kubernetes_asyncio import client
 
-from drs_operator.api.constants import CHILD_KINDS, GPU_RESOURCE, LABEL_REPLICASET
+from drs_operator.api.constants import (
+    CHILD_KINDS,
+    FRONTEND_PODS,
+    GPU_RESOURCE,
+    LABEL_REPLICASET,
+    LABEL_ROLE,
+    ROLE_FRONTEND,
+)
 from drs_operator.api.objects import Manifest
 from drs_operator.kube.informer import Informer
 from drs_operator.kube.observe import LiveChildren, owned_by
@@ -224,6 +231,8 @@ class ClusterCache:
             informer = self.informer(kind, namespace)
             objs = informer.by_index((namespace, name)) if informer is not None else {}
             by_kind[kind] = {key[1]: obj for key, obj in objs.items() if owned_by(obj, uid)}
+            if kind == "Pod":  # its frontends' pods, whose controller is their Deployment's ReplicaSet
+                by_kind[FRONTEND_PODS] = {key[1]: obj for key, obj in objs.items() if _frontend_pod(obj)}
         return LiveChildren(by_kind)
 
     def node_manifests(self) -> list[Manifest]:
@@ -238,6 +247,13 @@ class ClusterCache:
     def _node_changed(self, old: Manifest | None, new: Manifest | None) -> None:
         if node_change_matters(old, new):
             self._on_nodes()
+
+
+def _frontend_pod(obj: Manifest) -> bool:
+    meta = obj.get("metadata") or {}
+    refs = meta.get("ownerReferences") or []
+    role = (meta.get("labels") or {}).get(LABEL_ROLE)
+    return role == ROLE_FRONTEND and any(r.get("kind") == "ReplicaSet" and r.get("controller") for r in refs)
 
 
 def _owner_index(obj: Manifest) -> Hashable | None:

@@ -32,6 +32,7 @@ from drs_operator.manifests.frontends import (
     build_frontend_service,
     engine_pool,
     frontend_config_hash,
+    frontend_processes,
 )
 from drs_operator.manifests.policies import build_replica_network_policy
 from drs_operator.placement import Placement
@@ -43,7 +44,7 @@ class ReplicaChildren:
     index: int
     engine_pods: tuple[Manifest, ...]
     frontend_config: Manifest
-    frontend_deployments: tuple[Manifest, ...]
+    frontend_deployments: tuple[Manifest, ...]  #: per frontend: process 0, then its standby (spec.frontend.standby)
     frontend_services: tuple[Manifest, ...]
     network_policy: Manifest | None = None  #: its engines' NetworkPolicy (spec.networkPolicy.enabled)
 
@@ -114,9 +115,11 @@ def desired_children(
         fe_nodes = {f.index: f.node for f in placed.frontends}
         config_hash = frontend_config_hash(config)
         deployments = tuple(
-            build_frontend_deployment(owner, spec, plan, f, fe_nodes[f.index] or "", config_hash) for f in rp.frontends
+            build_frontend_deployment(owner, spec, plan, f, fe_nodes[f.index] or "", config_hash, process)
+            for f in rp.frontends
+            for process in frontend_processes(spec)
         )
-        fe_services = tuple(build_frontend_service(owner, f) for f in rp.frontends)
+        fe_services = tuple(build_frontend_service(owner, f, spec.frontend.standby) for f in rp.frontends)
         policy = build_replica_network_policy(owner, spec, rp.index) if spec.network_policy.enabled else None
         replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services, policy))
     return Children(configmaps=(*role_configs.values(), weights_config), services=services, replicas=tuple(replicas))

@@ -5,6 +5,14 @@ asking for the same port) pinned to its placed node, listening on ``basePort + r
 snowflake node id ``r·F + f``, and a Service of its own on that port. Every frontend of a replica
 reads the same ConfigMap: the replica's prefill pool and decode pool URLs, the other replicas' engines
 as fallback pools, and the router settings.
+
+With ``spec.frontend.standby`` each URL has a second Deployment, ``<frontend>-standby``: the same
+pod but snowflake process id 1 (label ``disagg.dev/frontend-process``), so the two processes mint
+disjoint request ids under the one node id. The Service selects both (its selector leaves the
+process label out) with ``ClientIP`` session affinity: a client keeps talking to one process, whose
+per-conversation caches (tokenization, sticky routing) stay warm, and is moved to the other as soon
+as its pod leaves the Service's endpoints (a killed pod). Routing is a pure function of the
+conversation, so both processes send a conversation to the same engines.
 """
 
 from __future__ import annotations
@@ -15,11 +23,19 @@ from typing import Any, Final
 from drs_protocol import env, routes
 from drs_protocol.config import render
 from drs_protocol.frontend_config import FrontendConfig
-from drs_protocol.lifecycle import FALLBACK_DECODE_KEY, FALLBACK_PREFILL_KEY
+from drs_protocol.lifecycle import FALLBACK_DECODE_KEY, FALLBACK_PREFILL_KEY, FRONTEND_CONFIG_DIR
 from drs_protocol.limits import FRONTEND_MAX_REQUEST_BYTES
 
 from drs_operator.api import names
-from drs_operator.api.constants import LABEL_FRONTEND, LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, Role
+from drs_operator.api.constants import (
+    LABEL_FRONTEND,
+    LABEL_FRONTEND_PROCESS,
+    LABEL_REPLICA,
+    LABEL_REPLICASET,
+    LABEL_ROLE,
+    ROLE_FRONTEND,
+    Role,
+)
 from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.layout import engine_url
@@ -51,6 +67,14 @@ LIVENESS_PERIOD_S: Final = 10
 STARTUP_PERIOD_S: Final = 2
 STARTUP_FAILURES: Final = 150
 PROBE_TIMEOUT_S: Final = 5
+CONFIG_VOLUME: Final = "frontend-config"
+#: ``spec.frontend.standby``: the Service keeps a client on one process for this long (Kubernetes' default).
+AFFINITY_TIMEOUT_S: Final = 10800
+
+
+def frontend_processes(spec: DisaggReplicaSetSpec) -> tuple[int, ...]:
+    """The snowflake process ids of one frontend URL: 0, and 1 with ``spec.frontend.standby``."""
+    return (0, 1) if spec.frontend.standby else (0,)
 
 
 def engine_pool(
@@ -137,16 +161,44 @@ def _selector(owner: Owner, slot: FrontendSlot) -> dict[str, str]:
     }
 
 
+def _deployment_selector(owner: Owner, slot: FrontendSlot, process: int) -> dict[str, str]:
+    """Process 0 keeps the selector (and labels) Deployments had before standbys existed (a selector
+    is immutable); it cannot take the standby's pods, whose ReplicaSets carry another template hash
+    and belong to the standby. The standby selects its process label too."""
+    selector = _selector(owner, slot)
+    return {**selector, LABEL_FRONTEND_PROCESS: str(process)} if process else selector
+
+
 def build_frontend_deployment(
-    owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan, slot: FrontendSlot, node: str, config_hash: str
+    owner: Owner,
+    spec: DisaggReplicaSetSpec,
+    plan: Plan,
+    slot: FrontendSlot,
+    node: str,
+    config_hash: str,
+    process: int = 0,
 ) -> Manifest:
+    """The Deployment of process ``process`` (0, or 1 for the standby) of frontend ``slot``."""
     labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
+    if process:  # process 0 carries no process label: its manifest (and hash) is what it was before standbys
+        labels[LABEL_FRONTEND_PROCESS] = str(process)
+    name = names.frontend_deployment_name(owner.name, slot.replica, slot.index, process)
     scratch_volume, scratch_mount = scratch()
     container: dict[str, Any] = {
         "name": FRONTEND_CONTAINER,
         "image": spec.images.frontend,
         "command": ["drs", "frontend"],
-        "args": ["--host", f"$({env.POD_IP})", "--port", str(slot.port), "--node-id", str(slot.node_id)],
+        "args": [
+            "--host",
+            f"$({env.POD_IP})",
+            "--port",
+            str(slot.port),
+            "--node-id",
+            str(slot.node_id),
+            *(["--process-id", str(process)] if process else []),
+            "--config-watch",
+            f"{FRONTEND_CONFIG_DIR}/{CONFIG_KEY}",
+        ],
         "env": [
             field_env(env.POD_IP, "status.podIP"),
             {
@@ -170,7 +222,7 @@ def build_frontend_deployment(
             "failureThreshold": 3,
             "timeoutSeconds": PROBE_TIMEOUT_S,
         },
-        "volumeMounts": [scratch_mount],
+        "volumeMounts": [scratch_mount, {"name": CONFIG_VOLUME, "mountPath": FRONTEND_CONFIG_DIR, "readOnly": True}],
         "securityContext": restricted_container_security(),
     }
     if spec.frontend.resources:
@@ -181,7 +233,12 @@ def build_frontend_deployment(
         "securityContext": restricted_pod_security(),
         "affinity": node_affinity(node),
         "containers": [container],
-        "volumes": [scratch_volume],
+        "volumes": [
+            scratch_volume,
+            # the same config again as a file the kubelet updates in place: new fallback pools reach
+            # the running frontend (drs_frontend.reload) without a restart
+            {"name": CONFIG_VOLUME, "configMap": {"name": names.frontend_config_name(owner.name, slot.replica)}},
+        ],
     }
     if plan.host_network:
         pod_spec["hostNetwork"] = True
@@ -190,7 +247,7 @@ def build_frontend_deployment(
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.topology.tolerations]
     template = {
         "metadata": {
-            "name": slot.name,
+            "name": name,
             "namespace": owner.namespace,
             "labels": labels,
             "annotations": {NODE_ANNOTATION: node, CONFIG_HASH_ANNOTATION: config_hash},
@@ -205,27 +262,28 @@ def build_frontend_deployment(
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": owner.metadata(slot.name, labels, {NODE_ANNOTATION: node}),
+            "metadata": owner.metadata(name, labels, {NODE_ANNOTATION: node}),
             "spec": {
                 "replicas": 1,
                 "strategy": {"type": "Recreate"},
-                "selector": {"matchLabels": _selector(owner, slot)},
+                "selector": {"matchLabels": _deployment_selector(owner, slot, process)},
                 "template": template,
             },
         }
     )
 
 
-def build_frontend_service(owner: Owner, slot: FrontendSlot) -> Manifest:
+def build_frontend_service(owner: Owner, slot: FrontendSlot, standby: bool = False) -> Manifest:
+    """The frontend's Service: every process of the URL (the selector leaves the process label out);
+    with a standby, ``ClientIP`` affinity keeps a client on one of them while it is an endpoint."""
     labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
+    spec: dict[str, Any] = {
+        "selector": _selector(owner, slot),
+        "ports": [{"name": "http", "port": slot.port, "targetPort": slot.port}],
+    }
+    if standby:
+        spec["sessionAffinity"] = "ClientIP"
+        spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": AFFINITY_TIMEOUT_S}}
     return with_hash(
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": owner.metadata(slot.name, labels),
-            "spec": {
-                "selector": _selector(owner, slot),
-                "ports": [{"name": "http", "port": slot.port, "targetPort": slot.port}],
-            },
-        }
+        {"apiVersion": "v1", "kind": "Service", "metadata": owner.metadata(slot.name, labels), "spec": spec}
     )
