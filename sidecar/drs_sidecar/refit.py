@@ -16,7 +16,8 @@ previous desired weights stay. An engine whose catch-up load fails is retried wi
 back-off (``RETRY_BASE_S`` doubling up to ``RETRY_MAX_S``), not on every pass.
 
 One refit at a time: a second one while the first runs is refused (:class:`RefitBusy`), since
-two interleaved loads would leave engines at different versions.
+two interleaved loads would leave engines at different versions. The sidecar's own reconcile pass
+is no such reason: a trainer's operation arriving during one waits for it to end.
 
 Digest proof: every answer of a weights operation carries the digest the engine measured over the
 bytes it now holds (:mod:`drs_protocol.weights_digest`). An engine's load counts only when its
@@ -30,9 +31,10 @@ says so.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Final, TypeVar
 
 from drs_protocol.control import (
@@ -93,6 +95,8 @@ class Refitter:
         #: engine name -> what it holds, as last recorded on the resource
         self.engine_weights: dict[str, HeldWeights] = {}
         self._lock = asyncio.Lock()
+        #: a trainer's operation holds, or waits for, the lock (a second one is refused)
+        self._trainer_busy = False
         #: engine URL -> (failed catch-up loads in a row, loop time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
         #: the collective refit group the last ``collective_init`` formed
@@ -100,16 +104,29 @@ class Refitter:
 
     @property
     def busy(self) -> bool:
-        return self._lock.locked()
+        """A trainer's operation runs (or waits for the reconcile pass in flight to end)."""
+        return self._trainer_busy
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self) -> AsyncIterator[None]:
+        """One trainer operation at a time: a second one while the first runs is refused
+        (:class:`RefitBusy`); the sidecar's own reconcile pass in flight is waited for, never a
+        reason to refuse the trainer (it is short unless it loads a late engine)."""
+        if self._trainer_busy:
+            raise RefitBusy()
+        self._trainer_busy = True
+        try:
+            async with self._lock:
+                yield
+        finally:
+            self._trainer_busy = False
 
     async def refit(self, path: str, version: str, digest: str | None = None) -> Report:
         """Load ``path`` as ``version`` on every ready engine; publish the version if all of the
         fleet now holds it (by digest: ``digest``, the trainer's, else the engines' agreement).
         Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
         request = checked(Refit, {"path": path, "version": version, "digest": digest})
-        if self._lock.locked():
-            raise RefitBusy()
-        async with self._lock:
+        async with self._exclusive():
             engines = await self.fleet.engines()
             target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
             previous = await self._start(target)
@@ -140,9 +157,7 @@ class Refitter:
 
     async def collective_init(self, ip: str, port: int, train_world_size: int) -> tuple[GroupLayout, Report]:
         """Every engine joins the trainer's NCCL group at its ranks (``NotAllReady``, ``Refused``)."""
-        if self._lock.locked():
-            raise RefitBusy()
-        async with self._lock:
+        async with self._exclusive():
             layout = group_layout(await self.fleet.engines(), train_world_size)
             bodies = {
                 m.engine.url: CollectiveInit(
@@ -186,9 +201,7 @@ class Refitter:
         buffers into its weights and serves them as ``request.version`` (engines on the trainer's
         host; no group to form). ``path`` and ``digest`` as for :meth:`collective_update`."""
         body = IpcUpdate(version=request.version, state_dict_info=request.state_dict_info, buffers=request.buffers)
-        if self._lock.locked():
-            raise RefitBusy()
-        async with self._lock:
+        async with self._exclusive():
             op = ControlOp.UPDATE_WEIGHTS_FROM_IPC
             engines = await self.fleet.engines()
             target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
@@ -249,9 +262,7 @@ class Refitter:
         desired_digest: str | None = None,
         target: DesiredWeights | None = None,
     ) -> Report:
-        if self._lock.locked():
-            raise RefitBusy()
-        async with self._lock:
+        async with self._exclusive():
             group = self.group
             if group is None:
                 raise NoGroup(f"no collective group: POST {TrainerRoute.COLLECTIVE_INIT} first")
@@ -285,7 +296,7 @@ class Refitter:
         desired one) to the desired weights when they have a checkpoint path; publish the version
         once the whole fleet holds it. None when nothing is desired or a refit runs. Without
         desired weights nothing is locked: a refit arriving meanwhile is never refused."""
-        if self._lock.locked():
+        if self._lock.locked() or self._trainer_busy:
             return None
         if self.desired is None:
             *_, held = await self._read_weights()

@@ -90,6 +90,39 @@ async def test_a_second_refit_while_one_runs_is_refused(checkpoint: Path) -> Non
         assert refitter.desired is not None and refitter.desired.version == "step-100"
 
 
+async def test_a_refit_during_the_sidecars_own_catch_up_waits_for_it_instead_of_409(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """The background reconcile pass holds the lock while it loads a late engine; a trainer's refit
+    arriving then waits for it and runs (only a second trainer operation is refused)."""
+    newer = tmp_path / "step-101"
+    newer.mkdir()
+    (newer / "model.safetensors").write_bytes(b"weights of step 101")
+    async with (
+        sim_engine() as first,
+        sim_engine(weightsLoadSeconds=0.5, speed=1.0) as late,
+        refitter_over([as_engine(first), as_engine(late, 1, ready=False)]) as (refitter, fleet),
+    ):
+        assert not (await refitter.refit(str(checkpoint), "step-100")).complete
+        fleet.list[1] = as_engine(late, 1)  # it came up at its old weights
+        catch_up = asyncio.create_task(refitter.reconcile_once())
+        async with asyncio.timeout(5):
+            while not refitter._lock.locked():  # the pass holds the lock (its load takes 0.5 s)
+                await asyncio.sleep(0)
+        assert not refitter.busy, "a reconcile pass is not the trainer's operation"
+        refit = asyncio.create_task(refitter.refit(str(newer), "step-101"))
+        async with asyncio.timeout(5):
+            while not refitter.busy:
+                await asyncio.sleep(0)
+        with pytest.raises(RefitBusy):  # a second trainer operation meanwhile is refused
+            await refitter.refit(str(newer), "step-102")
+        assert not catch_up.done(), "the trainer's refit waited for the pass"
+        assert (await catch_up) is not None
+        report = await refit
+        assert report.complete and len(report.outcomes) == 2
+        assert await served_version(first.url) == await served_version(late.url) == "step-101"
+
+
 @pytest.mark.parametrize(
     ("path", "version", "field"),
     [("", "v1", "path"), ("/ckpt", "", "version"), ("/ckpt", "v" * (MAX_WEIGHTS_VERSION_CHARS + 1), "version")],
