@@ -37,6 +37,11 @@ Version = Annotated[
 Digest = Annotated[str, StringConstraints(pattern=DIGEST_PATTERN)]
 
 
+#: NeMo RL's ``state_dict_info``: each tensor's name -> ``[shape, dtype]`` (a dtype name such as
+#: ``bfloat16`` or ``torch.bfloat16``), in the order the trainer packs them; the engine checks the
+#: names, shapes and dtypes against its model (:func:`drs_protocol.nemo_rl_refit.parse_state_dict_info`).
+StateDictInfo = dict[str, tuple[list[int], str]]
+
 #: A backend's measurement: a JSON scalar.
 Figure = int | float | str | bool | None
 
@@ -82,7 +87,7 @@ class CollectiveInit(TrainerCollectiveInit):
 class PrepareRefitInfo(_Strict):
     """NeMo RL's ``prepare_refit_info``: names, shapes and dtypes of the tensors to come."""
 
-    state_dict_info: dict[str, Any]
+    state_dict_info: StateDictInfo
 
 
 class CollectiveUpdate(_Strict):
@@ -109,6 +114,24 @@ class TrainerCollectiveUpdate(CollectiveUpdate, _Desired):
     """The trainer's ``POST /v1/collective/update`` to the sidecar."""
 
 
+class CudaIpcHandle(_Strict):
+    """A CUDA tensor as another process on the same host maps it: torch's ``reduce_tensor`` fields
+    in plain JSON (base64 handles, ints; never a pickle), as the engine's
+    ``backends.torch.ipc.ipc_export`` writes them."""
+
+    size: list[int]
+    stride: list[int]
+    offset: int = Field(ge=0)
+    device: int = Field(ge=0)
+    handle: str = Field(min_length=1)
+    storage_size_bytes: int = Field(ge=0)
+    storage_offset_bytes: int = Field(ge=0)
+    ref_counter_handle: str | None
+    ref_counter_offset: int
+    event_handle: str | None
+    event_sync_required: bool
+
+
 class IpcBuffer(_Strict):
     """One packed weights buffer a colocated trainer shares by CUDA IPC: ``nbytes`` bytes of the
     packed layout (:mod:`drs_protocol.nemo_rl_refit`) from byte ``offset`` on, on the GPU
@@ -118,7 +141,7 @@ class IpcBuffer(_Strict):
     gpu_uuid: str = Field(min_length=1)
     offset: int = Field(ge=0)
     nbytes: int = Field(ge=0)
-    ipc: dict[str, Any]
+    ipc: CudaIpcHandle
 
 
 class IpcUpdate(_Strict):
@@ -128,7 +151,7 @@ class IpcUpdate(_Strict):
     ``version``. The trainer keeps the buffers alive and unchanged until the call returns."""
 
     version: Version
-    state_dict_info: dict[str, Any]
+    state_dict_info: StateDictInfo
     buffers: list[IpcBuffer] = Field(min_length=1)
 
 

@@ -61,7 +61,7 @@ async def test_the_sim_engines_receive_valid_collective_calls_and_refuse_them_as
         with pytest.raises(NoGroup):
             await refitter.collective_update(TrainerCollectiveUpdate(version="step-5"))
         with pytest.raises(NoGroup):
-            await refitter.collective_prepare({"w": {"shape": [2, 2], "dtype": "bfloat16"}})
+            await refitter.collective_prepare({"w": ([2, 2], "bfloat16")})  # NeMo RL's [shape, dtype]
         assert fleet.published == []
 
 

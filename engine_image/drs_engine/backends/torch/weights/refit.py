@@ -158,7 +158,7 @@ class IpcMaps:
     def get(self, buffer: IpcBuffer) -> Any:
         """``buffer``'s bytes, from its allocation mapped once (every batch of a trainer's packed
         buffer shares one handle: the mapping covers the allocation, the batch is a slice of it)."""
-        fields = buffer.ipc
+        fields = buffer.ipc.model_dump()
         key = f"{buffer.gpu_uuid}/{fields.get('handle')}/{fields.get('storage_offset_bytes')}"
         whole = self._maps.get(key)
         if whole is None:
