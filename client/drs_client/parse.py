@@ -8,6 +8,7 @@ from typing import Any
 
 from drs_operator.api import DisaggReplicaSetStatus, ModelSpec
 from drs_operator.api.constants import ConditionStatus, ConditionType
+from drs_protocol.validation_errors import field_problems
 from pydantic import ValidationError
 
 from drs_client.errors import FleetUnreadable
@@ -63,4 +64,4 @@ def view_of(resource: Mapping[str, Any]) -> FleetView:
 
 def _problems(where: str, exc: ValidationError) -> str:
     """Every problem on one line, each with its field path (``status.readyReplicas: …``)."""
-    return "; ".join(f"{'.'.join([where, *(str(p) for p in e['loc'])])}: {e['msg']}" for e in exc.errors())
+    return "; ".join(p.describe() for p in field_problems(exc.errors(), where))

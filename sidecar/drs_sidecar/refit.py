@@ -48,6 +48,7 @@ from drs_protocol.control import (
     TrainerIpcUpdate,
 )
 from drs_protocol.routes import ControlOp, TrainerRoute
+from drs_protocol.validation_errors import field_problems
 from drs_protocol.weights_state import DesiredWeights, HeldWeights
 from pydantic import BaseModel, ValidationError
 
@@ -79,9 +80,7 @@ def checked(model: type[ModelT], data: object) -> ModelT:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise Refused(
-            "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-        ) from None
+        raise Refused("; ".join(f"{p.path or 'body'}: {p.message}" for p in field_problems(exc.errors()))) from None
 
 
 class Refitter:
