@@ -153,6 +153,11 @@ REJECTED = [
         _all(_set("engine.sim", {"speed": 0}), _set("engine.simOptions", {"speed": 0})),
         rules.MSG_SIM_OPTIONS_ALIAS,
     ),
+    (
+        "a standby frontend with host networking",
+        _all(_set("network.hostNetwork", True), _set("frontend.standby", True)),
+        rules.MSG_STANDBY_HOST_NETWORK,
+    ),
 ]
 
 
@@ -242,7 +247,7 @@ def test_status_scale_and_printer_columns(devcluster: RunningCluster, crd: None,
     assert DisaggReplicaSetStatus.model_validate(stored["status"]) == status
 
     table = devcluster.kubectl("get", "drs", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "REPLICAS", "READY", "GPUS", "PHASE", "AGE"]
+    assert table[0].split() == ["NAME", "REPLICAS", "READY", "GPUS", "PHASE", "WEIGHTS", "AGE"]
     assert table[1].split()[:5] == ["live", "2", "0", "16", "Pending"]
 
     devcluster.kubectl("scale", "drs", "live", "-n", namespace, "--replicas=3")

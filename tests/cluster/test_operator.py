@@ -66,7 +66,7 @@ def test_reference_example_on_hgx_binds_each_replica_to_one_8_gpu_node_and_publi
     expected = [f"http://reference-r{r}-f{i}.{namespace}.svc:{base + r * f + i}" for r in range(2) for i in range(f)]
     assert status["urls"] == expected
     table = devcluster.kubectl("get", "drs", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "REPLICAS", "READY", "GPUS", "PHASE", "AGE"]
+    assert table[0].split() == ["NAME", "REPLICAS", "READY", "GPUS", "PHASE", "WEIGHTS", "AGE"]
     assert table[1].split()[:5] == ["reference", "2", "2", "16", "Ready"]
 
 
