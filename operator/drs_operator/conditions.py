@@ -43,8 +43,6 @@ from drs_operator.api.constants import (
     LABEL_REPLICA,
     ConditionStatus,
     ConditionType,
-    EventReason,
-    EventType,
     Phase,
     Reason,
 )
@@ -68,16 +66,8 @@ from drs_operator.readiness import (
     pod_problem,
 )
 from drs_operator.rollout import Rollout
+from drs_operator.status_events import EventNote, gang_notes, problem_notes, transitions
 from drs_operator.validation import Problem
-
-#: Reason of the Warning Event naming an engine pod that cannot run and why.
-
-
-@dataclasses.dataclass(frozen=True)
-class EventNote:
-    type: EventType
-    reason: str  #: a condition's Reason (a transition) or an EventReason
-    message: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,32 +201,6 @@ def _ranks(e: EngineStatus, placed: bool, pods: Mapping[str, Manifest]) -> list[
     return [r.model_copy(update={"joined": placed and engine_serving([r.pod], pods)}) for r in e.ranks]
 
 
-def _gang_notes(previous: Sequence[ReplicaStatus], current: Sequence[ReplicaStatus]) -> list[EventNote]:
-    """Events for engines wider than a node that stopped being ready (the gang restarts) or came back."""
-    before = {e.name: e.ready for r in previous for e in r.engines}
-    notes = []
-    for r in current:
-        for e in r.engines:
-            if not e.ranks or e.name not in before or before[e.name] == e.ready:
-                continue
-            if e.ready:
-                notes.append(
-                    EventNote(
-                        EventType.NORMAL,
-                        EventReason.GANG_READY,
-                        f"engine {e.name}: all {len(e.ranks)} ranks joined, serving",
-                    )
-                )
-                continue
-            missing = ", ".join(f"{x.rank} ({x.pod} on {x.node})" for x in e.ranks if not x.joined) or "none"
-            message = (
-                f"engine {e.name} is down as a whole, rank(s) not joined: {missing}; "
-                "its ranks restart together and it serves again once every rank rejoined"
-            )
-            notes.append(EventNote(EventType.WARNING, EventReason.GANG_RESTARTING, message[:1024]))
-    return notes
-
-
 def _weights_split(replicas: Sequence[ReplicaStatus]) -> str | None:
     """A message when the ready engines hold more than one set of weights: by digest where the
     engines measured one (the same version with other bytes is a split), else by version."""
@@ -257,25 +221,6 @@ def _weights_split(replicas: Sequence[ReplicaStatus]) -> str | None:
         for v, engines in sorted(groups.items(), key=lambda kv: -len(kv[1]))
     ]
     return f"engines hold {len(groups)} different weights: " + "; ".join(parts)
-
-
-def _problem_notes(previous: DisaggReplicaSetStatus, replicas: Sequence[ReplicaStatus]) -> list[EventNote]:
-    """A Warning Event for each engine or frontend whose pod cannot run for a reason it did not have before."""
-    before = {e.name: e.problem for r in previous.replica_statuses for e in r.engines}
-    notes = [
-        EventNote(EventType.WARNING, EventReason.POD_NOT_RUNNING, (e.message or e.problem or "")[:1024])
-        for r in replicas
-        for e in r.engines
-        if e.problem and before.get(e.name) != e.problem
-    ]
-    fronts_before = {(r.index, f.index): f.problem for r in previous.replica_statuses for f in r.frontends}
-    notes += [
-        EventNote(EventType.WARNING, EventReason.POD_NOT_RUNNING, (f.message or f.problem or "")[:1024])
-        for r in replicas
-        for f in r.frontends
-        if f.problem and fronts_before.get((r.index, f.index)) != f.problem
-    ]
-    return notes
 
 
 def compute_status(
@@ -323,9 +268,9 @@ def compute_status(
         weights=weights_status(previous.weights, observed.weights_version, observed.desired_weights, now),
     )
     return status, (
-        _transitions(prev, conditions)
-        + _problem_notes(previous, replicas)
-        + _gang_notes(previous.replica_statuses, replicas)
+        transitions(prev, conditions)
+        + problem_notes(previous, replicas)
+        + gang_notes(previous.replica_statuses, replicas)
     )
 
 
@@ -374,7 +319,7 @@ def _invalid_status(
             "weights": weights_status(previous.weights, observed.weights_version, observed.desired_weights, make.now),
         }
     )
-    return status, _transitions(previous.conditions, conditions)
+    return status, transitions(previous.conditions, conditions)
 
 
 def _placed_condition(make: _Conditions, replicas: Sequence[ReplicaStatus]) -> Condition:
@@ -475,33 +420,6 @@ def weights_status(
         if current is None or current.desired != shown:
             current = (current or WeightsStatus()).model_copy(update={"desired": shown})
     return current
-
-
-def _transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> list[EventNote]:
-    """An Event for each condition whose status or reason changed (Warnings for bad news)."""
-    bad = {
-        ConditionType.VALID: ConditionStatus.FALSE,
-        ConditionType.PLACED: ConditionStatus.FALSE,
-        ConditionType.DEGRADED: ConditionStatus.TRUE,
-    }
-    notes = []
-    for c in current:
-        old = next((p for p in previous if p.type == c.type), None)
-        if old is not None and old.status == c.status and old.reason == c.reason:
-            continue
-        if (
-            old is None
-            and c.type in (ConditionType.PROGRESSING, ConditionType.DEGRADED)
-            and c.status == ConditionStatus.FALSE
-        ):
-            continue
-        warn = bad.get(ConditionType(c.type)) == c.status
-        notes.append(
-            EventNote(
-                EventType.WARNING if warn else EventType.NORMAL, c.reason, f"{c.type}={c.status}: {c.message}"[:1024]
-            )
-        )
-    return notes
 
 
 def status_dict(status: DisaggReplicaSetStatus) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from drs_operator.api.constants import (
 )
 from drs_operator.api.objects import Manifest
 from drs_operator.api.status import DisaggReplicaSetStatus
-from drs_operator.conditions import EventNote, Observed, compute_status, status_dict
+from drs_operator.conditions import Observed, compute_status, status_dict
 from drs_operator.decide import Decision, decide
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
@@ -56,6 +56,7 @@ from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import Placement
 from drs_operator.rollout import Action, ActionReason
+from drs_operator.status_events import EventNote
 from drs_operator.validation import Problem, validate_name, validate_spec_data
 
 log = logging.getLogger(__name__)

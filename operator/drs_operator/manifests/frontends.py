@@ -169,21 +169,10 @@ def _deployment_selector(owner: Owner, slot: FrontendSlot, process: int) -> dict
     return {**selector, LABEL_FRONTEND_PROCESS: str(process)} if process else selector
 
 
-def build_frontend_deployment(
-    owner: Owner,
-    spec: DisaggReplicaSetSpec,
-    plan: Plan,
-    slot: FrontendSlot,
-    node: str,
-    config_hash: str,
-    process: int = 0,
-) -> Manifest:
-    """The Deployment of process ``process`` (0, or 1 for the standby) of frontend ``slot``."""
-    labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
-    if process:  # process 0 carries no process label: its manifest (and hash) is what it was before standbys
-        labels[LABEL_FRONTEND_PROCESS] = str(process)
-    name = names.frontend_deployment_name(owner.name, slot.replica, slot.index, process)
-    scratch_volume, scratch_mount = scratch()
+def _frontend_container(
+    owner: Owner, spec: DisaggReplicaSetSpec, slot: FrontendSlot, process: int, scratch_mount: dict[str, Any]
+) -> dict[str, Any]:
+    """The frontend container of process ``process`` of ``slot``: its flags, config, probes, mounts."""
     container: dict[str, Any] = {
         "name": FRONTEND_CONTAINER,
         "image": spec.images.frontend,
@@ -229,6 +218,25 @@ def build_frontend_deployment(
         container["resources"] = dict(spec.frontend.resources)
     if spec.images.pull_policy:
         container["imagePullPolicy"] = spec.images.pull_policy
+    return container
+
+
+def build_frontend_deployment(
+    owner: Owner,
+    spec: DisaggReplicaSetSpec,
+    plan: Plan,
+    slot: FrontendSlot,
+    node: str,
+    config_hash: str,
+    process: int = 0,
+) -> Manifest:
+    """The Deployment of process ``process`` (0, or 1 for the standby) of frontend ``slot``."""
+    labels = {**names.labels(owner.name, ROLE_FRONTEND, slot.replica), LABEL_FRONTEND: str(slot.index)}
+    if process:  # process 0 carries no process label: its manifest (and hash) is what it was before standbys
+        labels[LABEL_FRONTEND_PROCESS] = str(process)
+    name = names.frontend_deployment_name(owner.name, slot.replica, slot.index, process)
+    scratch_volume, scratch_mount = scratch()
+    container = _frontend_container(owner, spec, slot, process, scratch_mount)
     pod_spec: dict[str, Any] = {
         "securityContext": restricted_pod_security(),
         "affinity": node_affinity(node),
