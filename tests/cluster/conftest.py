@@ -1,5 +1,5 @@
-"""Fixtures the cluster tests share: the CRD installed once per module, and an operator process
-against the dev cluster (a module that needs another kind defines its own, which takes precedence)."""
+"""Fixtures the cluster tests share: the CRD installed once per module, an operator process
+against the dev cluster, and ``stack`` (the CRD, the pod runner and an operator: pods run) (a module that needs another kind defines its own, which takes precedence)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 from drs_devcluster.testing import RunningCluster
-from operator_harness import OperatorProcess
+from operator_harness import OperatorProcess, running_operator
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +23,12 @@ def operator(
     op = OperatorProcess(devcluster, tmp_path_factory.mktemp("operator") / "operator.log").start()
     yield op
     op.kill(signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def stack(
+    devcluster: RunningCluster, pod_runner: None, crd: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    """The CRD, the pod runner and an operator, for tests whose fleets must serve."""
+    with running_operator(devcluster, tmp_path_factory.mktemp("stack") / "operator.log") as op:
+        yield op

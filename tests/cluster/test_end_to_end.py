@@ -12,7 +12,6 @@ import subprocess
 import sys
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,6 @@ from operator_harness import (
     drs_status,
     engine_pods,
     free_port,
-    running_operator,
     wait_for,
     wait_ready,
 )
@@ -36,15 +34,6 @@ from operator_harness import (
 DRS = str(Path(sys.executable).parent / "drs")
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def stack(
-    devcluster: RunningCluster, pod_runner: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    devcluster.install_crd()
-    with running_operator(devcluster, tmp_path_factory.mktemp("e2e") / "operator.log") as op:
-        yield op
 
 
 def sim_fleet(name: str) -> dict[str, Any]:

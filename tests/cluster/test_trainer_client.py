@@ -19,20 +19,11 @@ from drs_client import AsyncFleet, Fleet, FleetNotFound, FleetUnreadable, Progre
 from drs_client.gym import SERVER_PATH
 from drs_client.kube import KubeReader, api_client
 from drs_devcluster.testing import RunningCluster
-from operator_harness import ROOT, OperatorProcess, apply, drs_status, free_port, running_operator, wait_for
+from operator_harness import ROOT, OperatorProcess, apply, drs_status, free_port, wait_for
 
 DRS = str(Path(sys.executable).parent / "drs")
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture(scope="module")
-def stack(
-    devcluster: RunningCluster, pod_runner: None, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    devcluster.install_crd()
-    with running_operator(devcluster, tmp_path_factory.mktemp("trainer-client") / "operator.log") as op:
-        yield op
 
 
 def sim_fleet(name: str, replicas: int, base_port: int, engine_port: int) -> dict[str, Any]:
