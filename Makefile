@@ -11,10 +11,14 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The `gpu` extra (torch) too: the torch backend's paging/batching logic and the collective refit's
+# fault paths (torch.distributed over gloo) run on the CPU in CI. PyPI's Linux torch wheel is the
+# CUDA build and imports only with its nvidia-* wheels: ~3 GB downloaded, 4.7 GB installed, ~50 s
+# here; there is no CPU-only wheel on PyPI. constraints/dev.txt pins it to the GPU machine's torch.
+$(STAMP): pyproject.toml constraints/dev.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,ray]'
+	$(BIN)/pip install --quiet -e '.[test,ray,gpu]' -c constraints/dev.txt
 	@touch $(STAMP)
 
 # NeMo-Gym 0.7.0 (the real client of tests/gym) in its own venv: it declares Python >= 3.13.14 and
