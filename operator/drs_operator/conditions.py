@@ -20,6 +20,10 @@ message names the pod and the cause, and a Warning Event fires when a pod's caus
 weights versions (``WeightsSplit``, from the sidecar's per-engine annotation); replicas not ready
 with nothing in flight.
 
+``WeightsPending`` (only once the fleet has desired weights, ``status.weights.desired``): True
+while an engine of a placed replica does not report them (:mod:`drs_operator.weights_pending`),
+with a Warning Event on the flip; separate from ``Ready``, which stays about serving capacity.
+
 An engine wider than a node lists its ranks, each ``joined`` when its pod is Ready (a rank's
 readiness is its membership of the leader's Ray cluster, the leader's is the whole gang serving);
 it serves only when all are. When it stops serving a ``GangRestarting`` Warning names the ranks
@@ -68,6 +72,7 @@ from drs_operator.readiness import (
 from drs_operator.rollout import Rollout
 from drs_operator.status_events import EventNote, gang_notes, problem_notes, transitions
 from drs_operator.validation import Problem
+from drs_operator.weights_pending import pending_engines, pending_message
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +251,7 @@ def compute_status(
     )
     progressing = _progressing_condition(make, prev, rollout, replicas, stuck, in_flight)
     degraded = _degraded_condition(make, observed.moved, replicas, stuck, ready, in_flight)
+    weights = weights_status(previous.weights, observed.weights_version, observed.desired_weights, now)
     conditions = [
         make(ConditionType.VALID, True, Reason.SPEC_VALID, "spec is valid"),
         _placed_condition(make, replicas),
@@ -253,6 +259,8 @@ def compute_status(
         progressing,
         degraded,
     ]
+    if weights is not None and weights.desired is not None:
+        conditions.append(_weights_pending_condition(make, replicas, weights.desired))
     status = DisaggReplicaSetStatus(
         observed_generation=observed.generation,
         replicas=counts.n,
@@ -265,7 +273,7 @@ def compute_status(
         conditions=conditions,
         urls=[u or "" for u in observed.urls],
         replica_statuses=replicas,
-        weights=weights_status(previous.weights, observed.weights_version, observed.desired_weights, now),
+        weights=weights,
     )
     return status, (
         transitions(prev, conditions)
@@ -352,6 +360,20 @@ def _progressing_condition(
         message = f"{message}; " + "; ".join(stuck)
     was_ready = any(c.type == ConditionType.READY and c.status == ConditionStatus.TRUE for c in previous)
     return make(ConditionType.PROGRESSING, True, Reason.UPDATING if was_ready else Reason.CREATING, message)
+
+
+def _weights_pending_condition(
+    make: _Conditions, replicas: Sequence[ReplicaStatus], desired: DesiredWeightsStatus
+) -> Condition:
+    """``WeightsPending``: True while an engine of a placed replica does not hold ``desired``
+    (:mod:`drs_operator.weights_pending`); False once every one does."""
+    total = sum(len(r.engines) for r in replicas if r.placed)
+    pending = pending_engines(replicas, desired)
+    if pending:
+        message = pending_message(pending, total, desired)
+        return make(ConditionType.WEIGHTS_PENDING, True, Reason.WEIGHTS_PENDING, message[:32768])
+    message = f"{total} engine(s) hold the desired weights {desired.version}"
+    return make(ConditionType.WEIGHTS_PENDING, False, Reason.WEIGHTS_CURRENT, message)
 
 
 def _degraded_condition(

@@ -70,6 +70,7 @@ def transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> 
         ConditionType.VALID: ConditionStatus.FALSE,
         ConditionType.PLACED: ConditionStatus.FALSE,
         ConditionType.DEGRADED: ConditionStatus.TRUE,
+        ConditionType.WEIGHTS_PENDING: ConditionStatus.TRUE,
     }
     notes = []
     for c in current:
@@ -78,7 +79,7 @@ def transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> 
             continue
         if (
             old is None
-            and c.type in (ConditionType.PROGRESSING, ConditionType.DEGRADED)
+            and c.type in (ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.WEIGHTS_PENDING)
             and c.status == ConditionStatus.FALSE
         ):
             continue

@@ -106,6 +106,8 @@ class ConditionType(StrEnum):
     READY = "Ready"
     PROGRESSING = "Progressing"
     DEGRADED = "Degraded"
+    #: engines do not (yet) hold ``status.weights.desired``; independent of ``Ready`` (serving capacity)
+    WEIGHTS_PENDING = "WeightsPending"
 
 
 class ConditionStatus(StrEnum):
@@ -138,6 +140,9 @@ class Reason(StrEnum):
     PODS_NOT_RUNNING = "PodsNotRunning"
     WEIGHTS_SPLIT = "WeightsSplit"
     NOT_DEGRADED = "NotDegraded"
+    # WeightsPending (only once the fleet has desired weights)
+    WEIGHTS_PENDING = "WeightsPending"
+    WEIGHTS_CURRENT = "AllEnginesHoldDesiredWeights"
 
 
 class EventType(StrEnum):
