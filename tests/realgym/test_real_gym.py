@@ -21,10 +21,10 @@ equal what our frontend answered (Gym's transport log, ``NEMO_GYM_VLLM_TRANSPORT
 answer as it arrived) and the log-prob tokens are ``token_id:N`` of those ids; each turn's prompt
 ids begin with the previous turn's prompt + generated ids (token continuity); each session's turns
 all reached the frontend ``sha256(session) % len(urls)`` picks (Gym's session id read from its
-session cookie; the frontends' request counters); and, with the conversation id forwarded, each
+session cookie; the frontends' request counters); and each
 later turn was a prefix-cache hit on the prefill engine of the turn before
 (``usage.input_tokens_details.cached_tokens`` covers every full block of the previous prompt, which
-only the engine that prefilled it holds; without the id the share is printed, not asserted).
+only the engine that prefilled it holds), with the conversation id forwarded or not.
 """
 
 from __future__ import annotations
@@ -376,14 +376,10 @@ async def test_real_gym_sessions_keep_ids_continuity_and_affinity(
     ]
     ratio = hits.count(True) / len(hits)
     print(f"F={frontends} tokenize={tokenize} forward={forward}: prefill affinity {ratio:.3f} over {len(hits)} turns")
-    if forward:  # the conversation id pins every turn to its prefill engine
-        assert ratio == 1.0
-    # Without an id the prefix match routes (token blocks when the frontend tokenizes, else text
-    # weighed by characters, `tools` ignored), and only a prefix of at least prefixMatchRatio (0.75)
-    # of the prompt follows it: a turn that appends a tool call and its output to a short
-    # conversation is below that and goes to rendezvous hashing with bounded load. Seen 2026-12-01:
-    # 0.889-0.944 (tokenizing) and 0.611-0.722 (not). The routing fix is another change (issue 23); not
-    # asserted here, reported (-s).
+    # With the id the pin keeps every turn on its prefill engine. Without it (Gym's default) the
+    # prefix match does (tools included in the text; a prefix that covers the opening is followed
+    # whatever its share of the prompt), else the opening's engine: the same engine either way.
+    assert ratio == 1.0
 
     log = gym.log.read_text()
     assert "Traceback" not in log, log[-3000:]
