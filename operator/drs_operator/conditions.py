@@ -371,7 +371,7 @@ def _weights_pending_condition(
     pending = pending_engines(replicas, desired)
     if pending:
         message = pending_message(pending, total, desired)
-        return make(ConditionType.WEIGHTS_PENDING, True, Reason.WEIGHTS_PENDING, message[:32768])
+        return make(ConditionType.WEIGHTS_PENDING, True, Reason.WEIGHTS_PENDING, message)
     message = f"{total} engine(s) hold the desired weights {desired.version}"
     return make(ConditionType.WEIGHTS_PENDING, False, Reason.WEIGHTS_CURRENT, message)
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from drs_devcluster.profiles import build_nodes
 from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.conditions import Observed
+from drs_operator.layout import frontend_urls, replica_statuses
 from drs_operator.manifests import Owner, desired_children
 from drs_operator.manifests.children import Children
 from drs_operator.nodepool import nodes_from_manifests
@@ -44,6 +46,21 @@ def build(
     placement = place(p, nodes, previous)
     addresses = {n.name: n.address for n in nodes if n.address}
     return p, placement, desired_children(OWNER, s, p, placement, addresses)
+
+
+def observed_fleet(nodes: int = 4) -> tuple[Children, Observed]:
+    """The default spec on ``nodes`` HGX nodes: its children and what a pass observes of them (no live objects)."""
+    p, placement, desired = build(spec(), hgx(nodes))
+    addresses = {n.name: n.address or "" for n in hgx(nodes)}
+    observed = Observed(
+        generation=1,
+        replica_statuses=replica_statuses(p, placement, OWNER.namespace, addresses),
+        urls=frontend_urls(p, placement, OWNER.namespace, addresses),
+        replica_width=p.replica_width,
+        gpus=p.gpus,
+        desired=desired,
+    )
+    return desired, observed
 
 
 def as_live(children: Children, ready: bool = True) -> dict[str, dict[str, dict[str, Any]]]:

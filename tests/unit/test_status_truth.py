@@ -20,15 +20,13 @@ from typing import Any
 import pytest
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status
-from drs_operator.layout import frontend_urls, replica_statuses
-from drs_operator.manifests.children import Children
 from drs_operator.manifests.common import SPEC_HASH_ANNOTATION
 from drs_operator.rollout import compute_actions
 from drs_protocol.weights_digest import digest_bytes
 from drs_protocol.weights_state import HeldWeights, dump_engine_weights, parse_engine_weights
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from operator_fixtures import OWNER, as_live, build, hgx, spec
+from operator_fixtures import OWNER, as_live, observed_fleet
 
 T0 = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
 POD_STATES = ("missing", "outdated-ready", "outdated-unready", "current-ready", "current-unready", "terminating")
@@ -36,22 +34,7 @@ DEPLOYMENT_STATES = ("missing", "outdated-ready", "outdated-unready", "current-r
 Live = dict[str, dict[str, dict[str, Any]]]
 
 
-def fleet(nodes: int = 4) -> tuple[Children, Observed]:
-    s = spec()
-    p, placement, desired = build(s, hgx(nodes))
-    addresses = {n.name: n.address or "" for n in hgx(nodes)}
-    base = Observed(
-        generation=1,
-        replica_statuses=replica_statuses(p, placement, OWNER.namespace, addresses),
-        urls=frontend_urls(p, placement, OWNER.namespace, addresses),
-        replica_width=p.replica_width,
-        gpus=p.gpus,
-        desired=desired,
-    )
-    return desired, base
-
-
-DESIRED, BASE = fleet()
+DESIRED, BASE = observed_fleet()
 POD_NAMES = sorted(DESIRED.all_of("Pod"))
 DEPLOYMENT_NAMES = sorted(DESIRED.all_of("Deployment"))
 
@@ -270,7 +253,7 @@ def test_the_engine_weights_annotation_is_read_leniently() -> None:
 
 
 def test_urls_of_an_unplaced_replica_are_empty_and_the_list_keeps_its_length() -> None:
-    _, one_node = fleet(nodes=1)
+    _, one_node = observed_fleet(nodes=1)
     status, _ = compute_status(OWNER.name, DisaggReplicaSetStatus(), one_node, T0)
     assert len(status.urls) == 4
     assert status.urls[:2] == ["http://fleet-r0-f0.ns.svc:8300", "http://fleet-r0-f1.ns.svc:8301"]

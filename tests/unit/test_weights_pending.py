@@ -8,34 +8,19 @@ import dataclasses
 import datetime
 
 from drs_operator.api.status import Condition, DisaggReplicaSetStatus
-from drs_operator.conditions import Observed, compute_status
-from drs_operator.layout import frontend_urls, replica_statuses
+from drs_operator.conditions import compute_status
 from drs_operator.weights_pending import NAMED_ENGINES
 from drs_protocol.weights_digest import digest_bytes
 from drs_protocol.weights_state import DesiredWeights, HeldWeights
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from operator_fixtures import OWNER, as_live, build, hgx, spec
+from operator_fixtures import OWNER, as_live, observed_fleet
 
 T0 = datetime.datetime(2026, 12, 3, 10, 0, tzinfo=datetime.UTC)
 
 
-def _fleet(nodes: int = 4) -> Observed:
-    s = spec()
-    p, placement, desired = build(s, hgx(nodes))
-    addresses = {n.name: n.address or "" for n in hgx(nodes)}
-    return Observed(
-        generation=1,
-        replica_statuses=replica_statuses(p, placement, OWNER.namespace, addresses),
-        urls=frontend_urls(p, placement, OWNER.namespace, addresses),
-        replica_width=p.replica_width,
-        gpus=p.gpus,
-        desired=desired,
-        live=as_live(desired, ready=True),
-    )
-
-
-BASE = _fleet()
+_CHILDREN, _OBSERVED = observed_fleet()
+BASE = dataclasses.replace(_OBSERVED, live=as_live(_CHILDREN, ready=True))
 ENGINES = [e.name for r in BASE.replica_statuses for e in r.engines]
 NEW, OLD = digest_bytes(b"step-2 weights"), digest_bytes(b"step-1 weights")
 
