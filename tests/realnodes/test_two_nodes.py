@@ -35,12 +35,28 @@ def test_both_nodes_are_ready_with_gpus_from_their_own_device_plugins(realcluste
         assert addresses["InternalIP"] == nodeconfig.network(realcluster.cluster.layout).node_ip(i)
 
 
+# The Service is programmed by kube-proxy asynchronously: until its nftables sync has the new
+# ClusterIP, the cluster's namespace has no route for it and connect() fails at once with
+# ENETUNREACH (seen once in CI under load). The client waits for that sync the way any client of a
+# new Service must: it retries a failed connection until a deadline, and says how many it took.
 CLIENT = """
-import socket, sys, urllib.request
+import socket, sys, time, urllib.request
 svc, pod_ip = sys.argv[1], sys.argv[2]
+def get(url):
+    deadline, attempts = time.monotonic() + 60, 0
+    while True:
+        attempts += 1
+        try:
+            return urllib.request.urlopen(url, timeout=10).read().decode().strip(), attempts
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 print("resolved", socket.gethostbyname("web"))
-print("service", urllib.request.urlopen("http://web:8080/who.txt", timeout=10).read().decode().strip())
-print("direct", urllib.request.urlopen(f"http://{pod_ip}:8080/who.txt", timeout=10).read().decode().strip())
+body, attempts = get("http://web:8080/who.txt")
+print("service", body)
+print("service attempts", attempts)
+print("direct", get(f"http://{pod_ip}:8080/who.txt")[0])
 """
 
 
