@@ -9,8 +9,8 @@
    replicas for ``topology.notReadyTolerationSeconds``, and the pass looks again when that ends);
 5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
    frontend updates after their engines); ask every serving engine what weights it holds
-   (``GET /control/weights``, ``kube/engines.py``: within ``OBSERVE_BUDGET_S`` in all; an engine
-   that does not answer is unknown);
+   (``GET /control/weights``, ``kube/engines.py``: within ``OBSERVE_BUDGET_S`` in all, while step
+   6 writes; an engine that does not answer is unknown);
 6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
    phases: configs, Services, the Secret and NetworkPolicies, then engine pods, then frontends;
 7. compute the status (pure) and write it only if it changed, also when a write of step 6
@@ -157,26 +157,35 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         desired_weights=desired_weights,
     )
     placement, rollout, moved = decision.placement, decision.rollout, decision.moved
-    observations = await ctx.engines.observe(
-        observation_targets(decision.plan, decision.observed.replica_statuses, live_by_kind["Pod"]),
-        control_token(live_by_kind["Secret"], name),
-    )
-    ctx.metrics.engine_observations.labels(result="answered").inc(sum(o.held is not None for o in observations))
-    ctx.metrics.engine_observations.labels(result="unknown").inc(sum(o.held is None for o in observations))
-    observed = dataclasses.replace(decision.observed, engine_weights=held_weights(observations))
+    # 5b. ask the serving engines what they hold, while step 6 writes (bounded by the budget)
+    observing = asyncio.create_task(_observe_engines(ctx, decision, live_by_kind, name))
 
     # 6. apply; 7. status and events, written even when a write of step 6 failed: the status
     # records the placement those writes acted on (it is the memory the next pass starts from)
-    status, notes = compute_status(name, previous, observed, now)
+    action_notes: list[EventNote] = []
     try:
         if not live.of("Secret") and any(r.placed for r in placement.replicas):
             await ctx.applier.create(build_control_secret(owner))
         await _apply_all(ctx.applier, namespace, rollout.actions)
-        notes += _action_notes(rollout.actions, moved, placement)
+        action_notes = _action_notes(rollout.actions, moved, placement)
     finally:
-        await _write_status(ctx, body, status, notes)
+        status, notes = compute_status(name, previous, await observing, now)
+        await _write_status(ctx, body, status, notes + action_notes)
     _export(ctx, namespace, name, status, placement)
     return _next_look(decision, status, now)
+
+
+async def _observe_engines(
+    ctx: Context, decision: Decision, live: dict[str, dict[str, Manifest]], name: str
+) -> Observed:
+    """``decision.observed`` with what every serving engine answered it holds (no answer: unknown)."""
+    observations = await ctx.engines.observe(
+        observation_targets(decision.plan, decision.observed.replica_statuses, live["Pod"]),
+        control_token(live["Secret"], name),
+    )
+    ctx.metrics.engine_observations.labels(result="answered").inc(sum(o.held is not None for o in observations))
+    ctx.metrics.engine_observations.labels(result="unknown").inc(sum(o.held is None for o in observations))
+    return dataclasses.replace(decision.observed, engine_weights=held_weights(observations))
 
 
 def _next_look(decision: Decision, status: DisaggReplicaSetStatus, now: datetime.datetime) -> float | None:
