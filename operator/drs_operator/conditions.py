@@ -17,8 +17,8 @@ spec's generation is not ready, never 0 while a replica serves.
 ``Degraded``, most urgent first: a replica moved off a lost node; a replica not placed; an engine
 or frontend pod that cannot run (``PodsNotRunning``: unschedulable, image pull, crash loop — the
 message names the pod and the cause, and a Warning Event fires when a pod's cause changes); engines on different
-weights versions (``WeightsSplit``, from the sidecar's per-engine annotation); replicas not ready
-with nothing in flight.
+weights (``WeightsSplit``, from what the operator observed the engines hold,
+:mod:`drs_operator.engine_observation`); replicas not ready with nothing in flight.
 
 ``WeightsPending`` (only once the fleet has desired weights, ``status.weights.desired``): True
 while an engine of a placed replica does not report them (:mod:`drs_operator.weights_pending`),
@@ -91,7 +91,8 @@ class Observed:
     moved: Sequence[int] = ()  #: replicas moved off lost nodes in this pass
     #: the ``disagg.dev/weights-version`` annotation (the trainer sidecar's last completed refit)
     weights_version: str | None = None
-    #: the ``disagg.dev/engine-weights`` annotation, parsed: engine name -> what it answered it holds
+    #: engine name -> what it answered the operator it holds (``engine_observation.held_weights``;
+    #: an engine missing here is unknown)
     engine_weights: Mapping[str, HeldWeights] = dataclasses.field(default_factory=dict)
     #: the ``disagg.dev/desired-weights`` annotation, parsed: the weights the fleet must hold
     desired_weights: DesiredWeights | None = None

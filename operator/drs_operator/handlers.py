@@ -26,6 +26,7 @@ from drs_operator.api.constants import GROUP, PLURAL, VERSION
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.client import REQUEST_TIMEOUT_S, make_api_client
+from drs_operator.kube.engines import EngineClient
 from drs_operator.kube.throttle import Throttle
 from drs_operator.leader import LeaderElector
 from drs_operator.reconcile import Context, reconcile
@@ -93,8 +94,13 @@ async def _lead(memo: kopf.Memo) -> None:
         on_retry=retried,
         on_in_flight=in_flight,
     )
+    memo.engines = EngineClient()
     ctx = Context(
-        api=memo.api, applier=Applier(memo.api, metrics, throttle, memo.cache), metrics=metrics, cache=memo.cache
+        api=memo.api,
+        applier=Applier(memo.api, metrics, throttle, memo.cache),
+        metrics=metrics,
+        cache=memo.cache,
+        engines=memo.engines,
     )
 
     async def work(key: str) -> float | None:
@@ -133,6 +139,8 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
         await memo.elector.release()
     if getattr(memo, "api", None) is not None:
         await memo.api.close()
+    if getattr(memo, "engines", None) is not None:
+        await memo.engines.close()
     # kopf waits for a threading stop flag in an executor thread: release it so the process exits.
     memo.options.stop_flag.set()
 

@@ -23,6 +23,7 @@ class OperatorMetrics:
     replicas_ready: Gauge
     placement_failures: Counter
     is_leader: Gauge
+    engine_observations: Counter
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -67,4 +68,10 @@ class OperatorMetrics:
                 "drs_operator_placement_failures", "Reconciles that could not place every replica", labels, registry=r
             ),
             is_leader=Gauge("drs_operator_leader", "1 while this process holds the leader lease", registry=r),
+            engine_observations=Counter(
+                "drs_operator_engine_observations",
+                "Engines asked what weights they hold, by result (answered, unknown)",
+                ["result"],
+                registry=r,
+            ),
         )

@@ -8,15 +8,18 @@
    our live pods still hold on other nodes is booked; a node that is not Ready keeps its
    replicas for ``topology.notReadyTolerationSeconds``, and the pass looks again when that ends);
 5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
-   frontend updates after their engines);
+   frontend updates after their engines); ask every serving engine what weights it holds
+   (``GET /control/weights``, ``kube/engines.py``: within ``OBSERVE_BUDGET_S`` in all, while step
+   6 writes; an engine that does not answer is unknown);
 6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
    phases: configs, Services, the Secret and NetworkPolicies, then engine pods, then frontends;
 7. compute the status (pure) and write it only if it changed, also when a write of step 6
    failed (the placement those writes acted on must be in the memory); post Events for
    transitions.
 
-Returns the delay before the next look (sooner while something is in flight), or None when the
-periodic resync is enough. A converged fleet makes no write at all: every step compares before
+Returns the delay before the next look (sooner while something is in flight; every
+``OBSERVE_INTERVAL_S`` while the fleet has desired weights, so what status says the engines hold
+follows them with no event), or None when the periodic resync is enough. A converged fleet makes no write at all: every step compares before
 it writes.
 """
 
@@ -31,12 +34,11 @@ import logging
 import time
 from typing import Any, Final
 
-from drs_protocol.weights_state import parse_desired_weights, parse_engine_weights
+from drs_protocol.weights_state import parse_desired_weights
 from kubernetes_asyncio import client
 
 from drs_operator.api.constants import (
     ANNOTATION_DESIRED_WEIGHTS,
-    ANNOTATION_ENGINE_WEIGHTS,
     ANNOTATION_WEIGHTS_VERSION,
     CHILD_KINDS,
     EventReason,
@@ -47,8 +49,10 @@ from drs_operator.api.objects import Manifest
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status, status_dict
 from drs_operator.decide import Decision, decide
+from drs_operator.engine_observation import held_weights, observation_targets
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
+from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
 from drs_operator.manifests import Owner
 from drs_operator.manifests.engines import build_control_secret
@@ -66,6 +70,9 @@ log = logging.getLogger(__name__)
 IN_FLIGHT_REQUEUE_S: Final = 2.0
 #: Next look when replicas cannot be placed (node events also trigger a reconcile).
 UNPLACED_REQUEUE_S: Final = 15.0
+#: Next look while the fleet has desired weights: how stale what status says the engines hold
+#: may get (an engine restarted at other weights, loaded by hand) with no event at all.
+OBSERVE_INTERVAL_S: Final = 5.0
 #: The soonest look again when a not-Ready node's toleration ends (never a busy loop).
 MIN_REQUEUE_S: Final = 0.5
 #: The order children are applied in: what others read first, frontends last. Within a phase
@@ -79,6 +86,7 @@ class Context:
     applier: Applier
     metrics: OperatorMetrics
     cache: ClusterCache
+    engines: EngineClient = dataclasses.field(default_factory=EngineClient)
 
 
 async def reconcile(ctx: Context, namespace: str, name: str) -> float | None:
@@ -105,7 +113,6 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     generation = int(meta.get("generation", 0))
     previous = _parse_status(body.get("status"))
     weights_version = (meta.get("annotations") or {}).get(ANNOTATION_WEIGHTS_VERSION)
-    engine_weights = parse_engine_weights((meta.get("annotations") or {}).get(ANNOTATION_ENGINE_WEIGHTS))
     desired_weights = parse_desired_weights((meta.get("annotations") or {}).get(ANNOTATION_DESIRED_WEIGHTS))
     now = datetime.datetime.now(datetime.UTC)
 
@@ -147,23 +154,38 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         live_by_kind,
         generation=generation,
         weights_version=weights_version,
-        engine_weights=engine_weights,
         desired_weights=desired_weights,
     )
     placement, rollout, moved = decision.placement, decision.rollout, decision.moved
+    # 5b. ask the serving engines what they hold, while step 6 writes (bounded by the budget)
+    observing = asyncio.create_task(_observe_engines(ctx, decision, live_by_kind, name))
 
     # 6. apply; 7. status and events, written even when a write of step 6 failed: the status
     # records the placement those writes acted on (it is the memory the next pass starts from)
-    status, notes = compute_status(name, previous, decision.observed, now)
+    action_notes: list[EventNote] = []
     try:
         if not live.of("Secret") and any(r.placed for r in placement.replicas):
             await ctx.applier.create(build_control_secret(owner))
         await _apply_all(ctx.applier, namespace, rollout.actions)
-        notes += _action_notes(rollout.actions, moved, placement)
+        action_notes = _action_notes(rollout.actions, moved, placement)
     finally:
-        await _write_status(ctx, body, status, notes)
+        status, notes = compute_status(name, previous, await observing, now)
+        await _write_status(ctx, body, status, notes + action_notes)
     _export(ctx, namespace, name, status, placement)
     return _next_look(decision, status, now)
+
+
+async def _observe_engines(
+    ctx: Context, decision: Decision, live: dict[str, dict[str, Manifest]], name: str
+) -> Observed:
+    """``decision.observed`` with what every serving engine answered it holds (no answer: unknown)."""
+    observations = await ctx.engines.observe(
+        observation_targets(decision.plan, decision.observed.replica_statuses, live["Pod"]),
+        control_token(live["Secret"], name),
+    )
+    ctx.metrics.engine_observations.labels(result="answered").inc(sum(o.held is not None for o in observations))
+    ctx.metrics.engine_observations.labels(result="unknown").inc(sum(o.held is None for o in observations))
+    return dataclasses.replace(decision.observed, engine_weights=held_weights(observations))
 
 
 def _next_look(decision: Decision, status: DisaggReplicaSetStatus, now: datetime.datetime) -> float | None:
@@ -177,6 +199,8 @@ def _next_look(decision: Decision, status: DisaggReplicaSetStatus, now: datetime
         delays.append(max(MIN_REQUEUE_S, (decision.tolerated_until - now).total_seconds()))
     if not placement.complete:
         delays.append(UNPLACED_REQUEUE_S)
+    if status.weights is not None and status.weights.desired is not None:
+        delays.append(OBSERVE_INTERVAL_S)
     return min(delays, default=None)
 
 

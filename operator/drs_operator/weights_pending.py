@@ -1,10 +1,10 @@
 """``WeightsPending``: which engines do not hold the fleet's desired weights (pure).
 
 Computed from ``status.weights.desired`` (the ``disagg.dev/desired-weights`` annotation) and what
-each engine answered the sidecar it holds (``disagg.dev/engine-weights``, shown per engine as
-``weightsVersion`` / ``weightsDigest``); the operator does not ask the engines itself. An engine
-holds the desired weights when both digests are known and equal, else (a side without a digest)
-when the versions are equal; an engine that reported nothing is pending. Engines of unplaced
+each engine answered the operator it holds (``GET /control/weights``,
+:mod:`drs_operator.engine_observation`; shown per engine as ``weightsVersion`` /
+``weightsDigest``). An engine holds the desired weights when both digests are known and equal,
+else (a side without a digest) when the versions are equal; an engine that did not answer is pending. Engines of unplaced
 replicas do not exist and are left out (``Placed`` says why). Separate from ``Ready``, which stays
 about serving capacity: engines at other weights still serve.
 """

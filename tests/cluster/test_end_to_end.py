@@ -24,6 +24,7 @@ from operator_harness import (
     ROOT,
     OperatorProcess,
     apply,
+    condition,
     drs_status,
     engine_pods,
     free_port,
@@ -135,8 +136,11 @@ def stop_sidecar(sidecar: subprocess.Popen[bytes]) -> None:
     assert sidecar.returncode in (0, -signal.SIGTERM), "the sidecar stops on SIGTERM"
 
 
-def engine_weights(devcluster: RunningCluster, namespace: str, name: str, engine: str) -> dict[str, Any] | None:
-    """What one engine answers it holds (``GET /control/weights``, with the fleet's control token)."""
+def engine_control(
+    devcluster: RunningCluster, namespace: str, name: str, engine: str, route: str, body: dict[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """One engine's control API called directly, with the fleet's control token (``GET`` without a
+    body, else ``POST``); None when it does not answer."""
     status = drs_status(devcluster, namespace, name)
     url = next(
         (e.get("url") for r in status.get("replicaStatuses", []) for e in r["engines"] if e["name"] == engine), None
@@ -145,20 +149,40 @@ def engine_weights(devcluster: RunningCluster, namespace: str, name: str, engine
     token = base64.b64decode(secret["data"]["token"]).decode()
     if url is None:
         return None
-    request = urllib.request.Request(url + "/control/weights", headers={"authorization": f"Bearer {token}"})
+    headers = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url + route, data=data, headers=headers, method="POST" if body else "GET")
     try:
-        with urllib.request.urlopen(request, timeout=5) as resp:
-            held: dict[str, Any] = json.loads(resp.read())
-            return held
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+            return answer
     except OSError:
         return None
+
+
+def engine_weights(devcluster: RunningCluster, namespace: str, name: str, engine: str) -> dict[str, Any] | None:
+    """What one engine answers it holds (``GET /control/weights``, with the fleet's control token)."""
+    return engine_control(devcluster, namespace, name, engine, "/control/weights")
+
+
+def status_shows(
+    devcluster: RunningCluster, namespace: str, name: str, engine: str, digest: str, pending: str
+) -> dict[str, Any] | None:
+    """The status once it says ``engine`` holds ``digest`` and ``WeightsPending`` is ``pending``."""
+    status = drs_status(devcluster, namespace, name)
+    shown = [
+        e.get("weightsDigest") for r in status.get("replicaStatuses", []) for e in r["engines"] if e["name"] == engine
+    ]
+    return status if shown == [digest] and condition(status, "WeightsPending").get("status") == pending else None
 
 
 def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_up(
     devcluster: RunningCluster, namespace: str, stack: OperatorProcess, tmp_path: Path
 ) -> None:
-    """Refit; then, with no sidecar running, an engine pod is deleted: its replacement reads the
-    desired weights from the weights ConfigMap and loads them before it is Ready; a new sidecar
+    """Refit; then, with no sidecar running, status follows the engines as the operator observes
+    them (an engine loaded other weights directly shows them and ``WeightsPending`` names it; loaded
+    back, it clears), and an engine pod is deleted: its replacement reads the desired weights from
+    the weights ConfigMap and loads them before it is Ready; a new sidecar
     knows the desired weights from the resource; a replica added afterwards starts at them too."""
     fleet = sim_fleet("refit")
     fleet["spec"]["frontend"]["basePort"] = 18400
@@ -197,7 +221,35 @@ def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_u
     finally:
         stop_sidecar(sidecar)
 
-    # no sidecar now: the replacement catches up by itself, before it is Ready
+    # no sidecar now: status follows what the engines hold, as the operator asks them. An engine
+    # loaded other weights behind the fleet's back shows them, and WeightsPending names it
+    by_hand = tmp_path / "by-hand"
+    by_hand.write_bytes(b"weights no trainer sent")
+    other = digest_files(by_hand)
+    loaded = "refit-r0-prefill-0"
+    answer = engine_control(
+        devcluster, namespace, "refit", loaded, "/control/weights/load", {"path": str(by_hand), "version": "by-hand"}
+    )
+    assert answer is not None and answer["weights_digest"] == other, answer
+    status = wait_for(
+        "status to show the engine's new weights with no sidecar running",
+        lambda: status_shows(devcluster, namespace, "refit", loaded, other, "True"),
+        timeout=60,
+    )
+    pending = condition(status, "WeightsPending")["message"]
+    assert pending.startswith("1/6 engine(s)") and f"{loaded} holds by-hand ({other[:16]}" in pending, pending
+    assert condition(status, "Degraded")["reason"] == "WeightsSplit"
+    answer = engine_control(
+        devcluster, namespace, "refit", loaded, "/control/weights/load", {"path": str(checkpoint), "version": "step-1"}
+    )
+    assert answer is not None and answer["weights_digest"] == digest, answer
+    wait_for(
+        "WeightsPending to clear once the engine holds the desired weights again",
+        lambda: status_shows(devcluster, namespace, "refit", loaded, digest, "False"),
+        timeout=60,
+    )
+
+    # the replacement of a deleted engine pod catches up by itself, before it is Ready
     victim = "refit-r1-decode-0"
     old_uid = engine_pods(devcluster, namespace)[victim]["metadata"]["uid"]
     devcluster.kubectl("delete", "pod", "-n", namespace, victim, "--wait=false")
@@ -211,6 +263,11 @@ def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_u
     wait_for("the replaced engine pod to be Ready", replaced_and_ready, timeout=120)
     held = engine_weights(devcluster, namespace, "refit", victim)
     assert held is not None and (held["weights_version"], held["weights_digest"]) == ("step-1", digest)
+    wait_for(
+        "status to show the replacement's observed digest",
+        lambda: status_shows(devcluster, namespace, "refit", victim, digest, "False"),
+        timeout=60,
+    )
 
     sidecar = start_sidecar(devcluster, namespace, "refit", port)
     try:

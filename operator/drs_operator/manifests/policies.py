@@ -8,8 +8,9 @@ replica index, the role) and admits, on every port:
 * pods of the same fleet and replica: its frontends (requests) and its engines (the
   prefill-to-decode KV handoff, and the ranks of an engine wider than a node);
 * ``spec.networkPolicy.engineClients``: whoever else talks to engines, such as the trainer's
-  refit sidecar. The operator itself never connects to an engine (readiness comes from the
-  kubelet's probes), so it needs no peer here.
+  refit sidecar, and the operator, which asks every engine what weights it holds
+  (``kube/engines.py``; not admitted by itself here: the policy does not know the operator's
+  namespace and labels; an engine it cannot reach shows unknown weights).
 
 A chart cannot write "same replica as me" (it does not know the fleets' names); the chart's own
 ``networkPolicy`` values keep the namespace-wide frontend policy. NetworkPolicies do not apply to
