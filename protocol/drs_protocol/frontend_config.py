@@ -154,7 +154,10 @@ class FrontendConfig(_Model):
         default=DEFAULT_MAX_SESSIONS, ge=1, description="conversations the ctx router remembers (LRU)"
     )
     affinity_load_factor: float = Field(
-        default=DEFAULT_AFFINITY_LOAD_FACTOR, ge=1.0, description="bounded-load c for new conversations"
+        default=DEFAULT_AFFINITY_LOAD_FACTOR,
+        ge=1.0,
+        description="bounded-load c for new conversations without an opening (completions) and for following a "
+        "prefix without an id (a conversation with an opening goes to its opening's first engine, whatever the load)",
     )
     group_routing: bool = Field(
         default=True,
