@@ -26,10 +26,8 @@ drs_frontend_client_disconnects_total           counter    turns cancelled becau
 drs_frontend_prefill_tokens_total{engine,kind}  counter    prompt tokens of context legs answered by a prefill engine:
                                                            computed there, or reused from its prefix cache
 drs_frontend_group_siblings_total{placed}       counter    new conversations placed by their opening: first (placed its
-                                                           group on its first engine), moved (placed it elsewhere: a
-                                                           bound; after a restart it is looked for on the first),
-                                                           with_group (its engine), apart; co-location ratio =
-                                                           with_group / (with_group + apart)
+                                                           group), with_group (its engine), apart (the pool changed
+                                                           since); co-location ratio = with_group / (with_group + apart)
 drs_frontend_group_holds_total{outcome}         counter    first turns held for their group's first context leg:
                                                            released (it ended), timed_out (groupHoldSeconds)
 drs_frontend_group_hold_seconds                 histogram  how long one such first turn was held

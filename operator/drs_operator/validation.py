@@ -17,6 +17,7 @@ Rules (paths are reported under ``spec.``; the CEL twins of the first ones live 
   engine ``i``, which must stay ≤ 65535 too);
 * ``engine.simOptions`` (deprecated) is exclusive with ``engine.sim`` and must parse as it;
 * with ``engine.backend: torch`` every role's ``tensorParallelSize`` (and MoE size) is 1;
+* ``frontend.groupHoldSeconds`` above 0 needs ``frontend.groupRouting``;
 * ``metadata.name`` is a DNS label of at most 40 characters (so every child name fits);
 * beyond CEL: with ``topology.gpusPerNode`` the engine widths must tile nodes of that size
   (``plan.tiling_problem``); TensorRT-LLM kwargs may not set what a typed field owns (for
@@ -227,6 +228,8 @@ _RULE_INPUTS = frozenset(
         "gpusPerNode",
         "enabled",
         "standby",
+        "groupRouting",
+        "groupHoldSeconds",
     }
 )
 
@@ -261,6 +264,11 @@ def _cross_field(p: _Parts, path: str) -> list[Problem]:
         problems.extend(_engine_problems(p.engine, f"{path}.engine"))
     if p.frontend is not None and p.frontend.standby and p.network is not None and p.network.host_network:
         problems.append(Problem(f"{path}.frontend.standby", rules.MSG_STANDBY_HOST_NETWORK))
+    if p.frontend is not None and not p.frontend.group_routing and p.frontend.group_hold_seconds:
+        hold = p.frontend.group_hold_seconds
+        problems.append(
+            Problem(f"{path}.frontend.groupHoldSeconds", f"{rules.MSG_GROUP_HOLD_ROUTING} (it is {hold:g})")
+        )
     for role in ROLES:
         block = p.prefill if role == Role.PREFILL else p.decode
         if block is not None:

@@ -18,6 +18,8 @@ Example::
     tokenize: true
     tokenizeShadowRate: 0.01
     tokenContinuity: true      # splice the ids NeMo-Gym echoes back (drs_protocol.token_prefix)
+    groupRouting: true         # new conversations placed by their opening (GRPO siblings together)
+    groupHoldSeconds: 30       # siblings wait for their group's first context leg at most this long
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ DEFAULT_PORT: Final = 8300
 DEFAULT_MAX_SESSIONS: Final = 100_000
 DEFAULT_AFFINITY_LOAD_FACTOR: Final = 1.25
 DEFAULT_PREFIX_MATCH_RATIO: Final = 0.75
+#: A sibling waits at most this long for its group's first context leg (groupHoldSeconds), and never
+#: longer than the bound (a hold past the context timeout's default would outlive the leg it waits for).
+DEFAULT_GROUP_HOLD_SECONDS: Final = 30.0
+MAX_GROUP_HOLD_SECONDS: Final = 600.0
 #: The sim engine's block size; the operator renders the engines' own (EngineConfig.tokens_per_block).
 DEFAULT_PREFIX_BLOCK_TOKENS: Final = SIM_DEFAULT_TOKENS_PER_BLOCK
 
@@ -148,7 +154,10 @@ class FrontendConfig(_Model):
         default=DEFAULT_MAX_SESSIONS, ge=1, description="conversations the ctx router remembers (LRU)"
     )
     affinity_load_factor: float = Field(
-        default=DEFAULT_AFFINITY_LOAD_FACTOR, ge=1.0, description="bounded-load c for new conversations"
+        default=DEFAULT_AFFINITY_LOAD_FACTOR,
+        ge=1.0,
+        description="bounded-load c for new conversations without an opening (completions) and for following a "
+        "prefix without an id (a conversation with an opening goes to its opening's first engine, whatever the load)",
     )
     group_routing: bool = Field(
         default=True,
@@ -157,8 +166,9 @@ class FrontendConfig(_Model):
         "off: by rendezvous over the conversation id",
     )
     group_hold_seconds: float = Field(
-        default=30.0,
+        default=DEFAULT_GROUP_HOLD_SECONDS,
         ge=0,
+        le=MAX_GROUP_HOLD_SECONDS,
         description="a first turn whose opening's first turn is in its context leg here waits for it at most "
         "this long, then reads its prompt from the cache (0: no holding)",
     )

@@ -158,6 +158,11 @@ REJECTED = [
         _all(_set("network.hostNetwork", True), _set("frontend.standby", True)),
         rules.MSG_STANDBY_HOST_NETWORK,
     ),
+    (
+        "a sibling hold without group routing",
+        _all(_set("frontend.groupRouting", False), _set("frontend.groupHoldSeconds", 5)),
+        rules.MSG_GROUP_HOLD_ROUTING,
+    ),
 ]
 
 
@@ -190,11 +195,17 @@ def test_every_cel_rule_is_exercised_here() -> None:
         (_set("engine.sim", {"speed": -1}), "spec.engine.sim.speed"),
         (_set("engine.sim", {"sped": 1}), "sped"),
         (_set("engine.torch", {"kvTransport": "nvlink"}), "spec.engine.torch.kvTransport"),
+        (_set("frontend.groupHoldSeconds", 601), "spec.frontend.groupHoldSeconds"),
+        (_set("frontend.groupHoldSeconds", -1), "spec.frontend.groupHoldSeconds"),
+        (_set("frontend.groupRouting", "yes"), "spec.frontend.groupRouting"),
     ],
     ids=[
         "rejects a negative engine.sim.speed",
         "rejects an unknown engine.sim field",
         "rejects an unknown kvTransport",
+        "rejects a sibling hold over 600 s",
+        "rejects a negative sibling hold",
+        "rejects a groupRouting that is not a boolean",
     ],
 )
 def test_the_backend_options_are_typed_by_the_schema(
@@ -253,3 +264,16 @@ def test_status_scale_and_printer_columns(devcluster: RunningCluster, crd: None,
     devcluster.kubectl("scale", "drs", "live", "-n", namespace, "--replicas=3")
     scaled = json.loads(devcluster.kubectl("get", "drs", "live", "-n", namespace, "-o", "json").stdout)
     assert scaled["spec"]["replicas"] == 3
+
+
+def test_group_routing_is_defaulted_and_a_hold_with_it_accepted(
+    devcluster: RunningCluster, crd: None, namespace: str
+) -> None:
+    out = apply(devcluster, namespace, mutate(_set("frontend.groupHoldSeconds", 2.5)))
+    assert out.returncode == 0, out.stderr
+    frontend = json.loads(out.stdout)["spec"]["frontend"]
+    assert frontend["groupRouting"] is True and frontend["groupHoldSeconds"] == 2.5
+    off = apply(
+        devcluster, namespace, mutate(_all(_set("frontend.groupRouting", False), _set("frontend.groupHoldSeconds", 0)))
+    )
+    assert off.returncode == 0, off.stderr

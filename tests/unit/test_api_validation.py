@@ -177,6 +177,14 @@ CASES = [
         "spec.frontend.standby",
         rules.MSG_STANDBY_HOST_NETWORK,
     ),
+    (
+        "a sibling hold without group routing",
+        {"frontend": {"groupRouting": False, "groupHoldSeconds": 5}},
+        (),
+        "drs",
+        "spec.frontend.groupHoldSeconds",
+        rules.MSG_GROUP_HOLD_ROUTING,
+    ),
     ("a name longer than 40 characters", {}, (), "a" * 41, "metadata.name", rules.MSG_NAME),
     ("a name with a dot", {}, (), "a.b", "metadata.name", rules.MSG_NAME),
     (
@@ -233,6 +241,17 @@ def test_each_rule_is_reported_at_its_field_path(
 ) -> None:
     problems = problems_of(manifest(overlay, drop, name))
     assert any(p.path == path and p.message.startswith(message) for p in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("frontend", "words"),
+    [({"groupHoldSeconds": 601}, "600"), ({"groupHoldSeconds": -1}, "0"), ({"groupRouting": "sometimes"}, "bool")],
+    ids=["a sibling hold over 600 s", "a negative sibling hold", "a groupRouting that is not a boolean"],
+)
+def test_the_group_routing_fields_are_bounded_and_typed(frontend: dict[str, Any], words: str) -> None:
+    problems = problems_of(manifest({"frontend": frontend}, (), "drs"))
+    field = next(iter(frontend))
+    assert any(p.path == f"spec.frontend.{field}" and words in p.message for p in problems), problems
 
 
 def test_every_cel_rule_has_a_python_twin_exercised_above() -> None:

@@ -181,6 +181,32 @@ def test_token_continuity_is_rendered_into_a_frontend_config_the_frontend_accept
     assert config.token_continuity is (continuity is None)
 
 
+@pytest.mark.parametrize(
+    ("frontend", "routing", "hold"),
+    [
+        ({}, True, 30.0),
+        ({"groupRouting": False}, False, 0.0),
+        ({"groupHoldSeconds": 2.5}, True, 2.5),
+        ({"groupHoldSeconds": 0}, True, 0.0),
+        ({"groupRouting": False, "groupHoldSeconds": 0}, False, 0.0),
+    ],
+    ids=["default", "off", "a shorter hold", "no holding", "off with no holding"],
+)
+def test_group_routing_is_rendered_into_a_frontend_config_the_frontend_accepts(
+    frontend: dict[str, Any], routing: bool, hold: float
+) -> None:
+    from drs_frontend.config import FrontendConfig
+    from drs_frontend.routing.factory import build_ctx_router
+
+    _, _, children = build(spec(frontend=frontend), nodes_from_manifests(build_nodes("hgx", 2)))
+    rendered = json.loads(children.replicas[0].frontend_config["data"][CONFIG_KEY])
+    assert (rendered["groupRouting"], rendered["groupHoldSeconds"]) == (routing, hold)
+    config = FrontendConfig.model_validate({**rendered, "port": 8300, "node_id": 0})
+    assert (config.group_routing, config.group_hold_seconds) == (routing, hold)
+    router = build_ctx_router(config)
+    assert getattr(router, "groups", None) is routing
+
+
 def test_engines_and_frontends_run_restricted_with_a_scratch_emptydir() -> None:
     """Non-root (the images' uid), read-only root filesystem, no capabilities, RuntimeDefault
     seccomp, /tmp an emptyDir; a real kubelet enforces it (tests/realnodes)."""

@@ -15,7 +15,9 @@ class Reason(StrEnum):
 
     STICKY = "sticky"  #: the conversation's pinned engine
     REPINNED = "repinned"  #: the conversation was pinned to an engine that is now unavailable
-    RENDEZVOUS = "rendezvous"  #: a new conversation: first engine in HRW order under the load bound
+    RENDEZVOUS = (
+        "rendezvous"  #: a new conversation: first engine in HRW order (under the load bound without an opening)
+    )
     GROUP = "group"  #: a new conversation whose opening this frontend placed already: the group's engine
     PREFIX = "prefix"  #: no conversation id; the engine that holds most of this prompt
     LEAST_LOADED = "least_loaded"
@@ -26,10 +28,9 @@ class Sibling(StrEnum):
     """Where a new conversation went relative to its group (the ``placed`` label of
     ``drs_frontend_group_siblings_total``)."""
 
-    FIRST = "first"  #: the first of its opening here: it placed the group on its first engine
-    MOVED = "moved"  #: the first, placed off its first engine by a bound (a restarted frontend looks there)
+    FIRST = "first"  #: the first of its opening here: it placed the group (on its first engine)
     WITH_GROUP = "with_group"  #: on the engine its group was placed on
-    APART = "apart"  #: elsewhere (that engine was over the load bound, or gone)
+    APART = "apart"  #: elsewhere: the pool changed since (the group's engine gone, or another one first now)
 
 
 @dataclass(frozen=True, slots=True)

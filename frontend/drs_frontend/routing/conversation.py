@@ -6,31 +6,21 @@ In order:
    engine is a candidate. The pin table is an LRU bounded by ``max_sessions``.
 2. An explicit id not seen before (or whose engine is gone: ``REPINNED``) is placed by its
    *opening* (:mod:`.groups`: the tools and the messages before the first assistant message), so
-   the siblings of a GRPO group, each its own session, land on one engine and its prompt is
-   prefilled once (the relay holds siblings until the first one's context leg is done):
-
-   * an opening this frontend placed already (``GROUP``) goes to that engine first;
-   * else the engines in rendezvous order of the opening's key (:mod:`.rendezvous`);
-
-   walking that order, the first engine within both bounds is taken: its *expected finish*
-   (prompt tokens pending there from this frontend, :attr:`Candidate.pending`, plus what this
-   prompt would compute there: little where its opening is cached, all of it elsewhere) within
-   ``c`` times the mean expected finish over the candidates, or within two of this prompt's
-   prefills (an engine with one prompt ahead may always take another), and, for an opening new to the
-   engine, its groups (openings placed, counting this one) within ``c`` times their mean
-   (:func:`.rendezvous.share_bound`, but at least :data:`GROUPS_FLOOR`; a group of one is a
-   session, as before). The walk always
-   ends within the first bound (the engine of least expected finish is at or below the mean);
-   when no engine passes both, the one least over them is taken.
+   the siblings of a GRPO group, each its own session, land on one engine: it goes to the first engine in rendezvous order of the opening's key (:mod:`.rendezvous`),
+   whatever the load (``GROUP`` where this frontend placed the opening already, else
+   ``RENDEZVOUS``). A burst of siblings costs that engine one prefill of the prompt (the relay
+   holds siblings until the first one's context leg is done, then they read it from the cache),
+   so a hot prompt is one prompt's work wherever its siblings go; what differs between engines is
+   how many openings rendezvous gives each, which spreads as the openings do.
 
    Why later turns find their engine without shared state: every later turn starts with the
    same opening, so a frontend that has no pin for the conversation (restarted, or another
-   frontend of the replica) computes the same key and the same rendezvous order, and takes the
-   same first engine unless the bounds moved the group when it was placed (an engine that was
-   then over ``c`` times the mean): at rest, placement is a pure function of the request and the
-   replica's prefill pool. Such a later turn (an unknown id, an opening followed by an assistant
-   message) takes that first engine whatever the bounds, as a pinned turn goes to its pin: the
-   bounds would only move it away from where its conversation most likely is.
+   frontend of the replica) computes the same key and the same rendezvous order and takes the
+   same first engine. The placement reads only the request and the replica's prefill pool, never
+   this frontend's load (pending work, in-flight counts, groups placed): a load bound would move
+   a group on one frontend and not on the next, and a restarted frontend would look for it where
+   it is not (bench/grpo.py, M = 4: later-turn affinity 0.953 across a restart with the work
+   bound, 1.000 without). Only a change of the pool (an engine gone or added) moves a group.
    Without an opening (completions), rendezvous over the id, with the in-flight and pinned
    sessions bounds of before.
 3. No id: the engine that saw the longest prefix of the prompt (block hashes, :mod:`.prefix`,
@@ -71,14 +61,6 @@ class _Pin:
     tokens: int  #: the last turn's prompt tokens (the frontend's ids, else estimated from its text)
     messages: int  #: its messages, and their characters: the next turn counts only what follows
     chars: int
-
-
-#: Openings an engine may always hold, whatever the mean: the groups bound binds from 5 openings
-#: on an engine. Below that the counts are too small for the bound to balance anything (a step of
-#: 8 prompts over 4 engines puts 4 on one engine in 1 run of 10 by rendezvous alone), and each
-#: group it moved is a group that another frontend of the replica, seeing the openings in another
-#: order, places elsewhere, and that a restarted frontend looks for on its first engine.
-GROUPS_FLOOR = 4.0
 
 
 class ConversationRouter:
@@ -202,43 +184,22 @@ class ConversationRouter:
     def _place_by_opening(
         self, opening: Opening, request: RouteRequest, size: int, candidates: Sequence[Candidate], reason: Reason
     ) -> Decision:
+        """The first engine in rendezvous order of the opening's key, whatever the load: the one
+        rule a restarted frontend, or another frontend of the replica, applies to a later turn."""
         urls = [c.url for c in candidates]
         known = self._openings.get(opening.key)
-        if known not in urls:
-            known = None
-        order = hrw_order(opening.key, urls)
-        if known is not None:
-            order.remove(known)
-            order.insert(0, known)
+        url = hrw_order(opening.key, urls)[0]
         held = size - 1 if opening.first_turn else min(size - 1, size * opening.chars // self._chars(request))
-        cost = {u: max(1, size - held) if u == known else size for u in urls}
-        finish = {c.url: c.pending + cost[c.url] for c in candidates}
-        n, c = len(urls), self.load_factor
-        # counted after this one; at least GROUPS_FLOOR, so the first few openings are not spread
-        # by the order they came in (which another frontend, or a restarted one, does not share)
-        groups = max(GROUPS_FLOOR, share_bound(sum(self.groups_on(u) for u in urls), n, c))
-
-        def new_groups(url: str) -> int:
-            return self.groups_on(url) + (url != known)
-
-        # an engine with at most one prompt's worth ahead of this one may always take it, as the
-        # in-flight bound lets an engine with one request in flight take another
-        work = max(c * sum(finish.values()) / n, 2.0 * size)
-        if opening.first_turn or reason is not Reason.RENDEZVOUS:
-            url = bounded_pick(order, [(finish.__getitem__, work), (new_groups, groups)])
-        else:  # a later turn this frontend never saw: where its conversation is at rest, as a pin
-            url = order[0]
-        if known is None:
-            self._record_opening(opening.key, url)
-        if url == known:
-            reason = Reason.GROUP
+        cost = max(1, size - held) if url == known else size
         sibling = None
         if opening.first_turn and reason in (Reason.RENDEZVOUS, Reason.GROUP):
-            if known is None:
-                sibling = Sibling.FIRST if url == order[0] else Sibling.MOVED
-            else:
-                sibling = Sibling.WITH_GROUP if url == known else Sibling.APART
-        return Decision(url, reason, cost=cost[url], sibling=sibling)
+            # apart: the pool changed since the group was placed (its engine gone, or one added first)
+            sibling = Sibling.FIRST if known is None else Sibling.WITH_GROUP if url == known else Sibling.APART
+        if url != known:
+            self._record_opening(opening.key, url)
+        else:
+            reason = Reason.GROUP
+        return Decision(url, reason, cost=cost, sibling=sibling)
 
     def _record_opening(self, key: str, url: str) -> None:
         old = self._openings.pop(key, None)

@@ -181,6 +181,8 @@ class Phase(StrEnum):
 DEFAULT_BASE_PORT: Final = frontend_config.DEFAULT_PORT
 DEFAULT_ENGINE_PORT: Final = engine_config.DEFAULT_PORT
 DEFAULT_MAX_SESSIONS: Final = frontend_config.DEFAULT_MAX_SESSIONS
+DEFAULT_GROUP_HOLD_SECONDS: Final = frontend_config.DEFAULT_GROUP_HOLD_SECONDS
+MAX_GROUP_HOLD_SECONDS: Final = frontend_config.MAX_GROUP_HOLD_SECONDS
 DEFAULT_MODEL_MOUNT_PATH: Final = "/models"
 #: The project's images (the engine image adds TensorRT-LLM to the same Python package).
 DEFAULT_ENGINE_IMAGE: Final = "ghcr.io/disagg-dev/drs-engine:0.1.0"

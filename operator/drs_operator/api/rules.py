@@ -84,6 +84,10 @@ MSG_STANDBY_HOST_NETWORK: Final = (
     "frontend.standby needs pod networking: on the host network (network.hostNetwork) a second process "
     "cannot listen on the frontend's node port"
 )
+MSG_GROUP_HOLD_ROUTING: Final = (
+    "frontend.groupHoldSeconds holds a GRPO group's siblings for its first context leg, which only group "
+    "routing places together: with frontend.groupRouting false, leave groupHoldSeconds unset or 0"
+)
 MSG_NAME: Final = (
     "metadata.name must be a DNS label (lowercase letters, digits and '-', starting with a letter) "
     f"of at most {MAX_NAME_LENGTH} characters, so that every child name fits in 63"
@@ -158,6 +162,12 @@ SPEC_RULES: Final = (
         " || !has(self.network) || !has(self.network.hostNetwork) || !self.network.hostNetwork",
         MSG_STANDBY_HOST_NETWORK,
         ".frontend.standby",
+    ),
+    CelRule(
+        "!has(self.frontend.groupHoldSeconds) || self.frontend.groupHoldSeconds == 0.0"
+        " || !has(self.frontend.groupRouting) || self.frontend.groupRouting",
+        MSG_GROUP_HOLD_ROUTING,
+        ".frontend.groupHoldSeconds",
     ),
 )
 

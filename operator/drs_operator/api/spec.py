@@ -26,12 +26,14 @@ from drs_operator.api.constants import (
     DEFAULT_ENGINE_IMAGE,
     DEFAULT_ENGINE_PORT,
     DEFAULT_FRONTEND_IMAGE,
+    DEFAULT_GROUP_HOLD_SECONDS,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MODEL_MOUNT_PATH,
     DEFAULT_NOT_READY_TOLERATION_S,
     DEFAULT_SEGMENT_LABEL,
     MAX_ENGINES_PER_ROLE,
     MAX_FRONTENDS,
+    MAX_GROUP_HOLD_SECONDS,
     MAX_PORT,
     MAX_TENSOR_PARALLEL,
     MIN_PORT,
@@ -208,6 +210,25 @@ class FrontendSpec(SpecModel):
             "this long for one before it fails with 503."
         ),
     )
+    group_routing: bool = Field(
+        True,
+        description=(
+            "Place a new conversation by its opening (its tools and messages before the first assistant message) "
+            "on the first prefill engine in rendezvous order of the opening's key, so the siblings of a GRPO "
+            "group share one engine and its prompt is prefilled once, and a restarted or other frontend sends "
+            "every later turn to that engine (docs/grpo-routing.md). Off: by rendezvous over the conversation id."
+        ),
+    )
+    group_hold_seconds: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_GROUP_HOLD_SECONDS,
+        description=(
+            "A first turn whose opening's first turn is in its context leg on the same frontend waits for it at "
+            "most this long, then reads its prompt from the prefix cache (0: no holding). Unset: "
+            f"{DEFAULT_GROUP_HOLD_SECONDS:g} with groupRouting, 0 without; set above 0 it needs groupRouting."
+        ),
+    )
     standby: bool = Field(
         False,
         description=(
@@ -215,6 +236,12 @@ class FrontendSpec(SpecModel):
             "1) behind the same Service, so a killed frontend pod leaves its URL served. Needs pod networking."
         ),
     )
+
+    def group_hold(self) -> float:
+        """The seconds a sibling is held for its group's first context leg (groupHoldSeconds, defaulted)."""
+        if self.group_hold_seconds is not None:
+            return self.group_hold_seconds
+        return DEFAULT_GROUP_HOLD_SECONDS if self.group_routing else 0.0
 
 
 class RouterSpec(SpecModel):

@@ -115,6 +115,8 @@ def build_frontend_config(
         "tokenize": spec.frontend.tokenize,
         "tokenize_shadow_rate": spec.frontend.tokenize_shadow_rate,
         "token_continuity": spec.frontend.token_continuity,
+        "group_routing": spec.frontend.group_routing,
+        "group_hold_seconds": spec.frontend.group_hold(),
         # prefix routing hashes blocks as the prefill engines cache them (one source: their config)
         "prefix_block_tokens": build_engine_config(spec, plan, Role.PREFILL).tokens_per_block(),
         "limits": {
