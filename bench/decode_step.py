@@ -54,7 +54,7 @@ def _copy_gbps() -> float:
         dst.copy_(src)
     ended.record()
     ended.synchronize()
-    return 2 * 10 * (1 << 30) / (began.elapsed_time(ended) / 1000) / 1e9
+    return float(2 * 10 * (1 << 30) / (began.elapsed_time(ended) / 1000) / 1e9)
 
 
 def main() -> dict[str, Any]:

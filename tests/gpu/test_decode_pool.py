@@ -100,7 +100,8 @@ def test_the_pooled_step_equals_the_eager_step_across_joins_leaves_and_a_sequenc
         shape, slots=4, slot_tokens=40, cuda_graphs=True, device=torch.device("cpu"), dtype=torch.float32
     )
     lengths = (5, 33, 17, 9)
-    pooled, eager = [], []
+    pooled: list[Any] = []
+    eager: list[Any] = []
     for n in lengths:
         for out in (pooled, eager):
             kv = new_kv(shape, 64, device="cpu", dtype=torch.float32)
