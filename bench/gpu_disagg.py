@@ -306,16 +306,31 @@ async def main() -> dict[str, Any]:
     }
 
 
-async def decode_only() -> dict[str, Any]:
-    """``--decode-only``: our decode sweep alone (one engine), for a quick figure after a change."""
+async def decode_only(rounds: int, anchor_too: bool) -> dict[str, Any]:
+    """``--decode-only [--anchor] [--rounds N]``: our decode sweep alone (one engine), and with
+    ``--anchor`` the same-run transformers anchor, memory floor and ratios: fits one device call."""
+    from drs_engine.backends.torch.model import SIZES, expected_shapes
+
+    rates: dict[str, Any] = {}
+    anchor: dict[str, Any] = {}
+    floor: dict[str, Any] = {}
+    if anchor_too:
+        base = round(baseline_gbps(1 << 30), 1)
+        weight_bytes = 2 * sum(math.prod(s) for s in expected_shapes(SIZES[MODEL.removeprefix("random:")]).values())
+        floor = decode_rates.memory_floor(weight_bytes, base)
+        anchor = decode_rates.transformers_anchor(MODEL, (1, 8, 32), rounds=rounds)
+        torch.cuda.empty_cache()
     async with (
         procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, cacheCapacityTokens=0)) as p,
         httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
     ):
-        decode = await decode_sweep(client, p, rounds=2)
+        decode = await decode_sweep(client, p, rounds=rounds)
+        pool = (await client.get(p + routes.SERVER_INFO)).json()["engine"]["decode_batching"]["pool"]
+    if anchor_too:
+        rates = decode_ratios(decode, anchor, floor)
     return {
-        "bench": "gpu_disagg --decode-only",
-        "rounds": 2,
+        "bench": "gpu_disagg --decode-only" + (" --anchor" if anchor_too else ""),
+        "rounds": rounds,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
@@ -324,9 +339,26 @@ async def decode_only() -> dict[str, Any]:
             "prompt_tokens": decode_rates.PROMPT_TOKENS,
             "new_tokens": decode_rates.NEW_TOKENS,
             "drs_torch": decode,
+            "pool": pool,
+            "transformers_static": anchor,
+            "memory_floor": floor,
+            "ratios": rates,
         },
+        "targets": {
+            "decode_1_stream_ge_1.5x_transformers_static": rates.get("1_over_transformers_static", 0) >= 1.5,
+            "decode_32_streams_ge_1.2x_transformers_static": rates.get("32_over_transformers_static", 0) >= 1.2,
+            "decode_64_random_arrival_ge_1.2x_32_streams": rates.get("64_random_over_32", 0) >= 1.2,
+        }
+        if anchor_too
+        else {},
     }
 
 
+def _flag_value(name: str, default: int) -> int:
+    return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
+
+
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(decode_only() if "--decode-only" in sys.argv else main())), flush=True)
+    only = "--decode-only" in sys.argv
+    run = decode_only(_flag_value("--rounds", 2), "--anchor" in sys.argv) if only else main()
+    print(json.dumps(asyncio.run(run)), flush=True)

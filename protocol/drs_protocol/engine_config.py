@@ -132,6 +132,15 @@ class TorchSpec(ConfigModel):
     kv_store_ttl_seconds: float = Field(default=120.0, gt=0.0, description="Unfetched context KVs expire after.")
     max_decode_batch: int = Field(default=64, ge=1, description="Sequences in one batched decode step.")
     decode_growth_tokens: int = Field(default=256, ge=1, description="KV capacity added at a time while decoding.")
+    decode_slot_tokens: int = Field(
+        default=2048,
+        ge=1,
+        description=(
+            "Tokens of KV per slot of the decode pool (maxDecodeBatch slots, preallocated on the GPU); a longer "
+            "sequence decodes outside the pool, without CUDA graphs."
+        ),
+    )
+    cuda_graphs: bool = Field(default=True, description="Replay the pooled decode step as CUDA graphs (on CUDA).")
     kv_handoff_arena_bytes: int = Field(
         default=8 << 30,
         ge=0,

@@ -3,7 +3,10 @@
 
 :class:`DecodeBatcher` keeps the sequences that are decoding and runs
 one step for all of them at a time (up to ``max_batch``): a request that arrives mid-way joins
-the next step, and one that finishes (or whose client leaves) drops out before the next.
+the next step, and one that finishes (or whose client leaves) drops out before the next. A
+sequence that leaves is handed to the next step's job as *leaving* (the step gives its decode
+pool slot back, its KV copied out: :class:`~drs_engine.backends.torch.decoder.BatchDecoder`),
+and its ``released`` event is set once that job ran, so the engine caches its KV only after.
 Choosing the token is :func:`~drs_engine.backends.torch.sampling.choose_tokens`.
 """
 
@@ -42,23 +45,25 @@ class DecodeSeq:
     grow_to: int = 0
     queue: asyncio.Queue[Choice | BaseException | None] = field(default_factory=asyncio.Queue)
     finish: tuple[str | None, int | str | None] = (None, None)
+    #: ``kv`` is a slot of the decode pool (set on the GPU thread)
+    pooled: bool = False
+    #: set once the sequence left the batcher and gave its slot back (``kv`` its own again)
+    released: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-#: (kvs, tokens, positions) → logits; the batcher's view of the model
-StepFn = Callable[[list[Any], list[int], list[int]], Any]
+#: (batch, leaving) → logits ``[len(batch), vocab]``; the batcher's view of the model
+StepFn = Callable[[list[DecodeSeq], list[DecodeSeq]], Any]
 
 
 class DecodeBatcher:
     """Runs decode steps for every active sequence, batched, on the GPU worker."""
 
-    def __init__(
-        self, worker: GpuWorker, step: StepFn, prepare: Callable[[DecodeSeq], None], *, max_batch: int
-    ) -> None:
+    def __init__(self, worker: GpuWorker, step: StepFn, *, max_batch: int) -> None:
         self._worker = worker
         self._step = step
-        self._prepare = prepare
         self.max_batch = max_batch
         self._active: list[DecodeSeq] = []
+        self._leaving: list[DecodeSeq] = []
         self._task: asyncio.Task[None] | None = None
         self.steps = 0
         self.tokens = 0
@@ -69,17 +74,26 @@ class DecodeBatcher:
 
     def add(self, seq: DecodeSeq) -> None:
         self._active.append(seq)
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._loop(), name="drs-decode-batcher")
+        self._kick()
 
     def remove(self, seq: DecodeSeq) -> None:
+        """``seq`` steps no more; the next step's job releases it (``seq.released``)."""
         with contextlib.suppress(ValueError):
             self._active.remove(seq)
+            self._leaving.append(seq)
+            self._kick()
+
+    def _kick(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._loop(), name="drs-decode-batcher")
 
     def fail_all(self, exc: BaseException) -> None:
         for seq in self._active:
             seq.queue.put_nowait(exc)
+        for seq in self._active + self._leaving:
+            seq.released.set()
         self._active.clear()
+        self._leaving.clear()
 
     async def _loop(self) -> None:
         try:
@@ -89,15 +103,19 @@ class DecodeBatcher:
             raise
 
     async def _steps(self) -> None:
-        while self._active:
+        while self._active or self._leaving:
             batch = self._active[: self.max_batch]
+            leaving, self._leaving = self._leaving, []
             try:
-                choices = await self._worker.run(self._run_step, batch)
+                choices = await self._worker.run(self._run_step, batch, leaving)
             except Exception as exc:
                 for seq in batch:
                     self.remove(seq)
                     seq.queue.put_nowait(exc)
                 continue
+            finally:
+                for seq in leaving:
+                    seq.released.set()
             self.steps += 1
             self.tokens += len(batch)
             for seq, choice in zip(batch, choices, strict=True):
@@ -112,10 +130,10 @@ class DecodeBatcher:
                     self.remove(seq)
                     seq.queue.put_nowait(None)
 
-    def _run_step(self, batch: list[DecodeSeq]) -> list[Choice]:
-        for seq in batch:  # room for one more token; KV recomputed if the weights changed
-            self._prepare(seq)
-        logits = self._step([s.kv for s in batch], [s.next_token for s in batch], [s.length for s in batch])
+    def _run_step(self, batch: list[DecodeSeq], leaving: list[DecodeSeq]) -> list[Choice]:
+        logits = self._step(batch, leaving)
+        if not batch:
+            return []
         banned = [s.banned(len(s.generated)) for s in batch]
         choices: list[Choice] = choose_tokens(logits, [s.sampling for s in batch], banned)
         return choices

@@ -6,7 +6,9 @@ components, each with its own state, and supplies the steps of
 :func:`drs_engine.backends.leg.run_leg`:
 
 - the model runner (:mod:`.runner`): prefill, and decode steps of concurrent requests batched
-  (:mod:`.batching`), all on one GPU thread (:mod:`.worker`), tokens picked by :mod:`.sampling`;
+  (:mod:`.batching`) in a preallocated decode pool replayed as CUDA graphs (:mod:`.decoder`,
+  :mod:`.pooled`, :mod:`.graphs`), all on one GPU thread (:mod:`.worker`), tokens picked by
+  :mod:`.sampling`;
 - the KV store (:mod:`.kv`): a real block prefix cache (a prompt's full blocks keyed by chained
   hashes seeded with the weights; a hit copies the cached KV instead of recomputing it);
 - the handoff (:mod:`.handoff`): a context-only leg leaves its KV on the GPU; the decode engine
@@ -156,6 +158,7 @@ class TorchBackend(EngineBackend):
                 "steps": b.steps,
                 "tokens": b.tokens,
                 "mean_batch": round(b.tokens / b.steps, 3) if b.steps else None,
+                "pool": self._runner.decoder.info(),
             },
             "refit_group": self._weights.group_info(),
             "last_refit": self._weights.last_refit,
@@ -225,7 +228,9 @@ class TorchBackend(EngineBackend):
                     yield token_step(item, leg)
             finally:
                 runner.batcher.remove(seq)
-        if leg.request_type is RequestType.CONTEXT_AND_GENERATION and seed == self._weights.seed:
+            await seq.released.wait()  # out of the decode pool: its KV is its own again
+        cache = not seq.pooled and seed == self._weights.seed
+        if leg.request_type is RequestType.CONTEXT_AND_GENERATION and cache:
             computed = (leg.prompt_token_ids + seq.generated)[: seq.length]
             self._kv.remember(seed, computed, seq.kv, len(leg.prompt_token_ids) // self._kv.tokens_per_block)
         finish, stop_reason = seq.finish
@@ -289,6 +294,7 @@ class TorchBackend(EngineBackend):
             dropped_blocks = self._kv.reset()
             dropped_states = await self._handoff.clear()
             self._runner.batcher.fail_all(EngineError("the engine released its KV cache (sleep)"))
+            await self._worker.run(self._runner.free_pool)
         if "model" in released:
             await self._weights.offload()
         after = await self._worker.run(device_memory.empty_cache, self._device)

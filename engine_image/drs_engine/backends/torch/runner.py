@@ -2,10 +2,11 @@
 
 :class:`ModelRunner` runs a prompt's prefill (after the cached prefix blocks copied into the new
 sequence's KV; into a handoff-arena region when the context is to be handed over), and the
-batched decode steps of :class:`~drs_engine.backends.torch.batching.DecodeBatcher`. Before each
-step a sequence gets room for one more token, and KV computed under other weights is recomputed
-(refit safety, :func:`~drs_engine.backends.base.restate_after_refit`). The weights are read
-through :class:`~drs_engine.backends.torch.weights.manager.WeightsManager`.
+batched decode steps of :class:`~drs_engine.backends.torch.batching.DecodeBatcher` through
+:class:`~drs_engine.backends.torch.decoder.BatchDecoder` (the decode pool and its CUDA graphs).
+Before each step a sequence outside the pool gets room for one more token, and KV computed under
+other weights is recomputed (refit safety, :func:`~drs_engine.backends.base.restate_after_refit`).
+The weights are read through :class:`~drs_engine.backends.torch.weights.manager.WeightsManager`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from drs_protocol.engine_config import TorchSpec
 
 from drs_engine.backends.base import LegRequest, finish_after, restate_after_refit
 from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq
+from drs_engine.backends.torch.decoder import BatchDecoder
 from drs_engine.backends.torch.kv.arena import KvArena
 from drs_engine.backends.torch.kv.prefix import CopyRun
 from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv, prefill
@@ -66,7 +68,15 @@ class ModelRunner:
         self._eos_token_id = eos_token_id
         self._vocab_limit = vocab_limit
         self._bans: BanMasks | None = None
-        self.batcher = DecodeBatcher(worker, self._step, self._prepare, max_batch=spec.max_decode_batch)
+        self.decoder = BatchDecoder(
+            shape,
+            slots=spec.max_decode_batch,
+            slot_tokens=spec.decode_slot_tokens,
+            cuda_graphs=spec.cuda_graphs,
+            device=device,
+            dtype=dtype,
+        )
+        self.batcher = DecodeBatcher(worker, self._step, max_batch=spec.max_decode_batch)
 
     async def start(self, tokens_per_block: int) -> None:
         """The banned-id masks, made on the device (by the GPU thread), then every path a request
@@ -100,8 +110,23 @@ class ModelRunner:
             choose_tokens(logits[None], [greedy], [mask])
             step = decode_step(self._weights.params, self._shape, [ids[-1], ids[-1]], [cold, hit], [n, n])
             choose_tokens(step, [greedy, greedy], [mask, mask])
+            self._warm_pool(cold, n, ids[-1])
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
+
+    def _warm_pool(self, kv: Any, n: int, token: int) -> None:
+        """The decode pool allocated and its smallest graphs captured (1 and 2 rows), through the
+        real step with throwaway sequences that then leave."""
+        if not self.decoder.pool.fits(n):
+            return
+        greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0)
+        seqs = [
+            DecodeSeq(kv, n, token, greedy, [token], check=lambda _: (None, None), banned=lambda _: None)
+            for _ in range(2)
+        ]
+        self._step(seqs[:1], [])
+        self._step(seqs, [])
+        self._step([], seqs)
 
     def decode_capacity(self, leg: LegRequest) -> int:
         """KV capacity of a sequence that decodes here (grown by ``decodeGrowthTokens`` as it goes)."""
@@ -178,20 +203,32 @@ class ModelRunner:
 
     # ---- on the GPU thread -----------------------------------------------------------------
 
-    def _step(self, kvs: list[Any], tokens: list[int], positions: list[int]) -> Any:
-        return decode_step(self._weights.params, self._shape, tokens, kvs, positions)
+    def _step(self, batch: list[DecodeSeq], leaving: list[DecodeSeq]) -> Any:
+        """One batched step (see :mod:`.decoder`): slots given back and taken, KV made ready, logits."""
+        self.decoder.release(leaving)
+        if not batch:
+            return None
+        self.decoder.seat(batch)
+        for seq in batch:
+            self._prepare(seq)
+        return self.decoder.step(self._weights.params, self._weights.packed, batch)
+
+    def free_pool(self) -> None:
+        """Drop the decode pool and its graphs (sleep: on the GPU thread, after the batch failed)."""
+        self.decoder.free()
 
     def _prepare(self, seq: DecodeSeq) -> None:
-        """Before a step: room for one more token in ``seq``'s KV (grown by ``decodeGrowthTokens``),
-        and, if the weights changed since its KV was computed, that KV recomputed under the new
-        weights (the prompt and the tokens generated so far: refit safety)."""
+        """Before a step: if the weights changed since ``seq``'s KV was computed, that KV recomputed
+        under the new weights (the prompt and the tokens generated so far: refit safety; written
+        into its slot when pooled), and outside the pool room for one more token in its KV (grown
+        by ``decodeGrowthTokens``)."""
         capacity = seq.kv.shape[3]
         if seq.weights_gen != self._weights.gen:
             ids, boundary = restate_after_refit(seq.prompt, seq.generated, seq.length)
-            fresh = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
+            fresh = seq.kv if seq.pooled else new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
             prefill(self._weights.params, self._shape, ids, fresh, 0)
             seq.kv, seq.weights_gen, seq.boundary = fresh, self._weights.gen, boundary
-        if seq.length < capacity:
+        if seq.pooled or seq.length < capacity:
             return
         grown = max(seq.grow_to, capacity + self._spec.decode_growth_tokens)
         bigger = new_kv(self._shape, grown, device=self._device, dtype=self._dtype)

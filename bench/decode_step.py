@@ -1,0 +1,106 @@
+"""The torch backend's decode step alone, in-process (no HTTP, no scheduler): where a step's time goes.
+
+For ``random:0.6b`` in bf16 on one GPU, with every sequence 640 tokens long, per batch size: the
+median milliseconds of the pooled step replayed as a CUDA graph, the same step eager, and the
+per-sequence eager step it replaced (:func:`~drs_engine.backends.torch.model.decode_step`), each
+after warm-up, timed with CUDA events over ``STEPS`` steps, median and spread of ``ROUNDS``
+rounds. Beside them the memory floor: weight bytes plus the batch's KV bytes over the measured
+device-copy rate. Prints one JSON line. Needs a CUDA GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from drs_engine.backends.torch.decoder import BatchDecoder
+from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, random_state_dict
+
+LENGTH = 640
+STEPS = 20
+ROUNDS = 5
+
+
+def _ms(fn: Any) -> dict[str, float]:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(ROUNDS):
+        began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        began.record()
+        for _ in range(STEPS):
+            fn()
+        ended.record()
+        ended.synchronize()
+        times.append(began.elapsed_time(ended) / STEPS)
+    return {"median": round(statistics.median(times), 3), "min": round(min(times), 3), "max": round(max(times), 3)}
+
+
+def _copy_gbps() -> float:
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    began.record()
+    for _ in range(10):
+        dst.copy_(src)
+    ended.record()
+    ended.synchronize()
+    return float(2 * 10 * (1 << 30) / (began.elapsed_time(ended) / 1000) / 1e9)
+
+
+def main() -> dict[str, Any]:
+    from drs_engine.backends.torch.batching import DecodeSeq
+    from drs_engine.backends.torch.sampling import Sampling
+
+    shape, device, dtype = SIZES["0.6b"], torch.device("cuda:0"), torch.bfloat16
+    params = random_state_dict(shape, seed=0, device=device, dtype=dtype)
+    weight_bytes = sum(t.numel() * t.element_size() for t in params.values())
+    gbps = _copy_gbps()
+    greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0)
+    out: dict[str, Any] = {}
+    for batch in (1, 8, 32, 64):
+        row: dict[str, Any] = {}
+        kvs = [new_kv(shape, LENGTH + 1, device=device, dtype=dtype).normal_() for _ in range(batch)]
+        for name, graphs in (("pooled_graph_ms", True), ("pooled_eager_ms", False)):
+            decoder = BatchDecoder(shape, slots=64, slot_tokens=2048, cuda_graphs=graphs, device=device, dtype=dtype)
+            seqs = [
+                DecodeSeq(kv, LENGTH, 1000 + j, greedy, [0], lambda _: (None, None), lambda _: None)
+                for j, kv in enumerate(kvs)
+            ]
+            decoder.seat(seqs)
+            row[name] = _ms(lambda d=decoder, s=seqs: d.step(params, "w", s))
+            decoder.free()
+        row["per_sequence_eager_ms"] = _ms(
+            lambda b=batch, k=kvs: decode_step(params, shape, [1000] * b, k, [LENGTH] * b)
+        )
+        kv_bytes = batch * LENGTH * shape.kv_bytes_per_token(dtype)
+        floor_ms = (weight_bytes + kv_bytes) / (gbps * 1e9) * 1000
+        row["memory_floor_ms"] = round(floor_ms, 3)
+        row["graph_over_floor"] = round(row["pooled_graph_ms"]["median"] / floor_ms, 2)
+        row["graph_tok_s"] = round(batch * 1000 / row["pooled_graph_ms"]["median"], 1)
+        out[str(batch)] = row
+        torch.cuda.empty_cache()
+    return {
+        "bench": "decode_step",
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "model": "random:0.6b bfloat16",
+        "length": LENGTH,
+        "copy_gbps": round(gbps, 1),
+        "weight_bytes": weight_bytes,
+        "batches": out,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()), flush=True)
