@@ -107,8 +107,9 @@ def _write(
 ) -> None:
     if watching and not view.urls:
         if endpoint_file is not None and endpoint_file.exists():
+            # said before the unlink: whoever waits for the file to go may stop this process at once
+            _say(f"{view.namespace}/{view.name} has no URLs (phase {view.phase}): removing {endpoint_file}")
             endpoint_file.unlink()
-            _say(f"{view.namespace}/{view.name} has no URLs (phase {view.phase}): removed {endpoint_file}")
         return
     config = gym_config(
         view,
