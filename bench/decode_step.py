@@ -1,19 +1,23 @@
 """The torch backend's decode step alone, in-process (no HTTP, no scheduler): where a step's time goes.
 
 For ``random:0.6b`` in bf16 on one GPU, with every sequence 640 tokens long, per batch size: the
-median milliseconds of the pooled step replayed as a CUDA graph, the same step eager, and the
+median milliseconds of the pooled step replayed as a CUDA graph (its elementwise chains as they are,
+and fused by inductor: ``compileDecode``), the same step eager, and the
 per-sequence eager step it replaced (:func:`~drs_engine.backends.torch.model.decode_step`), each
 after warm-up, timed with CUDA events over ``STEPS`` steps, median and spread of ``ROUNDS``
-rounds. Beside them the memory floor: weight bytes plus the batch's KV bytes over the measured
+rounds; the first step's seconds (a capture, and the compile for the first batch size), and each
+variant's logits against the eager step's (largest difference, equal greedy picks). Beside them the memory floor: weight bytes plus the batch's KV bytes over the measured
 device-copy rate. Prints one JSON line. Needs a CUDA GPU.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,12 @@ from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, random_s
 LENGTH = 640
 STEPS = 20
 ROUNDS = 5
+#: (result key, CUDA graphs, elementwise chains compiled by inductor)
+VARIANTS = (
+    ("pooled_eager_ms", False, False),
+    ("pooled_graph_ms", True, False),
+    ("pooled_graph_compiled_ms", True, True),
+)
 
 
 def _ms(fn: Any) -> dict[str, float]:
@@ -57,7 +67,7 @@ def _copy_gbps() -> float:
     return float(2 * 10 * (1 << 30) / (began.elapsed_time(ended) / 1000) / 1e9)
 
 
-def main() -> dict[str, Any]:
+def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -> dict[str, Any]:
     from drs_engine.backends.torch.batching import DecodeSeq
     from drs_engine.backends.torch.sampling import Sampling
 
@@ -67,27 +77,42 @@ def main() -> dict[str, Any]:
     gbps = _copy_gbps()
     greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0)
     out: dict[str, Any] = {}
-    for batch in (1, 8, 32, 64):
+    for batch in batches:
         row: dict[str, Any] = {}
         kvs = [new_kv(shape, LENGTH + 1, device=device, dtype=dtype).normal_() for _ in range(batch)]
-        for name, graphs in (("pooled_graph_ms", True), ("pooled_eager_ms", False)):
-            decoder = BatchDecoder(shape, slots=64, slot_tokens=2048, cuda_graphs=graphs, device=device, dtype=dtype)
+        logits: dict[str, Any] = {}
+        for name, graphs, compiled in VARIANTS:
+            decoder = BatchDecoder(
+                shape, slots=64, slot_tokens=2048, cuda_graphs=graphs, compiled=compiled, device=device, dtype=dtype
+            )
             seqs = [
                 DecodeSeq(kv, LENGTH, 1000 + j, greedy, [0], lambda _: (None, None), lambda _: None)
                 for j, kv in enumerate(kvs)
             ]
             decoder.seat(seqs)
+            began = time.monotonic()
+            logits[name] = decoder.step(params, "w", seqs).clone()
+            row[name.replace("_ms", "_first_step_s")] = round(time.monotonic() - began, 2)
             row[name] = _ms(lambda d=decoder, s=seqs: d.step(params, "w", s))
             decoder.free()
-        row["per_sequence_eager_ms"] = _ms(
-            lambda b=batch, k=kvs: decode_step(params, shape, [1000] * b, k, [LENGTH] * b)
-        )
+        base = logits["pooled_eager_ms"]
+        row["max_abs_logit_diff"] = {k: round(float((v - base).abs().max()), 4) for k, v in logits.items()}
+        row["argmax_equal"] = {k: bool(torch.equal(v.argmax(-1), base.argmax(-1))) for k, v in logits.items()}
+        if per_sequence:
+            row["per_sequence_eager_ms"] = _ms(
+                lambda b=batch, k=kvs: decode_step(params, shape, [1000] * b, k, [LENGTH] * b)
+            )
         kv_bytes = batch * LENGTH * shape.kv_bytes_per_token(dtype)
         floor_ms = (weight_bytes + kv_bytes) / (gbps * 1e9) * 1000
         row["memory_floor_ms"] = round(floor_ms, 3)
         row["graph_over_floor"] = round(row["pooled_graph_ms"]["median"] / floor_ms, 2)
-        row["graph_tok_s"] = round(batch * 1000 / row["pooled_graph_ms"]["median"], 1)
+        row["compiled_over_floor"] = round(row["pooled_graph_compiled_ms"]["median"] / floor_ms, 2)
+        row["compiled_over_graph"] = round(
+            row["pooled_graph_compiled_ms"]["median"] / row["pooled_graph_ms"]["median"], 3
+        )
+        row["compiled_tok_s"] = round(batch * 1000 / row["pooled_graph_compiled_ms"]["median"], 1)
         out[str(batch)] = row
+        print(json.dumps({str(batch): row}), file=sys.stderr, flush=True)  # progress
         torch.cuda.empty_cache()
     return {
         "bench": "decode_step",
@@ -103,4 +128,8 @@ def main() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main()), flush=True)
+    cli = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cli.add_argument("--batches", default="1,8,32,64", help="comma-separated batch sizes")
+    cli.add_argument("--no-per-sequence", action="store_true", help="skip the per-sequence eager step")
+    args = cli.parse_args()
+    print(json.dumps(main(tuple(int(b) for b in args.batches.split(",")), not args.no_per_sequence)), flush=True)

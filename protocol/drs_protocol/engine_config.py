@@ -141,6 +141,13 @@ class TorchSpec(ConfigModel):
         ),
     )
     cuda_graphs: bool = Field(default=True, description="Replay the pooled decode step as CUDA graphs (on CUDA).")
+    compile_decode: bool = Field(
+        default=True,
+        description=(
+            "Fuse the pooled decode step's elementwise chains with torch.compile (inductor; on CUDA), compiled "
+            "during the engine's warm-up, before it reports ready."
+        ),
+    )
     kv_handoff_arena_bytes: int = Field(
         default=8 << 30,
         ge=0,

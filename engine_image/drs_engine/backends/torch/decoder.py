@@ -11,7 +11,8 @@ sequence fits, eagerly where it does not.
 3. the pool's holders step together: their tokens and positions go into the pool's static
    buffers and the step's bucket's CUDA graph replays (:mod:`.graphs`); sequences outside the pool
    (longer than a slot, or no slot free) step through
-   :func:`~drs_engine.backends.torch.model.decode_step` in the same call.
+   :func:`~drs_engine.backends.torch.model.decode_step` in the same call. With ``compiled`` (on
+   CUDA) the pooled step's elementwise chains are inductor's fused kernels (:mod:`.fused`).
 
 Logits come back in the batch's order. Before step 3 the runner's ``prepare`` gives an outside
 sequence room for one more token and recomputes any KV computed under other weights (written back
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from drs_engine.backends.torch.batching import DecodeSeq
+from drs_engine.backends.torch.fused import EAGER, StepOps, fused_ops
 from drs_engine.backends.torch.graphs import DecodeGraphs
 from drs_engine.backends.torch.kv.slots import batch_bucket, token_bucket
 from drs_engine.backends.torch.model import ModelShape, decode_step
@@ -44,9 +46,12 @@ class BatchDecoder:
         cuda_graphs: bool,
         device: Any,
         dtype: Any,
+        compiled: bool = False,
     ) -> None:
         self.pool = DecodePool(shape, slots=slots, slot_tokens=slot_tokens, device=device, dtype=dtype)
         self.graphs = DecodeGraphs(device, enabled=cuda_graphs)
+        self.compiled = compiled and device.type == "cuda"
+        self.ops: StepOps = fused_ops() if self.compiled else EAGER
         self.pooled_steps = 0
         self.eager_rows = 0
 
@@ -58,6 +63,7 @@ class BatchDecoder:
             "allocated": self.pool.kv is not None,
             "holders": len(self.pool.table),
             "cuda_graphs": self.graphs.enabled,
+            "compiled": self.compiled,
             "graphs_captured": len(self.graphs),
             "pooled_steps": self.pooled_steps,
             "eager_rows": self.eager_rows,
@@ -136,5 +142,5 @@ class BatchDecoder:
         pool.tokens[:rows].copy_(host[0])
         pool.positions[:rows].copy_(host[1])
         self.pooled_steps += 1
-        run: Callable[[], Any] = lambda: pooled_logits(params, pool, rows, tokens)  # noqa: E731
+        run: Callable[[], Any] = lambda: pooled_logits(params, pool, rows, tokens, self.ops)  # noqa: E731
         return self.graphs.run((rows, tokens), run)

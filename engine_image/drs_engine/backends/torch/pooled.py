@@ -15,7 +15,8 @@ points into a slot that is reused. Which sequence holds which slot is
 (:mod:`.graphs`). Per layer the new K/V are written into the pool at each row's position, and one
 ``scaled_dot_product_attention`` call attends over the rows' first ``tokens`` positions (a strided
 view of the pool, nothing gathered), each row masked to its own length. Numerics are those of
-:func:`~drs_engine.backends.torch.model.decode_step`; ``tests/gpu`` compares the two.
+:func:`~drs_engine.backends.torch.model.decode_step`; ``tests/gpu`` compares the two. Its
+elementwise chains come from :mod:`.fused` (compiled by inductor on CUDA).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from drs_engine.backends.torch.fused import EAGER, StepOps
 from drs_engine.backends.torch.kv.slots import Move, SlotTable
-from drs_engine.backends.torch.model import ModelShape, _lm_head, _mlp, _qkv, _rms, rope_tables
+from drs_engine.backends.torch.model import ModelShape, _lm_head, rope_tables
 
 
 class DecodePool:
@@ -98,26 +100,35 @@ class DecodePool:
         return own, move
 
 
-def pooled_logits(params: dict[str, Any], pool: DecodePool, rows: int, tokens: int) -> Any:
+def pooled_logits(params: dict[str, Any], pool: DecodePool, rows: int, tokens: int, ops: StepOps = EAGER) -> Any:
     """One decode step of the pool's first ``rows`` slots: row ``b`` feeds ``pool.tokens[b]`` at
     ``pool.positions[b]`` and attends over its positions ``0 … positions[b]`` (within the first
-    ``tokens``). Returns float32 logits ``[rows, vocab]``."""
+    ``tokens``). ``ops``: the step's elementwise chains (:mod:`.fused`). Returns float32 logits
+    ``[rows, vocab]``."""
     with torch.inference_mode():
-        return _pooled_logits(params, pool.shape, pool.kv, pool.tokens[:rows], pool.positions[:rows], tokens)
+        return _pooled_logits(params, pool.shape, pool.kv, pool.tokens[:rows], pool.positions[:rows], tokens, ops)
 
 
-def _pooled_logits(params: dict[str, Any], shape: ModelShape, kv: Any, ids: Any, pos: Any, tokens: int) -> Any:
+def _pooled_logits(
+    params: dict[str, Any], shape: ModelShape, kv: Any, ids: Any, pos: Any, tokens: int, ops: StepOps
+) -> Any:
     rows = ids.shape[0]
     group = shape.heads // shape.kv_heads
+    eps = shape.rms_eps
     x = params["model.embed_tokens.weight"][ids]
-    rope = rope_tables(pos, shape, x.dtype)
+    cos, sin = rope_tables(pos, shape, x.dtype)
     cols = torch.arange(tokens, device=ids.device)
     mask = (cols[None, :] <= pos[:, None])[:, None, None, :]  # [rows, 1, 1, tokens]
     row = torch.arange(rows, device=ids.device)
+    h = ops.rms(x, params["model.layers.0.input_layernorm.weight"], eps)
     for i in range(shape.layers):
         p = f"model.layers.{i}."
-        h = _rms(x, params[p + "input_layernorm.weight"], shape.rms_eps)
-        q, k, v = _qkv(params, i, h, rope, shape)
+        a = p + "self_attn."
+        q = (h @ params[a + "q_proj.weight"].T).view(rows, shape.heads, shape.head_dim)
+        k = (h @ params[a + "k_proj.weight"].T).view(rows, shape.kv_heads, shape.head_dim)
+        v = (h @ params[a + "v_proj.weight"].T).view(rows, shape.kv_heads, shape.head_dim)
+        q = ops.norm_rope(q, params[a + "q_norm.weight"], eps, cos, sin)
+        k = ops.norm_rope(k, params[a + "k_norm.weight"], eps, cos, sin)
         keys, values = kv[i, 0], kv[i, 1]  # [slots, kv_heads, slot_tokens, head_dim]
         keys[row, :, pos] = k
         values[row, :, pos] = v
@@ -125,7 +136,14 @@ def _pooled_logits(params: dict[str, Any], shape: ModelShape, kv: Any, ids: Any,
         attn = F.scaled_dot_product_attention(
             queries, keys[:rows, :, :tokens], values[:rows, :, :tokens], attn_mask=mask
         )
-        x = x + attn.reshape(rows, -1) @ params[p + "self_attn.o_proj.weight"].T
-        x = x + _mlp(params, i, _rms(x, params[p + "post_attention_layernorm.weight"], shape.rms_eps))
-    last = _rms(x, params["model.norm.weight"], shape.rms_eps)
-    return (last @ _lm_head(params, shape).T).to(torch.float32)
+        x, h = ops.add_norm(
+            x,
+            attn.reshape(rows, -1) @ params[a + "o_proj.weight"].T,
+            params[p + "post_attention_layernorm.weight"],
+            eps,
+        )
+        m = p + "mlp."
+        gated = ops.silu_mul(h @ params[m + "gate_proj.weight"].T, h @ params[m + "up_proj.weight"].T)
+        after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < shape.layers else "model.norm.weight"
+        x, h = ops.add_norm(x, gated @ params[m + "down_proj.weight"].T, params[after], eps)
+    return (h @ _lm_head(params, shape).T).to(torch.float32)

@@ -73,6 +73,7 @@ class ModelRunner:
             slots=spec.max_decode_batch,
             slot_tokens=spec.decode_slot_tokens,
             cuda_graphs=spec.cuda_graphs,
+            compiled=spec.compile_decode,
             device=device,
             dtype=dtype,
         )
