@@ -55,7 +55,7 @@ from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
 from drs_operator.manifests import Owner
-from drs_operator.manifests.secrets import missing_secrets
+from drs_operator.manifests.secrets import missing_secrets, secret_notes
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import Placement
@@ -165,10 +165,12 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     action_notes: list[EventNote] = []
     try:
         if any(r.placed for r in placement.replicas):  # the token Secrets, once (never replaced)
-            for secret in missing_secrets(owner, live.of("Secret")):
+            created = missing_secrets(owner, live.of("Secret"))
+            for secret in created:
                 await ctx.applier.create(secret)
+            action_notes = secret_notes(created, live.of("Pod"))
         await _apply_all(ctx.applier, namespace, rollout.actions)
-        action_notes = _action_notes(rollout.actions, moved, placement)
+        action_notes += _action_notes(rollout.actions, moved, placement)
     finally:
         status, notes = compute_status(name, previous, await observing, now)
         await _write_status(ctx, body, status, notes + action_notes)

@@ -13,8 +13,9 @@ import json
 from typing import Any
 
 from drs_operator.api import names
+from drs_operator.api.constants import EventReason, EventType
 from drs_operator.kube.engines import control_token, secret_token, serving_token
-from drs_operator.manifests.secrets import build_serving_secret, missing_secrets
+from drs_operator.manifests.secrets import build_serving_secret, missing_secrets, secret_notes
 from drs_protocol import env
 from operator_fixtures import OWNER, build, spec
 
@@ -80,3 +81,21 @@ def test_the_one_reader_reads_either_token_from_the_live_secrets() -> None:
     }
     assert control_token(live, "fleet") == "c-token" and serving_token(live, "fleet") == "s-token"
     assert secret_token(live, "broken-serving") is None and serving_token(live, "other") is None
+
+
+def test_a_secret_created_first_is_a_normal_event_and_one_deleted_under_running_pods_a_warning_naming_them() -> None:
+    _, _, children = build(spec())
+    pods = children.all_of("Pod")
+    (serving,) = missing_secrets(OWNER, {"fleet-control": {}})
+    (first,) = secret_notes([serving], {})
+    assert (first.type, first.reason, first.message) == (
+        EventType.NORMAL,
+        EventReason.TOKEN_SECRET_CREATED,
+        "created Secret fleet-serving",
+    )
+    (again,) = secret_notes([serving], pods)
+    assert again.type is EventType.WARNING and again.reason is EventReason.TOKEN_SECRET_RECREATED
+    assert f"while {len(pods)} pod(s) that read it run" in again.message and "and " in again.message
+    assert serving["stringData"]["token"] not in again.message
+    older = {name: {"spec": {"containers": [{"env": []}]}} for name in pods}  # pods from before the Secret
+    assert secret_notes([serving], older)[0].type is EventType.NORMAL

@@ -12,7 +12,9 @@ Secret            key ``token``: who presents it     env var in the pods
 goes with the fleet), created once with a random token (:data:`TOKEN_BYTES` bytes, hex) when it is
 missing, and never compared or replaced afterwards: the operator does not rotate a token. Pods read
 it through a ``secretKeyRef`` (the dev cluster's pod runner resolves those, it mounts no volumes);
-the token is never in a ConfigMap, the status or an Event.
+the token is never in a ConfigMap, the status or an Event. A Secret deleted under a running
+fleet is re-created with a new token at the next pass, and :func:`secret_notes` says so in a
+Warning Event naming the pods that still hold the old one.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from typing import Any, Final
 from drs_protocol import env
 
 from drs_operator.api import names
+from drs_operator.api.constants import EventReason, EventType
 from drs_operator.api.objects import Manifest
 from drs_operator.manifests.common import Owner
+from drs_operator.status_events import EventNote
 
 TOKEN_BYTES: Final = 32
 
@@ -56,6 +60,42 @@ def missing_secrets(owner: Owner, live: Mapping[str, Manifest]) -> list[Manifest
     wanted = (build_control_secret, build_serving_secret)
     built = [build(owner) for build in wanted]
     return [secret for secret in built if secret["metadata"]["name"] not in live]
+
+
+def _readers(pods: Mapping[str, Manifest], secret_name: str) -> list[str]:
+    """The live pods whose containers read ``secret_name`` through a ``secretKeyRef``."""
+    found = []
+    for name, pod in sorted(pods.items()):
+        containers = (pod.get("spec") or {}).get("containers") or []
+        refs = (
+            ((var.get("valueFrom") or {}).get("secretKeyRef") or {}).get("name")
+            for container in containers
+            for var in container.get("env") or []
+        )
+        if secret_name in refs:
+            found.append(name)
+    return found
+
+
+def secret_notes(created: list[Manifest], pods: Mapping[str, Manifest]) -> list[EventNote]:
+    """An Event per Secret created: Normal the first time; a Warning naming the pods when pods that
+    read it run (it was deleted under them): they keep the token they started with, pods started
+    from now on read the new one, and the two refuse each other (401) until the old pods restart."""
+    notes = []
+    for secret in created:
+        name = secret["metadata"]["name"]
+        readers = _readers(pods, name)
+        if not readers:
+            notes.append(EventNote(EventType.NORMAL, EventReason.TOKEN_SECRET_CREATED, f"created Secret {name}"))
+            continue
+        shown = ", ".join(readers[:5]) + (f" and {len(readers) - 5} more" if len(readers) > 5 else "")
+        message = (
+            f"Secret {name} was missing while {len(readers)} pod(s) that read it run ({shown}): re-created "
+            "with a new token; those pods keep the old one and refuse pods started from now on (401) "
+            "until they restart"
+        )
+        notes.append(EventNote(EventType.WARNING, EventReason.TOKEN_SECRET_RECREATED, message))
+    return notes
 
 
 def token_env(variable: str, secret_name: str) -> dict[str, Any]:
