@@ -16,6 +16,7 @@ Real Ray: the leader pod runs ``ray start --head``, the three other rank pods ``
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -33,7 +34,7 @@ from demo_steps import (
     wait_serving,
 )
 from drs_devcluster import runner_daemon
-from drs_protocol import fields, routes
+from drs_protocol import auth, env, fields, routes
 
 EXAMPLE = ROOT / "examples" / "gb200-wide.yaml"
 NAME = "gb200-wide"
@@ -74,7 +75,9 @@ def main() -> None:
     print(kubectl(cluster, "get", "drs", NAME), flush=True)
     print(rank_table(status), flush=True)
     wide = next(e for e in status["replicaStatuses"][0]["engines"] if e.get("ranks"))
-    report = httpx.get(wide["url"] + routes.GANG, timeout=5).json()
+    secret = json.loads(kubectl(cluster, "get", "secret", f"{NAME}-serving", "-o", "json"))
+    token = base64.b64decode(secret["data"][env.TOKEN_SECRET_KEY]).decode()  # the engines' serving realm
+    report = httpx.get(wide["url"] + routes.GANG, headers=auth.bearer(token), timeout=5).json()
     say(f"{wide['url']}{routes.GANG}: phase={report['phase']} session={report['session']} ray={report['ray_address']}")
     for r in report["ranks"]:
         say(

@@ -14,10 +14,9 @@ import logging
 import os
 import socket
 import sys
-from pathlib import Path
 
 import click
-from drs_protocol import env
+from drs_protocol import auth, env
 from drs_protocol.config import parse_config_json
 from drs_protocol.enums import EngineBackend, Role, choices
 
@@ -29,14 +28,17 @@ EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
 
 
+def read_token_option(token_file: str | None, env_name: str, what: str) -> str | None:
+    """A token (``drs_protocol.auth.read_token``): the file's content if given, else ``$env_name``."""
+    token = auth.read_token(token_file, os.environ.get(env_name))
+    if token_file and token is None:
+        raise click.ClickException(f"{what} token file {token_file} is empty")
+    return token
+
+
 def read_control_token(token_file: str | None) -> str | None:
     """The control token: the file's content (stripped) if given, else the environment's."""
-    if token_file:
-        token = Path(token_file).read_text(encoding="utf-8").strip()
-        if not token:
-            raise click.ClickException(f"control token file {token_file} is empty")
-        return token
-    return os.environ.get(env.CONTROL_TOKEN, "").strip() or None
+    return read_token_option(token_file, env.CONTROL_TOKEN, "control")
 
 
 @click.command(name="engine")
@@ -70,6 +72,12 @@ def read_control_token(token_file: str | None) -> str | None:
     help=f"File holding the control-API bearer token (else ${env.CONTROL_TOKEN}; none: control API off).",
 )
 @click.option(
+    "--serving-token-file",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help=f"File holding the fleet's serving token (else ${env.SERVING_TOKEN}; none: serving routes open to anyone).",
+)
+@click.option(
     "--sim-speed",
     type=click.FloatRange(min=0.0),
     default=None,
@@ -85,6 +93,7 @@ def engine(
     config_file: str | None,
     config_json: str | None,
     control_token_file: str | None,
+    serving_token_file: str | None,
     sim_speed: float | None,
     log_level: str,
 ) -> None:
@@ -115,6 +124,7 @@ def engine(
     except GangSpecError as exc:
         raise click.ClickException(f"invalid gang: {exc}") from exc
     token = read_control_token(control_token_file)
+    serving_token = read_token_option(serving_token_file, env.SERVING_TOKEN, "serving")
     try:
         desired_weights = desired_from_env(os.environ)
     except DesiredWeightsError as exc:
@@ -126,7 +136,7 @@ def engine(
         sys.exit(EXIT_BIND_FAILED)
     config = config.model_copy(update={"port": sock.getsockname()[1]})
     if gang is not None and not gang.is_leader:
-        sys.exit(_run_rank(gang, config.host, config.port, sock, log_level))
+        sys.exit(_run_rank(gang, config.host, config.port, sock, log_level, serving_token))
     if token is None:
         click.echo(
             f"drs engine: no control token ({env.CONTROL_TOKEN} or --control-token-file): control API disabled",
@@ -135,11 +145,23 @@ def engine(
     click.echo(
         f"drs engine: {config.backend.value} {config.role.value} listening on {config.host}:{config.port}", err=True
     )
+    if serving_token is None:
+        click.echo(
+            f"drs engine: no serving token ({env.SERVING_TOKEN} or --serving-token-file): serving routes open to anyone",
+            err=True,
+        )
     if gang is not None:
         click.echo(
             f"drs engine: leader of a gang of {gang.world_size} ranks (Ray head on port {gang.ray_port})", err=True
         )
-    server = uvicorn_server(config, token, log_level=log_level, gang=gang, desired_weights=desired_weights)
+    server = uvicorn_server(
+        config,
+        token,
+        serving_token=serving_token,
+        log_level=log_level,
+        gang=gang,
+        desired_weights=desired_weights,
+    )
     try:
         server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn exits this way when the app's startup (model load) fails
@@ -157,7 +179,9 @@ def engine(
         sys.exit(EXIT_GANG_LOST)
 
 
-def _run_rank(gang: GangSpec, host: str, port: int, sock: socket.socket, log_level: str) -> int:
+def _run_rank(
+    gang: GangSpec, host: str, port: int, sock: socket.socket, log_level: str, serving_token: str | None
+) -> int:
     """A rank above 0: join the leader's Ray cluster and serve ``/health`` (its exit code)."""
     import asyncio
 
@@ -171,4 +195,4 @@ def _run_rank(gang: GangSpec, host: str, port: int, sock: socket.socket, log_lev
         f"(Ray {gang.ray_address}); /health on {host}:{port}",
         err=True,
     )
-    return asyncio.run(serve_worker(gang, host, f"http://{leader}:{port}", sock, log_level))
+    return asyncio.run(serve_worker(gang, host, f"http://{leader}:{port}", sock, log_level, serving_token))

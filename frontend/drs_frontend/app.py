@@ -69,11 +69,15 @@ class FrontendApp:
         *,
         upstream: UpstreamClient | None = None,
         chat_tokenizer: ChatTokenizer | None = None,
+        serving_token: str | None = None,
     ) -> None:
         self.config = config
         self.metrics = FrontendMetrics()
         self.upstream = upstream or build_upstream(
-            config.upstream_client, connect_timeout=config.timeouts.connect, limits=config.limits
+            config.upstream_client,
+            connect_timeout=config.timeouts.connect,
+            limits=config.limits,
+            serving_token=serving_token,
         )
         self.relay = Relay(config, upstream=self.upstream, metrics=self.metrics, chat_tokenizer=chat_tokenizer)
         self.prober = HealthProber(

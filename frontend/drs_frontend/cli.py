@@ -8,12 +8,13 @@ bound the command exits at once with status 1, naming the port.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
-from drs_protocol import env
+from drs_protocol import auth, env
 from drs_protocol.enums import CtxRouter, GenRouter, choices
 from drs_protocol.snowflake import PROCESS_IDS
 
@@ -51,8 +52,19 @@ EXIT_STARTUP_FAILED = 3
 @click.option("--tokenize/--no-tokenize", default=None, help="Render and tokenize on the frontend.")
 @click.option("--upstream-client", type=click.Choice(["raw", "aiohttp", "httpx"]), default=None)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default=None)
+@click.option(
+    "--serving-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help=f"File holding the fleet's serving token, presented to the engines (else ${env.SERVING_TOKEN}).",
+)
 def frontend(
-    config_file: Path | None, config_json: str | None, prefill: tuple[str, ...], decode: tuple[str, ...], **flags: Any
+    config_file: Path | None,
+    config_json: str | None,
+    prefill: tuple[str, ...],
+    decode: tuple[str, ...],
+    serving_token_file: Path | None,
+    **flags: Any,
 ) -> None:
     """Run one frontend relay (OpenAI-compatible) in front of a replica's engines."""
     from drs_protocol.config import parse_config_json
@@ -68,6 +80,10 @@ def frontend(
         overrides["prefill"] = list(prefill)
     if decode:
         overrides["decode"] = list(decode)
+    try:
+        serving_token = auth.read_token(serving_token_file, os.environ.get(env.SERVING_TOKEN))
+    except OSError as exc:
+        raise click.ClickException(f"serving token file: {exc}") from exc
     try:
         base = None if config_file is not None else parse_config_json(config_json, source=env.FRONTEND_CONFIG_JSON)
         config = load_config(config_file, overrides, base)
@@ -85,6 +101,10 @@ def frontend(
         f"({len(config.prefill)} prefill, {len(config.decode)} decode, ctx {config.ctx_router}, gen {config.gen_router})",
         err=True,
     )
-    if not serve_forever(FrontendApp(config), sock):
+    if serving_token is None:
+        click.echo(
+            f"drs frontend: no serving token (${env.SERVING_TOKEN}): engines that need one will refuse", err=True
+        )
+    if not serve_forever(FrontendApp(config, serving_token=serving_token), sock):
         click.echo(f"drs frontend: failed to start on port {config.port} (see the log above)", err=True)
         sys.exit(EXIT_STARTUP_FAILED)

@@ -89,6 +89,21 @@ class UpstreamTimeout(UpstreamUnavailable):
     kind = "timeout"
 
 
+class EngineRefusedCredential(UpstreamError):
+    """An engine answered 401 to this frontend: its serving token (``DRS_SERVING_TOKEN``) is not
+    the fleet's. The frontend's fault, not the client's: 502 naming the engine (not the 401, which
+    an OpenAI client would take for its own key being wrong)."""
+
+    kind = "credential"
+
+    def __init__(self, role: str, url: str) -> None:
+        super().__init__(
+            f"{role} engine {url} refused this frontend's serving token (401): "
+            "the frontend's serving token is missing or not the fleet's"
+        )
+        self.role = role
+
+
 class UpstreamProtocolError(UpstreamError, ValueError):
     """An engine answered 2xx with a body that breaks the protocol (answered 502)."""
 

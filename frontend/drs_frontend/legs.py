@@ -3,7 +3,8 @@
 :meth:`LegAttempts.run` picks an engine of the role (the router's decision, counted), calls the
 leg's ``attempt`` on it and decides what an outcome means: an engine that is unreachable or
 answers 503 (asleep, draining) cools down and the next one is tried, never one twice and at most
-``maxAttempts`` engines; any other refusal passes through verbatim (:class:`EngineRejected`);
+``maxAttempts`` engines; a 401 (this frontend's serving token refused) is a 502 naming the engine
+(:class:`EngineRefusedCredential`); any other refusal passes through verbatim (:class:`EngineRejected`);
 with no engine left the leg holds up to ``holdSeconds`` for one to come up (the prober's event),
 then fails with :class:`NoEngineAvailable` naming the role.
 """
@@ -14,11 +15,12 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Final, TypeVar
 
 from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
-from drs_frontend.errors import EngineRejected, NoEngineAvailable, UpstreamUnavailable
+from drs_frontend.errors import EngineRefusedCredential, EngineRejected, NoEngineAvailable, UpstreamUnavailable
 from drs_frontend.metrics import FrontendMetrics
 from drs_frontend.routing import Candidate, Decision, Reason
 from drs_frontend.upstream import UpstreamResponse
@@ -103,7 +105,13 @@ class LegAttempts:
         self.metrics.upstream_errors.labels(role=pool.role, kind=exc.kind).inc()
         log.warning("%s engine %s unavailable (%s); cooling down %gs", pool.role, url, exc, pool.cooldown)
 
-    def rejected(self, pool: EnginePool, url: str, response: UpstreamResponse) -> EngineRejected:
+    def rejected(
+        self, pool: EnginePool, url: str, response: UpstreamResponse
+    ) -> EngineRejected | EngineRefusedCredential:
+        if response.status == HTTPStatus.UNAUTHORIZED:  # every engine of the fleet holds one token
+            self.metrics.upstream_errors.labels(role=pool.role, kind=EngineRefusedCredential.kind).inc()
+            log.error("%s engine %s refused this frontend's serving token (401)", pool.role, url)
+            return EngineRefusedCredential(pool.role, url)
         kind = "status_4xx" if response.status < 500 else "status_5xx"
         self.metrics.upstream_errors.labels(role=pool.role, kind=kind).inc()
         return EngineRejected(pool.role, url, response.status, response.body, response.content_type)

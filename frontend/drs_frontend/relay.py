@@ -53,6 +53,7 @@ from drs_frontend.bursts import GroupBursts, Member
 from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
 from drs_frontend.errors import (
+    EngineRefusedCredential,
     EngineRejected,
     ForwardTooLarge,
     NoEngineAvailable,
@@ -186,7 +187,13 @@ class Relay:
                 turn.prefill = exc.url
             else:
                 turn.decode = exc.url
-        except (RequestError, ForwardTooLarge, NoEngineAvailable, UpstreamProtocolError) as exc:
+        except (
+            RequestError,
+            ForwardTooLarge,
+            NoEngineAvailable,
+            UpstreamProtocolError,
+            EngineRefusedCredential,
+        ) as exc:
             if isinstance(exc, UpstreamProtocolError):
                 log.warning("engine broke the protocol: %s", exc)
             reply = Reply(exc.status, JSON, dumps(exc.to_body()))

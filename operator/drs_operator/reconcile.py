@@ -55,7 +55,7 @@ from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
 from drs_operator.manifests import Owner
-from drs_operator.manifests.engines import build_control_secret
+from drs_operator.manifests.secrets import missing_secrets, secret_notes
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import Placement
@@ -164,10 +164,13 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     # records the placement those writes acted on (it is the memory the next pass starts from)
     action_notes: list[EventNote] = []
     try:
-        if not live.of("Secret") and any(r.placed for r in placement.replicas):
-            await ctx.applier.create(build_control_secret(owner))
+        if any(r.placed for r in placement.replicas):  # the token Secrets, once (never replaced)
+            created = missing_secrets(owner, live.of("Secret"))
+            for secret in created:
+                await ctx.applier.create(secret)
+            action_notes = secret_notes(created, live.of("Pod"))
         await _apply_all(ctx.applier, namespace, rollout.actions)
-        action_notes = _action_notes(rollout.actions, moved, placement)
+        action_notes += _action_notes(rollout.actions, moved, placement)
     finally:
         status, notes = compute_status(name, previous, await observing, now)
         await _write_status(ctx, body, status, notes + action_notes)

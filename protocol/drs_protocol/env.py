@@ -11,6 +11,9 @@ from typing import Final
 
 #: The engine control API's bearer token (operator: from the control Secret; engine and sidecar read it).
 CONTROL_TOKEN: Final = "DRS_CONTROL_TOKEN"
+#: The engines' serving token (operator: from the serving Secret; engines, frontends and whoever
+#: calls an engine's serving routes read it; ``drs_protocol.auth``).
+SERVING_TOKEN: Final = "DRS_SERVING_TOKEN"
 #: The engine config as JSON (:class:`drs_protocol.engine_config.EngineConfig`), from the role's ConfigMap.
 ENGINE_CONFIG_JSON: Final = "DRS_ENGINE_CONFIG_JSON"
 #: The frontend config as JSON (:class:`drs_protocol.frontend_config.FrontendConfig`), from the replica's ConfigMap.
@@ -39,7 +42,9 @@ RAY_PORT: Final = "DRS_RAY_PORT"
 #: reads it when ``--sidecar`` is not given; ``examples/trainer/trainer-pod.yaml`` sets it).
 SIDECAR_URL: Final = "DRS_SIDECAR_URL"
 
-#: Key of the control token in the Secret the operator creates (the sidecar reads it from there).
-CONTROL_TOKEN_SECRET_KEY: Final = "token"
+#: Key of the token in each of the two Secrets the operator creates (``<drs>-control``: the sidecar
+#: reads it from there; ``<drs>-serving``).
+TOKEN_SECRET_KEY: Final = "token"
+CONTROL_TOKEN_SECRET_KEY: Final = TOKEN_SECRET_KEY
 #: Key of the desired weights (JSON) in the fleet's weights ConfigMap the operator keeps.
 DESIRED_WEIGHTS_KEY: Final = "desired"

@@ -164,6 +164,20 @@ def wait_ready(
     return result
 
 
+def serving_auth(cluster: RunningCluster, namespace: str, name: str) -> dict[str, str]:
+    """The header an engine's serving routes need: the fleet's serving token from its Secret
+    (``drs_protocol.auth``; read through the API, as a client in the cluster would)."""
+    from drs_operator.api import names
+    from drs_operator.kube.engines import secret_token
+    from drs_protocol import auth
+
+    secret_name = names.serving_secret_name(name)
+    token = secret_token({secret_name: get_json(cluster, "secret", "-n", namespace, secret_name)}, secret_name)
+    if token is None:
+        raise AssertionError(f"no serving token in Secret {namespace}/{secret_name}")
+    return auth.bearer(token)
+
+
 def pods(cluster: RunningCluster, namespace: str, selector: str = "disagg.dev/replicaset") -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", namespace, "-l", selector)["items"]
     return items

@@ -16,7 +16,16 @@ import httpx
 import openai
 import pytest
 from drs_devcluster.testing import RunningCluster
-from operator_harness import OperatorProcess, apply, drs_status, engine_pods, get_json, running_operator, wait_for
+from operator_harness import (
+    OperatorProcess,
+    apply,
+    drs_status,
+    engine_pods,
+    get_json,
+    running_operator,
+    serving_auth,
+    wait_for,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -69,7 +78,7 @@ def gang_serving(cluster: RunningCluster, namespace: str, name: str, role: str) 
     if not engine.get("ready") or not all(r["joined"] for r in engine.get("ranks") or [{"joined": False}]):
         return None
     try:
-        report = httpx.get(engine["url"] + "/v1/gang", timeout=3).json()
+        report = httpx.get(engine["url"] + "/v1/gang", headers=serving_auth(cluster, namespace, name), timeout=3).json()
     except (httpx.HTTPError, ValueError):
         return None
     return st if report.get("phase") == "serving" else None
@@ -114,7 +123,9 @@ def test_a_wide_prefill_engine_serves_as_one_gang_and_a_killed_rank_restarts_it_
     engine = wide_engine(before, "prefill")
     assert [r["pod"] for r in engine["ranks"]] == ["wide-r0-prefill-0", "wide-r0-prefill-0-w1"]
     assert [r["node"] for r in engine["ranks"]] == engine["nodes"] and len(set(engine["nodes"])) == 2
-    report = httpx.get(engine["url"] + "/v1/gang", timeout=5).json()
+    report = httpx.get(
+        engine["url"] + "/v1/gang", headers=serving_auth(devcluster, namespace, "wide"), timeout=5
+    ).json()
     addresses = {
         n["metadata"]["name"]: n["status"]["addresses"][0]["address"] for n in get_json(devcluster, "nodes")["items"]
     }
@@ -147,7 +158,8 @@ def test_a_wide_prefill_engine_serves_as_one_gang_and_a_killed_rank_restarts_it_
     assert "wide-r0-prefill-0" in events(devcluster, namespace, "GangReady")
     assert wide_engine(after, "prefill")["nodes"] == engine["nodes"], "the gang came back on its nodes"
     assert after["urls"] == before["urls"]
-    new_session = httpx.get(engine["url"] + "/v1/gang", timeout=5).json()["session"]
+    headers = serving_auth(devcluster, namespace, "wide")
+    new_session = httpx.get(engine["url"] + "/v1/gang", headers=headers, timeout=5).json()["session"]
     assert new_session != report["session"], "a new Ray cluster, not the old one half-alive"
     wait_for("the frontend to serve again", lambda: frontend_serves(url), 60)
     assert chat_turn(url, "wide-2")["x-drs-prefill"] == engine["url"]

@@ -33,8 +33,15 @@ def sim_config(role: str = "prefill", **overrides: Any) -> EngineConfig:
 def engine_factory() -> EngineFactory:
     """``async with engine_factory("decode", sim={...}) as engine:`` — a running sim engine."""
 
-    def make(role: str = "prefill", *, control_token: str | None = CONTROL_TOKEN, **overrides: Any) -> Any:
-        return start_engine(sim_config(role, **overrides), control_token=control_token)
+    def make(
+        role: str = "prefill",
+        *,
+        control_token: str | None = CONTROL_TOKEN,
+        serving_token: str | None = None,
+        **overrides: Any,
+    ) -> Any:
+        config = sim_config(role, **overrides)
+        return start_engine(config, control_token=control_token, serving_token=serving_token)
 
     return make
 

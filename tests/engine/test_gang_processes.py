@@ -36,9 +36,14 @@ def free_port(host: str) -> int:
         return port
 
 
+#: The gang's serving token (``drs_protocol.auth``): the leader's ``/v1/gang`` is in its realm.
+SERVING_TOKEN = "gang-serving-token"
+AUTH = {"authorization": f"Bearer {SERVING_TOKEN}"}
+
+
 def get(url: str) -> httpx.Response | None:
     try:
-        return httpx.get(url, timeout=2)
+        return httpx.get(url, headers=AUTH, timeout=2)
     except httpx.HTTPError:
         return None
 
@@ -52,6 +57,7 @@ def gang(tmp_path: Path) -> Iterator[tuple[list[subprocess.Popen[bytes]], str, P
         "DRS_LEADER_ADDRESS": HOSTS[0],
         "DRS_RAY_PORT": str(ray_port),
         "DRS_RANK_GPUS": "2",
+        "DRS_SERVING_TOKEN": SERVING_TOKEN,  # rank 1 joins only if its polls of /v1/gang present it
     }
     procs = []
     for rank, host in enumerate(HOSTS):
@@ -92,8 +98,9 @@ def test_the_leader_serves_once_every_rank_joined_and_a_lost_rank_ends_the_gang(
         lambda: (r := get(url + "/health")) is not None and r.status_code == 200,
         UP_TIMEOUT_S,
     )
-    report = httpx.get(url + "/v1/gang").json()
+    report = httpx.get(url + "/v1/gang", headers=AUTH).json()
     assert report["phase"] == "serving" and report["world_size"] == 2
+    assert httpx.get(url + "/v1/gang").status_code == 401  # no token: refused
     assert [(r["rank"], r["node_ip"], r["joined"], r["gpus"], r["workers_alive"]) for r in report["ranks"]] == [
         (0, HOSTS[0], True, 2, 2),
         (1, HOSTS[1], True, 2, 2),
@@ -101,7 +108,10 @@ def test_the_leader_serves_once_every_rank_joined_and_a_lost_rank_ends_the_gang(
     member = httpx.get(f"http://{HOSTS[1]}:{url.rsplit(':', 1)[1]}/health")
     assert member.status_code == 200 and member.json()["session"] == report["session"]
     reply = httpx.post(
-        url + "/v1/completions", json={"model": "sim-qwen3", "prompt": "hello", "max_tokens": 4}, timeout=30
+        url + "/v1/completions",
+        json={"model": "sim-qwen3", "prompt": "hello", "max_tokens": 4},
+        headers=AUTH,
+        timeout=30,
     )
     assert reply.status_code == 200 and reply.json()["choices"][0]["text"] is not None
 

@@ -69,7 +69,7 @@ async def test_an_engine_answers_what_it_holds_and_a_wrong_token_or_closed_port_
             info = await client.observe([Target("e0", engine.url)], TOKEN)
         assert ok.held is not None and ok.held.version and ok.held.digest and ok.held.digest.startswith("wd1:")
         assert info[0].held == ok.held
-        assert wrong.held is None and "403" in wrong.detail
+        assert wrong.held is None and "401" in wrong.detail
         refused = await client.weights(Target("gone", f"http://127.0.0.1:{_closed_port()}"), TOKEN)
         assert refused.held is None and "unreachable" in refused.detail
         assert [o.held for o in await client.observe([Target("e0", "http://127.0.0.1:1")], None)] == [None]

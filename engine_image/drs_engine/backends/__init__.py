@@ -12,20 +12,27 @@ profile (:mod:`.profile`); prefix block hashing is :mod:`drs_engine.prefix_hash`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from drs_engine.backends.base import EngineBackend
 from drs_engine.config import BackendName, EngineConfig
 
 
-def create_backend(config: EngineConfig, *, vocab_size: int, eos_token_id: int) -> EngineBackend:
-    """The backend ``config.backend`` names (tokenizer facts seed the sim's vocabulary)."""
+def create_backend(
+    config: EngineConfig, *, vocab_size: int, eos_token_id: int, peer_headers: Mapping[str, str] | None = None
+) -> EngineBackend:
+    """The backend ``config.backend`` names (tokenizer facts seed the sim's vocabulary).
+    ``peer_headers``: what its KV fetch presents to a prefill engine (the serving token's
+    ``authorization``); TensorRT-LLM moves KV with its own transceiver and takes none."""
+    peer = dict(peer_headers or {})
     if config.backend is BackendName.SIM:
         from drs_engine.backends.sim.engine import SimBackend
 
-        return SimBackend(config, vocab_size=vocab_size, eos_token_id=eos_token_id)
+        return SimBackend(config, vocab_size=vocab_size, eos_token_id=eos_token_id, peer_headers=peer)
     if config.backend is BackendName.TORCH:
         from drs_engine.backends.torch.engine import TorchBackend
 
-        return TorchBackend(config, vocab_size=vocab_size, eos_token_id=eos_token_id)
+        return TorchBackend(config, vocab_size=vocab_size, eos_token_id=eos_token_id, peer_headers=peer)
     from drs_engine.backends.trtllm.engine import TrtllmBackend
 
     return TrtllmBackend(config)

@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import httpx
 import uvicorn
-from drs_protocol import routes
+from drs_protocol import auth, routes
 from drs_protocol.gang import GangReport, parse_gang_report
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -127,14 +127,18 @@ def worker_app(member: GangMember) -> Starlette:
     return Starlette(routes=[Route(routes.HEALTH, health), Route(routes.GANG, gang)])
 
 
-async def serve_worker(spec: GangSpec, host: str, leader_url: str, sock: socket.socket, log_level: str) -> int:
-    """Serve ``/health`` on ``sock`` while the rank stays in its gang; the process's exit code."""
+async def serve_worker(
+    spec: GangSpec, host: str, leader_url: str, sock: socket.socket, log_level: str, serving_token: str | None = None
+) -> int:
+    """Serve ``/health`` on ``sock`` while the rank stays in its gang; the process's exit code.
+    The leader's ``/v1/gang`` is in the serving realm: the rank presents ``serving_token``."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll of the leader otherwise
     member = GangMember(spec, host, leader_url)
     config = uvicorn.Config(worker_app(member), log_level=log_level, access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    async with httpx.AsyncClient(trust_env=False) as client:
+    headers = auth.bearer(serving_token) if serving_token else {}
+    async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
         membership = asyncio.create_task(member.run(client))
         done, _ = await asyncio.wait({serving, membership}, return_when=asyncio.FIRST_COMPLETED)
         if membership not in done:  # SIGTERM: uvicorn stopped serving; stop the Ray node too

@@ -14,6 +14,10 @@ Routes:
   trtllm moves KV with its cache transceiver: 501);
 - ``/control/...`` — the control API behind a bearer token (:mod:`.control`).
 
+Every route but ``/health`` and ``/metrics`` needs a bearer token (:mod:`.auth`, in front of all
+of them): ``/control/...`` the control token, the others the fleet's serving token (when the
+engine has one).
+
 Every error, including unknown routes and bugs, is a JSON body in the OpenAI error shape.
 """
 
@@ -41,6 +45,7 @@ from drs_engine.errors import EngineError
 from drs_engine.gang.spec import GangSpec
 from drs_engine.metrics import CONTENT_TYPE_LATEST
 from drs_engine.server import control, serving
+from drs_engine.server.auth import EngineAuth
 from drs_engine.server.state import EngineState
 
 log = logging.getLogger("drs_engine")
@@ -50,12 +55,15 @@ def create_app(
     config: EngineConfig,
     *,
     control_token: str | None,
+    serving_token: str | None = None,
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
 ) -> FastAPI:
     """The app of one engine; the model loads in the app's lifespan (startup), or, for the leader
     of an engine wider than a node, in the background once every rank joined."""
-    state = EngineState(config, control_token=control_token, gang=gang, desired_weights=desired_weights)
+    state = EngineState(
+        config, control_token=control_token, serving_token=serving_token, gang=gang, desired_weights=desired_weights
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -77,6 +85,7 @@ def create_app(
     _add_serving_routes(app, state)
     _add_info_routes(app, state)
     control.register(app, state)
+    app.add_middleware(EngineAuth, state=state)
     return app
 
 

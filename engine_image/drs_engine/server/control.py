@@ -4,8 +4,9 @@ Called by the trainer-side sidecar on every engine (never through a frontend). E
 ``Authorization: Bearer <token>``; the token comes from ``--control-token-file`` or the
 environment (:data:`drs_protocol.env.CONTROL_TOKEN`). Paths and operation names are
 :mod:`drs_protocol.routes`'s; request and answer models :mod:`drs_protocol.control`'s
-(:data:`~drs_protocol.control.OPS`). No header → 401; a wrong token → 403; an engine started
-without a token refuses the whole control API (403 saying so). Calls are serialised: one
+(:data:`~drs_protocol.control.OPS`). No header or a wrong token → 401 (``drs_protocol.auth``;
+the app's middleware, :mod:`.auth`, answers it before the route, and :func:`check_token` again
+inside it); an engine started without a token refuses the whole control API (403 saying so). Calls are serialised: one
 ``asyncio.Lock`` per server, so two overlapping updates run one after the other and both report.
 
 ==========================================  ==================================================  =====
@@ -37,13 +38,13 @@ serving and says why.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from drs_protocol import env, fields
+from drs_protocol import auth
+from drs_protocol.auth import Realm
 from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.control import (
     OPS,
@@ -65,7 +66,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from drs_engine.backends.base import EngineBackend
-from drs_engine.errors import EngineError, ForbiddenError, UnauthorizedError
+from drs_engine.errors import EngineError, UnauthorizedError
+from drs_engine.server.auth import check_control
 from drs_engine.server.body import validate
 from drs_engine.server.state import EngineState
 
@@ -80,16 +82,9 @@ WEIGHTS_OPS = frozenset(
 
 
 def check_token(state: EngineState, request: Request) -> None:
-    """401 without a bearer token, 403 with a wrong one or when the control API is disabled."""
-    if not state.control_token:
-        raise ForbiddenError(
-            f"the control API is disabled on this engine: start it with --control-token-file or {env.CONTROL_TOKEN}"
-        )
-    presented = fields.bearer_token(request.headers.get(fields.CONTROL_AUTH_HEADER, ""))
-    if presented is None:
-        raise UnauthorizedError(f"the control API needs 'Authorization: {fields.CONTROL_AUTH_SCHEME} <token>'")
-    if not hmac.compare_digest(presented.encode(), state.control_token.encode()):
-        raise ForbiddenError("wrong control token")
+    """Every control route's check (``drs_engine.server.auth.check_control``): 403 when the control
+    API is disabled, 401 without the control token or with a wrong one."""
+    check_control(state, request)
 
 
 async def _body(request: Request, model: type[BaseModel] | None) -> Any:
@@ -152,8 +147,7 @@ async def _measure(backend: EngineBackend) -> str | None:
 
 
 def _error(exc: EngineError) -> Response:
-    challenge = {fields.CONTROL_AUTH_CHALLENGE_HEADER: fields.CONTROL_AUTH_SCHEME}
-    headers = challenge if isinstance(exc, UnauthorizedError) else None
+    headers = auth.challenge(Realm.CONTROL) if isinstance(exc, UnauthorizedError) else None
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 

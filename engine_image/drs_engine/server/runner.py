@@ -82,11 +82,14 @@ def uvicorn_server(
     config: EngineConfig,
     control_token: str | None,
     *,
+    serving_token: str | None = None,
     log_level: str = "info",
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
 ) -> DrainingServer:
-    app = create_app(config, control_token=control_token, gang=gang, desired_weights=desired_weights)
+    app = create_app(
+        config, control_token=control_token, serving_token=serving_token, gang=gang, desired_weights=desired_weights
+    )
     uv_config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
     server = DrainingServer(uv_config, app.state.engine, config.drain_seconds)
 
@@ -119,6 +122,7 @@ async def start_engine(
     config: EngineConfig,
     *,
     control_token: str | None = None,
+    serving_token: str | None = None,
     log_level: str = "warning",
     desired_weights: DesiredWeights | None = None,
 ) -> AsyncIterator[RunningEngine]:
@@ -126,7 +130,9 @@ async def start_engine(
     sock = bind_socket(config.host, config.port)
     port = sock.getsockname()[1]
     config = config.model_copy(update={"port": port})
-    server = uvicorn_server(config, control_token, log_level=log_level, desired_weights=desired_weights)
+    server = uvicorn_server(
+        config, control_token, serving_token=serving_token, log_level=log_level, desired_weights=desired_weights
+    )
     task = asyncio.create_task(_serve(server, sock, port))
     try:
         async with asyncio.timeout(STARTUP_TIMEOUT_S):

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from drs_protocol import auth
 from drs_protocol.chat import load_tokenizer
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
 from drs_protocol.weights_state import DesiredWeights
@@ -69,11 +70,15 @@ class EngineState:
         config: EngineConfig,
         *,
         control_token: str | None,
+        serving_token: str | None = None,
         gang: GangSpec | None = None,
         desired_weights: DesiredWeights | None = None,
     ) -> None:
         self.config = config
         self.control_token = control_token
+        #: The fleet's serving token (``drs_protocol.auth``): callers of the serving routes present
+        #: it, and this engine presents it to its peers (KV fetch); None: serving routes are open.
+        self.serving_token = serving_token
         #: The fleet's desired weights when the engine started (reached before it serves).
         self.desired_weights = desired_weights
         #: The leader of an engine wider than a node (``drs_engine.gang.leader``); None for one pod.
@@ -138,7 +143,10 @@ class EngineState:
             path = self.config.model.path
         self.tokenizer = await asyncio.to_thread(load_tokenizer, path)
         backend = create_backend(
-            self.config, vocab_size=int(self.tokenizer.vocab_size), eos_token_id=int(self.tokenizer.eos_token_id)
+            self.config,
+            vocab_size=int(self.tokenizer.vocab_size),
+            eos_token_id=int(self.tokenizer.eos_token_id),
+            peer_headers=auth.bearer(self.serving_token) if self.serving_token else {},
         )
         metrics = EngineMetrics(backend=backend.name, role=self.config.role.value, test_double=backend.test_double)
         await backend.start()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Final
 
@@ -42,9 +42,11 @@ class _AiohttpStream:
 
 
 class AiohttpUpstream:
-    def __init__(self, *, connect_timeout: float, limits: Limits) -> None:
+    def __init__(self, *, connect_timeout: float, limits: Limits, headers: Mapping[str, str] | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.limits = limits
+        #: sent with every request (the serving token's ``authorization``)
+        self.headers = dict(headers or {})
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[tuple[float | None, float | None], aiohttp.ClientTimeout] = {}
 
@@ -56,7 +58,10 @@ class AiohttpUpstream:
             enable_cleanup_closed=False,
         )
         self._session = aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding")
+            connector=connector,
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent", "Accept-Encoding"),
+            headers=self.headers,
         )
 
     async def close(self) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Final
 
@@ -40,9 +40,11 @@ class _HttpxStream:
 
 
 class HttpxUpstream:
-    def __init__(self, *, connect_timeout: float, limits: Limits) -> None:
+    def __init__(self, *, connect_timeout: float, limits: Limits, headers: Mapping[str, str] | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.limits = limits
+        #: sent with every request (the serving token's ``authorization``)
+        self.headers = dict(headers or {})
         self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
@@ -53,6 +55,7 @@ class HttpxUpstream:
                 keepalive_expiry=KEEPALIVE_SECONDS,
             ),
             timeout=httpx.Timeout(None, connect=self.connect_timeout),
+            headers=self.headers,
         )
 
     async def close(self) -> None:

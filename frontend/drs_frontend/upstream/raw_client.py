@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Final, cast
@@ -186,13 +187,15 @@ class _Engine:
 
 
 class RawUpstream:
-    def __init__(self, *, connect_timeout: float, limits: Limits) -> None:
+    def __init__(self, *, connect_timeout: float, limits: Limits, headers: Mapping[str, str] | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.limits = limits
+        #: header lines sent with every request (the serving token's ``authorization``)
+        self._extra_head = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         self._engines: dict[str, _Engine] = {}
         self._targets: dict[str, tuple[_Engine, bytes]] = {}
         self._total = _Slots(limits.connections_total)
-        self._other = AiohttpUpstream(connect_timeout=connect_timeout, limits=limits)
+        self._other = AiohttpUpstream(connect_timeout=connect_timeout, limits=limits, headers=headers)
 
     async def start(self) -> None:
         await self._other.start()
@@ -218,7 +221,10 @@ class RawUpstream:
                 slots = _Slots(self.limits.connections_per_engine)
                 engine = self._engines[key] = _Engine(parts.hostname, port, slots)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            head = f"POST {path} HTTP/1.1\r\nHost: {key}\r\nContent-Type: application/json\r\nContent-Length: "
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: {key}\r\n{self._extra_head}"
+                "Content-Type: application/json\r\nContent-Length: "
+            )
             target = self._targets[url] = (engine, head.encode("latin-1"))
         return target
 

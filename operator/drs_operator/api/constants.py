@@ -164,6 +164,10 @@ class EventReason(StrEnum):
     # an engine wider than a node (a gang of pods over one Ray cluster)
     GANG_RESTARTING = "GangRestarting"
     GANG_READY = "GangReady"
+    # the fleet's token Secrets (drs_operator.manifests.secrets)
+    TOKEN_SECRET_CREATED = "TokenSecretCreated"
+    #: a token Secret was missing while pods that read it run: re-created with a new token
+    TOKEN_SECRET_RECREATED = "TokenSecretRecreated"
 
 
 class Phase(StrEnum):

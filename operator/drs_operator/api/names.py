@@ -14,6 +14,7 @@ frontend standby Deploym.  ``<drs>-r<replica>-f<index>-standby``       ``drs-r1-
 role engine ConfigMap      ``<drs>-<role>-config``                     ``drs-decode-config``
 replica frontend ConfigMap ``<drs>-r<replica>-frontend-config``        ``drs-r0-frontend-config``
 control-token Secret       ``<drs>-control``                           ``drs-control``
+serving-token Secret       ``<drs>-serving``                           ``drs-serving``
 replica engines NetPolicy  ``<drs>-r<replica>-engines``                ``drs-r0-engines``
 =========================  ==========================================  ======================
 
@@ -109,6 +110,11 @@ def weights_config_name(drs: str) -> str:
 def control_secret_name(drs: str) -> str:
     """Secret holding the bearer token of the engines' control API."""
     return f"{drs}-control"
+
+
+def serving_secret_name(drs: str) -> str:
+    """Secret holding the fleet's serving token (turn legs, KV fetch, gang polling; ``drs_protocol.auth``)."""
+    return f"{drs}-serving"
 
 
 def url(host: str, port: int) -> str:

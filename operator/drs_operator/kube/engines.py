@@ -45,17 +45,29 @@ OBSERVE_CONCURRENCY: Final = 32
 KEEPALIVE_S: Final = 2.0
 
 
-def control_token(secrets: Mapping[str, Manifest], drs: str) -> str | None:
-    """The fleet's control-API token from its live Secret (``data`` is base64), or None."""
-    secret = secrets.get(names.control_secret_name(drs)) or {}
-    raw = (secret.get("data") or {}).get(env.CONTROL_TOKEN_SECRET_KEY)
+def secret_token(secrets: Mapping[str, Manifest], secret_name: str) -> str | None:
+    """The token of a live token Secret (``drs_operator.manifests.secrets``; ``data`` is base64),
+    or None (no such Secret, no ``token`` key, or not base64 of UTF-8 text). The one reader of
+    both the control and the serving token."""
+    secret = secrets.get(secret_name) or {}
+    raw = (secret.get("data") or {}).get(env.TOKEN_SECRET_KEY)
     if raw:
         try:
             return base64.b64decode(str(raw), validate=True).decode()
         except (binascii.Error, UnicodeDecodeError):
             return None
-    plain = (secret.get("stringData") or {}).get(env.CONTROL_TOKEN_SECRET_KEY)
+    plain = (secret.get("stringData") or {}).get(env.TOKEN_SECRET_KEY)
     return str(plain) if plain else None
+
+
+def control_token(secrets: Mapping[str, Manifest], drs: str) -> str | None:
+    """The fleet's control-API token from its live ``<drs>-control`` Secret, or None."""
+    return secret_token(secrets, names.control_secret_name(drs))
+
+
+def serving_token(secrets: Mapping[str, Manifest], drs: str) -> str | None:
+    """The fleet's serving token from its live ``<drs>-serving`` Secret, or None."""
+    return secret_token(secrets, names.serving_secret_name(drs))
 
 
 class EngineClient:

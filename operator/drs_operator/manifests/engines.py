@@ -1,4 +1,4 @@
-"""Engine pods, their per-role ConfigMaps, the headless Service and the control-token Secret.
+"""Engine pods, their per-role ConfigMaps and the headless Service (the token Secrets: :mod:`.secrets`).
 
 One pod per engine, named after the engine; an engine wider than a node is a gang of pods, one
 per node, rank 0 named after the engine (the leader: Ray head and engine server) and rank k named
@@ -10,8 +10,9 @@ and, for a gang, ``DRS_RAY_PORT``. Every pod:
 * is pinned to its placed node by required node affinity (``matchFields metadata.name``) and asks
   for exactly its GPUs (``nvidia.com/gpu``);
 * reads its role's rendered engine configuration (merged TensorRT-LLM kwargs, model, cache
-  transceiver) from the role's ConfigMap through ``DRS_ENGINE_CONFIG_JSON``, and the control-API
-  token from the Secret through ``DRS_CONTROL_TOKEN``, and the fleet's desired weights from the
+  transceiver) from the role's ConfigMap through ``DRS_ENGINE_CONFIG_JSON``, the control-API
+  token and the serving token from their Secrets through ``DRS_CONTROL_TOKEN`` and
+  ``DRS_SERVING_TOKEN`` (``drs_protocol.auth``), and the fleet's desired weights from the
   weights ConfigMap through ``DRS_DESIRED_WEIGHTS_JSON`` (optional; a new value rolls nothing: only
   the reference is in the pod, and the engine reads the value once, at its start);
 * drains when stopped: the engine turns SIGTERM into a drain of ``spec.engine.drainSeconds`` (503 to
@@ -25,7 +26,6 @@ and, for a gang, ``DRS_RAY_PORT``. Every pod:
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -54,6 +54,7 @@ from drs_operator.manifests.common import (
     scratch,
     with_hash,
 )
+from drs_operator.manifests.secrets import control_token_env, serving_token_env
 from drs_operator.placement import EnginePlacement
 from drs_operator.plan import EngineSlot, Plan
 
@@ -62,7 +63,6 @@ SHM_VOLUME: Final = "dshm"
 MODEL_VOLUME: Final = "model"
 #: Engines probe often: a draining engine (503) should leave the Service and the status within a second or two.
 READINESS_PERIOD_S: Final = 1
-TOKEN_BYTES: Final = 32
 
 
 def build_engine_config(spec: DisaggReplicaSetSpec, plan: Plan, role: Role) -> EngineConfig:
@@ -137,17 +137,6 @@ def build_weights_configmap(owner: Owner, desired: DesiredWeights | None) -> Man
             "data": {env.DESIRED_WEIGHTS_KEY: desired.dump() if desired else ""},
         }
     )
-
-
-def build_control_secret(owner: Owner, token: str | None = None) -> Manifest:
-    """The Secret holding the engines' control-API token (created once, never rotated by the operator)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": owner.metadata(names.control_secret_name(owner.name), names.labels(owner.name)),
-        "type": "Opaque",
-        "stringData": {env.CONTROL_TOKEN_SECRET_KEY: token or secrets.token_hex(TOKEN_BYTES)},
-    }
 
 
 def build_engines_service(owner: Owner, port: int) -> Manifest:
@@ -236,7 +225,7 @@ def _engine_pod(
 def _engine_env(
     owner: Owner, plan: Plan, slot: EngineSlot, rank: int, world: int, gpus: int, leader: str
 ) -> list[dict[str, Any]]:
-    """The pod's address and name, its role's config, the control token and the gang variables
+    """The pod's address and name, its role's config, the control and serving tokens and the gang variables
     (``drs_protocol.gang``; the Ray port only for an engine wider than a node)."""
     pod_env: list[dict[str, Any]] = [
         field_env(env.POD_IP, "status.podIP"),
@@ -247,12 +236,8 @@ def _engine_env(
                 "configMapKeyRef": {"name": names.engine_config_name(owner.name, slot.role), "key": CONFIG_KEY}
             },
         },
-        {
-            "name": env.CONTROL_TOKEN,
-            "valueFrom": {
-                "secretKeyRef": {"name": names.control_secret_name(owner.name), "key": env.CONTROL_TOKEN_SECRET_KEY}
-            },
-        },
+        control_token_env(owner.name),
+        serving_token_env(owner.name),
         {
             "name": env.DESIRED_WEIGHTS_JSON,
             "valueFrom": {

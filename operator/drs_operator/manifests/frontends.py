@@ -54,6 +54,7 @@ from drs_operator.manifests.common import (
     with_hash,
 )
 from drs_operator.manifests.engines import build_engine_config, engine_request_bytes
+from drs_operator.manifests.secrets import serving_token_env
 from drs_operator.placement import ReplicaPlacement
 from drs_operator.plan import FrontendSlot, Plan, ReplicaPlan
 
@@ -198,6 +199,7 @@ def _frontend_container(
                     "configMapKeyRef": {"name": names.frontend_config_name(owner.name, slot.replica), "key": CONFIG_KEY}
                 },
             },
+            serving_token_env(owner.name),
         ],
         "ports": [{"name": "http", "containerPort": slot.port}],
         "readinessProbe": {"httpGet": {"path": routes.READY, "port": slot.port}, "periodSeconds": READINESS_PERIOD_S},

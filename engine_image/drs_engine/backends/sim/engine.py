@@ -25,7 +25,7 @@ generation leg on another engine with the same weights. The order of a leg's ste
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -70,14 +70,16 @@ class SimBackend(EngineBackend):
     name: ClassVar[str] = BackendName.SIM
     test_double: ClassVar[bool] = True
 
-    def __init__(self, config: EngineConfig, *, vocab_size: int, eos_token_id: int) -> None:
+    def __init__(
+        self, config: EngineConfig, *, vocab_size: int, eos_token_id: int, peer_headers: Mapping[str, str] | None = None
+    ) -> None:
         spec = config.sim
         self._config = config
         self._vocab_size = spec.vocab_size or vocab_size
         self._eos_token_id = spec.eos_token_id if spec.eos_token_id is not None else eos_token_id
         self._weights = initial_weights(config.model.path, config.weights_version)
         self._cache = PrefixCache(tokens_per_block=spec.tokens_per_block, capacity_tokens=spec.cache_capacity_tokens)
-        self._handoff = SimHandoff(spec, config.resolved_advertise_url())
+        self._handoff = SimHandoff(spec, config.resolved_advertise_url(), peer_headers)
         self._latency = LatencyModel.from_spec(spec)
         self._prefill = PrefillIterations(self._cache, self._latency)
         self._decodes_in_flight = 0

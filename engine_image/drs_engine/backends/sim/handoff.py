@@ -8,6 +8,7 @@ its own (digest, prompt, first token) and continues from it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -54,8 +55,10 @@ class ReceivedContext:
 class SimHandoff:
     """The context store (prefill side) and the HTTP fetch (decode side)."""
 
-    def __init__(self, spec: SimSpec, endpoint: str) -> None:
+    def __init__(self, spec: SimSpec, endpoint: str, peer_headers: Mapping[str, str] | None = None) -> None:
         self.endpoint = endpoint
+        #: what the KV fetch presents to a prefill engine (the fleet's serving token)
+        self._peer_headers = dict(peer_headers or {})
         self._store: ContextStore[ContextState] = ContextStore(
             capacity=spec.kv_store_capacity, ttl_seconds=spec.kv_store_ttl_seconds
         )
@@ -63,7 +66,9 @@ class SimHandoff:
 
     def open(self) -> None:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=KV_FETCH_TIMEOUT, limits=KV_FETCH_LIMITS)
+            self._client = httpx.AsyncClient(
+                timeout=KV_FETCH_TIMEOUT, limits=KV_FETCH_LIMITS, headers=self._peer_headers
+            )
 
     async def close(self) -> None:
         if self._client is not None:

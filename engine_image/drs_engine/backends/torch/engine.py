@@ -22,7 +22,7 @@ backend is chosen.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -74,7 +74,9 @@ class TorchBackend(EngineBackend):
     name: ClassVar[str] = BackendName.TORCH
     test_double: ClassVar[bool] = False
 
-    def __init__(self, config: EngineConfig, *, vocab_size: int, eos_token_id: int) -> None:
+    def __init__(
+        self, config: EngineConfig, *, vocab_size: int, eos_token_id: int, peer_headers: Mapping[str, str] | None = None
+    ) -> None:
         spec = config.torch
         source = resolve_model(config.model.path)
         self._source = source
@@ -95,6 +97,7 @@ class TorchBackend(EngineBackend):
             dtype=self._dtype,
             worker=self._worker,
             endpoint=config.resolved_advertise_url(),
+            peer_headers=peer_headers,
         )
         self._runner = ModelRunner(
             spec,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -58,9 +59,19 @@ class TorchHandoff:
     """Context KV left for decode engines, handed over, and received."""
 
     def __init__(
-        self, spec: TorchSpec, *, shape: ModelShape, device: Any, dtype: Any, worker: GpuWorker, endpoint: str
+        self,
+        spec: TorchSpec,
+        *,
+        shape: ModelShape,
+        device: Any,
+        dtype: Any,
+        worker: GpuWorker,
+        endpoint: str,
+        peer_headers: Mapping[str, str] | None = None,
     ) -> None:
         self._spec = spec
+        #: what the KV fetch presents to a prefill engine (the fleet's serving token)
+        self._peer_headers = dict(peer_headers or {})
         self._shape = shape
         self._device = device
         self._dtype = dtype
@@ -79,7 +90,7 @@ class TorchHandoff:
 
     def open(self) -> None:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=FETCH_TIMEOUT)
+            self._client = httpx.AsyncClient(timeout=FETCH_TIMEOUT, headers=self._peer_headers)
 
     async def close(self) -> None:
         if self._client is not None:

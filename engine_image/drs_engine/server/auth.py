@@ -1,0 +1,75 @@
+"""Who may call this engine: the serving and control tokens of ``drs_protocol.auth``, checked once.
+
+:class:`EngineAuth` is an ASGI middleware in front of every route of the engine app, so a route
+added later (a control route, an info route) is covered without naming it: ``/health`` and
+``/metrics`` are open; ``/control/...`` needs the control token; everything else, unknown paths
+included, the serving token. A missing or wrong token answers 401 (``drs_protocol.auth.
+unauthorized``, with the realm's ``www-authenticate``) before the route runs or reads a byte of
+the body. The comparison is constant-time; the token is never logged or echoed.
+
+An engine started without a serving token serves the serving realm to anyone (logged at start);
+one started without a control token refuses the whole control API (403, :func:`check_control`,
+which the control routes call too, so a control route registered outside this app's middleware,
+e.g. in a test, is still guarded).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drs_protocol import auth, env
+from drs_protocol.auth import Realm
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from drs_engine.errors import ForbiddenError, UnauthorizedError
+from drs_engine.server.state import EngineState
+
+
+def _presented(scope: Scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name == auth.AUTH_HEADER.encode():
+            return auth.presented_token(value.decode("latin-1"))
+    return None
+
+
+def check_control(state: EngineState, request: Request) -> None:
+    """The control routes' check: 403 when the control API is off; 401 without the right token."""
+    if not state.control_token:
+        raise ForbiddenError(
+            f"the control API is disabled on this engine: start it with --control-token-file or {env.CONTROL_TOKEN}"
+        )
+    presented = auth.presented_token(request.headers.get(auth.AUTH_HEADER))
+    if not auth.token_matches(presented, state.control_token):
+        raise UnauthorizedError(auth.unauthorized(Realm.CONTROL, presented=presented is not None).error.message)
+
+
+class EngineAuth:
+    """The middleware: the realm of the path, then its token (none for the open realm)."""
+
+    def __init__(self, app: ASGIApp, state: EngineState) -> None:
+        self.app = app
+        self.state = state
+
+    def _expected(self, realm: Realm) -> str | None:
+        if realm is Realm.SERVING:
+            return self.state.serving_token
+        return self.state.control_token  # control: a disabled control API is check_control's 403
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        realm = auth.realm_of(scope.get("path", ""))
+        expected = None if realm is Realm.OPEN else self._expected(realm)
+        if expected is None:
+            await self.app(scope, receive, send)
+            return
+        presented = _presented(scope)
+        if auth.token_matches(presented, expected):
+            await self.app(scope, receive, send)
+            return
+        answer: dict[str, Any] = auth.unauthorized(realm, presented=presented is not None).model_dump(mode="json")
+        response = JSONResponse(answer, status_code=401, headers=auth.challenge(realm))
+        await response(scope, receive, send)

@@ -1,0 +1,95 @@
+"""Engine authentication (``drs_protocol.auth``): every route but the probes needs a bearer token.
+
+Real sim engines on loopback: the serving realm (turn legs, model list, server info, gang report,
+the KV fetch, unknown paths) refuses a caller without the serving token or with a wrong one (401
+naming the realm, the token never echoed), serves one with it; ``/health`` and ``/metrics`` stay
+open; a decode engine's KV fetch presents its serving token to the prefill engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from drs_protocol import auth
+from drs_protocol.routes import kv_export_path
+
+from .conftest import CONTROL_TOKEN, EngineFactory
+from .test_protocol import CHAT_BODY, context_leg, generation_leg
+
+SERVING_TOKEN = "test-serving-token"
+
+SERVING_CALLS = [
+    pytest.param("POST", "/v1/chat/completions", CHAT_BODY, 200, id="chat-turn"),
+    pytest.param("POST", "/v1/completions", {"model": "sim", "prompt": "hi", "max_tokens": 3}, 200, id="completion"),
+    pytest.param("GET", "/v1/models", None, 200, id="model-list"),
+    pytest.param("GET", "/server_info", None, 200, id="server-info"),
+    pytest.param("GET", "/v1/gang", None, 404, id="gang-report-of-a-one-pod-engine"),
+    pytest.param("GET", kv_export_path(424242), None, 404, id="kv-fetch-of-an-unknown-context"),
+    pytest.param("GET", "/no/such/route", None, 404, id="unknown-path"),
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body", "served"), SERVING_CALLS)
+async def test_a_serving_route_refuses_a_caller_without_the_serving_token_and_serves_one_with_it(
+    client: httpx.AsyncClient, engine_factory: EngineFactory, method: str, path: str, body: Any, served: int
+) -> None:
+    async with engine_factory("prefill", serving_token=SERVING_TOKEN) as engine:
+        missing = await client.request(method, engine.url + path, json=body)
+        wrong = await client.request(method, engine.url + path, json=body, headers=auth.bearer("x" + SERVING_TOKEN))
+        control = await client.request(method, engine.url + path, json=body, headers=auth.bearer(CONTROL_TOKEN))
+        right = await client.request(method, engine.url + path, json=body, headers=auth.bearer(SERVING_TOKEN))
+    for refused, presented in ((missing, False), (wrong, True), (control, True)):
+        assert refused.status_code == 401, refused.text
+        assert refused.headers["www-authenticate"] == 'Bearer realm="drs-serving"'
+        answer = auth.Unauthorized.model_validate(refused.json())
+        assert answer.error.realm is auth.Realm.SERVING and answer.error.param == "authorization"
+        assert ("a wrong token" if presented else "no token") in answer.error.message
+        assert SERVING_TOKEN not in refused.text
+    assert right.status_code == served, right.text
+
+
+async def test_the_probes_stay_open_and_the_control_api_keeps_its_own_token(
+    client: httpx.AsyncClient, engine_factory: EngineFactory
+) -> None:
+    async with engine_factory("decode", serving_token=SERVING_TOKEN) as engine:
+        health = await client.get(engine.url + "/health")
+        metrics = await client.get(engine.url + "/metrics")
+        serving_on_control = await client.get(engine.url + "/control/weights", headers=auth.bearer(SERVING_TOKEN))
+        control = await client.get(engine.url + "/control/weights", headers=auth.bearer(CONTROL_TOKEN))
+    assert health.status_code == 200 and metrics.status_code == 200
+    assert serving_on_control.status_code == 401
+    assert serving_on_control.headers["www-authenticate"] == 'Bearer realm="drs-control"'
+    assert control.status_code == 200, control.text
+
+
+async def test_an_engine_without_a_serving_token_serves_anyone(
+    client: httpx.AsyncClient, engine_factory: EngineFactory
+) -> None:
+    async with engine_factory("prefill") as engine:
+        response = await client.post(engine.url + "/v1/chat/completions", json=CHAT_BODY)
+    assert response.status_code == 200, response.text
+
+
+async def test_a_decode_engine_presents_the_serving_token_when_it_fetches_the_context(
+    client: httpx.AsyncClient, engine_factory: EngineFactory
+) -> None:
+    """The generation leg needs the KV fetch to pass the prefill engine's check: with the fleet's
+    token it does; a decode engine holding no token is refused there, and says so."""
+    headers = auth.bearer(SERVING_TOKEN)
+    async with (
+        engine_factory("prefill", serving_token=SERVING_TOKEN) as prefill,
+        engine_factory("decode", serving_token=SERVING_TOKEN) as decode,
+        engine_factory("decode") as tokenless,
+    ):
+        ctx = await client.post(prefill.url + "/v1/chat/completions", json=context_leg(CHAT_BODY, 7), headers=headers)
+        assert ctx.status_code == 200, ctx.text
+        gen = await client.post(
+            decode.url + "/v1/chat/completions", json=generation_leg(CHAT_BODY, ctx.json()), headers=headers
+        )
+        ctx2 = await client.post(prefill.url + "/v1/chat/completions", json=context_leg(CHAT_BODY, 8), headers=headers)
+        refused = await client.post(tokenless.url + "/v1/chat/completions", json=generation_leg(CHAT_BODY, ctx2.json()))
+    assert gen.status_code == 200, gen.text
+    assert gen.json()["choices"][0]["token_ids"]
+    assert refused.status_code >= 400 and "401" in refused.text, refused.text
