@@ -100,28 +100,31 @@ class StreamReader:
             raise StreamError(f"header: not a weights stream header: {exc}") from exc
 
     async def pieces(self, nbytes: int) -> AsyncIterator[bytes]:
-        """The next ``nbytes`` of the stream, in pieces of at most :data:`RECEIVE_PIECE_BYTES`;
-        the stream must end right after them."""
+        """The next ``nbytes`` of the stream, in pieces of at most :data:`RECEIVE_PIECE_BYTES`
+        (each joined once from the body's chunks); the stream must end right after them."""
         left = nbytes
+        held: list[bytes] = [bytes(self._buffer)] if self._buffer else []
+        size = len(self._buffer)
+        self._buffer = bytearray()
         while left:
-            if not self._buffer:
-                await self._fill(1, f"weights ({nbytes - left} of {nbytes} bytes received)")
-            if len(self._buffer) < min(left, RECEIVE_PIECE_BYTES):
+            want = min(left, RECEIVE_PIECE_BYTES)
+            while size < want:
                 try:
-                    self._buffer += await anext(self._chunks)
-                    continue
+                    chunk = await anext(self._chunks)
                 except StopAsyncIteration:
                     raise StreamError(
-                        f"the stream ended at byte {self._offset + len(self._buffer)}: "
-                        f"{nbytes - left + len(self._buffer)} of the {nbytes} weights bytes received"
+                        f"the stream ended at byte {self._offset + size}: "
+                        f"{nbytes - left + size} of the {nbytes} weights bytes received"
                     ) from None
-            n = min(left, RECEIVE_PIECE_BYTES, len(self._buffer))
-            piece = bytes(self._buffer[:n])
-            del self._buffer[:n]
-            self._offset += n
-            left -= n
+                held.append(chunk)
+                size += len(chunk)
+            joined = held[0] if len(held) == 1 else b"".join(held)
+            piece, rest = joined[:want], joined[want:]
+            held, size = ([rest] if rest else []), len(rest)
+            self._offset += want
+            left -= want
             yield piece
-        if self._buffer:
+        if size:
             raise StreamError(f"the stream goes on after its {nbytes} weights bytes")
         async for extra in self._chunks:
             if extra:

@@ -10,19 +10,22 @@ into a new flat buffer on the engine's device, piece by piece, and the digest is
 (:func:`drs_protocol.weights_digest.digest_torch`) before anything is swapped: the served weights
 stay untouched until the new ones are whole and proven. The new buffer is then adopted as the
 packed weights (their parameters are views of it), so the peak is two copies of the weights on
-the device for the time of one load. Every function that touches a tensor blocks: they run on the
+the device for the time of one load. On the CPU the digest is computed as the pieces arrive
+(NumPy, overlapping the network) instead of over the buffer afterwards; the manager keeps it as
+the digest of the weights until they next change (no second pass over the same bytes). Every function that touches a tensor blocks: they run on the
 GPU worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
 from drs_protocol.nemo_rl_refit import TensorSpec
-from drs_protocol.weights_digest import digest_torch
+from drs_protocol.weights_digest import Digester, digest_torch
 from drs_protocol.weights_pack import flat_slots
 from drs_protocol.weights_stream import StreamTensor, WeightsStreamHeader
 
@@ -74,18 +77,26 @@ async def receive(
 ) -> PackedWeights:
     """The stream's weights in a new buffer on ``device``, once their digest is the header's."""
     flat = await worker.run(_empty, header.nbytes, device)
+    on_host = Digester() if flat.device.type == "cpu" else None  # on the CPU: digest as the bytes arrive
     offset = 0
     async for piece in pieces:
         await worker.run(_copy_in, flat, offset, piece)
+        if on_host is not None:
+            await asyncio.to_thread(on_host.update, piece)
         offset += len(piece)
     if offset != header.nbytes:
         raise WeightsLoadError(f"the stream carried {offset} of its {header.nbytes} bytes")
-    reached = await worker.run(digest_torch, flat)
+    reached = on_host.hexdigest() if on_host is not None else await worker.run(digest_torch, flat)
     if reached != header.digest:
         raise WeightsLoadError(
             f"the bytes received have digest {reached}, not the {header.digest} the sender announced", param="digest"
         )
     return await worker.run(adopt, flat, specs)
+
+
+def verified_digest(header: WeightsStreamHeader) -> str:
+    """The digest :func:`receive` proved of the buffer it returned (the header's, once checked)."""
+    return header.digest
 
 
 def _empty(nbytes: int, device: Any) -> Any:
