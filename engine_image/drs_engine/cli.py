@@ -23,7 +23,7 @@ from drs_protocol.enums import EngineBackend, Role, choices
 
 from drs_engine.config import build_config, load_config_file
 from drs_engine.gang.spec import EXIT_GANG_LOST, GangSpec
-from drs_engine.weights.desired import DesiredWeightsError, desired_from_env, peers_from_env
+from drs_engine.weights.desired import DesiredWeightsError, weights_from_env
 
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
@@ -116,8 +116,7 @@ def engine(
         raise click.ClickException(f"invalid gang: {exc}") from exc
     token = read_control_token(control_token_file)
     try:
-        desired_weights = desired_from_env(os.environ)
-        weights_peers = peers_from_env(os.environ)
+        weights = weights_from_env(os.environ)
     except DesiredWeightsError as exc:
         raise click.ClickException(str(exc)) from exc
     try:
@@ -140,9 +139,7 @@ def engine(
         click.echo(
             f"drs engine: leader of a gang of {gang.world_size} ranks (Ray head on port {gang.ray_port})", err=True
         )
-    server = uvicorn_server(
-        config, token, log_level=log_level, gang=gang, desired_weights=desired_weights, weights_peers=weights_peers
-    )
+    server = uvicorn_server(config, token, log_level=log_level, gang=gang, **weights)
     try:
         server.run(sockets=[sock])
     except SystemExit as exc:  # uvicorn exits this way when the app's startup (model load) fails

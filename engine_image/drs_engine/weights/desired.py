@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 from drs_protocol import env
 from drs_protocol.weights_state import DesiredWeights
@@ -53,6 +54,18 @@ def peers_from_env(environ: Mapping[str, str]) -> tuple[str, ...]:
         raise DesiredWeightsError(
             f"{env.WEIGHTS_PEERS_JSON}: not a JSON list of engine base URLs (http://host:port): {exc}"
         ) from exc
+
+
+class StartWeights(TypedDict):
+    """What an engine is started with about the fleet's weights (``uvicorn_server``'s keywords)."""
+
+    desired_weights: DesiredWeights | None
+    weights_peers: tuple[str, ...]
+
+
+def weights_from_env(environ: Mapping[str, str]) -> StartWeights:
+    """The desired weights and the peers the pod was given (:class:`DesiredWeightsError` naming the variable)."""
+    return StartWeights(desired_weights=desired_from_env(environ), weights_peers=peers_from_env(environ))
 
 
 def holds(version: str, digest: str | None, desired: DesiredWeights) -> bool:

@@ -19,6 +19,7 @@ GPU worker thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
@@ -78,12 +79,29 @@ async def receive(
     """The stream's weights in a new buffer on ``device``, once their digest is the header's."""
     flat = await worker.run(_empty, header.nbytes, device)
     on_host = Digester() if flat.device.type == "cpu" else None  # on the CPU: digest as the bytes arrive
+
+    async def take(piece: bytes, at: int) -> None:
+        copy = worker.run(_copy_in, flat, at, piece)
+        if on_host is None:
+            await copy
+        else:
+            await asyncio.gather(copy, asyncio.to_thread(on_host.update, piece))
+
     offset = 0
-    async for piece in pieces:
-        await worker.run(_copy_in, flat, offset, piece)
-        if on_host is not None:
-            await asyncio.to_thread(on_host.update, piece)
-        offset += len(piece)
+    busy: asyncio.Task[None] | None = None  # the previous piece's copy, while the next one arrives
+    try:
+        async for piece in pieces:
+            if busy is not None:
+                await busy
+            busy = asyncio.ensure_future(take(piece, offset))
+            offset += len(piece)
+        if busy is not None:
+            await busy
+    finally:
+        if busy is not None and not busy.done():
+            busy.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await busy
     if offset != header.nbytes:
         raise WeightsLoadError(f"the stream carried {offset} of its {header.nbytes} bytes")
     reached = on_host.hexdigest() if on_host is not None else await worker.run(digest_torch, flat)
