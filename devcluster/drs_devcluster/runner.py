@@ -82,7 +82,9 @@ CONTROL_PLANE_CHECK_S: Final = 2.0
 ENV_RETRY_S: Final = 5.0
 NODE_QUIET_POLL_S: Final = 0.1
 #: Variables of the runner's own environment a pod process inherits (a container would get its image's).
-INHERITED_ENV: Final = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
+#: ``PYTHONPATH`` too: the image's code is the source tree the runner runs from (a worktree's tests
+#: set it to their own sources; without it pods would run whatever the venv has installed).
+INHERITED_ENV: Final = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ", "PYTHONPATH")
 
 log = logging.getLogger("drs.pod-runner")
 
