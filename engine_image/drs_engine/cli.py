@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING
 
 import click
 from drs_protocol import auth, env
@@ -22,7 +23,10 @@ from drs_protocol.enums import EngineBackend, Role, choices
 
 from drs_engine.config import build_config, load_config_file
 from drs_engine.gang.spec import EXIT_GANG_LOST, GangSpec
-from drs_engine.weights.desired import DesiredWeightsError, desired_from_env
+from drs_engine.weights.desired import DesiredWeightsError, weights_from_env
+
+if TYPE_CHECKING:
+    from drs_protocol.engine_config import EngineConfig
 
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
@@ -126,7 +130,7 @@ def engine(
     token = read_control_token(control_token_file)
     serving_token = read_token_option(serving_token_file, env.SERVING_TOKEN, "serving")
     try:
-        desired_weights = desired_from_env(os.environ)
+        weights = weights_from_env(os.environ)
     except DesiredWeightsError as exc:
         raise click.ClickException(str(exc)) from exc
     try:
@@ -137,6 +141,29 @@ def engine(
     config = config.model_copy(update={"port": sock.getsockname()[1]})
     if gang is not None and not gang.is_leader:
         sys.exit(_run_rank(gang, config.host, config.port, sock, log_level, serving_token))
+    _say_how_it_serves(config, token, serving_token, gang)
+    server = uvicorn_server(config, token, serving_token=serving_token, log_level=log_level, gang=gang, **weights)
+    try:
+        server.run(sockets=[sock])
+    except SystemExit as exc:  # uvicorn exits this way when the app's startup (model load) fails
+        if exc.code in (0, None):
+            raise
+        started = False
+    else:
+        started = server.started
+    if not started:
+        click.echo(f"drs engine: failed to start on port {config.port} (see the log above)", err=True)
+        sys.exit(EXIT_STARTUP_FAILED)
+    fatal = server.state.fatal
+    if fatal is not None:
+        click.echo(f"drs engine: the gang is lost ({fatal}); exiting so that the engine restarts as a whole", err=True)
+        sys.exit(EXIT_GANG_LOST)
+
+
+def _say_how_it_serves(
+    config: EngineConfig, token: str | None, serving_token: str | None, gang: GangSpec | None
+) -> None:
+    """The start's lines on stderr: where it listens, which tokens guard it, its gang."""
     if token is None:
         click.echo(
             f"drs engine: no control token ({env.CONTROL_TOKEN} or --control-token-file): control API disabled",
@@ -154,29 +181,6 @@ def engine(
         click.echo(
             f"drs engine: leader of a gang of {gang.world_size} ranks (Ray head on port {gang.ray_port})", err=True
         )
-    server = uvicorn_server(
-        config,
-        token,
-        serving_token=serving_token,
-        log_level=log_level,
-        gang=gang,
-        desired_weights=desired_weights,
-    )
-    try:
-        server.run(sockets=[sock])
-    except SystemExit as exc:  # uvicorn exits this way when the app's startup (model load) fails
-        if exc.code in (0, None):
-            raise
-        started = False
-    else:
-        started = server.started
-    if not started:
-        click.echo(f"drs engine: failed to start on port {config.port} (see the log above)", err=True)
-        sys.exit(EXIT_STARTUP_FAILED)
-    fatal = server.state.fatal
-    if fatal is not None:
-        click.echo(f"drs engine: the gang is lost ({fatal}); exiting so that the engine restarts as a whole", err=True)
-        sys.exit(EXIT_GANG_LOST)
 
 
 def _run_rank(

@@ -20,7 +20,8 @@ shape.
     ├── NotSupportedError               (501 not_implemented)        op not offered by this backend
     ├── KvTransferError = UpstreamError (502 upstream_error)         prefill engine unreachable for a KV fetch
     └── UnavailableError                (503 service_unavailable)    asleep (memory released) or not loaded
-        └── DrainingError               (503 draining)               stopping: send the leg to another engine
+        ├── DrainingError               (503 draining)               stopping: send the leg to another engine
+        └── WeightsPendingError         (503 weights_pending)        not at the desired weights it started under yet
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from drs_protocol.errors import (
     UpstreamError,
 )
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
+from drs_protocol.weights_stream import WEIGHTS_PENDING_ERROR_TYPE
 
 #: Base of every error the engine reports to a caller.
 EngineError = ApiError
@@ -58,6 +60,7 @@ __all__ = [
     "UnauthorizedError",
     "UnavailableError",
     "WeightsLoadError",
+    "WeightsPendingError",
 ]
 
 
@@ -81,3 +84,9 @@ class DrainingError(UnavailableError):
     """503: the engine is stopping; the leg belongs on another engine."""
 
     type = DRAINING_ERROR_TYPE
+
+
+class WeightsPendingError(UnavailableError):
+    """503: the engine does not hold the fleet's desired weights it started under yet."""
+
+    type = WEIGHTS_PENDING_ERROR_TYPE

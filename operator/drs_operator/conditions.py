@@ -96,6 +96,9 @@ class Observed:
     engine_weights: Mapping[str, HeldWeights] = dataclasses.field(default_factory=dict)
     #: the ``disagg.dev/desired-weights`` annotation, parsed: the weights the fleet must hold
     desired_weights: DesiredWeights | None = None
+    #: engine name -> why it is not at the desired weights it started under yet, as it said
+    #: (``engine_observation.catch_up_reasons``; named in ``WeightsPending``)
+    engine_catch_up: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _cond(
@@ -261,7 +264,7 @@ def compute_status(
         degraded,
     ]
     if weights is not None and weights.desired is not None:
-        conditions.append(_weights_pending_condition(make, replicas, weights.desired))
+        conditions.append(_weights_pending_condition(make, replicas, weights.desired, observed.engine_catch_up))
     status = DisaggReplicaSetStatus(
         observed_generation=observed.generation,
         replicas=counts.n,
@@ -364,14 +367,17 @@ def _progressing_condition(
 
 
 def _weights_pending_condition(
-    make: _Conditions, replicas: Sequence[ReplicaStatus], desired: DesiredWeightsStatus
+    make: _Conditions,
+    replicas: Sequence[ReplicaStatus],
+    desired: DesiredWeightsStatus,
+    catch_up: Mapping[str, str] | None = None,
 ) -> Condition:
     """``WeightsPending``: True while an engine of a placed replica does not hold ``desired``
     (:mod:`drs_operator.weights_pending`); False once every one does."""
     total = sum(len(r.engines) for r in replicas if r.placed)
     pending = pending_engines(replicas, desired)
     if pending:
-        message = pending_message(pending, total, desired)
+        message = pending_message(pending, total, desired, catch_up)
         return make(ConditionType.WEIGHTS_PENDING, True, Reason.WEIGHTS_PENDING, message)
     message = f"{total} engine(s) hold the desired weights {desired.version}"
     return make(ConditionType.WEIGHTS_PENDING, False, Reason.WEIGHTS_CURRENT, message)

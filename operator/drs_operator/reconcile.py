@@ -49,7 +49,7 @@ from drs_operator.api.objects import Manifest
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status, status_dict
 from drs_operator.decide import Decision, decide
-from drs_operator.engine_observation import held_weights, observation_targets
+from drs_operator.engine_observation import catch_up_reasons, held_weights, observation_targets
 from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.engines import EngineClient, control_token
@@ -182,13 +182,16 @@ async def _observe_engines(
     ctx: Context, decision: Decision, live: dict[str, dict[str, Manifest]], name: str
 ) -> Observed:
     """``decision.observed`` with what every serving engine answered it holds (no answer: unknown)."""
+    catching_up = decision.observed.desired_weights is not None  # not-Ready engines say why
     observations = await ctx.engines.observe(
-        observation_targets(decision.plan, decision.observed.replica_statuses, live["Pod"]),
+        observation_targets(decision.plan, decision.observed.replica_statuses, live["Pod"], catching_up=catching_up),
         control_token(live["Secret"], name),
     )
     ctx.metrics.engine_observations.labels(result="answered").inc(sum(o.held is not None for o in observations))
     ctx.metrics.engine_observations.labels(result="unknown").inc(sum(o.held is None for o in observations))
-    return dataclasses.replace(decision.observed, engine_weights=held_weights(observations))
+    return dataclasses.replace(
+        decision.observed, engine_weights=held_weights(observations), engine_catch_up=catch_up_reasons(observations)
+    )
 
 
 def _next_look(decision: Decision, status: DisaggReplicaSetStatus, now: datetime.datetime) -> float | None:

@@ -11,7 +11,7 @@ about serving capacity: engines at other weights still serve.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from drs_operator.api.status import DesiredWeightsStatus, EngineStatus, ReplicaStatus
 
@@ -40,12 +40,22 @@ def _weights(version: str | None, digest: str | None) -> str:
     return f"{version} ({digest[:16]}…)" if digest else version
 
 
-def pending_message(pending: Sequence[EngineStatus], total: int, desired: DesiredWeightsStatus) -> str:
+def pending_message(
+    pending: Sequence[EngineStatus],
+    total: int,
+    desired: DesiredWeightsStatus,
+    catch_up: Mapping[str, str] | None = None,
+) -> str:
     """``k/n engine(s) do not hold desired weights V (digest…): e holds W; …`` with at most
-    :data:`NAMED_ENGINES` engines named and the rest counted."""
-    named = "; ".join(
-        f"{e.name} holds {_weights(e.weights_version, e.weights_digest)}" for e in pending[:NAMED_ENGINES]
-    )
+    :data:`NAMED_ENGINES` engines named and the rest counted; an engine that said why it is not
+    there yet (``catch_up``: it is up, not ready, catching up) with its reason in brackets."""
+    reasons = catch_up or {}
+
+    def one(e: EngineStatus) -> str:
+        why = f" ({reasons[e.name]})" if e.name in reasons else ""
+        return f"{e.name} holds {_weights(e.weights_version, e.weights_digest)}{why}"
+
+    named = "; ".join(one(e) for e in pending[:NAMED_ENGINES])
     more = f"; and {len(pending) - NAMED_ENGINES} more" if len(pending) > NAMED_ENGINES else ""
     want = _weights(desired.version, desired.digest)
     return f"{len(pending)}/{total} engine(s) do not hold the desired weights {want}: {named}{more}"

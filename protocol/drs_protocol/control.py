@@ -11,6 +11,7 @@ measurements (seconds, bytes, GPU memory …): JSON scalars by name, never read 
 from __future__ import annotations
 
 import functools
+from enum import StrEnum
 from typing import Annotated, Any, Final, Generic, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
@@ -169,15 +170,43 @@ class MemoryTags(_Strict):
 # -- answers ---------------------------------------------------------------------------------
 
 
+class CatchUpPhase(StrEnum):
+    """Where an engine is on its way to the desired weights it started under."""
+
+    #: loading them (from the path or a peer), or waiting to try again: not ready
+    PENDING = "pending"
+    #: it holds them (or a weights operation moved it on since)
+    REACHED = "reached"
+
+
+class CatchUpStatus(_Strict):
+    """``WeightsInfo.catch_up``: the desired weights the engine started under and how far it is
+    (:mod:`drs_protocol.weights_stream`). ``source``: the checkpoint path, or ``peers``;
+    ``last_error``: the last attempt's failure, naming the path, peer or digests;
+    ``next_attempt_s``: seconds until the next try (None: one runs now, or none is due)."""
+
+    phase: CatchUpPhase
+    desired_version: str
+    desired_digest: Digest | None = None
+    source: str
+    attempts: int = Field(ge=0)
+    last_error: str | None = None
+    next_attempt_s: float | None = None
+    reached_from: str | None = None
+
+
 class WeightsInfo(_Strict):
     """``GET /control/weights``: the weights the engine holds, as the engine itself observes them.
     ``weights_digest``: :mod:`drs_protocol.weights_digest` of the bytes it holds, computed by the
-    engine after every change of its weights (None: its backend computes none)."""
+    engine after every change of its weights (None: its backend computes none). ``catch_up``: an
+    engine started under desired weights it did not hold says how far it is (None: it started
+    under none, or at them)."""
 
     weights_version: str
     weights_digest: Digest | None
     backend: str
     test_double: bool
+    catch_up: CatchUpStatus | None = None
 
 
 class _Result(_Strict):

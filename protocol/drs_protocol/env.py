@@ -21,6 +21,10 @@ FRONTEND_CONFIG_JSON: Final = "DRS_FRONTEND_CONFIG_JSON"
 #: The fleet's desired weights as JSON (:class:`drs_protocol.weights_state.DesiredWeights`; empty:
 #: none), from the fleet's weights ConfigMap (read once, at the engine's start).
 DESIRED_WEIGHTS_JSON: Final = "DRS_DESIRED_WEIGHTS_JSON"
+#: The engines holding the fleet's desired weights, as JSON (:class:`drs_protocol.weights_stream.WeightsPeers`;
+#: empty: none), from the fleet's weights ConfigMap: where an engine catches up when the desired
+#: weights have no path (read once, at the engine's start).
+WEIGHTS_PEERS_JSON: Final = "DRS_WEIGHTS_PEERS_JSON"
 #: The pod's own address (downward API ``status.podIP``); the pods' ``--host $(POD_IP)``.
 POD_IP: Final = "POD_IP"
 #: The pod's name (downward API ``metadata.name``).
@@ -48,3 +52,5 @@ TOKEN_SECRET_KEY: Final = "token"
 CONTROL_TOKEN_SECRET_KEY: Final = TOKEN_SECRET_KEY
 #: Key of the desired weights (JSON) in the fleet's weights ConfigMap the operator keeps.
 DESIRED_WEIGHTS_KEY: Final = "desired"
+#: Key of the peers holding them (JSON list of engine base URLs) in the same ConfigMap.
+WEIGHTS_PEERS_KEY: Final = "peers"

@@ -75,6 +75,9 @@ class ControlOp(StrEnum):
 
 #: ``GET`` this path: the weights version an engine serves (:attr:`ControlOp.GET_WEIGHTS_VERSION`).
 CONTROL_WEIGHTS: Final = "/control/weights"
+#: ``GET`` this path: the weights an engine holds as one stream (:mod:`drs_protocol.weights_stream`),
+#: for a peer catching up; behind the control token as every control route.
+CONTROL_WEIGHTS_STREAM: Final = "/control/weights/stream"
 
 #: The ``POST`` route of every other control operation.
 CONTROL_ROUTES: Final[Mapping[ControlOp, str]] = MappingProxyType(

@@ -4,6 +4,7 @@ reads at its start, status.weights.desired, and the rule that a new value rolls 
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 from drs_operator.api import names
 from drs_operator.conditions import weights_status
@@ -12,6 +13,7 @@ from drs_operator.rollout import compute_actions
 from drs_protocol import env
 from drs_protocol.weights_digest import digest_bytes
 from drs_protocol.weights_state import DesiredWeights, parse_desired_weights
+from drs_protocol.weights_stream import WeightsPeers
 from operator_fixtures import OWNER, as_live, build, spec
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -76,3 +78,32 @@ def test_unreadable_desired_weights_are_none() -> None:
     assert parse_desired_weights('{"version": " padded "}') is None
     assert parse_desired_weights('{"version": "v", "digest": "sha256:0"}') is None
     assert parse_desired_weights(STEP.dump()) == STEP
+
+
+def test_pathless_desired_weights_give_the_engines_the_fleets_engines_to_catch_up_from() -> None:
+    """After a broadcast or CUDA IPC refit (no path) the weights ConfigMap lists every placed
+    engine's URL under ``peers`` (the engine pods read it as ``DRS_WEIGHTS_PEERS_JSON``); with a
+    path, or none desired, it lists none."""
+    pathless = DesiredWeights(version="step-2", digest="wd1:" + "a" * 64)
+    s = spec()
+    p, placement, _ = build(s)
+
+    def _children(desired: DesiredWeights) -> Any:
+        return desired_children(OWNER, s, p, placement, {}, desired)
+
+    data = _children(pathless).all_of("ConfigMap")[names.weights_config_name(OWNER.name)]["data"]
+    peers = WeightsPeers.model_validate_json(data[env.WEIGHTS_PEERS_KEY]).root
+    pods = _children(pathless).all_of("Pod")
+    assert len(peers) == len(pods) > 1 and all(url.startswith("http://") for url in peers)
+    with_path = DesiredWeights(version="step-2", path="/ckpt/step-2")
+    assert (
+        env.WEIGHTS_PEERS_KEY
+        not in _children(with_path).all_of("ConfigMap")[names.weights_config_name(OWNER.name)]["data"]
+    )
+    pod = next(iter(pods.values()))
+    refs = {e["name"]: e.get("valueFrom", {}).get("configMapKeyRef") for e in pod["spec"]["containers"][0]["env"]}
+    assert refs[env.WEIGHTS_PEERS_JSON] == {
+        "name": names.weights_config_name(OWNER.name),
+        "key": env.WEIGHTS_PEERS_KEY,
+        "optional": True,
+    }

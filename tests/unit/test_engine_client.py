@@ -11,11 +11,13 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from drs_engine.config import build_config
 from drs_engine.server.runner import RunningEngine, start_engine
 from drs_operator.engine_observation import Target
 from drs_operator.kube.engines import EngineClient, control_token
+from drs_protocol.weights_state import DesiredWeights
 
 TOKEN = "operator-test-token"
 
@@ -113,3 +115,25 @@ def test_the_control_token_is_read_from_the_fleets_secret() -> None:
     assert control_token({"fleet-control": {"stringData": {"token": "plain"}}}, "fleet") == "plain"
     assert control_token({"fleet-control": {"data": {"token": "%%%"}}}, "fleet") is None
     assert control_token({}, "fleet") is None
+
+
+async def test_an_engine_catching_up_says_why_and_is_not_serving(tmp_path: Path) -> None:
+    """A real sim engine started under desired weights whose path does not exist: up, not ready;
+    asked as a not-serving target, its answer carries the reason."""
+    config = build_config({"backend": "sim", "role": "decode", "host": "127.0.0.1", "port": 0, "sim": {"speed": 0}})
+    desired = DesiredWeights(version="step-2", path=str(tmp_path / "not-there"))
+    client = EngineClient()
+    try:
+        async with start_engine(config, control_token=TOKEN, desired_weights=desired) as engine:
+            catch_up = engine.server.state.catch_up
+            assert catch_up is not None
+            async with asyncio.timeout(20):
+                while catch_up.attempts < 1 or catch_up.last_error is None:
+                    async with engine.server.state.control_lock:  # an attempt runs under it
+                        pass
+                    await asyncio.sleep(0)
+            obs = await client.weights(Target("e0", engine.url, serving=False), TOKEN)
+        assert not obs.serving and obs.held is not None
+        assert obs.catch_up is not None and "not-there" in obs.catch_up and "does not exist" in obs.catch_up
+    finally:
+        await client.close()

@@ -11,7 +11,7 @@ from typing import Any
 
 from drs_operator.api.status import Condition, DisaggReplicaSetStatus
 from drs_operator.conditions import compute_status
-from drs_operator.engine_observation import Observation, held_weights, observation_targets
+from drs_operator.engine_observation import Observation, catch_up_reasons, held_weights, observation_targets
 from drs_operator.plan import plan
 from drs_protocol.weights_digest import digest_bytes
 from drs_protocol.weights_state import DesiredWeights, HeldWeights
@@ -144,3 +144,32 @@ def test_status_shows_exactly_what_the_asked_engines_answered(
     assert degraded is not None
     if degraded.reason == "WeightsSplit":
         assert len({(h.version, h.digest) for h in known.values()}) > 1
+
+
+def test_while_catching_up_engines_not_ready_are_asked_why_and_what_they_hold_stays_unknown() -> None:
+    """An engine up but not Ready (catching up to the desired weights) is asked only with
+    ``catching_up``; what it holds is not merged (it serves nothing); its reason is named in
+    ``WeightsPending``."""
+    live = _live({ENGINES[0]: "unready"})
+    assert ENGINES[0] not in [t.engine for t in observation_targets(PLAN, _OBSERVED.replica_statuses, live["Pod"])]
+    targets = observation_targets(PLAN, _OBSERVED.replica_statuses, live["Pod"], catching_up=True)
+    assert [(t.engine, t.serving) for t in targets] == [(ENGINES[0], False), *((n, True) for n in ENGINES[1:])]
+    desired = DesiredWeights(version="step-2", digest=NEW)
+    why = "catching up from peers, attempt 2 failed: no peer gave the desired weights step-2"
+    observations = [
+        Observation(ENGINES[0], HeldWeights(version="0", digest=OLD), serving=False, catch_up=why),
+        *(Observation(n, HeldWeights(version="step-2", digest=NEW)) for n in ENGINES[1:]),
+    ]
+    assert ENGINES[0] not in held_weights(observations)
+    assert catch_up_reasons(observations) == {ENGINES[0]: why}
+    observed = dataclasses.replace(
+        _OBSERVED,
+        live=live,
+        engine_weights=held_weights(observations),
+        desired_weights=desired,
+        engine_catch_up=catch_up_reasons(observations),
+    )
+    status, _ = compute_status(OWNER.name, DisaggReplicaSetStatus(), observed, T0)
+    pending = _cond(status, "WeightsPending")
+    assert pending is not None and pending.status == "True"
+    assert f"{ENGINES[0]} holds unknown weights ({why})" in pending.message

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
+from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.errors import NotSupportedError
+from drs_engine.weights.stream import WeightsExport
 from drs_engine.wire import EngineRequest, RequestType
 
 #: The memory tags of ``release_memory``/``resume_memory`` a backend that owns its memory knows
@@ -200,6 +202,20 @@ class EngineBackend(abc.ABC):
     @abc.abstractmethod
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         """Read the checkpoint at ``path`` into the weights and serve them as ``version``."""
+
+    async def export_weights(self) -> WeightsExport:
+        """The weights held now, as a peer catching up receives them (``GET /control/weights/stream``):
+        their layout and bytes in order (:mod:`drs_engine.weights.stream`)."""
+        raise NotSupportedError(f"the {self.name} backend cannot stream its weights to a peer")
+
+    async def load_weights_from_stream(
+        self, header: WeightsStreamHeader, pieces: AsyncIterator[bytes], version: str
+    ) -> dict[str, Any]:
+        """Take a peer's weights (``pieces``: exactly ``header.nbytes``) and serve them as
+        ``version``, but only once their digest, computed here over what arrived, is
+        ``header.digest``: on any failure (a short stream, other bytes) the weights held before
+        stay, untouched (:class:`~drs_engine.errors.WeightsLoadError`)."""
+        raise NotSupportedError(f"the {self.name} backend cannot load weights from a peer")
 
     @abc.abstractmethod
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]: ...

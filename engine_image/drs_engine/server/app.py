@@ -4,7 +4,8 @@ Routes:
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` — serving (:mod:`.serving`);
 - ``GET /v1/models`` — the one model served, OpenAI's model list (:mod:`drs_protocol.model_list`);
-- ``GET /health`` — 200 once the model is loaded, 503 before and while draining (SIGTERM);
+- ``GET /health`` — 200 once the model is loaded, 503 before, while draining (SIGTERM) and while it
+  does not hold the desired weights it started under (``weights_pending``, :mod:`drs_engine.weights.catchup`);
 - ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
 - ``GET /v1/gang`` — an engine wider than a node: its leader's report of every rank (joined, node,
   workers alive) and the gang's phase (``drs_protocol.gang``); 404 on an engine of one pod;
@@ -12,7 +13,8 @@ Routes:
 - ``GET /v1/disagg/kv/{ctx_request_id}`` — a prefill engine hands a context state to a decode
   engine and forgets it (sim: JSON; torch: ``?transport=http|cuda_ipc``, a binary KV frame;
   trtllm moves KV with its cache transceiver: 501);
-- ``/control/...`` — the control API behind a bearer token (:mod:`.control`).
+- ``/control/...`` — the control API behind a bearer token (:mod:`.control`), and the weights
+  stream a peer catching up reads (:mod:`.peer_stream`).
 
 Every route but ``/health`` and ``/metrics`` needs a bearer token (:mod:`.auth`, in front of all
 of them): ``/control/...`` the control token, the others the fleet's serving token (when the
@@ -25,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -35,6 +37,7 @@ from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
 from drs_protocol.model_list import model_list
 from drs_protocol.weights_state import DesiredWeights
+from drs_protocol.weights_stream import WEIGHTS_PENDING_ERROR_TYPE
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -44,7 +47,7 @@ from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import EngineError
 from drs_engine.gang.spec import GangSpec
 from drs_engine.metrics import CONTENT_TYPE_LATEST
-from drs_engine.server import control, serving
+from drs_engine.server import control, peer_stream, serving
 from drs_engine.server.auth import EngineAuth
 from drs_engine.server.state import EngineState
 
@@ -58,11 +61,17 @@ def create_app(
     serving_token: str | None = None,
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
+    weights_peers: Sequence[str] = (),
 ) -> FastAPI:
     """The app of one engine; the model loads in the app's lifespan (startup), or, for the leader
     of an engine wider than a node, in the background once every rank joined."""
     state = EngineState(
-        config, control_token=control_token, serving_token=serving_token, gang=gang, desired_weights=desired_weights
+        config,
+        control_token=control_token,
+        serving_token=serving_token,
+        gang=gang,
+        desired_weights=desired_weights,
+        weights_peers=weights_peers,
     )
 
     @asynccontextmanager
@@ -85,6 +94,7 @@ def create_app(
     _add_serving_routes(app, state)
     _add_info_routes(app, state)
     control.register(app, state)
+    peer_stream.register(app, state)
     app.add_middleware(EngineAuth, state=state)
     return app
 
@@ -126,6 +136,9 @@ def _add_info_routes(app: FastAPI, state: EngineState) -> None:
     config = state.config
 
     async def health() -> Response:
+        if state.catch_up is not None and state.catch_up.pending:
+            body = error_body(503, state.catch_up.reason(), type_=WEIGHTS_PENDING_ERROR_TYPE)
+            return JSONResponse(body, status_code=503)
         if not state.ready:
             why = (
                 f"the engine's gang is {state.gang.phase}: {state.gang.reason}"

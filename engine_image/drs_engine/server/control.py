@@ -12,7 +12,8 @@ inside it); an engine started without a token refuses the whole control API (403
 ==========================================  ==================================================  =====
 route                                       body                                                notes
 ==========================================  ==================================================  =====
-``GET  /control/weights``                   —                                                   version and digest held
+``GET  /control/weights``                   —                                                   version, digest, catch-up
+``GET  /control/weights/stream``            —                                                   the weights, to a peer
 ``POST /control/weights/load``              ``{"path": str, "version": str}``                   sim: path must be a readable file/dir
 ``POST /control/collective/init``           ``{"rank_prefix", "ip", "port", "world_size",       trtllm, torch (sim: 501)
                                             "train_world_size"}``
@@ -115,6 +116,8 @@ async def run_op(state: EngineState, request: Request, op: ControlOp, handler: H
                 if op in WEIGHTS_OPS:  # even a failed update may have changed bytes in place
                     state.weights_digest = await _measure(backend)
             done = time.monotonic()
+            if op in WEIGHTS_OPS:  # the sidecar's word is newer than the desired weights the pod started under
+                state.weights_changed(backend.weights_version)
         try:
             result = result_of(result_model, raw)
         except (ValueError, ValidationError) as exc:
@@ -158,6 +161,7 @@ def weights_info(state: EngineState) -> WeightsInfo:
         weights_digest=state.weights_digest,
         backend=backend.name,
         test_double=backend.test_double,
+        catch_up=None if state.catch_up is None else state.catch_up.status(),
     )
 
 

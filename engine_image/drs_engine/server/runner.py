@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -86,9 +86,15 @@ def uvicorn_server(
     log_level: str = "info",
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
+    weights_peers: Sequence[str] = (),
 ) -> DrainingServer:
     app = create_app(
-        config, control_token=control_token, serving_token=serving_token, gang=gang, desired_weights=desired_weights
+        config,
+        control_token=control_token,
+        serving_token=serving_token,
+        gang=gang,
+        desired_weights=desired_weights,
+        weights_peers=weights_peers,
     )
     uv_config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
     server = DrainingServer(uv_config, app.state.engine, config.drain_seconds)
@@ -125,13 +131,19 @@ async def start_engine(
     serving_token: str | None = None,
     log_level: str = "warning",
     desired_weights: DesiredWeights | None = None,
+    weights_peers: Sequence[str] = (),
 ) -> AsyncIterator[RunningEngine]:
     """Serve ``config`` (``port`` 0 picks a free port) until the block exits."""
     sock = bind_socket(config.host, config.port)
     port = sock.getsockname()[1]
     config = config.model_copy(update={"port": port})
     server = uvicorn_server(
-        config, control_token, serving_token=serving_token, log_level=log_level, desired_weights=desired_weights
+        config,
+        control_token,
+        serving_token=serving_token,
+        log_level=log_level,
+        desired_weights=desired_weights,
+        weights_peers=weights_peers,
     )
     task = asyncio.create_task(_serve(server, sock, port))
     try:

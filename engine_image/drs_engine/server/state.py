@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -21,10 +21,11 @@ from drs_protocol.weights_state import DesiredWeights
 from drs_engine.backends import create_backend
 from drs_engine.backends.base import EngineBackend
 from drs_engine.config import BackendName, EngineConfig
-from drs_engine.errors import DrainingError, UnavailableError
+from drs_engine.errors import DrainingError, UnavailableError, WeightsPendingError
 from drs_engine.gang.spec import GangSpec, GangSpecError
 from drs_engine.metrics import EngineMetrics
 from drs_engine.weights import desired
+from drs_engine.weights.catchup import CatchUp
 
 log = logging.getLogger("drs_engine")
 
@@ -73,6 +74,7 @@ class EngineState:
         serving_token: str | None = None,
         gang: GangSpec | None = None,
         desired_weights: DesiredWeights | None = None,
+        weights_peers: Sequence[str] = (),
     ) -> None:
         self.config = config
         self.control_token = control_token
@@ -81,6 +83,11 @@ class EngineState:
         self.serving_token = serving_token
         #: The fleet's desired weights when the engine started (reached before it serves).
         self.desired_weights = desired_weights
+        #: The engines that held them when the pod started (a catch-up without a path asks them).
+        self.weights_peers = tuple(weights_peers)
+        #: The way to the desired weights while the engine does not hold them (None: it did at start).
+        self.catch_up: CatchUp | None = None
+        self._catch_up_task: asyncio.Task[None] | None = None
         #: The leader of an engine wider than a node (``drs_engine.gang.leader``); None for one pod.
         self.gang_spec = gang
         self.gang: Any = None
@@ -150,14 +157,39 @@ class EngineState:
         )
         metrics = EngineMetrics(backend=backend.name, role=self.config.role.value, test_double=backend.test_double)
         await backend.start()
-        started_with = backend.weights_version
-        self.weights_digest = await desired.reach(backend, await backend.measure_digest(), self.desired_weights)
-        metrics.set_weights_version(backend.weights_version, loaded=backend.weights_version != started_with)
+        self.weights_digest = await backend.measure_digest()
+        metrics.set_weights_version(backend.weights_version, loaded=False)
         self.metrics = metrics
         self.admission = Admission(limit=self.config.max_batch_size, metrics=metrics)
+        wanted = self.desired_weights
+        if wanted is not None and not desired.holds(backend.weights_version, self.weights_digest, wanted):
+            own = self.config.resolved_advertise_url().rstrip("/")
+            peers = [url for url in self.weights_peers if url.rstrip("/") != own]  # never itself
+            self.catch_up = CatchUp(wanted, peers, self.control_token)
+            self._catch_up_task = asyncio.create_task(
+                self.catch_up.run(backend, self.control_lock, self._caught_up), name="weights-catch-up"
+            )
         self.backend = backend
 
+    async def _caught_up(self, digest: str | None, reached: bool) -> None:
+        """After each catch-up attempt: the digest held now (measured again after a failure)."""
+        backend = self.backend
+        if backend is None:
+            return
+        self.weights_digest = digest if reached else await backend.measure_digest()
+        if reached and self.metrics is not None:
+            self.metrics.set_weights_version(backend.weights_version, loaded=True)
+
+    def weights_changed(self, version: str) -> None:
+        """A weights operation of the control API succeeded: a catch-up still pending ends."""
+        if self.catch_up is not None:
+            self.catch_up.superseded(version)
+
     async def close(self) -> None:
+        if self._catch_up_task is not None:
+            self._catch_up_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catch_up_task
         if self._bring_up is not None:
             self._bring_up.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -169,7 +201,12 @@ class EngineState:
 
     @property
     def ready(self) -> bool:
-        return self.backend is not None and (self.gang is None or self.gang.serving)
+        return self.backend is not None and (self.gang is None or self.gang.serving) and not self.weights_pending
+
+    @property
+    def weights_pending(self) -> bool:
+        """Not at the desired weights it started under yet (it serves nothing until then)."""
+        return self.catch_up is not None and self.catch_up.pending
 
     def require_backend(self) -> EngineBackend:
         if self.backend is None:
@@ -192,6 +229,8 @@ class EngineState:
         """503 (``draining``) once the engine is stopping: the frontend moves the leg elsewhere."""
         if self.draining:
             raise DrainingError("the engine is draining before it stops; send this leg to another engine")
+        if self.catch_up is not None and self.catch_up.pending:
+            raise WeightsPendingError(self.catch_up.reason())
         self.check_awake()
 
     def busy(self) -> int:

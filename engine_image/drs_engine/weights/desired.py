@@ -1,35 +1,35 @@
 """An engine brings itself to the fleet's desired weights before it ever reports ready.
 
 The operator gives every engine pod the desired weights (``drs_protocol.weights_state.DesiredWeights``,
-stored by the trainer's sidecar as a refit starts) through :data:`drs_protocol.env.DESIRED_WEIGHTS_JSON`.
+stored by the trainer's sidecar as a refit starts) through :data:`drs_protocol.env.DESIRED_WEIGHTS_JSON`,
+and the engines that held them when the pod started through :data:`drs_protocol.env.WEIGHTS_PEERS_JSON`.
 At its start, after the backend has loaded what it starts with, the engine compares: when it
-holds other weights (another version, or another digest) and the desired weights name a checkpoint
-path, it loads that path before its ``/health`` answers 200, so the frontends and the pod's
-readiness see it only at the desired weights, and it checks the digest it measured against the
-desired one. A load that fails, or leaves another digest, stops the engine's start with a message
-naming the path or the digest (the pod restarts and shows why). A fleet that never had a refit has
-no desired weights: the engine starts as it always did.
-
-Desired weights without a path (they came by broadcast or CUDA IPC) cannot be loaded here: the
-engine starts at its own weights and says so (catching up from a serving peer is not built).
+holds other weights (another version, or another digest) it is not ready (``/health`` and turns
+answer 503 ``weights_pending``) until it reached them (:mod:`.catchup`): from their checkpoint
+path when they have one, else from a serving peer (:mod:`.peer`). Each attempt checks the digest
+it measured afterwards against the desired one. A fleet that never had a refit has no desired
+weights: the engine starts as it always did.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TypedDict
 
 from drs_protocol import env
 from drs_protocol.weights_state import DesiredWeights
+from drs_protocol.weights_stream import WeightsPeers
 
 from drs_engine.backends.base import EngineBackend
 from drs_engine.errors import WeightsLoadError
+from drs_engine.weights import peer
 
 log = logging.getLogger(__name__)
 
 
 class DesiredWeightsError(ValueError):
-    """``DRS_DESIRED_WEIGHTS_JSON`` is set and not valid desired weights."""
+    """``DRS_DESIRED_WEIGHTS_JSON`` or ``DRS_WEIGHTS_PEERS_JSON`` is set and not valid."""
 
 
 def desired_from_env(environ: Mapping[str, str]) -> DesiredWeights | None:
@@ -43,6 +43,31 @@ def desired_from_env(environ: Mapping[str, str]) -> DesiredWeights | None:
         raise DesiredWeightsError(f"{env.DESIRED_WEIGHTS_JSON}: not valid desired weights: {exc}") from exc
 
 
+def peers_from_env(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The peers the pod was given (empty: none, the variable unset or empty)."""
+    text = environ.get(env.WEIGHTS_PEERS_JSON, "").strip()
+    if not text:
+        return ()
+    try:
+        return WeightsPeers.model_validate_json(text).root
+    except ValueError as exc:
+        raise DesiredWeightsError(
+            f"{env.WEIGHTS_PEERS_JSON}: not a JSON list of engine base URLs (http://host:port): {exc}"
+        ) from exc
+
+
+class StartWeights(TypedDict):
+    """What an engine is started with about the fleet's weights (``uvicorn_server``'s keywords)."""
+
+    desired_weights: DesiredWeights | None
+    weights_peers: tuple[str, ...]
+
+
+def weights_from_env(environ: Mapping[str, str]) -> StartWeights:
+    """The desired weights and the peers the pod was given (:class:`DesiredWeightsError` naming the variable)."""
+    return StartWeights(desired_weights=desired_from_env(environ), weights_peers=peers_from_env(environ))
+
+
 def holds(version: str, digest: str | None, desired: DesiredWeights) -> bool:
     """Whether weights at ``version`` with ``digest`` are the desired ones (by digest when both
     are known, else by version)."""
@@ -51,24 +76,24 @@ def holds(version: str, digest: str | None, desired: DesiredWeights) -> bool:
     return version == desired.version
 
 
-async def reach(backend: EngineBackend, digest: str | None, desired: DesiredWeights | None) -> str | None:
-    """Bring ``backend`` (holding weights of ``digest``) to ``desired``; the digest it holds
-    afterwards. :class:`WeightsLoadError` when the load fails or leaves other bytes."""
-    if desired is None or holds(backend.weights_version, digest, desired):
-        return digest
-    if desired.path is None:
-        log.warning(
-            "the fleet's desired weights %s have no checkpoint path: this engine starts at %s (peer catch-up not built)",
-            desired.version,
-            backend.weights_version,
+async def reach(
+    backend: EngineBackend, desired: DesiredWeights, peers: Sequence[str], token: str | None
+) -> tuple[str | None, str]:
+    """One attempt to bring ``backend`` to ``desired``: ``(the digest it holds afterwards, where
+    they came from)``. :class:`WeightsLoadError` when the load fails or leaves other bytes."""
+    if desired.path is not None:
+        log.info("loading the fleet's desired weights %s from %s before serving", desired.version, desired.path)
+        await backend.load_weights(desired.path, desired.version)
+        source = desired.path
+    else:
+        log.info(
+            "catching up to the fleet's desired weights %s from a serving peer (%d given)", desired.version, len(peers)
         )
-        return digest
-    log.info("loading the fleet's desired weights %s from %s before serving", desired.version, desired.path)
-    await backend.load_weights(desired.path, desired.version)
+        source, _ = await peer.load_from_peers(backend, desired, peers, token)
     reached = await backend.measure_digest()
     if desired.digest is not None and reached is not None and reached != desired.digest:
         raise WeightsLoadError(
-            f"the desired weights {desired.version} from {desired.path!r} gave digest {reached}, not {desired.digest}",
+            f"the desired weights {desired.version} from {source!r} gave digest {reached}, not {desired.digest}",
             param="digest",
         )
-    return reached
+    return reached, source

@@ -23,7 +23,7 @@ from typing import Final
 
 import httpx
 from drs_protocol import env, fields
-from drs_protocol.control import WeightsInfo
+from drs_protocol.control import CatchUpPhase, WeightsInfo
 from drs_protocol.routes import CONTROL_WEIGHTS
 from drs_protocol.weights_state import HeldWeights
 from pydantic import ValidationError
@@ -106,20 +106,21 @@ class EngineClient:
 
     async def weights(self, target: Target, token: str) -> Observation:
         """What ``target`` answers it holds; an :class:`Observation` without ``held`` saying why not."""
+        serving = target.serving
         try:
             response = await self._get(target.url, CONTROL_WEIGHTS, token)
         except httpx.TimeoutException:
-            return Observation(target.engine, None, f"no answer within {self.call_s:g}s")
+            return Observation(target.engine, None, f"no answer within {self.call_s:g}s", serving)
         except httpx.HTTPError as exc:
-            return Observation(target.engine, None, f"unreachable: {exc}")
+            return Observation(target.engine, None, f"unreachable: {exc}", serving)
         if response.status_code != 200:
-            return Observation(target.engine, None, f"answered {response.status_code}")
+            return Observation(target.engine, None, f"answered {response.status_code}", serving)
         try:
             info = WeightsInfo.model_validate_json(response.content)
             held = HeldWeights(version=info.weights_version, digest=info.weights_digest)
         except ValidationError as exc:
-            return Observation(target.engine, None, f"its answer breaks the control API's contract: {exc}")
-        return Observation(target.engine, held)
+            return Observation(target.engine, None, f"its answer breaks the control API's contract: {exc}", serving)
+        return Observation(target.engine, held, serving=serving, catch_up=catch_up_reason(info))
 
     async def observe(self, targets: Sequence[Target], token: str | None) -> list[Observation]:
         """Every target's :meth:`weights`, within :attr:`budget_s` in all (late ones: unknown)."""
@@ -149,3 +150,18 @@ class EngineClient:
             else:
                 out.append(task.result())
         return out
+
+
+#: The longest catch-up reason kept from an engine's answer (a condition message stays readable).
+MAX_CATCH_UP_REASON_CHARS: Final = 300
+
+
+def catch_up_reason(info: WeightsInfo) -> str | None:
+    """Why the engine is not at the desired weights it started under (None: it is, or says nothing)."""
+    catch_up = info.catch_up
+    if catch_up is None or catch_up.phase is not CatchUpPhase.PENDING:
+        return None
+    if catch_up.last_error is None:
+        return f"catching up from {catch_up.source}"
+    reason = f"catching up from {catch_up.source}, attempt {catch_up.attempts} failed: {catch_up.last_error}"
+    return reason if len(reason) <= MAX_CATCH_UP_REASON_CHARS else reason[: MAX_CATCH_UP_REASON_CHARS - 1] + "…"

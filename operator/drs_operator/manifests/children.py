@@ -88,7 +88,6 @@ def desired_children(
     desired_weights: DesiredWeights | None = None,
 ) -> Children:
     role_configs = {role: build_engine_configmap(owner, spec, plan, role) for role in ROLES}
-    weights_config = build_weights_configmap(owner, desired_weights)
     services = () if plan.host_network else (build_engines_service(owner, spec.trtllm.engine_port),)
     replicas: list[ReplicaChildren] = []
     pools = {
@@ -97,6 +96,8 @@ def desired_children(
         if placement.replica(rp.index).placed
         for role in ROLES
     }
+    peers = [url for urls in pools.values() for url in urls]  # where a path-less catch-up asks
+    weights_config = build_weights_configmap(owner, desired_weights, peers)
     for rp in plan.replicas:
         placed = placement.replica(rp.index)
         if not placed.placed:

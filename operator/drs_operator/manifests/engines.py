@@ -13,7 +13,8 @@ and, for a gang, ``DRS_RAY_PORT``. Every pod:
   transceiver) from the role's ConfigMap through ``DRS_ENGINE_CONFIG_JSON``, the control-API
   token and the serving token from their Secrets through ``DRS_CONTROL_TOKEN`` and
   ``DRS_SERVING_TOKEN`` (``drs_protocol.auth``), and the fleet's desired weights from the
-  weights ConfigMap through ``DRS_DESIRED_WEIGHTS_JSON`` (optional; a new value rolls nothing: only
+  weights ConfigMap through ``DRS_DESIRED_WEIGHTS_JSON`` and the engines to catch up from when they
+  have no path through ``DRS_WEIGHTS_PEERS_JSON`` (both optional; a new value rolls nothing: only
   the reference is in the pod, and the engine reads the value once, at its start);
 * drains when stopped: the engine turns SIGTERM into a drain of ``spec.engine.drainSeconds`` (503 to
   probes and new legs, legs in flight finish) and ``terminationGracePeriodSeconds`` is that plus a
@@ -26,7 +27,7 @@ and, for a gang, ``DRS_RAY_PORT``. Every pod:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from drs_protocol import env, gang, routes
@@ -35,6 +36,7 @@ from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, Model
 from drs_protocol.lifecycle import TERMINATION_MARGIN_SECONDS
 from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, engine_max_request_bytes
 from drs_protocol.weights_state import DesiredWeights
+from drs_protocol.weights_stream import MAX_WEIGHTS_PEERS, WeightsPeers
 
 from drs_operator.api import names
 from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
@@ -125,16 +127,21 @@ def build_engine_configmap(owner: Owner, spec: DisaggReplicaSetSpec, plan: Plan,
     )
 
 
-def build_weights_configmap(owner: Owner, desired: DesiredWeights | None) -> Manifest:
+def build_weights_configmap(owner: Owner, desired: DesiredWeights | None, peers: Sequence[str] = ()) -> Manifest:
     """The fleet's desired weights (``disagg.dev/desired-weights``, as the sidecar stored them;
-    empty: none), for the engine pods' ``DRS_DESIRED_WEIGHTS_JSON``. Replaced when they change; no
-    pod's hash depends on it."""
+    empty: none), for the engine pods' ``DRS_DESIRED_WEIGHTS_JSON``, and, when they have no
+    checkpoint path, the fleet's engines to catch up from (``peers``, for ``DRS_WEIGHTS_PEERS_JSON``:
+    every placed engine's URL; an engine that does not hold them is skipped by the one asking).
+    Replaced when they change; no pod's hash depends on it."""
+    data = {env.DESIRED_WEIGHTS_KEY: desired.dump() if desired else ""}
+    if desired is not None and desired.path is None and peers:
+        data[env.WEIGHTS_PEERS_KEY] = WeightsPeers(tuple(peers[:MAX_WEIGHTS_PEERS])).dump()
     return with_hash(
         {
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": owner.metadata(names.weights_config_name(owner.name), names.labels(owner.name)),
-            "data": {env.DESIRED_WEIGHTS_KEY: desired.dump() if desired else ""},
+            "data": data,
         }
     )
 
@@ -244,6 +251,16 @@ def _engine_env(
                 "configMapKeyRef": {
                     "name": names.weights_config_name(owner.name),
                     "key": env.DESIRED_WEIGHTS_KEY,
+                    "optional": True,
+                }
+            },
+        },
+        {
+            "name": env.WEIGHTS_PEERS_JSON,
+            "valueFrom": {
+                "configMapKeyRef": {
+                    "name": names.weights_config_name(owner.name),
+                    "key": env.WEIGHTS_PEERS_KEY,
                     "optional": True,
                 }
             },

@@ -25,12 +25,13 @@ generation leg on another engine with the same weights. The order of a leg's ste
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
+from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.backends.base import (
     ALL_MEMORY_TAGS,
@@ -44,6 +45,7 @@ from drs_engine.backends.base import (
 )
 from drs_engine.backends.leg import Prefilled, run_leg
 from drs_engine.backends.profile import WallClockProfile
+from drs_engine.backends.sim import stream as sim_stream
 from drs_engine.backends.sim.handoff import SimHandoff
 from drs_engine.backends.sim.model import PrefixState, TokenChoice, TokenFunction
 from drs_engine.backends.sim.weights import SimWeights, digest_weights_path, hash_weights_path, initial_weights
@@ -53,6 +55,7 @@ from drs_engine.latency import LatencyModel
 from drs_engine.prefill_batch import PrefillIterations
 from drs_engine.prefix_cache import PrefixCache
 from drs_engine.prefix_hash import block_hashes
+from drs_engine.weights.stream import WeightsExport
 from drs_engine.wire import RequestType
 
 
@@ -231,14 +234,28 @@ class SimBackend(EngineBackend):
         previous = self._weights
         if self._config.sim.fault_load_moves_nothing:  # the injected fault: "success", same bytes
             content_hash, digest = previous.content_hash, previous.digest
-        self._weights = SimWeights(version=version, content_hash=content_hash, source=path, digest=digest)
+        self._weights = SimWeights(version=version, content_hash=content_hash, source=path, digest=digest, loaded=True)
+        return self._swapped(previous)
+
+    def _swapped(self, previous: SimWeights) -> dict[str, Any]:
         evicted = self._cache.reset()  # as TensorRT-LLM's final update_weights does
         return {
-            "version": version,
+            "version": self._weights.version,
             "previous_version": previous.version,
-            "content_hash": content_hash.hex()[:16],
+            "content_hash": self._weights.content_hash.hex()[:16],
             "prefix_cache_blocks_evicted": evicted,
         }
+
+    async def export_weights(self) -> WeightsExport:
+        return sim_stream.export(self._weights)
+
+    async def load_weights_from_stream(
+        self, header: WeightsStreamHeader, pieces: AsyncIterator[bytes], version: str
+    ) -> dict[str, Any]:
+        received = await sim_stream.receive(header, pieces, version)
+        await self._latency.sleep(self._latency.weights_load())
+        previous, self._weights = self._weights, received
+        return {**self._swapped(previous), "bytes": header.nbytes, "source": received.source}
 
     async def measure_digest(self) -> str | None:
         return self._weights.digest

@@ -9,6 +9,12 @@ The weights digest (:mod:`drs_protocol.weights_digest`) of sim weights: a sim en
 are its checkpoint's files, in the order of their relative paths, each its whole bytes
 (:func:`drs_protocol.weights_digest.digest_files`, which a trainer computes over what it wrote); the
 weights a sim engine starts with are one "tensor", the model label's UTF-8 bytes.
+
+To a peer catching up (:mod:`drs_engine.weights.stream`) a sim engine sends the same layout: each
+file one ``uint8`` tensor named by its relative path (a checkpoint that is one file: its name), read
+from where it loaded them; weights it received from a peer it keeps in memory
+(:attr:`SimWeights.parts`) and sends from there. The receiver's content hash is the one a path load
+of those files gives (names, sizes, bytes), so it generates the peer's tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +40,10 @@ class SimWeights:
     content_hash: bytes
     source: str
     digest: str  #: :mod:`drs_protocol.weights_digest` of the weights' bytes
+    #: What the weights are, to send to a peer: ``(name, bytes)`` received from one (None: read
+    #: from ``source``; ``loaded`` False: the model label itself).
+    parts: tuple[tuple[str, bytes], ...] | None = None
+    loaded: bool = False
 
     @property
     def seed(self) -> bytes:
@@ -79,10 +89,20 @@ def hash_weights_path(path: str) -> bytes:
     return digest.digest()
 
 
+def content_hasher() -> hashlib.blake2b:
+    """The content hash :func:`hash_weights_path` computes, to feed file by file
+    (:func:`hash_file_start`, then at most :data:`MAX_HASHED_BYTES_PER_FILE` of its bytes)."""
+    return hashlib.blake2b()
+
+
+def hash_file_start(digest: hashlib.blake2b, name: str, size: int) -> None:
+    digest.update(f"{name}\0{size}\0".encode())
+
+
 def _hash_file(digest: hashlib.blake2b, file: Path, name: str) -> None:
     try:
         size = file.stat().st_size
-        digest.update(f"{name}\0{size}\0".encode())
+        hash_file_start(digest, name, size)
         remaining = MAX_HASHED_BYTES_PER_FILE
         with file.open("rb") as fh:
             while remaining > 0:

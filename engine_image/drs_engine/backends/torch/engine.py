@@ -22,12 +22,13 @@ backend is chosen.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
+from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.backends.base import (
     ALL_MEMORY_TAGS,
@@ -51,6 +52,7 @@ from drs_engine.backends.torch.weights.manager import WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError
+from drs_engine.weights.stream import WeightsExport
 from drs_engine.wire import RequestType
 
 
@@ -271,6 +273,14 @@ class TorchBackend(EngineBackend):
 
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         return self._switched(*await self._weights.load(path, version))
+
+    async def export_weights(self) -> WeightsExport:
+        return self._weights.export()
+
+    async def load_weights_from_stream(
+        self, header: WeightsStreamHeader, pieces: AsyncIterator[bytes], version: str
+    ) -> dict[str, Any]:
+        return self._switched(*await self._weights.load_stream(header, pieces, version))
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
         return await self._weights.init_collective(params)

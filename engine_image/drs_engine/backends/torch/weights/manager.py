@@ -16,18 +16,21 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcBuffer, IpcUpdate, PrepareRefitInfo
 from drs_protocol.nemo_rl_refit import TensorSpec
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
+from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.backends.torch.model import ModelSource, random_state_dict, read_safetensors
-from drs_engine.backends.torch.weights import refit
+from drs_engine.backends.torch.weights import refit, stream
 from drs_engine.backends.torch.weights.packed import PackedWeights, pack
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import BadRequestError
 from drs_engine.weights.digest import torch_weights_digest
+from drs_engine.weights.stream import WeightsExport
 
 
 class WeightsManager:
@@ -47,6 +50,8 @@ class WeightsManager:
         self._group: refit.RefitGroup | None = None
         #: bumped on the GPU thread whenever the weights change (a sequence's KV records its own)
         self._gen = 0
+        #: ``(gen, digest)`` a stream load proved of the weights it swapped in
+        self._verified: tuple[int, str] | None = None
         self.last_refit: dict[str, Any] | None = None
 
     @property
@@ -64,7 +69,10 @@ class WeightsManager:
         return self._version
 
     async def measure_digest(self) -> str:
-        """The :mod:`drs_protocol.weights_digest` of the weights held now, on their device."""
+        """The :mod:`drs_protocol.weights_digest` of the weights held now, on their device (or the
+        digest a peer stream's load proved of these very bytes, while they have not changed since)."""
+        if self._verified is not None and self._verified[0] == self._gen:
+            return self._verified[1]
         return await self._worker.run(torch_weights_digest, self._weights.flat, self._weights.params)
 
     @property
@@ -120,6 +128,26 @@ class WeightsManager:
         await self._worker.run(self._install, params)
         result = {"source": path, "bytes": nbytes, "seconds": round(time.perf_counter() - started, 6)}
         return self._switched(version, result), result
+
+    def export(self) -> WeightsExport:
+        """The weights held now, to stream to a peer (:mod:`.stream`)."""
+        return stream.export(self._weights, self._worker)
+
+    async def load_stream(
+        self, header: WeightsStreamHeader, pieces: AsyncIterator[bytes], version: str
+    ) -> tuple[str, dict[str, Any]]:
+        """A peer's weights, swapped in only once whole and at the announced digest: ``(previous version, result)``."""
+        started = time.perf_counter()
+        specs = stream.check_layout(header, self.params)
+        received = await stream.receive(header, pieces, specs, self._device, self._worker)
+        await self._worker.run(self._adopt, received, stream.verified_digest(header))
+        result = {"source": "peer stream", "bytes": header.nbytes, "seconds": round(time.perf_counter() - started, 6)}
+        return self._switched(version, result), result
+
+    def _adopt(self, received: PackedWeights, digest: str) -> None:
+        self._weights = received
+        self._gen += 1
+        self._verified = (self._gen, digest)
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
         rank = params.train_world_size + params.rank_prefix
@@ -179,6 +207,7 @@ class WeightsManager:
             self._host = await self._worker.run(_to_host, self.params)
             self._weights = PackedWeights({})
             self._ipc_maps.clear()
+            self._verified = None
 
     async def restore(self) -> None:
         """Wake: the same values back on the device (KV computed before stays valid)."""
