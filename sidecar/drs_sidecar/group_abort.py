@@ -24,7 +24,7 @@ is to blame: the ranks that did not send are the trainer's own (``the trainer``)
 Who is a member (:meth:`CollectiveSteps.members`): every engine of the fleet, each ready, as
 before; and an engine not Ready only because it holds part of a failed update (its ``/health``
 answers 503 ``weights_incomplete``) counts as ready for the group, since the refit is what it
-waits for. Without that, a failed update would leave its half-loaded engines outside every later
+waits for; the reconcile loop counts it the same way, so it loads the desired checkpoint on it. Without that, a failed update would leave its half-loaded engines outside every later
 group, and a broadcast refit (no checkpoint path) could never bring them back.
 """
 
@@ -35,7 +35,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, Final
 
 from drs_protocol.collective import (
     COLLECTIVE_ERROR_TYPE,
@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 
 #: Who is named when no engine is at fault.
 THE_TRAINER = "the trainer"
+#: Seconds to wait for a not-Ready engine's ``/health`` (why it is not Ready).
+HEALTH_PROBE_S: Final = 2.0
 
 
 class Fault(StrEnum):
@@ -164,10 +166,10 @@ class CollectiveSteps:
 
     async def members(self, fleet: Fleet) -> list[Engine]:
         """The fleet's engines, those not Ready only for holding part of a failed update counted
-        ready (asked within ``abort_s``)."""
+        ready (each asked within :data:`HEALTH_PROBE_S`)."""
         engines = await fleet.engines()
         unready = [e for e in engines if e.url and not e.ready]
-        answers = await asyncio.gather(*(self.control.health(e.url, self.deadlines.abort_s) for e in unready if e.url))
+        answers = await asyncio.gather(*(self.control.health(e.url, HEALTH_PROBE_S) for e in unready if e.url))
         incomplete = {a.url for a in answers if a.status == 503 and a.error_type == WEIGHTS_INCOMPLETE_ERROR_TYPE}
         return [replace(e, ready=True) if e.url in incomplete else e for e in engines]
 

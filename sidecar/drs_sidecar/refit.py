@@ -346,8 +346,9 @@ class Refitter:
 
     async def _read_weights(self) -> tuple[list[Engine], list[Engine], list[CallResult], dict[str, HeldWeights]]:
         """The fleet's engines, the ready ones, their answers to ``GET /control/weights``, and
-        what each that answered holds, by engine name."""
-        engines = await self.fleet.engines()
+        what each that answered holds, by engine name (one holding part of a failed update counts
+        ready: a load is what it waits for)."""
+        engines = await self.steps.members(self.fleet)
         ready = [e for e in engines if e.ready and e.url]
         answers = await asyncio.gather(*(self.control.weights(e.url) for e in ready if e.url))
         held = {

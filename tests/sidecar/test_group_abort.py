@@ -7,6 +7,7 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from drs_protocol.collective import step_deadlines
@@ -16,7 +17,7 @@ from drs_sidecar.control import CallResult
 from drs_sidecar.group_abort import THE_TRAINER, CollectiveSteps, Fault, fault_of, find_culprits
 from drs_sidecar.report import EngineOutcome
 
-from .conftest import as_engine, refitter_over, sim_engine
+from .conftest import as_engine, refitter_over, served_version, sim_engine
 
 
 def outcome(engine: str, detail: str = "why") -> EngineOutcome:
@@ -119,3 +120,20 @@ async def test_an_engine_not_ready_only_for_a_failed_update_is_a_member_of_the_n
             assert [m.ready for m in members] == [True, True]
             b.server.state.weights_incomplete = None  # not Ready for another reason: it stays out
             assert [m.ready for m in await refitter.steps.members(fleet)] == [True, False]
+
+
+async def test_the_reconcile_loads_the_desired_checkpoint_on_an_engine_left_half_loaded(checkpoint: Path) -> None:
+    """Not Ready in the status (its /health is 503 weights_incomplete), yet the reconcile loads the
+    desired weights on it, and the load makes it whole: it serves again."""
+    from drs_engine.errors import CollectiveError
+    from drs_engine.weights import incomplete
+    from drs_protocol.weights_state import DesiredWeights
+
+    async with sim_engine() as a:
+        incomplete.settle(a.server.state, CollectiveError("x", weights_changed=True), "d", "d")
+        async with refitter_over([as_engine(a, ready=False)]) as (refitter, _):
+            refitter.desired = DesiredWeights(version="step-100", path=str(checkpoint))
+            report = await refitter.reconcile_once()
+            assert report is not None and [o.ok for o in report.outcomes] == [True]
+            assert a.server.state.weights_incomplete is None
+            assert await served_version(a.url) == "step-100"

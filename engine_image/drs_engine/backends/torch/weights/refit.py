@@ -6,7 +6,11 @@ TCPStore the trainer hosts at ``ip:port``, reads the group's backend and batch t
 ``prepare`` checks the announced tensors against the model; ``update`` receives each batch by
 broadcast from rank 0, straight into the engine's packed weights when the batch is one range of
 them (:mod:`.packed`). The group is a process group object of its own (never the default
-group), so a later ``init`` replaces it cleanly.
+group), so a later ``init`` replaces it cleanly. Nothing waits for the other ranks unbounded: the
+store, the group's creation and each batch's broadcast get the control call's ``timeout_s``
+(:func:`broadcast_within` sets the group's timeout to the time left before every batch; gloo
+fails the operation then), and a failure raises :class:`CollectiveError` naming the rank, the batch
+and whether bytes had already landed.
 
 Colocated (NeMo RL's colocated refit: the trainer shares its packed buffers by CUDA IPC handles,
 on the same host; one GPU, or any GPU this engine sees): :func:`receive_ipc` maps each buffer
