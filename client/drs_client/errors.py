@@ -102,7 +102,10 @@ class EnginesFailed(SidecarError):
         self.pending: list[PendingEngine] = list(report.pending)
         parts = [f"{o.engine} ({o.detail})" for o in self.failed]
         parts += [f"{p.engine} (not ready)" for p in self.pending]
-        super().__init__(f"{route}: {report.ok}/{report.engines} engines ok; not done on: {', '.join(parts)}")
+        message = f"{route}: {report.ok}/{report.engines} engines ok; not done on: {', '.join(parts)}"
+        if report.group_abort is not None:  # a collective step: the group is gone, init forms a new one
+            message += f"; the group was aborted, culprit: {', '.join(report.group_abort.culprits)}"
+        super().__init__(message)
 
     @property
     def engines(self) -> list[str]:

@@ -19,13 +19,18 @@ shape.
     ├── PayloadTooLargeError            (413 request_too_large)
     ├── NotSupportedError               (501 not_implemented)        op not offered by this backend
     ├── KvTransferError = UpstreamError (502 upstream_error)         prefill engine unreachable for a KV fetch
+    │   └── CollectiveError             (502 collective_error)       a collective step failed or ran past
+    │                                                                its deadline (names this engine's rank)
     └── UnavailableError                (503 service_unavailable)    asleep (memory released) or not loaded
         ├── DrainingError               (503 draining)               stopping: send the leg to another engine
-        └── WeightsPendingError         (503 weights_pending)        not at the desired weights it started under yet
+        ├── WeightsPendingError         (503 weights_pending)        not at the desired weights it started under yet
+        └── WeightsIncompleteError      (503 weights_incomplete)     an update failed after it changed bytes:
+                                                                     no turn until a good load
 """
 
 from __future__ import annotations
 
+from drs_protocol.collective import COLLECTIVE_ERROR_TYPE, WEIGHTS_INCOMPLETE_ERROR_TYPE
 from drs_protocol.errors import (
     ApiError,
     BadRequestError,
@@ -47,6 +52,7 @@ KvTransferError = UpstreamError
 
 __all__ = [
     "BadRequestError",
+    "CollectiveError",
     "ContextLengthError",
     "ContextMismatchError",
     "ContextStateMissingError",
@@ -59,6 +65,7 @@ __all__ = [
     "PayloadTooLargeError",
     "UnauthorizedError",
     "UnavailableError",
+    "WeightsIncompleteError",
     "WeightsLoadError",
     "WeightsPendingError",
 ]
@@ -90,3 +97,22 @@ class WeightsPendingError(UnavailableError):
     """503: the engine does not hold the fleet's desired weights it started under yet."""
 
     type = WEIGHTS_PENDING_ERROR_TYPE
+
+
+class CollectiveError(UpstreamError):
+    """502: a collective step (joining the group, an update's broadcasts) failed or ran past its
+    deadline; the message names this engine's rank and what it waited for. ``weights_changed``:
+    bytes of the update had already landed in the weights (the engine stops serving turns)."""
+
+    type = COLLECTIVE_ERROR_TYPE
+
+    def __init__(self, message: str, *, weights_changed: bool = False) -> None:
+        super().__init__(message)
+        self.weights_changed = weights_changed
+
+
+class WeightsIncompleteError(UnavailableError):
+    """503: the engine holds part of an update that failed; it serves no turn until a load completes
+    (``/health`` answers 503 too, so its pod is not Ready and the frontends send it nothing)."""
+
+    type = WEIGHTS_INCOMPLETE_ERROR_TYPE

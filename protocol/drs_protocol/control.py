@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final, Generic, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_VERSION_CHARS
 from drs_protocol.routes import ControlOp
 from drs_protocol.weights_digest import DIGEST_PATTERN
 
@@ -77,9 +77,22 @@ class TrainerCollectiveInit(_Strict):
     train_world_size: int = Field(ge=1, description="the trainer's ranks; the engines' come after")
 
 
-class CollectiveInit(TrainerCollectiveInit):
+class _Deadline(_Strict):
+    """How long one collective step may take on the engine (the sidecar's
+    ``--collective-timeout`` share for the engines, :mod:`drs_sidecar.group_abort`)."""
+
+    timeout_s: float = Field(
+        DEFAULT_COLLECTIVE_TIMEOUT_S,
+        gt=0,
+        le=MAX_COLLECTIVE_TIMEOUT_S,
+        description="seconds the step may wait for the group's other ranks; past it the engine answers 502",
+    )
+
+
+class CollectiveInit(TrainerCollectiveInit, _Deadline):
     """NeMo RL's ``init_collective`` (the sidecar to one engine): join the trainer's group at
-    ``train_world_size + rank_prefix``; the group holds ``world_size`` ranks."""
+    ``train_world_size + rank_prefix``; the group holds ``world_size`` ranks. ``timeout_s`` bounds
+    the join and is the group's timeout for its operations."""
 
     rank_prefix: int = Field(ge=0)
     world_size: int = Field(ge=1)
@@ -91,12 +104,23 @@ class PrepareRefitInfo(_Strict):
     state_dict_info: StateDictInfo
 
 
-class CollectiveUpdate(_Strict):
-    """NeMo RL's ``update_weights_from_collective``, then serve the result as ``version``."""
-
+class _UpdateFields(_Strict):
     version: Version
     drain: bool = True
     recompute_kv: bool = False
+
+
+class CollectiveUpdate(_UpdateFields, _Deadline):
+    """NeMo RL's ``update_weights_from_collective``, then serve the result as ``version``;
+    ``timeout_s`` bounds the whole update (every batch's broadcast)."""
+
+
+class CollectiveAbort(_Strict):
+    """Leave the collective group now (the sidecar, after a member of it failed): the group is
+    dropped, so a later step needs a new ``init_collective``; an update in flight fails by its own
+    deadline at the latest."""
+
+    reason: str = Field(min_length=1, max_length=4096, description="why the group is aborted (logged)")
 
 
 class _Desired(_Strict):
@@ -111,7 +135,7 @@ class _Desired(_Strict):
     )
 
 
-class TrainerCollectiveUpdate(CollectiveUpdate, _Desired):
+class TrainerCollectiveUpdate(_UpdateFields, _Desired):
     """The trainer's ``POST /v1/collective/update`` to the sidecar."""
 
 
@@ -226,6 +250,14 @@ class CollectiveJoined(_Result):
     rank: int | None = None  #: this engine's first rank (None: the backend does not say)
 
 
+class CollectiveAborted(_Result):
+    """``aborted``: a group was there and is gone; ``weights_incomplete``: the engine holds bytes of
+    an update that did not finish, and answers turns with 503 until a good load."""
+
+    aborted: bool
+    weights_incomplete: bool = False
+
+
 class RefitPrepared(_Result):
     tensors: int
 
@@ -276,6 +308,7 @@ OPS: Final[dict[ControlOp, tuple[type[BaseModel] | None, type[_Result]]]] = {
     ControlOp.PREPARE_REFIT_INFO: (PrepareRefitInfo, RefitPrepared),
     ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: (CollectiveUpdate, WeightsChanged),
     ControlOp.UPDATE_WEIGHTS_FROM_IPC: (IpcUpdate, WeightsChanged),
+    ControlOp.ABORT_COLLECTIVE: (CollectiveAbort, CollectiveAborted),
     ControlOp.RESET_PREFIX_CACHE: (None, CacheReset),
     ControlOp.RELEASE_MEMORY: (MemoryTags, MemoryReleased),
     ControlOp.RESUME_MEMORY: (MemoryTags, MemoryResumed),

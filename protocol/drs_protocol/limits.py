@@ -23,6 +23,12 @@ MAX_WEIGHTS_VERSION_CHARS: Final = 256
 #: Largest control-API request body an engine accepts (bytes); larger gets 413.
 MAX_CONTROL_BODY_BYTES: Final = 1024 * 1024
 
+#: Seconds a collective refit step (joining the group, one update's broadcasts) may take by
+#: default: ``drs sidecar --collective-timeout``; an engine given no ``timeout_s`` waits this long.
+DEFAULT_COLLECTIVE_TIMEOUT_S: Final = 300.0
+#: The longest ``timeout_s`` an engine accepts for one collective step (seconds).
+MAX_COLLECTIVE_TIMEOUT_S: Final = 3600.0
+
 MIB: Final = 1024 * 1024
 #: Largest request body a frontend accepts from a client by default (bytes); larger gets 413.
 FRONTEND_MAX_REQUEST_BYTES: Final = 16 * MIB

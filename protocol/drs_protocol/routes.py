@@ -66,6 +66,7 @@ class ControlOp(StrEnum):
     PREPARE_REFIT_INFO = "prepare_refit_info"
     UPDATE_WEIGHTS_FROM_COLLECTIVE = "update_weights_from_collective"
     UPDATE_WEIGHTS_FROM_IPC = "update_weights_from_ipc"
+    ABORT_COLLECTIVE = "abort_collective"
     RESET_PREFIX_CACHE = "reset_prefix_cache"
     RELEASE_MEMORY = "release_memory"
     RESUME_MEMORY = "resume_memory"
@@ -86,6 +87,7 @@ CONTROL_ROUTES: Final[Mapping[ControlOp, str]] = MappingProxyType(
         ControlOp.INIT_COLLECTIVE: "/control/collective/init",
         ControlOp.PREPARE_REFIT_INFO: "/control/collective/prepare",
         ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: "/control/collective/update",
+        ControlOp.ABORT_COLLECTIVE: "/control/collective/abort",
         ControlOp.UPDATE_WEIGHTS_FROM_IPC: "/control/weights/ipc",
         ControlOp.RESET_PREFIX_CACHE: "/control/prefix_cache/reset",
         ControlOp.RELEASE_MEMORY: "/control/memory/release",

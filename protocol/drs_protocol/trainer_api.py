@@ -45,6 +45,18 @@ class PendingEngine(_Answer):
     replica: int
 
 
+class GroupAbort(_Answer):
+    """A failed collective step, aborted on every member (``drs_sidecar.group_abort``): the
+    culprits (engines, or ``the trainer``), each failed member's fault (``hung``, ``died``,
+    ``failed``, ``collateral``), and which members acknowledged the abort."""
+
+    culprits: list[str]
+    faults: dict[str, str]
+    message: str
+    aborted: list[str]
+    unanswered: list[str]
+
+
 class FanOutReport(_Answer):
     """The answer of every fan-out route (200 when ``complete``, else 502)."""
 
@@ -57,6 +69,8 @@ class FanOutReport(_Answer):
     outcomes: list[EngineOutcome]
     #: the digest every engine had to hold (the trainer's, else the engines' agreed one; None: none)
     weights_digest: str | None = None
+    #: a failed collective step: the group's abort and its culprit (None: none was needed)
+    group_abort: GroupAbort | None = None
     elapsed_s: float
 
 

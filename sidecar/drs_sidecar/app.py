@@ -39,7 +39,9 @@ is an error of :mod:`drs_sidecar.errors`, answered in the one error body of
 
 Collective steps (:mod:`drs_sidecar.collective`) call every engine at once; the trainer joins
 the group with its own ranks while its call here is in flight. 409 when a refit runs, or for a
-prepare/update without a group.
+prepare/update without a group. Each step answers within ``--collective-timeout``; a failed one is
+502 with ``group_abort`` (the culprit, each failed member's fault, the abort on every member:
+:mod:`drs_sidecar.group_abort`).
 
 A fan-out answers with its report: ``complete``, ``ok``, ``failed`` (engine, URL, why) and
 ``pending`` (engines not ready). Every ``reconcile_s`` seconds the desired weights are loaded on

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 from drs_protocol import env
+from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S
 
 EXIT_BIND_FAILED = 1
 
@@ -37,6 +38,14 @@ EXIT_BIND_FAILED = 1
 @click.option(
     "--call-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="Seconds per other call."
 )
+@click.option(
+    "--collective-timeout",
+    type=click.FloatRange(min=1, max=MAX_COLLECTIVE_TIMEOUT_S),
+    default=DEFAULT_COLLECTIVE_TIMEOUT_S,
+    show_default=True,
+    help="Seconds one collective refit step may take, the group's abort included: past it the trainer gets "
+    "502 naming the member that hung, died or failed.",
+)
 @click.option("--reconcile-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def sidecar(
@@ -49,6 +58,7 @@ def sidecar(
     concurrency: int,
     load_timeout: float,
     call_timeout: float,
+    collective_timeout: float,
     reconcile_interval: float,
     log_level: str,
 ) -> None:
@@ -68,7 +78,16 @@ def sidecar(
         control_token_file.read_text().strip() if control_token_file else os.environ.get(env.CONTROL_TOKEN, "").strip()
     )
     asyncio.run(
-        _run(sock, name, namespace, list(engines), token, concurrency, load_timeout, call_timeout, reconcile_interval)
+        _run(
+            sock,
+            name,
+            namespace,
+            list(engines),
+            token,
+            concurrency,
+            (load_timeout, call_timeout, collective_timeout),
+            reconcile_interval,
+        )
     )
 
 
@@ -84,10 +103,10 @@ async def _run(
     engines: list[str],
     token: str,
     concurrency: int,
-    load_timeout: float,
-    call_timeout: float,
+    timeouts: tuple[float, float, float],
     reconcile_interval: float,
 ) -> None:
+    """``timeouts``: a load's, another call's, a collective step's (seconds)."""
     import uvicorn
 
     from drs_sidecar.app import build_app
@@ -113,8 +132,11 @@ async def _run(
         if not token:
             raise click.ClickException(f"no control token: give --control-token-file or ${env.CONTROL_TOKEN}")
         fleet = StaticFleet(engines)
+    load_timeout, call_timeout, collective_timeout = timeouts
     control = ControlClient(token, call_s=call_timeout, load_s=load_timeout)
-    refitter = Refitter(fleet, control, SidecarMetrics(), concurrency=concurrency)
+    refitter = Refitter(
+        fleet, control, SidecarMetrics(), concurrency=concurrency, collective_timeout_s=collective_timeout
+    )
     app = build_app(refitter, reconcile_s=reconcile_interval)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])

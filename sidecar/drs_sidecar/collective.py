@@ -15,7 +15,8 @@ A group forms only when every member joins. So a collective step needs every eng
 it is refused before any call, naming the engines that are not), and it calls all engines at
 once, never through the refit's concurrency limit: with a limit, engines waiting inside the
 group's init would hold the slots that the others need to join. The trainer joins with its own
-ranks while its call to the sidecar is in flight.
+ranks while its call to the sidecar is in flight. Each step is bounded and a failed one aborted on
+every member, naming the culprit: :mod:`drs_sidecar.group_abort`.
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ from typing import Any, Final
 import httpx
 from drs_protocol import fields
 from drs_protocol.control import LoadWeights, WeightsInfo, answer_model
-from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
-from pydantic import BaseModel, ValidationError
+from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, HEALTH, ControlOp
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 #: Connections kept per engine: the sidecar makes one call per engine at a time (a few spare).
 MAX_CONNECTIONS_PER_ENGINE: Final = 4
@@ -38,6 +38,14 @@ class CallResult:
     weights_digest: str | None = None
     #: The parsed answer: a ``ControlAnswer`` of the op's result, or a :class:`WeightsInfo`.
     answer: BaseModel | None = None
+    #: No answer came within the call's timeout (``status`` None: the engine may be hung).
+    timed_out: bool = False
+    #: The ``error.type`` of an error answer (``drs_protocol.collective.COLLECTIVE_ERROR_TYPE`` …).
+    error_type: str | None = None
+
+
+class _Health(BaseModel):
+    model_config = ConfigDict(extra="allow")
 
 
 class ControlClient:
@@ -73,6 +81,10 @@ class ControlClient:
         """``GET /control/weights``: the version and digest the engine holds."""
         return await self._call("GET", url, CONTROL_WEIGHTS, None, self.call_s, WeightsInfo)
 
+    async def health(self, url: str, timeout: float) -> CallResult:
+        """``GET /health`` (why an engine is not ready: its 503's ``error_type``)."""
+        return await self._call("GET", url, HEALTH, None, timeout, _Health)
+
     async def load_checkpoint(self, url: str, path: str, version: str) -> CallResult:
         """The engine loads the checkpoint at ``path`` and serves it as ``version`` (its ``load_weights``)."""
         return await self.op(url, ControlOp.LOAD_WEIGHTS, LoadWeights(path=path, version=version), timeout=self.load_s)
@@ -101,7 +113,8 @@ class ControlClient:
         try:
             response = await self._client(url).request(method, url + route, json=body, timeout=timeout)
         except httpx.TimeoutException:
-            return CallResult(url, False, None, f"no answer within {timeout:g}s", time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            return CallResult(url, False, None, f"no answer within {timeout:g}s", elapsed, timed_out=True)
         except httpx.TransportError as exc:
             return CallResult(url, False, None, f"unreachable: {exc}", time.perf_counter() - started)
         elapsed = time.perf_counter() - started
@@ -119,4 +132,8 @@ class ControlClient:
             data = {}
         error = data.get("error") if isinstance(data, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
-        return CallResult(url, False, response.status_code, str(message or response.text[:500]), elapsed)
+        kind = error.get("type") if isinstance(error, dict) else None
+        detail = str(message or response.text[:500])
+        return CallResult(
+            url, False, response.status_code, detail, elapsed, error_type=kind if isinstance(kind, str) else None
+        )

@@ -47,6 +47,7 @@ from drs_protocol.control import (
     TrainerCollectiveUpdate,
     TrainerIpcUpdate,
 )
+from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S
 from drs_protocol.routes import ControlOp, TrainerRoute
 from drs_protocol.validation_errors import field_problems
 from drs_protocol.weights_state import DesiredWeights, HeldWeights
@@ -56,6 +57,7 @@ from drs_sidecar.collective import GroupLayout, group_layout, membership_changes
 from drs_sidecar.control import CallResult, ControlClient
 from drs_sidecar.errors import FleetError, GroupChanged, NoGroup, RefitBusy, Refused
 from drs_sidecar.fleet import Engine, Fleet
+from drs_sidecar.group_abort import CollectiveSteps
 from drs_sidecar.metrics import SidecarMetrics
 from drs_sidecar.report import EngineOutcome, Report, verify_digests
 
@@ -84,7 +86,15 @@ def checked(model: type[ModelT], data: object) -> ModelT:
 
 
 class Refitter:
-    def __init__(self, fleet: Fleet, control: ControlClient, metrics: SidecarMetrics, *, concurrency: int = 64) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        control: ControlClient,
+        metrics: SidecarMetrics,
+        *,
+        concurrency: int = 64,
+        collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+    ) -> None:
         self.fleet = fleet
         self.control = control
         self.metrics = metrics
@@ -100,6 +110,8 @@ class Refitter:
         self._backoff: dict[str, tuple[int, float]] = {}
         #: the collective refit group the last ``collective_init`` formed
         self.group: GroupLayout | None = None
+        #: each collective step bounded, and aborted on every member when one fails
+        self.steps = CollectiveSteps(control, collective_timeout_s)
 
     @property
     def busy(self) -> bool:
@@ -157,7 +169,7 @@ class Refitter:
     async def collective_init(self, ip: str, port: int, train_world_size: int) -> tuple[GroupLayout, Report]:
         """Every engine joins the trainer's NCCL group at its ranks (``NotAllReady``, ``Refused``)."""
         async with self._exclusive():
-            layout = group_layout(await self.fleet.engines(), train_world_size)
+            layout = group_layout(await self.steps.members(self.fleet), train_world_size)
             bodies = {
                 m.engine.url: CollectiveInit(
                     rank_prefix=m.rank_prefix,
@@ -165,15 +177,11 @@ class Refitter:
                     port=port,
                     world_size=layout.world_size,
                     train_world_size=train_world_size,
+                    timeout_s=self.steps.engine_s,
                 )
                 for m in layout.members
             }
-            report = await self._fan_out(
-                ControlOp.INIT_COLLECTIVE,
-                [m.engine for m in layout.members],
-                lambda url: self.control.op(url, ControlOp.INIT_COLLECTIVE, bodies[url], timeout=self.control.load_s),
-                all_at_once=True,
-            )
+            report = await self.steps.run(self._fan_out, ControlOp.INIT_COLLECTIVE, layout, bodies.__getitem__)
             self.group = layout if report.complete else None
             return layout, report
 
@@ -186,7 +194,12 @@ class Refitter:
         ``request.version``, checked against ``request.digest``. ``request.path``: a checkpoint of
         the same weights, loaded on engines that come back later (without one, a restarted engine
         cannot be brought to them from a checkpoint)."""
-        body = CollectiveUpdate(version=request.version, drain=request.drain, recompute_kv=request.recompute_kv)
+        body = CollectiveUpdate(
+            version=request.version,
+            drain=request.drain,
+            recompute_kv=request.recompute_kv,
+            timeout_s=self.steps.engine_s,
+        )
         target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
         report = await self._collective(
             ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body, desired_digest=request.digest, target=target
@@ -265,20 +278,14 @@ class Refitter:
             group = self.group
             if group is None:
                 raise NoGroup(f"no collective group: POST {TrainerRoute.COLLECTIVE_INIT} first")
-            changes = membership_changes(group, await self.fleet.engines())
+            changes = membership_changes(group, await self.steps.members(self.fleet))
             if changes:  # a collective over a member that is not there would wait for it
                 self.group = None
                 raise GroupChanged(changes)
             previous = await self._start(target) if target is not None else None
-            report = await self._fan_out(
-                op,
-                [m.engine for m in group.members],
-                lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
-                all_at_once=True,
-                desired_digest=desired_digest,
-            )
+            report = await self.steps.run(self._fan_out, op, group, lambda _: body, desired_digest=desired_digest)
             if report.failed:
-                self.group = None  # a member failed mid-collective: the group is not usable
+                self.group = None  # aborted on every member: the next collective/init forms a new one
             if target is not None:
                 await self._settle(report, previous, target)
             if op in WEIGHTS_OPS:
@@ -339,8 +346,9 @@ class Refitter:
 
     async def _read_weights(self) -> tuple[list[Engine], list[Engine], list[CallResult], dict[str, HeldWeights]]:
         """The fleet's engines, the ready ones, their answers to ``GET /control/weights``, and
-        what each that answered holds, by engine name."""
-        engines = await self.fleet.engines()
+        what each that answered holds, by engine name (one holding part of a failed update counts
+        ready: a load is what it waits for)."""
+        engines = await self.steps.members(self.fleet)
         ready = [e for e in engines if e.ready and e.url]
         answers = await asyncio.gather(*(self.control.weights(e.url) for e in ready if e.url))
         held = {

@@ -53,6 +53,8 @@ class Report:
     elapsed_s: float = 0.0
     #: The digest every engine had to reach (a weights operation), None when none could be decided.
     digest: str | None = None
+    #: A failed collective step's abort (:class:`drs_sidecar.group_abort.GroupAbort`): the culprit.
+    group_abort: Any = None
 
     @property
     def failed(self) -> list[EngineOutcome]:
@@ -72,6 +74,7 @@ class Report:
             "pending": [{"engine": e.name, "role": e.role, "replica": e.replica} for e in self.pending],
             "outcomes": [o.as_dict() for o in self.outcomes],
             "weights_digest": self.digest,
+            "group_abort": None if self.group_abort is None else self.group_abort.as_dict(),
             "elapsed_s": round(self.elapsed_s, 3),
         }
 

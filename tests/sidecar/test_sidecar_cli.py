@@ -148,6 +148,23 @@ def test_the_command_needs_exactly_one_way_to_find_engines() -> None:
     assert result.exit_code == 2 and "not both" in result.output
 
 
+def test_the_collective_timeout_is_bounded_by_the_protocols_limit() -> None:
+    result = CliRunner().invoke(drs, ["sidecar", "--engine", "http://a:1", "--collective-timeout", "3601"])
+    assert result.exit_code == 2 and "--collective-timeout" in result.output
+
+
+def test_a_trainer_cannot_set_the_engines_own_deadline() -> None:
+    """``timeout_s`` is the sidecar's (its ``--collective-timeout``), never a trainer body's field."""
+    from drs_protocol.control import CollectiveUpdate, TrainerCollectiveUpdate
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="timeout_s"):
+        TrainerCollectiveUpdate.model_validate({"version": "v", "timeout_s": 5})
+    assert CollectiveUpdate(version="v").timeout_s == 300.0
+    with pytest.raises(ValidationError, match="timeout_s"):
+        CollectiveUpdate(version="v", timeout_s=0)
+
+
 def test_without_a_control_token_the_command_says_where_to_give_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("DRS_CONTROL_TOKEN", raising=False)
     result = CliRunner().invoke(drs, ["sidecar", "--engine", "http://127.0.0.1:1", "--port", "0"])

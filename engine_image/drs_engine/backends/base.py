@@ -226,6 +226,12 @@ class EngineBackend(abc.ABC):
     @abc.abstractmethod
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]: ...
 
+    async def abort_collective(self, reason: str) -> dict[str, Any]:
+        """Leave the collective group at once (called beside an update in flight, never queued
+        behind it): ``{"aborted": bool}``, whether there was a group. A backend with no group has
+        nothing to abort."""
+        return {"aborted": False}
+
     async def update_weights_from_ipc(self, params: IpcUpdate) -> dict[str, Any]:
         """The colocated refit: copy the trainer's CUDA-IPC-shared packed buffers into the weights."""
         raise NotSupportedError(

@@ -4,8 +4,10 @@ Routes:
 
 - ``POST /v1/chat/completions``, ``POST /v1/completions`` — serving (:mod:`.serving`);
 - ``GET /v1/models`` — the one model served, OpenAI's model list (:mod:`drs_protocol.model_list`);
-- ``GET /health`` — 200 once the model is loaded, 503 before, while draining (SIGTERM) and while it
-  does not hold the desired weights it started under (``weights_pending``, :mod:`drs_engine.weights.catchup`);
+- ``GET /health`` — 200 once the model is loaded, 503 before, while draining (SIGTERM), while it
+  does not hold the desired weights it started under (``weights_pending``,
+  :mod:`drs_engine.weights.catchup`) and while the weights hold part of a failed update
+  (``weights_incomplete``, until a load completes);
 - ``GET /server_info`` — ``{"disaggregated_params", "max_batch_size", "tokens_per_block", …}``;
 - ``GET /v1/gang`` — an engine wider than a node: its leader's report of every rank (joined, node,
   workers alive) and the gang's phase (``drs_protocol.gang``); 404 on an engine of one pod;
@@ -44,7 +46,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from drs_engine import __version__
 from drs_engine.config import BackendName, EngineConfig
-from drs_engine.errors import EngineError
+from drs_engine.errors import EngineError, WeightsIncompleteError
 from drs_engine.gang.spec import GangSpec
 from drs_engine.metrics import CONTENT_TYPE_LATEST
 from drs_engine.server import control, peer_stream, serving
@@ -150,6 +152,11 @@ def _add_info_routes(app: FastAPI, state: EngineState) -> None:
             return JSONResponse(
                 error_body(503, "the engine is draining before it stops", type_=DRAINING_ERROR_TYPE), status_code=503
             )
+        if state.weights_incomplete is not None:
+            incomplete = WeightsIncompleteError(
+                f"the engine holds part of a failed weights update: {state.weights_incomplete}"
+            )
+            return JSONResponse(incomplete.to_body(), status_code=503)
         return JSONResponse({"status": "ok", "asleep": bool(state.released_tags)})
 
     async def gang_report() -> Response:

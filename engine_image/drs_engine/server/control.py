@@ -20,6 +20,7 @@ route                                       body                                
 ``POST /control/collective/prepare``        ``{"state_dict_info": {...}}``                      trtllm, torch (sim: 501)
 ``POST /control/collective/update``         ``{"version": str, "drain": bool,                   trtllm, torch (sim: 501)
                                             "recompute_kv": bool}``
+``POST /control/collective/abort``          ``{"reason": str}``                                 not queued: beside an update
 ``POST /control/weights/ipc``               ``{"version", "state_dict_info", "buffers"}``       torch only
 ``POST /control/prefix_cache/reset``        ``{}`` or empty                                     empties the prefix cache
 ``POST /control/memory/release``            ``{"tags": [str, ...]}`` (empty: all)               sleep: serving gets 503
@@ -34,11 +35,14 @@ other control calls, ``elapsed_s``); ``GET /control/weights`` a
 :class:`~drs_protocol.control.WeightsInfo`. After every operation that changes the weights the
 engine measures their digest from the bytes it holds (the backend's ``measure_digest``). A
 failed call answers the OpenAI error shape; a weights load that fails leaves the previous weights
-serving and says why.
+serving and says why; one that fails after it changed bytes leaves the engine refusing turns until a
+load completes (:mod:`drs_engine.weights.incomplete`). ``collective/abort`` is the one call not
+serialised: it must reach the group while an update holds the lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -49,6 +53,7 @@ from drs_protocol.auth import Realm
 from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.control import (
     OPS,
+    CollectiveAbort,
     CollectiveInit,
     CollectiveUpdate,
     ControlAnswer,
@@ -71,6 +76,7 @@ from drs_engine.errors import EngineError, UnauthorizedError
 from drs_engine.server.auth import check_control
 from drs_engine.server.body import validate
 from drs_engine.server.state import EngineState
+from drs_engine.weights import incomplete
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +86,8 @@ Handler = Callable[[Any], Awaitable[dict[str, Any]]]
 WEIGHTS_OPS = frozenset(
     {ControlOp.LOAD_WEIGHTS, ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, ControlOp.UPDATE_WEIGHTS_FROM_IPC}
 )
+#: The operations that do not wait for the control lock (an abort reaches an update in flight).
+UNLOCKED_OPS = frozenset({ControlOp.ABORT_COLLECTIVE})
 
 
 def check_token(state: EngineState, request: Request) -> None:
@@ -108,13 +116,18 @@ async def run_op(state: EngineState, request: Request, op: ControlOp, handler: H
         params = await _body(request, request_model)
         backend = state.require_backend()
         queued = time.monotonic()
-        async with state.control_lock:
+        async with contextlib.nullcontext() if op in UNLOCKED_OPS else state.control_lock:
             started = time.monotonic()
+            before, failure = state.weights_digest, None
             try:
                 raw = await handler(params)
+            except BaseException as exc:
+                failure = exc
+                raise
             finally:
                 if op in WEIGHTS_OPS:  # even a failed update may have changed bytes in place
                     state.weights_digest = await _measure(backend)
+                    incomplete.settle(state, failure, before, state.weights_digest)
             done = time.monotonic()
             if op in WEIGHTS_OPS:  # the sidecar's word is newer than the desired weights the pod started under
                 state.weights_changed(backend.weights_version)
@@ -184,6 +197,11 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
         state.require_metrics().set_weights_version(params.version, loaded=True)
         return result
 
+    async def abort_collective(params: CollectiveAbort) -> dict[str, Any]:
+        log.warning("the collective group is aborted: %s", params.reason)
+        result = await state.require_backend().abort_collective(params.reason)
+        return {**result, "weights_incomplete": state.weights_incomplete is not None}
+
     async def update_ipc(params: IpcUpdate) -> dict[str, Any]:
         result = await state.require_backend().update_weights_from_ipc(params)
         state.require_metrics().set_weights_version(params.version, loaded=True)
@@ -216,6 +234,7 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
         ControlOp.PREPARE_REFIT_INFO: prepare,
         ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: update,
         ControlOp.UPDATE_WEIGHTS_FROM_IPC: update_ipc,
+        ControlOp.ABORT_COLLECTIVE: abort_collective,
         ControlOp.RESET_PREFIX_CACHE: reset,
         ControlOp.RELEASE_MEMORY: release,
         ControlOp.RESUME_MEMORY: resume,

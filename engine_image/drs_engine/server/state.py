@@ -21,7 +21,7 @@ from drs_protocol.weights_state import DesiredWeights
 from drs_engine.backends import create_backend
 from drs_engine.backends.base import EngineBackend
 from drs_engine.config import BackendName, EngineConfig
-from drs_engine.errors import DrainingError, UnavailableError, WeightsPendingError
+from drs_engine.errors import DrainingError, UnavailableError, WeightsIncompleteError, WeightsPendingError
 from drs_engine.gang.spec import GangSpec, GangSpecError
 from drs_engine.metrics import EngineMetrics
 from drs_engine.weights import desired
@@ -100,6 +100,8 @@ class EngineState:
         self.backend: EngineBackend | None = None
         #: The digest of the weights the backend holds, measured after start and after every change.
         self.weights_digest: str | None = None
+        #: Why the weights hold part of an update that failed (no turn, /health 503, until a good load).
+        self.weights_incomplete: str | None = None
         self.released_tags: set[str] = set()
         self.control_lock = asyncio.Lock()
         self._local_ids = itertools.count(1)
@@ -232,6 +234,11 @@ class EngineState:
         if self.catch_up is not None and self.catch_up.pending:
             raise WeightsPendingError(self.catch_up.reason())
         self.check_awake()
+        if self.weights_incomplete is not None:
+            raise WeightsIncompleteError(
+                f"the engine holds part of a failed weights update ({self.weights_incomplete}); "
+                "it serves again after a load completes"
+            )
 
     def busy(self) -> int:
         """Legs running or queued, plus context states no decode engine has fetched yet."""

@@ -294,6 +294,9 @@ class TorchBackend(EngineBackend):
     async def update_weights_from_ipc(self, params: IpcUpdate) -> dict[str, Any]:
         return self._switched(*await self._weights.update_from_ipc(params))
 
+    async def abort_collective(self, reason: str) -> dict[str, Any]:
+        return {"aborted": self._weights.abort_group()}
+
     # ---- control: caches, memory, profile ---------------------------------------------------
 
     async def reset_prefix_cache(self) -> dict[str, Any]:

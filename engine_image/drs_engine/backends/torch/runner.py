@@ -170,6 +170,7 @@ class ModelRunner:
         """Prefill ``prompt`` from ``start``. With an arena ``region`` the context's KV lies there:
         computed in place when the prefix cache keeps nothing, else copied there (the cache's blocks
         must outlive the region)."""
+        self._weights.check_complete()
         shape = (self._shape.layers, 2, self._shape.kv_heads, capacity, self._shape.head_dim)
         arena = arena if region is not None else None
         in_place = arena is not None and cache_keeps_nothing
@@ -209,6 +210,7 @@ class ModelRunner:
         self.decoder.release(leaving)
         if not batch:
             return None
+        self._weights.check_complete()
         self.decoder.seat(batch)
         for seq in batch:
             self._prepare(seq)

@@ -221,7 +221,7 @@ class TrtllmBackend(EngineBackend):
         return {"version": version, "previous_version": previous}
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
-        await self._rpc("init_collective", params.model_dump())
+        await self._rpc("init_collective", params.model_dump(exclude={"timeout_s"}))
         return {"initialized": True, "world_size": params.world_size}
 
     async def prepare_refit_info(self, params: PrepareRefitInfo) -> dict[str, Any]:
@@ -241,6 +241,12 @@ class TrtllmBackend(EngineBackend):
         await self._rpc("reset_prefix_cache")
         previous, self._version = self._version, params.version
         return {"version": params.version, "previous_version": previous}
+
+    async def abort_collective(self, reason: str) -> dict[str, Any]:
+        raise NotSupportedError(
+            "abort_collective: TensorRT-LLM cannot abort an NCCL operation in flight on its workers; "
+            "a hung broadcast ends only with the worker (the sidecar's deadline still answers the trainer)"
+        )
 
     async def reset_prefix_cache(self) -> dict[str, Any]:
         await self._rpc("reset_prefix_cache")

@@ -17,7 +17,8 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from datetime import timedelta
+from typing import Any, Final
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcBuffer, IpcUpdate, PrepareRefitInfo
 from drs_protocol.nemo_rl_refit import TensorSpec
@@ -28,9 +29,13 @@ from drs_engine.backends.torch.model import ModelSource, random_state_dict, read
 from drs_engine.backends.torch.weights import refit, stream
 from drs_engine.backends.torch.weights.packed import PackedWeights, pack
 from drs_engine.backends.torch.worker import GpuWorker
-from drs_engine.errors import BadRequestError
+from drs_engine.errors import BadRequestError, CollectiveError, WeightsIncompleteError
 from drs_engine.weights.digest import torch_weights_digest
 from drs_engine.weights.stream import WeightsExport
+
+#: Seconds past a collective step's ``timeout_s`` before the engine stops waiting for its thread and
+#: aborts the group (a backstop: the step's own operations are bounded by ``timeout_s`` already).
+BACKSTOP_S: Final = 5.0
 
 
 class WeightsManager:
@@ -53,6 +58,8 @@ class WeightsManager:
         #: ``(gen, digest)`` a stream load proved of the weights it swapped in
         self._verified: tuple[int, str] | None = None
         self.last_refit: dict[str, Any] | None = None
+        #: why the weights hold part of an update that failed (set on the GPU thread; None: whole)
+        self.incomplete: str | None = None
 
     @property
     def params(self) -> dict[str, Any]:
@@ -106,11 +113,19 @@ class WeightsManager:
             return None
         return {"backend": self._group.backend, "rank": self._group.rank, "world_size": self._group.world_size}
 
-    def _install(self, params: dict[str, Any] | None) -> None:
-        """New weights (or the same tensors, changed in place): on the GPU thread, between steps."""
+    def _install(self, params: dict[str, Any] | None, incomplete: str | None = None) -> None:
+        """New weights (or the same tensors, changed in place; ``incomplete``: only part of them):
+        on the GPU thread, between steps."""
         if params is not None:
             self._weights = pack(params, self._device)
         self._gen += 1
+        self.incomplete = incomplete
+
+    def check_complete(self) -> None:
+        """On the GPU thread, before a prefill or a decode step: :class:`WeightsIncompleteError`
+        while the weights hold part of a failed update (no token from half-loaded weights)."""
+        if self.incomplete is not None:
+            raise WeightsIncompleteError(f"the engine holds part of a failed weights update: {self.incomplete}")
 
     def _switched(self, version: str, result: dict[str, Any]) -> str:
         """The served version is now ``version``; returns the previous one."""
@@ -158,14 +173,22 @@ class WeightsManager:
             )
         refit.leave_group(self._group)
         self._group = None
-        self._group = await asyncio.to_thread(
-            refit.join_group,
-            ip=params.ip,
-            port=params.port,
-            rank=rank,
-            world_size=params.world_size,
-            device=self._device,
+        joining = asyncio.ensure_future(
+            asyncio.to_thread(
+                refit.join_group,
+                ip=params.ip,
+                port=params.port,
+                rank=rank,
+                world_size=params.world_size,
+                device=self._device,
+                timeout=timedelta(seconds=params.timeout_s),
+            )
         )
+        try:
+            self._group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s + BACKSTOP_S)
+        except TimeoutError:
+            joining.add_done_callback(_leave_late)
+            raise CollectiveError(f"rank {rank}: joining the group did not end within {params.timeout_s:g}s") from None
         return {"rank": rank, "world_size": params.world_size, "backend": self._group.backend}
 
     async def prepare(self, params: PrepareRefitInfo) -> dict[str, Any]:
@@ -174,16 +197,47 @@ class WeightsManager:
         return {"tensors": len(group.specs), "bytes": sum(s.nbytes for s in group.specs)}
 
     async def update_from_collective(self, params: CollectiveUpdate) -> tuple[str, dict[str, Any]]:
+        """Receive the trainer's broadcast within ``params.timeout_s``; on any failure the group is
+        left (the next update needs a new ``init``) and, when bytes had landed, the weights are
+        marked incomplete until a good load."""
         group = self._require_group()
-        result = await self._worker.run(self._receive, group)
+        deadline = time.monotonic() + params.timeout_s
+        receiving = asyncio.ensure_future(self._worker.run(self._receive, group, deadline))
+        try:
+            result = await asyncio.wait_for(asyncio.shield(receiving), params.timeout_s + BACKSTOP_S)
+        except TimeoutError:  # the GPU thread is stuck in the collective (NCCL): abort it
+            self.abort_group()
+            self.incomplete = f"rank {group.rank}: the update's broadcast did not end within {params.timeout_s:g}s"
+            raise CollectiveError(self.incomplete, weights_changed=True) from None
+        except CollectiveError:
+            if self._group is group:
+                refit.leave_group(group)
+                self._group = None
+            raise
         result["recompute_kv"] = "not done: in-flight sequences keep their KV" if params.recompute_kv else False
         return self._switched(params.version, result), result
 
-    def _receive(self, group: refit.RefitGroup) -> dict[str, Any]:
+    def abort_group(self) -> bool:
+        """Abort and forget the group (from the event loop, even while an update runs on the GPU
+        thread); whether there was one."""
+        group, self._group = self._group, None
+        if group is not None:
+            refit.abort_group(group)
+        return group is not None
+
+    def _receive(self, group: refit.RefitGroup, deadline: float) -> dict[str, Any]:
         try:
-            return refit.receive_update(group, self._weights, self._device)
-        finally:
-            self._install(None)  # tensors changed in place (even a partial update)
+            result = refit.receive_update(group, self._weights, self._device, deadline)
+        except CollectiveError as exc:
+            self._install(None, str(exc) if exc.weights_changed else self.incomplete)
+            raise
+        except BadRequestError:  # refused before any batch (no prepare_refit_info)
+            raise
+        except BaseException as exc:
+            self._install(None, f"the update failed part way: {type(exc).__name__}: {exc}")
+            raise
+        self._install(None)  # tensors changed in place
+        return result
 
     async def update_from_ipc(self, params: IpcUpdate) -> tuple[str, dict[str, Any]]:
         specs = refit.check_specs(params.state_dict_info, self.params)
@@ -194,7 +248,7 @@ class WeightsManager:
         try:
             return refit.receive_ipc(self._ipc_maps, self._weights, specs, buffers, self._device)
         finally:
-            self._install(None)  # tensors changed in place (even a partial copy)
+            self._install(None)  # changed in place (a partial copy: the server sees another digest)
 
     def _require_group(self) -> refit.RefitGroup:
         if self._group is None:
@@ -217,6 +271,12 @@ class WeightsManager:
 
     def _restore(self, host: dict[str, Any]) -> None:
         self._weights = pack(host, self._device)
+
+
+def _leave_late(joining: asyncio.Future[refit.RefitGroup]) -> None:
+    """A join that ended after its caller gave up: leave the group it formed."""
+    if not joining.cancelled() and joining.exception() is None:
+        refit.leave_group(joining.result())
 
 
 def _to_host(params: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,11 @@ TCPStore the trainer hosts at ``ip:port``, reads the group's backend and batch t
 ``prepare`` checks the announced tensors against the model; ``update`` receives each batch by
 broadcast from rank 0, straight into the engine's packed weights when the batch is one range of
 them (:mod:`.packed`). The group is a process group object of its own (never the default
-group), so a later ``init`` replaces it cleanly.
+group), so a later ``init`` replaces it cleanly. Nothing waits for the other ranks unbounded: the
+store, the group's creation and each batch's broadcast get the control call's ``timeout_s``
+(:func:`broadcast_within` sets the group's timeout to the time left before every batch; gloo
+fails the operation then), and a failure raises :class:`CollectiveError` naming the rank, the batch
+and whether bytes had already landed.
 
 Colocated (NeMo RL's colocated refit: the trainer shares its packed buffers by CUDA IPC handles,
 on the same host; one GPU, or any GPU this engine sees): :func:`receive_ipc` maps each buffer
@@ -41,9 +45,10 @@ from drs_protocol.weights_pack import (
 
 from drs_engine.backends.torch import ipc
 from drs_engine.backends.torch.weights.packed import PackedWeights
-from drs_engine.errors import BadRequestError, WeightsLoadError
+from drs_engine.errors import BadRequestError, CollectiveError, WeightsLoadError
 
-#: How long joining the group, and each broadcast, may wait for the other ranks.
+#: How long joining the group, and each broadcast, may wait for the other ranks, unless the
+#: caller gives its own timeout (the control API's ``timeout_s``).
 GROUP_TIMEOUT: Final = timedelta(seconds=300)
 #: CUDA IPC mappings of trainers' buffers kept open (a trainer reuses its buffers refit after refit).
 IPC_MAPS_KEPT: Final = 4
@@ -61,10 +66,13 @@ class RefitGroup:
     specs: list[TensorSpec] | None = None
 
 
-def join_group(*, ip: str, port: int, rank: int, world_size: int, device: Any) -> RefitGroup:
-    """Connect to the trainer's store and join its group (blocks until every rank has joined)."""
+def join_group(
+    *, ip: str, port: int, rank: int, world_size: int, device: Any, timeout: timedelta = GROUP_TIMEOUT
+) -> RefitGroup:
+    """Connect to the trainer's store and join its group (blocks until every rank has joined, at
+    most ``timeout`` for the store and as long again for the group: then :class:`CollectiveError`)."""
     try:
-        store = dist.TCPStore(ip, port, is_master=False, timeout=GROUP_TIMEOUT)
+        store = dist.TCPStore(ip, port, is_master=False, timeout=timeout)
         store.set(STORE_KEY_WORLD_SIZE, str(world_size))
         backend = store.get(STORE_KEY_BACKEND).decode()
         target_bytes = int(store.get(STORE_KEY_TARGET_BYTES).decode())
@@ -74,24 +82,45 @@ def join_group(*, ip: str, port: int, rank: int, world_size: int, device: Any) -
         raise WeightsLoadError(f"the trainer's refit group uses backend {backend!r}; this engine speaks nccl or gloo")
     if backend == "nccl" and device.type != "cuda":
         raise WeightsLoadError("the trainer's refit group is NCCL, and this engine runs on the CPU")
-    group = make_group(store, backend, rank, world_size, device)
+    try:
+        group = make_group(store, backend, rank, world_size, device, timeout)
+    except RuntimeError as exc:
+        raise CollectiveError(
+            f"rank {rank}: the group of {world_size} ranks did not form within {timeout.total_seconds():g}s: {exc}"
+        ) from exc
     return RefitGroup(group=group, backend=backend, rank=rank, world_size=world_size, target_bytes=target_bytes)
 
 
-def make_group(store: Any, backend: str, rank: int, world_size: int, device: Any) -> Any:
+def make_group(
+    store: Any, backend: str, rank: int, world_size: int, device: Any, timeout: timedelta = GROUP_TIMEOUT
+) -> Any:
     """This rank's process group over ``store`` (trainer and engines alike), after the probe
-    broadcast that makes every rank's communicator real."""
+    broadcast that makes every rank's communicator real; ``timeout`` bounds each of its operations."""
     prefixed = dist.PrefixStore(STORE_PREFIX, store)
     if backend == "nccl":
         torch.cuda.set_device(device)
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = GROUP_TIMEOUT
+        options._timeout = timeout
         group = dist.ProcessGroupNCCL(prefixed, rank, world_size, options)
     else:
-        group = dist.ProcessGroupGloo(prefixed, rank, world_size, GROUP_TIMEOUT)
+        group = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
     probe = torch.ones(1, device=device if backend == "nccl" else "cpu")
     group.broadcast([probe], dist.BroadcastOptions()).wait()
     return group
+
+
+def broadcast_within(group: Any, buffer: Any, deadline: float) -> None:
+    """One broadcast from rank 0 into ``buffer`` that waits at most until ``deadline``
+    (``time.monotonic()``): the group's timeout is set to the time left first (gloo honours it for
+    the operation: a peer that stopped answering fails it then). :class:`TimeoutError` when no time
+    is left."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("no time left")
+    set_timeout = getattr(group, "set_timeout", None)
+    if callable(set_timeout):
+        set_timeout(timedelta(seconds=left))
+    group.broadcast([buffer], dist.BroadcastOptions()).wait()
 
 
 def check_specs(info: dict[str, Any], params: dict[str, Any]) -> list[TensorSpec]:
@@ -114,20 +143,33 @@ def check_specs(info: dict[str, Any], params: dict[str, Any]) -> list[TensorSpec
     return specs
 
 
-def receive_update(member: RefitGroup, weights: PackedWeights, device: Any) -> dict[str, Any]:
-    """Receive every batch the trainer broadcasts into ``weights`` (in place where it is one range)."""
+def receive_update(member: RefitGroup, weights: PackedWeights, device: Any, deadline: float) -> dict[str, Any]:
+    """Receive every batch the trainer broadcasts into ``weights`` (in place where it is one range),
+    all of them by ``deadline`` (``time.monotonic()``). A broadcast that fails or runs past it raises
+    :class:`CollectiveError` naming this rank and the batch, with ``weights_changed`` when bytes of
+    the update had already landed."""
     if member.specs is None:
         raise BadRequestError("update_weights_from_collective before prepare_refit_info")
     started = time.perf_counter()
     ranges = batch_ranges(member.specs, member.target_bytes)
     where = device if member.backend == "nccl" else torch.device("cpu")
     in_place = 0
-    for start, end, batch in ranges:
+    changed = False
+    for i, (start, end, batch) in enumerate(ranges):
         place = weights.target(batch, end - start) if member.backend == "nccl" else None
         buffer = place if place is not None else torch.empty(end - start, dtype=torch.uint8, device=where)
-        member.group.broadcast([buffer], dist.BroadcastOptions()).wait()
+        changed = changed or place is not None  # an in-place broadcast writes the weights as it lands
+        try:
+            broadcast_within(member.group, buffer, deadline)
+        except (RuntimeError, TimeoutError) as exc:
+            raise CollectiveError(
+                f"rank {member.rank}: batch {i + 1}/{len(ranges)} of the trainer's broadcast did not arrive "
+                f"by the step's deadline: {exc}",
+                weights_changed=changed,
+            ) from exc
         if place is None:
             weights.copy_batch(batch, buffer)
+            changed = True
         else:
             in_place += 1
     if device.type == "cuda":
@@ -227,3 +269,12 @@ def leave_group(member: RefitGroup | None) -> None:
     if callable(shutdown):
         with contextlib.suppress(RuntimeError):
             shutdown()
+
+
+def abort_group(member: RefitGroup) -> None:
+    """Abort the group at once, from any thread: NCCL's abort unblocks the operations in flight;
+    gloo's leaves an operation in flight to fail by the timeout :func:`broadcast_within` gave it."""
+    abort = getattr(member.group, "abort", None)
+    if callable(abort):
+        with contextlib.suppress(RuntimeError):
+            abort()
