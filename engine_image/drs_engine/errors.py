@@ -20,11 +20,13 @@ shape.
     ├── NotSupportedError               (501 not_implemented)        op not offered by this backend
     ├── KvTransferError = UpstreamError (502 upstream_error)         prefill engine unreachable for a KV fetch
     └── UnavailableError                (503 service_unavailable)    asleep (memory released) or not loaded
-        └── DrainingError               (503 draining)               stopping: send the leg to another engine
+        ├── DrainingError               (503 draining)               stopping: send the leg to another engine
+        └── WeightsPendingError         (503 weights_pending)        not at the announced target weights yet
 """
 
 from __future__ import annotations
 
+from drs_protocol import fields
 from drs_protocol.errors import (
     ApiError,
     BadRequestError,
@@ -36,7 +38,7 @@ from drs_protocol.errors import (
     UnavailableError,
     UpstreamError,
 )
-from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
+from drs_protocol.lifecycle import DRAINING_ERROR_TYPE, WEIGHTS_PENDING_ERROR_TYPE
 
 #: Base of every error the engine reports to a caller.
 EngineError = ApiError
@@ -58,6 +60,8 @@ __all__ = [
     "UnauthorizedError",
     "UnavailableError",
     "WeightsLoadError",
+    "WeightsPendingError",
+    "retry_headers",
 ]
 
 
@@ -81,3 +85,21 @@ class DrainingError(UnavailableError):
     """503: the engine is stopping; the leg belongs on another engine."""
 
     type = DRAINING_ERROR_TYPE
+
+
+class WeightsPendingError(UnavailableError):
+    """503: the fleet's announced target weights are not the ones this engine holds yet; the leg
+    belongs on an engine that holds them (``retry_after_s``: when this one may, as a header)."""
+
+    type = WEIGHTS_PENDING_ERROR_TYPE
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def retry_headers(exc: ApiError) -> dict[str, str] | None:
+    """The ``Retry-After`` header of an error that says when to try again (None: none)."""
+    if isinstance(exc, WeightsPendingError):
+        return {fields.RETRY_AFTER_HEADER: str(exc.retry_after_s)}
+    return None

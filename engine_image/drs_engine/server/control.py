@@ -19,6 +19,7 @@ route                                       body                                
 ``POST /control/collective/update``         ``{"version": str, "drain": bool,                   trtllm, torch (sim: 501)
                                             "recompute_kv": bool}``
 ``POST /control/weights/ipc``               ``{"version", "state_dict_info", "buffers"}``       torch only
+``POST /control/weights/target``            ``{"version", "digest", "lease_s"}``                 announce; never queued
 ``POST /control/prefix_cache/reset``        ``{}`` or empty                                     empties the prefix cache
 ``POST /control/memory/release``            ``{"tags": [str, ...]}`` (empty: all)               sleep: serving gets 503
 ``POST /control/memory/resume``             ``{"tags": [str, ...]}`` (empty: all)               wake
@@ -33,10 +34,15 @@ other control calls, ``elapsed_s``); ``GET /control/weights`` a
 engine measures their digest from the bytes it holds (the backend's ``measure_digest``). A
 failed call answers the OpenAI error shape; a weights load that fails leaves the previous weights
 serving and says why.
+
+``POST /control/weights/target`` (:mod:`drs_engine.weights.target`) is the one call that does not
+wait for the control lock: the sidecar announces the target weights before it loads any engine,
+and an announce queued behind a load would come after it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import time
@@ -55,6 +61,7 @@ from drs_protocol.control import (
     MemoryTags,
     PrepareRefitInfo,
     WeightsInfo,
+    WeightsTarget,
     answer_json,
     result_of,
 )
@@ -77,6 +84,8 @@ Handler = Callable[[Any], Awaitable[dict[str, Any]]]
 WEIGHTS_OPS = frozenset(
     {ControlOp.LOAD_WEIGHTS, ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, ControlOp.UPDATE_WEIGHTS_FROM_IPC}
 )
+#: The operations that do not wait for the control lock (an announce must come before the loads).
+UNLOCKED_OPS = frozenset({ControlOp.ANNOUNCE_WEIGHTS_TARGET})
 
 
 def check_token(state: EngineState, request: Request) -> None:
@@ -112,7 +121,8 @@ async def run_op(state: EngineState, request: Request, op: ControlOp, handler: H
         params = await _body(request, request_model)
         backend = state.require_backend()
         queued = time.monotonic()
-        async with state.control_lock:
+        lock = contextlib.nullcontext() if op in UNLOCKED_OPS else state.control_lock
+        async with lock:
             started = time.monotonic()
             try:
                 raw = await handler(params)
@@ -164,6 +174,7 @@ def weights_info(state: EngineState) -> WeightsInfo:
         weights_digest=state.weights_digest,
         backend=backend.name,
         test_double=backend.test_double,
+        target=state.target.state(backend.weights_version, state.weights_digest),
     )
 
 
@@ -174,6 +185,11 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
         result = await state.require_backend().load_weights(params.path, params.version)
         state.require_metrics().set_weights_version(params.version, loaded=True)
         return result
+
+    async def announce(params: WeightsTarget) -> dict[str, Any]:
+        backend = state.require_backend()
+        state.target.announce(params)
+        return {"target": state.target.state(backend.weights_version, state.weights_digest)}
 
     async def init_collective(params: CollectiveInit) -> dict[str, Any]:
         return await state.require_backend().init_collective(params)
@@ -214,6 +230,7 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
 
     return {
         ControlOp.LOAD_WEIGHTS: load,
+        ControlOp.ANNOUNCE_WEIGHTS_TARGET: announce,
         ControlOp.INIT_COLLECTIVE: init_collective,
         ControlOp.PREPARE_REFIT_INFO: prepare,
         ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: update,

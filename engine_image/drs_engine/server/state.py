@@ -24,6 +24,7 @@ from drs_engine.errors import DrainingError, UnavailableError
 from drs_engine.gang.spec import GangSpec, GangSpecError
 from drs_engine.metrics import EngineMetrics
 from drs_engine.weights import desired
+from drs_engine.weights.target import TargetGate
 
 log = logging.getLogger("drs_engine")
 
@@ -89,6 +90,8 @@ class EngineState:
         #: The digest of the weights the backend holds, measured after start and after every change.
         self.weights_digest: str | None = None
         self.released_tags: set[str] = set()
+        #: The fleet's announced target weights: new legs wait for them (``drs_engine.weights.target``).
+        self.target = TargetGate()
         self.control_lock = asyncio.Lock()
         self._local_ids = itertools.count(1)
         self.metrics: EngineMetrics | None = None
@@ -185,6 +188,10 @@ class EngineState:
         if self.draining:
             raise DrainingError("the engine is draining before it stops; send this leg to another engine")
         self.check_awake()
+
+    def check_weights_target(self, backend: EngineBackend) -> None:
+        """503 (``weights_pending``) while an announced target binds that this engine does not hold."""
+        self.target.check(backend.weights_version, self.weights_digest)
 
     def busy(self) -> int:
         """Legs running or queued, plus context states no decode engine has fetched yet."""
