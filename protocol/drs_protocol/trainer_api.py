@@ -57,6 +57,9 @@ class FanOutReport(_Answer):
     outcomes: list[EngineOutcome]
     #: the digest every engine had to hold (the trainer's, else the engines' agreed one; None: none)
     weights_digest: str | None = None
+    #: a refit: seconds from its start until every engine had been told the target weights
+    #: (``POST /control/weights/target``, before any load); None: none announced
+    target_announced_s: float | None = None
     elapsed_s: float
 
 

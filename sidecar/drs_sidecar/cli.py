@@ -17,6 +17,9 @@ from pathlib import Path
 
 import click
 from drs_protocol import env
+from drs_protocol.limits import MAX_WEIGHTS_TARGET_LEASE_S
+
+from drs_sidecar.targets import DEFAULT_LEASE_S
 
 EXIT_BIND_FAILED = 1
 
@@ -38,6 +41,14 @@ EXIT_BIND_FAILED = 1
     "--call-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True, help="Seconds per other call."
 )
 @click.option("--reconcile-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
+@click.option(
+    "--target-lease",
+    type=click.FloatRange(min=0, max=MAX_WEIGHTS_TARGET_LEASE_S),
+    default=DEFAULT_LEASE_S,
+    show_default=True,
+    help="Seconds an announced target weights binds an engine (it refuses new legs until it holds them), "
+    "renewed while loads run; 0: announce nothing (engines not loaded yet answer at the old weights).",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def sidecar(
     name: str | None,
@@ -50,6 +61,7 @@ def sidecar(
     load_timeout: float,
     call_timeout: float,
     reconcile_interval: float,
+    target_lease: float,
     log_level: str,
 ) -> None:
     """Refit every engine of a DisaggReplicaSet for the trainer, and keep restarted engines current."""
@@ -68,7 +80,18 @@ def sidecar(
         control_token_file.read_text().strip() if control_token_file else os.environ.get(env.CONTROL_TOKEN, "").strip()
     )
     asyncio.run(
-        _run(sock, name, namespace, list(engines), token, concurrency, load_timeout, call_timeout, reconcile_interval)
+        _run(
+            sock,
+            name,
+            namespace,
+            list(engines),
+            token,
+            concurrency,
+            load_timeout,
+            call_timeout,
+            reconcile_interval,
+            target_lease,
+        )
     )
 
 
@@ -87,6 +110,7 @@ async def _run(
     load_timeout: float,
     call_timeout: float,
     reconcile_interval: float,
+    target_lease: float,
 ) -> None:
     import uvicorn
 
@@ -114,7 +138,7 @@ async def _run(
             raise click.ClickException(f"no control token: give --control-token-file or ${env.CONTROL_TOKEN}")
         fleet = StaticFleet(engines)
     control = ControlClient(token, call_s=call_timeout, load_s=load_timeout)
-    refitter = Refitter(fleet, control, SidecarMetrics(), concurrency=concurrency)
+    refitter = Refitter(fleet, control, SidecarMetrics(), concurrency=concurrency, target_lease_s=target_lease)
     app = build_app(refitter, reconcile_s=reconcile_interval)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])

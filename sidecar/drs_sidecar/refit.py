@@ -58,6 +58,7 @@ from drs_sidecar.errors import FleetError, GroupChanged, NoGroup, RefitBusy, Ref
 from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.metrics import SidecarMetrics
 from drs_sidecar.report import EngineOutcome, Report, verify_digests
+from drs_sidecar.targets import DEFAULT_LEASE_S, TargetAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +85,20 @@ def checked(model: type[ModelT], data: object) -> ModelT:
 
 
 class Refitter:
-    def __init__(self, fleet: Fleet, control: ControlClient, metrics: SidecarMetrics, *, concurrency: int = 64) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        control: ControlClient,
+        metrics: SidecarMetrics,
+        *,
+        concurrency: int = 64,
+        target_lease_s: float = DEFAULT_LEASE_S,
+    ) -> None:
         self.fleet = fleet
+        #: announces the target weights before any load (``drs_sidecar.targets``)
+        self.targets = TargetAnnouncer(control, metrics, lease_s=target_lease_s)
+        #: the engines of the last fleet read: a refit announces to them before it reads again
+        self.known: list[Engine] = []
         self.control = control
         self.metrics = metrics
         self.concurrency = concurrency
@@ -126,15 +139,18 @@ class Refitter:
         Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
         request = checked(Refit, {"path": path, "version": version, "digest": digest})
         async with self._exclusive():
-            engines = await self.fleet.engines()
             target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
-            previous = await self._start(target)
-            report = await self._fan_out(
-                ControlOp.LOAD_WEIGHTS,
-                engines,
-                lambda url: self.control.load_checkpoint(url, request.path, request.version),
-                desired_digest=request.digest,
-            )
+            async with self.targets.lease(self.known, target, self.desired) as lease:  # announced at once
+                engines = self.known = await self.fleet.engines()
+                previous = await self._start(target)
+                await lease.cover(engines)  # every engine has been told before the first load
+                report = await self._fan_out(
+                    ControlOp.LOAD_WEIGHTS,
+                    engines,
+                    lambda url: self.control.load_checkpoint(url, request.path, request.version),
+                    desired_digest=request.digest,
+                )
+            report.target_announced_s = lease.announced_s
             self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
             self.metrics.refit_seconds.observe(report.elapsed_s)
             await self._settle(report, previous, target)
@@ -245,7 +261,9 @@ class Refitter:
             if target.path is None:
                 log.warning("weights %s came without a checkpoint path: later engines cannot load them", target.version)
         else:
-            desired = previous
+            desired = previous  # the engines serve again at once: the target gave way to the previous one
+            told = [e.url for e in self.known if e.url] + [o.url for o in report.outcomes if o.url]
+            await self.targets.announce(told, desired)
         if desired != target:
             try:
                 await self.fleet.desire(desired)
@@ -306,6 +324,7 @@ class Refitter:
             desired = self.desired
             engines, ready, answers, held = await self._read_weights()
             behind = [e for e, a in zip(ready, answers, strict=True) if a.ok and not _holds(a, desired)]
+            await self.targets.announce([e.url for e in behind if e.url], desired)  # renews their lease
             unknown = sum(not a.ok for a in answers)
             self.metrics.engines_behind.set(len(behind) + unknown + (len(engines) - len(ready)))
             now = asyncio.get_running_loop().time()
@@ -340,7 +359,7 @@ class Refitter:
     async def _read_weights(self) -> tuple[list[Engine], list[Engine], list[CallResult], dict[str, HeldWeights]]:
         """The fleet's engines, the ready ones, their answers to ``GET /control/weights``, and
         what each that answered holds, by engine name."""
-        engines = await self.fleet.engines()
+        engines = self.known = await self.fleet.engines()
         ready = [e for e in engines if e.ready and e.url]
         answers = await asyncio.gather(*(self.control.weights(e.url) for e in ready if e.url))
         held = {

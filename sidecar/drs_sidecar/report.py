@@ -53,6 +53,8 @@ class Report:
     elapsed_s: float = 0.0
     #: The digest every engine had to reach (a weights operation), None when none could be decided.
     digest: str | None = None
+    #: A refit: seconds from its start until every engine had been told the target (None: not announced).
+    target_announced_s: float | None = None
 
     @property
     def failed(self) -> list[EngineOutcome]:
@@ -72,6 +74,7 @@ class Report:
             "pending": [{"engine": e.name, "role": e.role, "replica": e.replica} for e in self.pending],
             "outcomes": [o.as_dict() for o in self.outcomes],
             "weights_digest": self.digest,
+            "target_announced_s": None if self.target_announced_s is None else round(self.target_announced_s, 4),
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
