@@ -10,7 +10,11 @@ each with the load running before, during and after the event:
 
 * ``baseline`` — nothing happens (the latency reference of the same run);
 * ``roll`` — a spec change that replaces every engine pod (one replica at a time);
-* ``refit`` — new weights through the trainer's sidecar (``drs sidecar``, ``POST /v1/refit``);
+* ``refit`` — new weights through the trainer's sidecar (``drs sidecar``, ``POST /v1/refit``), which
+  announces the target weights to every engine before it loads any (engines not loaded yet refuse
+  new legs, the frontends hold them for an engine that holds the target: ``docs/weights.md``);
+* ``refit_unannounced`` — the same with the sidecar's announcing off (``--target-lease 0``): the
+  refit as it was before the announce, the reference for ``off_policy`` in the same run;
 * ``prefill_killed`` / ``decode_killed`` — an engine pod of replica 0 deleted with grace 0 (a crash);
 * ``frontend_killed`` — frontend 0 of replica 0 deleted with grace 0 (its Deployment brings it back);
 * ``operator_killed`` — a roll, with the operator SIGKILLed once the roll has begun and restarted.
@@ -20,7 +24,9 @@ Prints one JSON line: per scenario the turns attempted and failed, turns that ne
 fleet's desired version when the turn started, i.e. the version of the last refit begun before it;
 turns marked ``weights_boundary`` are excepted, and before the first refit nothing is desired),
 ``boundary`` (turns marked ``weights_boundary``) and p50/p99 turn latency (first attempt to answer),
-plus each scenario's p50 over the baseline's.
+plus each scenario's p50 over the baseline's; a refit scenario adds ``target_announced_s`` (the
+sidecar's report: from its refit's start until every engine had been told the target; None when
+announcing is off).
 
 ``bench/chaos_realnodes.py`` is the same experiment on the real-node cluster (pod networking, a
 client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
@@ -56,6 +62,7 @@ from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster, pod_runner  # noqa: E402
 from drs_protocol import fields, lifecycle, routes  # noqa: E402
 from drs_protocol.weights_digest import digest_files  # noqa: E402
+from drs_sidecar.targets import DEFAULT_LEASE_S as DEFAULT_TARGET_LEASE_S  # noqa: E402
 from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
 
 NAME = "chaos"
@@ -63,7 +70,16 @@ TURNS_PER_SESSION = 6
 ATTEMPTS = 5
 BACKOFF_S = 0.5
 TURN_TIMEOUT_S = 120.0
-SCENARIOS = ("baseline", "roll", "refit", "prefill_killed", "decode_killed", "frontend_killed", "operator_killed")
+SCENARIOS = (
+    "baseline",
+    "roll",
+    "refit_unannounced",
+    "refit",
+    "prefill_killed",
+    "decode_killed",
+    "frontend_killed",
+    "operator_killed",
+)
 DRS = str(Path(sys.executable).parent / "drs")
 
 
@@ -217,6 +233,10 @@ class Fleet:
     speed: float = 0.1
     sidecar: subprocess.Popen[bytes] | None = None
     sidecar_url: str = ""
+    #: the running sidecar's ``--target-lease`` (0: it announces no target)
+    sidecar_lease: float | None = None
+    #: the last refit's report (the sidecar's answer)
+    last_report: dict[str, Any] = field(default_factory=dict)
     #: (monotonic time a refit began, its version), in order: what the fleet desires since then
     refits: list[tuple[float, str]] = field(default_factory=list)
 
@@ -290,10 +310,19 @@ class Fleet:
 
         wait_for(f"a replacement for pod {old_uid}", replaced, timeout)
 
-    def start_sidecar(self) -> None:
+    def start_sidecar(self, target_lease: float = DEFAULT_TARGET_LEASE_S) -> None:
+        """A sidecar announcing targets with ``target_lease`` (0: none); one running with another
+        lease is stopped first (its desired weights are on the resource: the new one restores them)."""
+        if self.sidecar is not None and self.sidecar.poll() is None:
+            if self.sidecar_lease == target_lease:
+                return
+            self.sidecar.terminate()
+            self.sidecar.wait(30)
         port = free_port()
         log = (self.workdir / "sidecar.log").open("ab")
         argv = [DRS, "sidecar", "--name", NAME, "--namespace", self.namespace, "--port", str(port)]
+        argv += ["--target-lease", str(target_lease)]
+        self.sidecar_lease = target_lease
         self.sidecar = subprocess.Popen(argv, env=self.rc.env, stdout=log, stderr=subprocess.STDOUT)
         self.sidecar_url = f"http://127.0.0.1:{port}"
 
@@ -319,6 +348,7 @@ class Fleet:
         self.refits.append((time.monotonic(), version))
         with urllib.request.urlopen(request, timeout=120) as resp:
             report: dict[str, Any] = json.loads(resp.read())
+        self.last_report = report
         return report
 
     def restart_operator(self) -> None:
@@ -340,12 +370,14 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
         fleet_.roll()
         fleet_.wait_ready()
 
-    def refit() -> None:
-        if fleet_.sidecar is None:
-            fleet_.start_sidecar()
-        report = fleet_.refit(time.strftime("step-%H%M%S"))
-        if not report.get("complete"):
-            raise RuntimeError(f"refit incomplete: {report}")
+    def refit(target_lease: float) -> Callable[[], None]:
+        def run() -> None:
+            fleet_.start_sidecar(target_lease)
+            report = fleet_.refit(time.strftime("step-%H%M%S"))
+            if not report.get("complete"):
+                raise RuntimeError(f"refit incomplete: {report}")
+
+        return run
 
     def killed(role: str, extra: str = "") -> Callable[[], None]:
         def kill() -> None:
@@ -364,7 +396,8 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
     events: dict[str, Callable[[], None]] = {
         "baseline": lambda: None,
         "roll": roll,
-        "refit": refit,
+        "refit_unannounced": refit(0.0),
+        "refit": refit(DEFAULT_TARGET_LEASE_S),
         "prefill_killed": killed("prefill"),
         "decode_killed": killed("decode"),
         "frontend_killed": killed("frontend", ",disagg.dev/frontend=0"),
@@ -389,6 +422,8 @@ def run_scenarios(
         time.sleep(settle_s)
         turns = load.stop()
         results[name] = {**summarize(turns, fleet_.desired_at), "seconds": round(time.monotonic() - started, 1)}
+        if name.startswith("refit"):
+            results[name]["target_announced_s"] = fleet_.last_report.get("target_announced_s")
         say(f"[chaos] {name}: {json.dumps(results[name])}")
     return results
 

@@ -78,6 +78,9 @@ from drs_sidecar.refit import Refitter, checked
 from drs_sidecar.report import Report
 
 log = logging.getLogger(__name__)
+#: Seconds the sidecar waits at start for its first read of the resource (desired weights, engines)
+#: before it serves anyway (two reads of ``drs_sidecar.fleet.KUBE_TIMEOUT_S`` at most).
+STARTUP_READ_S: Final = 20.0
 
 #: Control bodies are small; larger gets 413.
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -106,7 +109,10 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(reconcile_forever(refitter, reconcile_s), name="weights-reconcile")
+        restored = asyncio.Event()
+        task = asyncio.create_task(reconcile_forever(refitter, reconcile_s, restored), name="weights-reconcile")
+        with contextlib.suppress(TimeoutError):  # serve once the fleet is known (a refit's announce needs it)
+            await asyncio.wait_for(restored.wait(), STARTUP_READ_S)
         try:
             yield
         finally:
@@ -125,9 +131,10 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
     return app
 
 
-async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
-    """First the desired weights stored on the resource (a restarted sidecar knows them at once),
-    then every ``interval_s``: bring engines at other weights to the desired ones."""
+async def reconcile_forever(refitter: Refitter, interval_s: float, tried: asyncio.Event | None = None) -> None:
+    """First the desired weights stored on the resource and the fleet's engines (a restarted
+    sidecar knows them at once; ``tried`` is set after the first attempt), then every
+    ``interval_s``: bring engines at other weights to the desired ones."""
     restored = False
     while True:
         try:
@@ -136,6 +143,8 @@ async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
                 restored = True
         except FleetError as exc:
             log.warning("desired weights not read from the resource yet: %s", exc)
+        if tried is not None:
+            tried.set()
         await asyncio.sleep(interval_s)
         try:
             await refitter.reconcile_once()

@@ -124,12 +124,16 @@ class Refitter:
         """One trainer operation at a time: a second one while the first runs is refused
         (:class:`RefitBusy`); the sidecar's own reconcile pass in flight is waited for, never a
         reason to refuse the trainer (it is short unless it loads a late engine)."""
+        async with self._claim(), self._lock:
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _claim(self) -> AsyncIterator[None]:
         if self._trainer_busy:
             raise RefitBusy()
         self._trainer_busy = True
         try:
-            async with self._lock:
-                yield
+            yield
         finally:
             self._trainer_busy = False
 
@@ -138,35 +142,38 @@ class Refitter:
         fleet now holds it (by digest: ``digest``, the trainer's, else the engines' agreement).
         Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
         request = checked(Refit, {"path": path, "version": version, "digest": digest})
-        async with self._exclusive():
-            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
-            async with self.targets.lease(self.known, target, self.desired) as lease:  # announced at once
+        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+        async with self._claim():
+            passing = self._lock.locked()  # a reconcile pass runs: it may announce the old target
+            # announced at once, to the engines known, before waiting for the pass (drs_sidecar.targets)
+            async with self.targets.lease(self.known, target, self.desired) as lease, self._lock:
                 engines = self.known = await self.fleet.engines()
                 previous = await self._start(target)
-                await lease.cover(engines)  # every engine has been told before the first load
+                await lease.cover(engines, again=passing)  # every engine has been told before the first load
                 report = await self._fan_out(
                     ControlOp.LOAD_WEIGHTS,
                     engines,
                     lambda url: self.control.load_checkpoint(url, request.path, request.version),
                     desired_digest=request.digest,
                 )
-            report.target_announced_s = lease.announced_s
-            self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
-            self.metrics.refit_seconds.observe(report.elapsed_s)
-            await self._settle(report, previous, target)
-            await self._record_outcomes(report)
-            if report.complete:
-                await self._publish(request.version)
-            elif self.desired is not None and self.desired.version == request.version:
-                log.warning(
-                    "refit to %s incomplete: %d failed, %d pending (kept as desired; retried as engines come up)",
-                    request.version,
-                    len(report.failed),
-                    len(report.pending),
-                )
-            else:
-                log.warning("refit to %s loaded on no engine: the desired weights are unchanged", request.version)
-            return report
+                await lease.stop()  # no renewal after this: a rollback's announce comes last
+                report.target_announced_s = lease.announced_s
+                self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
+                self.metrics.refit_seconds.observe(report.elapsed_s)
+                await self._settle(report, previous, target)
+                await self._record_outcomes(report)
+                if report.complete:
+                    await self._publish(request.version)
+                elif self.desired is not None and self.desired.version == request.version:
+                    log.warning(
+                        "refit to %s incomplete: %d failed, %d pending (kept as desired; retried as engines come up)",
+                        request.version,
+                        len(report.failed),
+                        len(report.pending),
+                    )
+                else:
+                    log.warning("refit to %s loaded on no engine: the desired weights are unchanged", request.version)
+                return report
 
     # -- collective (NCCL) refit: see drs_sidecar.collective ----------------------------------
 
@@ -236,8 +243,10 @@ class Refitter:
 
     async def restore(self) -> DesiredWeights | None:
         """Take the desired weights from the resource, where an earlier refit stored them (a
-        restarted sidecar or trainer pod forgets nothing). :class:`FleetError` when unreadable."""
+        restarted sidecar or trainer pod forgets nothing), and the engines of the fleet (the
+        first refit's announce goes to them). :class:`FleetError` when unreadable."""
         stored = await self.fleet.desired()
+        self.known = await self.fleet.engines()  # a first refit announces to them at once
         if stored is not None and self.desired is None:
             self.desired = stored
             log.info("desired weights %s restored from the resource", stored.version)

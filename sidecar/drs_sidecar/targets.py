@@ -114,11 +114,12 @@ class TargetAnnouncer:
         try:
             yield lease
         except BaseException:
-            await lease.close()
-            await self.announce(lease.urls, fallback)
+            await lease.stop()
+            if not lease.covered:  # raised before the loads began: nothing holds the target
+                await self.announce(lease.urls, fallback)
             raise
         finally:
-            await lease.close()
+            await lease.stop()
 
 
 class Lease:
@@ -130,26 +131,31 @@ class Lease:
         self._urls = dict.fromkeys(urls)
         self._started = time.perf_counter()
         self._first = asyncio.create_task(announcer.announce(urls, target), name="announce-target")
+        self._stopped = asyncio.Event()
         self._renewal = asyncio.create_task(self._renew(), name="renew-target") if announcer.enabled else None
         #: Seconds from the lease's start until every engine of the fleet read had been told
-        #: (set by :meth:`cover`).
+        #: (set by :meth:`cover`; None while not, or when announcing is off).
         self.announced_s: float | None = None
+        self.covered = False
 
     @property
     def urls(self) -> list[str]:
         return list(self._urls)
 
-    async def cover(self, engines: Sequence[Engine]) -> Announced:
+    async def cover(self, engines: Sequence[Engine], *, again: bool = False) -> Announced:
         """Wait for the first round, then announce to every engine of ``engines`` (the fresh
-        fleet read) it did not include: after this, every one of them has been told."""
+        fleet read) it did not include, or to every engine when ``again`` (a reconcile pass ran
+        meanwhile, whose announces of the previous target may have arrived after ours): after
+        this, every one of them has been told."""
         done = await self._first
-        extra = [e.url for e in engines if e.url and e.url not in self._urls]
+        self.covered = True
+        extra = [e.url for e in engines if e.url and (again or e.url not in self._urls)]
         self._urls.update(dict.fromkeys(extra))
         if extra:
             more = await self._announcer.announce(extra, self._target)
             done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed})
-        self.announced_s = time.perf_counter() - self._started
         if self._announcer.enabled:
+            self.announced_s = time.perf_counter() - self._started
             log.info(
                 "target weights %s announced to %d engine(s) in %.3fs (%d failed)",
                 self._target.version,
@@ -161,13 +167,19 @@ class Lease:
 
     async def _renew(self) -> None:
         period = self._announcer.lease_s / 3
-        while True:
-            await asyncio.sleep(period)  # a timer: the lease is renewed on a period, no event to wait for
+        while not self._stopped.is_set():
+            with contextlib.suppress(TimeoutError):  # every period until stopped
+                await asyncio.wait_for(self._stopped.wait(), period)
+                return
             await self._announcer.announce(list(self._urls), self._target)
 
-    async def close(self) -> None:
-        for task in (self._first, self._renewal):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+    async def stop(self) -> None:
+        """No renewal after this returns (one in flight is waited for, so a later announce, e.g.
+        a rollback's, reaches the engines after it)."""
+        self._stopped.set()
+        if not self._first.done():
+            self._first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._first
+        if self._renewal is not None:
+            await self._renewal
