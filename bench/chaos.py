@@ -26,7 +26,9 @@ turns marked ``weights_boundary`` are excepted, and before the first refit nothi
 ``boundary`` (turns marked ``weights_boundary``) and p50/p99 turn latency (first attempt to answer),
 plus each scenario's p50 over the baseline's; a refit scenario adds ``target_announced_s`` (the
 sidecar's report: from its refit's start until every engine had been told the target; None when
-announcing is off).
+announcing is off), ``off_policy_started_ms_after_call`` (each off-policy turn: how long after the
+trainer's call it started) and ``off_policy_after_announce`` (those that started later than
+``target_announced_s`` after the call: none should, every engine had been told by then).
 
 ``bench/chaos_realnodes.py`` is the same experiment on the real-node cluster (pod networking, a
 client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
@@ -41,6 +43,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -81,6 +84,8 @@ SCENARIOS = (
     "operator_killed",
 )
 DRS = str(Path(sys.executable).parent / "drs")
+#: The refit scenarios and their sidecar's ``--target-lease`` (0: no announce, the reference).
+REFIT_LEASES = {"refit_unannounced": 0.0, "refit": DEFAULT_TARGET_LEASE_S}
 
 
 def fleet(speed: float) -> dict[str, Any]:
@@ -199,6 +204,18 @@ def off_policy(turns: list[Turn], desired_at: Callable[[float], str | None]) -> 
         for t in turns
         if t.ok and not t.boundary and (want := desired_at(t.started)) is not None and t.version != want
     )
+
+
+def off_policy_delays(turns: list[Turn], fleet_: Fleet) -> list[float]:
+    """For each off-policy turn, how long after the refit's call began it started (ms, sorted): a
+    turn that started before the announce reached its engines is answered at the old weights."""
+    delays = []
+    for t in turns:
+        want = fleet_.desired_at(t.started)
+        if t.ok and not t.boundary and want is not None and t.version != want:
+            began = next(at for at, v in reversed(fleet_.refits) if at <= t.started)
+            delays.append(round(1000 * (t.started - began), 1))
+    return sorted(delays)
 
 
 def summarize(turns: list[Turn], desired_at: Callable[[float], str | None] = lambda _: None) -> dict[str, Any]:
@@ -360,6 +377,9 @@ class Fleet:
         if self.sidecar is not None and self.sidecar.poll() is None:
             self.sidecar.terminate()
             self.sidecar.wait(30)
+        log = self.workdir / "sidecar.log"
+        if log.exists():  # the work dir goes with the cluster: keep the sidecar's log beside it
+            shutil.copy(log, log.parent.with_name(f"{log.parent.name}-sidecar.log"))
 
 
 def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
@@ -396,8 +416,8 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
     events: dict[str, Callable[[], None]] = {
         "baseline": lambda: None,
         "roll": roll,
-        "refit_unannounced": refit(0.0),
-        "refit": refit(DEFAULT_TARGET_LEASE_S),
+        "refit_unannounced": refit(REFIT_LEASES["refit_unannounced"]),
+        "refit": refit(REFIT_LEASES["refit"]),
         "prefill_killed": killed("prefill"),
         "decode_killed": killed("decode"),
         "frontend_killed": killed("frontend", ",disagg.dev/frontend=0"),
@@ -414,6 +434,8 @@ def run_scenarios(
     urls: list[str] = fleet_.wait_ready()["urls"]
     fleet_.wait_serving(urls)
     for name in names:
+        if name in REFIT_LEASES:  # the sidecar of the scenario runs before its load does (not restarted mid-way)
+            fleet_.start_sidecar(REFIT_LEASES[name])
         load = Load(urls, clients).start()
         started = time.monotonic()
         time.sleep(settle_s)
@@ -424,6 +446,11 @@ def run_scenarios(
         results[name] = {**summarize(turns, fleet_.desired_at), "seconds": round(time.monotonic() - started, 1)}
         if name.startswith("refit"):
             results[name]["target_announced_s"] = fleet_.last_report.get("target_announced_s")
+            delays = off_policy_delays(turns, fleet_)
+            results[name]["off_policy_started_ms_after_call"] = delays
+            announced = results[name]["target_announced_s"]
+            if announced is not None:  # the sidecar's refit starts after the call: an upper bound
+                results[name]["off_policy_after_announce"] = sum(d > 1000 * announced for d in delays)
         say(f"[chaos] {name}: {json.dumps(results[name])}")
     return results
 

@@ -82,7 +82,9 @@ CONTROL_PLANE_CHECK_S: Final = 2.0
 ENV_RETRY_S: Final = 5.0
 NODE_QUIET_POLL_S: Final = 0.1
 #: Variables of the runner's own environment a pod process inherits (a container would get its image's).
-INHERITED_ENV: Final = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ")
+#: ``PYTHONPATH`` is the image's code here: a runner started from a worktree runs that worktree's
+#: engines and frontends, not the ones the shared virtual environment was installed from.
+INHERITED_ENV: Final = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR", "TZ", "PYTHONPATH")
 
 log = logging.getLogger("drs.pod-runner")
 

@@ -41,6 +41,12 @@ Collective steps (:mod:`drs_sidecar.collective`) call every engine at once; the 
 the group with its own ranks while its call here is in flight. 409 when a refit runs, or for a
 prepare/update without a group.
 
+A refit first announces its target weights to every engine, before any load
+(:mod:`drs_sidecar.targets`: engines not holding them refuse new legs until they do); its report
+says how long that took (``target_announced_s``). The sidecar serves once it has read the resource
+(desired weights and engines) and made its first reconcile pass (:data:`STARTUP_READ_S` at most),
+so a first refit announces at once, over open connections.
+
 A fan-out answers with its report: ``complete``, ``ok``, ``failed`` (engine, URL, why) and
 ``pending`` (engines not ready). Every ``reconcile_s`` seconds the desired weights are loaded on
 any ready engine serving another version (:meth:`~drs_sidecar.refit.Refitter.reconcile_once`), and
@@ -79,7 +85,7 @@ from drs_sidecar.report import Report
 
 log = logging.getLogger(__name__)
 #: Seconds the sidecar waits at start for its first read of the resource (desired weights, engines)
-#: before it serves anyway (two reads of ``drs_sidecar.fleet.KUBE_TIMEOUT_S`` at most).
+#: and its first reconcile pass before it serves anyway.
 STARTUP_READ_S: Final = 20.0
 
 #: Control bodies are small; larger gets 413.
@@ -143,15 +149,15 @@ async def reconcile_forever(refitter: Refitter, interval_s: float, tried: asynci
                 restored = True
         except FleetError as exc:
             log.warning("desired weights not read from the resource yet: %s", exc)
-        if tried is not None:
-            tried.set()
-        await asyncio.sleep(interval_s)
         try:
-            await refitter.reconcile_once()
+            await refitter.reconcile_once()  # the first at once: engines behind are caught up, their pools open
         except FleetError as exc:
             log.warning("reconcile: %s", exc)
         except Exception:
             log.exception("reconcile failed")
+        if tried is not None:
+            tried.set()
+        await asyncio.sleep(interval_s)
 
 
 def _add_refit_routes(app: FastAPI, refitter: Refitter) -> None:

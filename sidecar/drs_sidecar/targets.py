@@ -57,6 +57,7 @@ class Announced:
 
     reached: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
+    slowest_s: float = 0.0  #: the longest call of the round, as the client timed it
 
 
 class TargetAnnouncer:
@@ -92,6 +93,7 @@ class TargetAnnouncer:
             lease_s=self.lease_s,
         )
         results = await asyncio.gather(*(self.control.op(u, OP, body, timeout=self.timeout_s) for u in urls))
+        done.slowest_s = max(r.elapsed_s for r in results)
         for result in results:
             self.metrics.engine_calls.labels(op=OP.value, result="ok" if result.ok else "failed").inc()
             if result.ok:
@@ -130,13 +132,19 @@ class Lease:
         self._target = target
         self._urls = dict.fromkeys(urls)
         self._started = time.perf_counter()
-        self._first = asyncio.create_task(announcer.announce(urls, target), name="announce-target")
+        self._first = asyncio.create_task(self._first_round(urls), name="announce-target")
+        self._first_done = self._started
         self._stopped = asyncio.Event()
         self._renewal = asyncio.create_task(self._renew(), name="renew-target") if announcer.enabled else None
-        #: Seconds from the lease's start until every engine of the fleet read had been told
-        #: (set by :meth:`cover`; None while not, or when announcing is off).
+        #: Seconds from the lease's start until the last engine of the fleet read had been told
+        #: (its answer came back; set by :meth:`cover`; None while not, or when announcing is off).
         self.announced_s: float | None = None
         self.covered = False
+
+    async def _first_round(self, urls: list[str]) -> Announced:
+        done = await self._announcer.announce(urls, self._target)
+        self._first_done = time.perf_counter()
+        return done
 
     @property
     def urls(self) -> list[str]:
@@ -151,17 +159,24 @@ class Lease:
         self.covered = True
         extra = [e.url for e in engines if e.url and (again or e.url not in self._urls)]
         self._urls.update(dict.fromkeys(extra))
+        told_at = self._first_done  # the known engines were told while the fleet was read
         if extra:
             more = await self._announcer.announce(extra, self._target)
-            done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed})
+            slowest = max(done.slowest_s, more.slowest_s)
+            done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed}, slowest)
+            told_at = time.perf_counter()
         if self._announcer.enabled:
-            self.announced_s = time.perf_counter() - self._started
+            self.announced_s = told_at - self._started
             log.info(
-                "target weights %s announced to %d engine(s) in %.3fs (%d failed)",
+                "target weights %s announced to %d engine(s) in %.3fs, slowest call %.3fs (%d failed; %d known "
+                "before, %d after the read)",
                 self._target.version,
                 len(done.reached),
                 self.announced_s,
+                done.slowest_s,
                 len(done.failed),
+                len(self._urls) - len(extra),
+                len(extra),
             )
         return done
 
