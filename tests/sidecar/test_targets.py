@@ -197,3 +197,45 @@ async def test_announcing_off_leaves_the_engines_ungated(checkpoint: Path) -> No
         target = await target_of(a)
     assert report.complete
     assert target is None
+
+
+async def test_a_refit_arriving_during_a_reconcile_pass_announces_again_after_it(
+    checkpoint: Path, tmp_path: Path
+) -> None:
+    """The pass in flight announces the previous target to an engine behind and loads it; the
+    refit's announce went out first, so the refit announces once more before its own load: the
+    engine holding the previous weights refuses new legs during that load."""
+    previous = tmp_path / "step-99"
+    previous.mkdir()
+    (previous / "model.safetensors").write_bytes(b"weights of step 99")
+    async with sim_engine(speed=1.0, weightsLoadSeconds=1.0) as a:
+        fleet = HeldFleet([as_engine(a)])
+        fleet.desires.append(DesiredWeights(version="step-99", path=str(previous)))
+        async with refitter(fleet) as r:
+            await r.restore()  # knows the engine and the desired step-99, which it does not hold
+            fleet.release.clear()
+            fleet.reading.clear()
+            reconcile = asyncio.create_task(r.reconcile_once())
+            await asyncio.wait_for(fleet.reading.wait(), WAIT_S)  # the pass holds the lock, reading
+            refit = asyncio.create_task(r.refit(str(checkpoint), "step-100"))
+            deadline = time.monotonic() + WAIT_S
+            while ((await target_of(a)) or {}).get("version") != "step-100":
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+            fleet.release.set()  # the pass announces step-99, loads it; then the refit runs
+            seen: httpx.Response | None = None
+            while not refit.done():
+                target = await target_of(a)
+                async with httpx.AsyncClient(timeout=10.0) as client:
+                    held = (
+                        await client.get(a.url + CONTROL_WEIGHTS, headers={"authorization": f"Bearer {TOKEN}"})
+                    ).json()["weights_version"]
+                if held == "step-99" and target is not None and target["version"] == "step-100":
+                    seen = await turn(a)
+                    break
+                await asyncio.sleep(0.01)
+            await asyncio.wait_for(reconcile, WAIT_S)
+            report = await asyncio.wait_for(refit, WAIT_S)
+    assert seen is not None, "the engine held step-99 with no step-100 target during the refit's load"
+    assert refused_pending(seen), seen.text
+    assert report.complete, report.as_dict()
