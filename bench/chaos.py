@@ -10,7 +10,11 @@ each with the load running before, during and after the event:
 
 * ``baseline`` — nothing happens (the latency reference of the same run);
 * ``roll`` — a spec change that replaces every engine pod (one replica at a time);
-* ``refit`` — new weights through the trainer's sidecar (``drs sidecar``, ``POST /v1/refit``);
+* ``refit`` — new weights through the trainer's sidecar (``drs sidecar``, ``POST /v1/refit``), which
+  announces the target weights to every engine before it loads any (engines not loaded yet refuse
+  new legs, the frontends hold them for an engine that holds the target: ``docs/weights.md``);
+* ``refit_unannounced`` — the same with the sidecar's announcing off (``--target-lease 0``): the
+  refit as it was before the announce, the reference for ``off_policy`` in the same run;
 * ``prefill_killed`` / ``decode_killed`` — an engine pod of replica 0 deleted with grace 0 (a crash);
 * ``frontend_killed`` — frontend 0 of replica 0 deleted with grace 0 (its Deployment brings it back);
 * ``operator_killed`` — a roll, with the operator SIGKILLed once the roll has begun and restarted.
@@ -20,7 +24,11 @@ Prints one JSON line: per scenario the turns attempted and failed, turns that ne
 fleet's desired version when the turn started, i.e. the version of the last refit begun before it;
 turns marked ``weights_boundary`` are excepted, and before the first refit nothing is desired),
 ``boundary`` (turns marked ``weights_boundary``) and p50/p99 turn latency (first attempt to answer),
-plus each scenario's p50 over the baseline's.
+plus each scenario's p50 over the baseline's; a refit scenario adds ``target_announced_s`` (the
+sidecar's report: from its refit's start until every engine had been told the target; None when
+announcing is off), ``off_policy_started_ms_after_call`` (each off-policy turn: how long after the
+trainer's call it started) and ``off_policy_after_announce`` (those that started later than
+``target_announced_s`` after the call: none should, every engine had been told by then).
 
 ``bench/chaos_realnodes.py`` is the same experiment on the real-node cluster (pod networking, a
 client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
@@ -29,18 +37,15 @@ client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import hashlib
 import json
 import os
 import platform
+import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -50,21 +55,32 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "cluster"))
+sys.path.insert(0, str(ROOT))
 
 from drs_devcluster import build  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster, pod_runner  # noqa: E402
-from drs_protocol import fields, lifecycle, routes  # noqa: E402
+from drs_protocol import routes  # noqa: E402
 from drs_protocol.weights_digest import digest_files  # noqa: E402
+from drs_sidecar.targets import DEFAULT_LEASE_S as DEFAULT_TARGET_LEASE_S  # noqa: E402
 from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
 
+from bench.chaos_load import ATTEMPTS, TURNS_PER_SESSION, Load, off_policy_delays, summarize  # noqa: E402
+
 NAME = "chaos"
-TURNS_PER_SESSION = 6
-ATTEMPTS = 5
-BACKOFF_S = 0.5
-TURN_TIMEOUT_S = 120.0
-SCENARIOS = ("baseline", "roll", "refit", "prefill_killed", "decode_killed", "frontend_killed", "operator_killed")
+SCENARIOS = (
+    "baseline",
+    "roll",
+    "refit_unannounced",
+    "refit",
+    "prefill_killed",
+    "decode_killed",
+    "frontend_killed",
+    "operator_killed",
+)
 DRS = str(Path(sys.executable).parent / "drs")
+#: The refit scenarios and their sidecar's ``--target-lease`` (0: no announce, the reference).
+REFIT_LEASES = {"refit_unannounced": 0.0, "refit": DEFAULT_TARGET_LEASE_S}
 
 
 def fleet(speed: float) -> dict[str, Any]:
@@ -88,123 +104,6 @@ def fleet(speed: float) -> dict[str, Any]:
     }
 
 
-# -- the Gym-shaped load ------------------------------------------------------------------------
-
-
-@dataclass
-class Turn:
-    ok: bool
-    latency_s: float
-    attempts: int
-    status: int | None
-    started: float
-    version: str | None = None  #: the weights version that answered it
-    boundary: bool = False  #: marked ``weights_boundary`` (re-prefilled across a refit)
-
-
-@dataclass
-class Load:
-    """``clients`` Gym-shaped sessions in a thread of their own, until :meth:`stop`."""
-
-    urls: list[str]
-    clients: int
-    max_tokens: int = 16
-    turns: list[Turn] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def start(self) -> Load:
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="chaos-load", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> list[Turn]:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(TURN_TIMEOUT_S * ATTEMPTS)
-        return list(self.turns)
-
-    async def _run(self) -> None:
-        import aiohttp
-
-        timeout = aiohttp.ClientTimeout(total=TURN_TIMEOUT_S)
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            await asyncio.gather(*(self._worker(http, w) for w in range(self.clients)))
-
-    async def _worker(self, http: Any, worker: int) -> None:
-        session = 0
-        while not self._stop.is_set():
-            sid = f"chaos-{worker}-{session}-{time.monotonic_ns()}"
-            url = self.urls[int.from_bytes(hashlib.sha256(sid.encode()).digest()[:8], "big") % len(self.urls)]
-            messages: list[dict[str, str]] = [{"role": "system", "content": "You are a careful assistant."}]
-            for turn in range(TURNS_PER_SESSION):
-                if self._stop.is_set():
-                    return
-                messages.append({"role": "user", "content": f"Turn {turn} of session {sid}: go on."})
-                result, text = await self._turn(http, url, sid, messages)
-                self.turns.append(result)
-                if not result.ok:
-                    break  # the trajectory is lost; Gym would start another
-                messages.append({"role": "assistant", "content": text})
-            session += 1
-
-    async def _turn(self, http: Any, url: str, sid: str, messages: list[dict[str, str]]) -> tuple[Turn, str]:
-        import aiohttp
-
-        body = {"model": "sim-qwen3", "messages": messages, "max_tokens": self.max_tokens}
-        headers = {fields.SESSION_HEADER: sid}
-        started = time.monotonic()
-        status: int | None = None
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                async with http.post(f"{url}{routes.Endpoint.CHAT}", json=body, headers=headers) as resp:
-                    status = resp.status
-                    version = resp.headers.get(fields.HEADER_WEIGHTS_VERSION)
-                    data = await resp.json(content_type=None)
-                if status == 200:
-                    text = data["choices"][0]["message"]["content"] or ""
-                    boundary = data.get(lifecycle.FIELD_WEIGHTS_BOUNDARY) is not None
-                    version = version or data.get(lifecycle.FIELD_WEIGHTS_VERSION)
-                    turn = Turn(True, time.monotonic() - started, attempt, status, started, version, boundary)
-                    return turn, text
-                if status < 500:
-                    break  # a 4xx is the client's fault: not retried
-            except (aiohttp.ClientError, TimeoutError, ValueError):
-                status = None
-            await asyncio.sleep(BACKOFF_S * 2 ** (attempt - 1))
-        return Turn(False, time.monotonic() - started, ATTEMPTS, status, started), ""
-
-
-def off_policy(turns: list[Turn], desired_at: Callable[[float], str | None]) -> int:
-    """Answered turns at another version than the one desired when they started (boundary-marked
-    turns excepted; no desired version: none counted)."""
-    return sum(
-        1
-        for t in turns
-        if t.ok and not t.boundary and (want := desired_at(t.started)) is not None and t.version != want
-    )
-
-
-def summarize(turns: list[Turn], desired_at: Callable[[float], str | None] = lambda _: None) -> dict[str, Any]:
-    latencies = sorted(t.latency_s for t in turns if t.ok)
-
-    def pct(q: float) -> float | None:
-        if not latencies:
-            return None
-        return round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 1)
-
-    return {
-        "turns": len(turns),
-        "failed": sum(not t.ok for t in turns),
-        "retried": sum(t.ok and t.attempts > 1 for t in turns),
-        "off_policy": off_policy(turns, desired_at),
-        "boundary": sum(t.boundary for t in turns),
-        "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
-        "p99_ms": pct(0.99),
-        "max_ms": round(1000 * latencies[-1], 1) if latencies else None,
-    }
-
-
 # -- the fleet and its events -------------------------------------------------------------------
 
 
@@ -217,6 +116,10 @@ class Fleet:
     speed: float = 0.1
     sidecar: subprocess.Popen[bytes] | None = None
     sidecar_url: str = ""
+    #: the running sidecar's ``--target-lease`` (0: it announces no target)
+    sidecar_lease: float | None = None
+    #: the last refit's report (the sidecar's answer)
+    last_report: dict[str, Any] = field(default_factory=dict)
     #: (monotonic time a refit began, its version), in order: what the fleet desires since then
     refits: list[tuple[float, str]] = field(default_factory=list)
 
@@ -290,10 +193,19 @@ class Fleet:
 
         wait_for(f"a replacement for pod {old_uid}", replaced, timeout)
 
-    def start_sidecar(self) -> None:
+    def start_sidecar(self, target_lease: float = DEFAULT_TARGET_LEASE_S) -> None:
+        """A sidecar announcing targets with ``target_lease`` (0: none); one running with another
+        lease is stopped first (its desired weights are on the resource: the new one restores them)."""
+        if self.sidecar is not None and self.sidecar.poll() is None:
+            if self.sidecar_lease == target_lease:
+                return
+            self.sidecar.terminate()
+            self.sidecar.wait(30)
         port = free_port()
         log = (self.workdir / "sidecar.log").open("ab")
         argv = [DRS, "sidecar", "--name", NAME, "--namespace", self.namespace, "--port", str(port)]
+        argv += ["--target-lease", str(target_lease)]
+        self.sidecar_lease = target_lease
         self.sidecar = subprocess.Popen(argv, env=self.rc.env, stdout=log, stderr=subprocess.STDOUT)
         self.sidecar_url = f"http://127.0.0.1:{port}"
 
@@ -319,6 +231,7 @@ class Fleet:
         self.refits.append((time.monotonic(), version))
         with urllib.request.urlopen(request, timeout=120) as resp:
             report: dict[str, Any] = json.loads(resp.read())
+        self.last_report = report
         return report
 
     def restart_operator(self) -> None:
@@ -330,6 +243,9 @@ class Fleet:
         if self.sidecar is not None and self.sidecar.poll() is None:
             self.sidecar.terminate()
             self.sidecar.wait(30)
+        log = self.workdir / "sidecar.log"
+        if log.exists():  # the work dir goes with the cluster: keep the sidecar's log beside it
+            shutil.copy(log, log.parent.with_name(f"{log.parent.name}-sidecar.log"))
 
 
 def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
@@ -340,12 +256,14 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
         fleet_.roll()
         fleet_.wait_ready()
 
-    def refit() -> None:
-        if fleet_.sidecar is None:
-            fleet_.start_sidecar()
-        report = fleet_.refit(time.strftime("step-%H%M%S"))
-        if not report.get("complete"):
-            raise RuntimeError(f"refit incomplete: {report}")
+    def refit(target_lease: float) -> Callable[[], None]:
+        def run() -> None:
+            fleet_.start_sidecar(target_lease)
+            report = fleet_.refit(time.strftime("step-%H%M%S"))
+            if not report.get("complete"):
+                raise RuntimeError(f"refit incomplete: {report}")
+
+        return run
 
     def killed(role: str, extra: str = "") -> Callable[[], None]:
         def kill() -> None:
@@ -364,7 +282,8 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
     events: dict[str, Callable[[], None]] = {
         "baseline": lambda: None,
         "roll": roll,
-        "refit": refit,
+        "refit_unannounced": refit(REFIT_LEASES["refit_unannounced"]),
+        "refit": refit(REFIT_LEASES["refit"]),
         "prefill_killed": killed("prefill"),
         "decode_killed": killed("decode"),
         "frontend_killed": killed("frontend", ",disagg.dev/frontend=0"),
@@ -381,6 +300,8 @@ def run_scenarios(
     urls: list[str] = fleet_.wait_ready()["urls"]
     fleet_.wait_serving(urls)
     for name in names:
+        if name in REFIT_LEASES:  # the sidecar of the scenario runs before its load does (not restarted mid-way)
+            fleet_.start_sidecar(REFIT_LEASES[name])
         load = Load(urls, clients).start()
         started = time.monotonic()
         time.sleep(settle_s)
@@ -389,6 +310,13 @@ def run_scenarios(
         time.sleep(settle_s)
         turns = load.stop()
         results[name] = {**summarize(turns, fleet_.desired_at), "seconds": round(time.monotonic() - started, 1)}
+        if name.startswith("refit"):
+            results[name]["target_announced_s"] = fleet_.last_report.get("target_announced_s")
+            delays = off_policy_delays(turns, fleet_.refits)
+            results[name]["off_policy_started_ms_after_call"] = delays
+            announced = results[name]["target_announced_s"]
+            if announced is not None:  # the sidecar's refit starts after the call: an upper bound
+                results[name]["off_policy_after_announce"] = sum(d > 1000 * announced for d in delays)
         say(f"[chaos] {name}: {json.dumps(results[name])}")
     return results
 

@@ -23,13 +23,15 @@ shape.
     │                                                                its deadline (names this engine's rank)
     └── UnavailableError                (503 service_unavailable)    asleep (memory released) or not loaded
         ├── DrainingError               (503 draining)               stopping: send the leg to another engine
-        ├── WeightsPendingError         (503 weights_pending)        not at the desired weights it started under yet
+        ├── WeightsPendingError         (503 weights_pending)        not at the announced target weights, or
+        │                                                            the desired weights it started under, yet
         └── WeightsIncompleteError      (503 weights_incomplete)     an update failed after it changed bytes:
                                                                      no turn until a good load
 """
 
 from __future__ import annotations
 
+from drs_protocol import fields
 from drs_protocol.collective import COLLECTIVE_ERROR_TYPE, WEIGHTS_INCOMPLETE_ERROR_TYPE
 from drs_protocol.errors import (
     ApiError,
@@ -42,8 +44,7 @@ from drs_protocol.errors import (
     UnavailableError,
     UpstreamError,
 )
-from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
-from drs_protocol.weights_stream import WEIGHTS_PENDING_ERROR_TYPE
+from drs_protocol.lifecycle import DRAINING_ERROR_TYPE, WEIGHTS_PENDING_ERROR_TYPE
 
 #: Base of every error the engine reports to a caller.
 EngineError = ApiError
@@ -68,6 +69,7 @@ __all__ = [
     "WeightsIncompleteError",
     "WeightsLoadError",
     "WeightsPendingError",
+    "retry_headers",
 ]
 
 
@@ -94,9 +96,23 @@ class DrainingError(UnavailableError):
 
 
 class WeightsPendingError(UnavailableError):
-    """503: the engine does not hold the fleet's desired weights it started under yet."""
+    """503: this engine does not hold the weights it must serve at yet: the fleet's announced target
+    (:mod:`drs_engine.weights.target`), or the desired weights it started under
+    (:mod:`drs_engine.weights.catchup`); the leg belongs on an engine that holds them
+    (``retry_after_s``: when this one may, as a header; None: no estimate)."""
 
     type = WEIGHTS_PENDING_ERROR_TYPE
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def retry_headers(exc: ApiError) -> dict[str, str] | None:
+    """The ``Retry-After`` header of an error that says when to try again (None: none)."""
+    if isinstance(exc, WeightsPendingError) and exc.retry_after_s is not None:
+        return {fields.RETRY_AFTER_HEADER: str(exc.retry_after_s)}
+    return None
 
 
 class CollectiveError(UpstreamError):

@@ -81,10 +81,11 @@ class EnginePool:
         with suppress(TimeoutError):
             await asyncio.wait_for(self._came_up.wait(), timeout)
 
-    def mark_down(self, url: str) -> None:
-        """A call failed: skip this engine for the cool-down period (if it is still in the pool)."""
+    def mark_down(self, url: str, seconds: float | None = None) -> None:
+        """A call failed: skip this engine for ``seconds`` (default: the cool-down period), if it is
+        still in the pool."""
         if url in self.engines:
-            self.engines[url].down_until = self._clock() + self.cooldown
+            self.engines[url].down_until = self._clock() + (self.cooldown if seconds is None else seconds)
 
     def record_probe(self, url: str, ok: bool) -> None:
         engine = self.engines.get(url)

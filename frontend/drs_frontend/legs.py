@@ -7,16 +7,25 @@ answers 503 (asleep, draining) cools down and the next one is tried, never one t
 (:class:`EngineRefusedCredential`); any other refusal passes through verbatim (:class:`EngineRejected`);
 with no engine left the leg holds up to ``holdSeconds`` for one to come up (the prober's event),
 then fails with :class:`NoEngineAvailable` naming the role.
+
+A 503 ``weights_pending`` (the engine does not hold the fleet's announced target weights yet: a
+refit is loading them, ``drs_engine.weights.target``) skips that engine for
+``weightsPendingRetrySeconds`` only, since it will hold them within a load; once every engine of the
+role has said so, the leg holds up to ``weightsPendingHoldSeconds`` (from the first such answer),
+looking again every ``weightsPendingRetrySeconds``, so it runs on the first engine that holds them.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Final, TypeVar
+
+from drs_protocol.lifecycle import WEIGHTS_PENDING_ERROR_TYPE
 
 from drs_frontend.config import FrontendConfig
 from drs_frontend.engines import EnginePool
@@ -87,6 +96,7 @@ class LegAttempts:
         hold_until: float,
         *,
         affinity: bool = False,
+        recheck_s: float = HOLD_RECHECK_S,
     ) -> Decision | None:
         """:meth:`pick`; when no engine of the role is left (own or fallback), hold the leg until a
         probe finds one answering (or an engine's cool-down ends), at most until ``hold_until``;
@@ -96,7 +106,7 @@ class LegAttempts:
             if left <= 0:
                 return None
             self.metrics.retries_of(f"{pool.role}_hold").inc()
-            await pool.wait_for_engine(min(left, HOLD_RECHECK_S))
+            await pool.wait_for_engine(min(left, recheck_s))
             tried.clear()
         return decision
 
@@ -131,8 +141,12 @@ class LegAttempts:
         (:class:`EngineRejected`); none left: :class:`NoEngineAvailable` naming the role."""
         tried: list[str] = []
         hold_until = time.monotonic() + self.config.hold_seconds
+        recheck_s = HOLD_RECHECK_S
+        pending_since: float | None = None
         while (
-            decision := await self.pick_or_hold(pool, pick, exclude, tried, hold_until, affinity=affinity)
+            decision := await self.pick_or_hold(
+                pool, pick, exclude, tried, hold_until, affinity=affinity, recheck_s=recheck_s
+            )
         ) is not None:
             url = decision.url
             try:
@@ -142,8 +156,29 @@ class LegAttempts:
                 continue
             if not isinstance(outcome, Refused):
                 return url, outcome
+            if weights_pending(outcome.response):
+                if pending_since is None:  # the refit's loads will free an engine: hold for one
+                    pending_since = time.monotonic()
+                    hold_until = max(hold_until, pending_since + self.config.weights_pending_hold_seconds)
+                recheck_s = max(self.config.weights_pending_retry_seconds, 0.001)
+                pool.mark_down(url, self.config.weights_pending_retry_seconds)
+                self.metrics.upstream_errors.labels(role=pool.role, kind=WEIGHTS_PENDING_ERROR_TYPE).inc()
+                log.debug("%s engine %s does not hold the target weights yet; trying another", pool.role, url)
+                continue
             if outcome.response.status == 503:
                 self.failed(pool, url, UpstreamUnavailable(f"{url} answered 503"))
                 continue
             raise self.rejected(pool, url, outcome.response)
         raise NoEngineAvailable(pool.role, tried)
+
+
+def weights_pending(response: UpstreamResponse) -> bool:
+    """Whether an engine's answer is the 503 ``weights_pending`` (its error body's ``type``)."""
+    if response.status != 503:
+        return False
+    try:
+        body = json.loads(response.body)
+    except ValueError:
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return isinstance(error, dict) and error.get("type") == WEIGHTS_PENDING_ERROR_TYPE

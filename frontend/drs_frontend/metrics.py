@@ -11,7 +11,7 @@ drs_frontend_engine_in_flight{role,engine}      gauge      calls in flight to on
 drs_frontend_engine_up{role,engine}             gauge      1 if the last /health probe answered 200
 drs_frontend_routes_total{role,reason}          counter    routing decisions by reason (sticky, rendezvous…)
 drs_frontend_affinity_total{outcome}            counter    turns with a conversation id: hit (its engine) or miss
-drs_frontend_upstream_errors_total{role,kind}   counter    failed engine calls: connect, timeout, protocol, status_4xx, status_5xx
+drs_frontend_upstream_errors_total{role,kind}   counter    failed engine calls: connect, timeout, protocol, status_4xx, status_5xx, weights_pending
 drs_frontend_retries_total{role}                counter    legs retried on another engine
 drs_frontend_tokenize_seconds{path}             histogram  render + tokenize of one turn (full, incremental…)
 drs_frontend_tokenize_new_tokens_total{path}    counter    ids tokenized afresh (the rest came from the cache)

@@ -16,7 +16,12 @@ from typing import Annotated, Any, Final, Generic, TypeVar, cast
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
 
-from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_VERSION_CHARS
+from drs_protocol.limits import (
+    DEFAULT_COLLECTIVE_TIMEOUT_S,
+    MAX_COLLECTIVE_TIMEOUT_S,
+    MAX_WEIGHTS_TARGET_LEASE_S,
+    MAX_WEIGHTS_VERSION_CHARS,
+)
 from drs_protocol.routes import ControlOp
 from drs_protocol.weights_digest import DIGEST_PATTERN
 
@@ -191,6 +196,17 @@ class MemoryTags(_Strict):
     tags: list[str] = Field(default_factory=list)
 
 
+class WeightsTarget(_Strict):
+    """``POST /control/weights/target``: the weights the fleet is about to hold, announced by the
+    sidecar before any load. While the engine holds others (by digest when both sides know one,
+    else by version) it refuses new legs (503 ``weights_pending``), for at most ``lease_s`` seconds
+    after this announce unless announced again. ``version`` None withdraws the target."""
+
+    version: Version | None
+    digest: Digest | None = None
+    lease_s: float = Field(gt=0, le=MAX_WEIGHTS_TARGET_LEASE_S, description="seconds the target binds the engine")
+
+
 # -- answers ---------------------------------------------------------------------------------
 
 
@@ -219,18 +235,30 @@ class CatchUpStatus(_Strict):
     reached_from: str | None = None
 
 
+class TargetState(_Strict):
+    """The announced target weights as one engine sees them: ``held`` (it holds them: new legs
+    are admitted) and the seconds its lease has left."""
+
+    version: str
+    digest: Digest | None = None
+    held: bool
+    expires_in_s: float
+
+
 class WeightsInfo(_Strict):
     """``GET /control/weights``: the weights the engine holds, as the engine itself observes them.
     ``weights_digest``: :mod:`drs_protocol.weights_digest` of the bytes it holds, computed by the
     engine after every change of its weights (None: its backend computes none). ``catch_up``: an
     engine started under desired weights it did not hold says how far it is (None: it started
-    under none, or at them)."""
+    under none, or at them). ``target``: the announced target while its lease runs (None: none,
+    new legs are admitted)."""
 
     weights_version: str
     weights_digest: Digest | None
     backend: str
     test_double: bool
     catch_up: CatchUpStatus | None = None
+    target: TargetState | None = None
 
 
 class _Result(_Strict):
@@ -243,6 +271,12 @@ class WeightsChanged(_Result):
     version: str
     previous_version: str
     prefix_cache_blocks_evicted: int | None = None
+
+
+class TargetAnnounced(_Result):
+    """The engine took the announce: ``target`` as it now stands (None: withdrawn)."""
+
+    target: TargetState | None = None
 
 
 class CollectiveJoined(_Result):
@@ -309,6 +343,7 @@ OPS: Final[dict[ControlOp, tuple[type[BaseModel] | None, type[_Result]]]] = {
     ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: (CollectiveUpdate, WeightsChanged),
     ControlOp.UPDATE_WEIGHTS_FROM_IPC: (IpcUpdate, WeightsChanged),
     ControlOp.ABORT_COLLECTIVE: (CollectiveAbort, CollectiveAborted),
+    ControlOp.ANNOUNCE_WEIGHTS_TARGET: (WeightsTarget, TargetAnnounced),
     ControlOp.RESET_PREFIX_CACHE: (None, CacheReset),
     ControlOp.RELEASE_MEMORY: (MemoryTags, MemoryReleased),
     ControlOp.RESUME_MEMORY: (MemoryTags, MemoryResumed),

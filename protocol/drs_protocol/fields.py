@@ -28,6 +28,8 @@ HEADER_PREFILL_ENGINE: Final = "x-drs-prefill"
 HEADER_DECODE_ENGINE: Final = "x-drs-decode"
 #: Response header of an engine: the weights version that produced the response.
 HEADER_WEIGHTS_VERSION: Final = "x-drs-weights-version"
+#: The standard header of a 503 saying when to try again (whole seconds), e.g. ``weights_pending``.
+RETRY_AFTER_HEADER: Final = "retry-after"
 
 #: The engine control API's credential: ``authorization: Bearer <token>`` (the token of
 #: ``env.CONTROL_TOKEN``); a 401 names the scheme in ``www-authenticate``.

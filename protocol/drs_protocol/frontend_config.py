@@ -146,6 +146,19 @@ class FrontendConfig(_Model):
     hold_seconds: float = Field(
         default=0.0, ge=0, description="a leg with no engine of its role up waits this long for one before 503"
     )
+    weights_pending_retry_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        le=10,
+        description="an engine that answered 503 weights_pending (it does not hold the fleet's announced target "
+        "weights yet, a refit is loading them) is skipped this long, then tried again",
+    )
+    weights_pending_hold_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        description="a leg every engine of whose role answered weights_pending waits this long for one that holds "
+        "the target weights, then gets 503",
+    )
     context_reruns: int = Field(
         default=2, ge=0, le=8, description="times a turn re-runs its context leg when the decode engine lost its state"
     )

@@ -11,6 +11,12 @@
   A leg that decoded across a weights load re-prefilled its prompt plus the tokens generated so far
   under the new weights and resumed; :data:`FIELD_WEIGHTS_BOUNDARY` is the number of completion
   tokens produced before the last switch (absent when there was none).
+* A refit *announces* its target weights to every engine before any load
+  (``POST /control/weights/target``, :class:`drs_protocol.control.WeightsTarget`). An engine that
+  holds other weights than the target refuses new legs with 503 :data:`WEIGHTS_PENDING_ERROR_TYPE`
+  (and ``Retry-After``) until it holds them or the target's lease ends; legs already running keep
+  the rule above. A frontend that gets it tries another engine after ``weightsPendingRetrySeconds``
+  and holds the leg up to ``weightsPendingHoldSeconds`` for one that holds the target.
 * A frontend's config may name *fallback* engines of other replicas
   (:data:`FALLBACK_PREFILL_KEY`, :data:`FALLBACK_DECODE_KEY`); it uses them only while no engine of
   its own replica of that role is up. The operator renders them; they are left out of the config
@@ -25,6 +31,9 @@ from typing import Final
 
 #: ``error.type`` of the 503 a draining engine answers (health and new legs).
 DRAINING_ERROR_TYPE: Final = "draining"
+#: ``error.type`` of the 503 an engine answers a new leg while it does not hold the announced target weights,
+#: and health and turns while it does not hold the desired weights it started under (a catch-up).
+WEIGHTS_PENDING_ERROR_TYPE: Final = "weights_pending"
 #: Seconds an engine waits for its in-flight legs and unfetched context states when stopping.
 DEFAULT_DRAIN_SECONDS: Final = 30
 #: terminationGracePeriodSeconds = drain seconds + this margin (uvicorn shutdown, backend close).

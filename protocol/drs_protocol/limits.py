@@ -20,6 +20,10 @@ from typing import Final
 #: Longest weights version (characters): the engine's control API, the sidecar's trainer API and
 #: ``status.weights.version`` in the CRD all use this bound.
 MAX_WEIGHTS_VERSION_CHARS: Final = 256
+#: Longest lease of an announced weights target (seconds): an engine refuses new legs for at most
+#: this long after the last announce unless it comes to hold the target (a sidecar that died
+#: between its announce and the load leaves no engine refusing for good).
+MAX_WEIGHTS_TARGET_LEASE_S: Final = 3600.0
 #: Largest control-API request body an engine accepts (bytes); larger gets 413.
 MAX_CONTROL_BODY_BYTES: Final = 1024 * 1024
 

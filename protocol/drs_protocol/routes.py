@@ -67,6 +67,9 @@ class ControlOp(StrEnum):
     UPDATE_WEIGHTS_FROM_COLLECTIVE = "update_weights_from_collective"
     UPDATE_WEIGHTS_FROM_IPC = "update_weights_from_ipc"
     ABORT_COLLECTIVE = "abort_collective"
+    #: The sidecar names the weights the fleet is about to hold, before any load: an engine
+    #: holding others refuses new legs (503 ``weights_pending``) until it holds them.
+    ANNOUNCE_WEIGHTS_TARGET = "announce_weights_target"
     RESET_PREFIX_CACHE = "reset_prefix_cache"
     RELEASE_MEMORY = "release_memory"
     RESUME_MEMORY = "resume_memory"
@@ -89,6 +92,7 @@ CONTROL_ROUTES: Final[Mapping[ControlOp, str]] = MappingProxyType(
         ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: "/control/collective/update",
         ControlOp.ABORT_COLLECTIVE: "/control/collective/abort",
         ControlOp.UPDATE_WEIGHTS_FROM_IPC: "/control/weights/ipc",
+        ControlOp.ANNOUNCE_WEIGHTS_TARGET: "/control/weights/target",
         ControlOp.RESET_PREFIX_CACHE: "/control/prefix_cache/reset",
         ControlOp.RELEASE_MEMORY: "/control/memory/release",
         ControlOp.RESUME_MEMORY: "/control/memory/resume",

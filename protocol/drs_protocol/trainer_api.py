@@ -71,6 +71,9 @@ class FanOutReport(_Answer):
     weights_digest: str | None = None
     #: a failed collective step: the group's abort and its culprit (None: none was needed)
     group_abort: GroupAbort | None = None
+    #: a refit: seconds from its start until every engine had been told the target weights
+    #: (``POST /control/weights/target``, before any load); None: none announced
+    target_announced_s: float | None = None
     elapsed_s: float
 
 

@@ -18,7 +18,7 @@ the sender's measured :mod:`drs_protocol.weights_digest` of exactly those bytes;
 computes it again over what arrived and loads nothing unless both agree with the desired digest.
 
 **While not there yet** an engine is up but not ready: ``GET /health`` and every turn answer 503
-with the error type :data:`WEIGHTS_PENDING_ERROR_TYPE` and the reason; ``GET /control/weights``
+with the error type :data:`drs_protocol.lifecycle.WEIGHTS_PENDING_ERROR_TYPE` and the reason; ``GET /control/weights``
 carries :class:`drs_protocol.control.CatchUpStatus` (``catch_up``) saying what it tries, how often it failed and why.
 """
 
@@ -41,8 +41,6 @@ STREAM_HEADER_LENGTH_BYTES: Final = 4
 MAX_STREAM_HEADER_BYTES: Final = 16 * 1024 * 1024
 #: The stream's media type.
 STREAM_MEDIA_TYPE: Final = "application/vnd.drs.weights-stream"
-#: ``error.type`` of the 503 an engine answers (health and turns) until it holds the desired weights.
-WEIGHTS_PENDING_ERROR_TYPE: Final = "weights_pending"
 #: The most peers an engine is given (it tries them in order).
 MAX_WEIGHTS_PEERS: Final = 64
 

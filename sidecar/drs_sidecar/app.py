@@ -43,6 +43,12 @@ prepare/update without a group. Each step answers within ``--collective-timeout`
 502 with ``group_abort`` (the culprit, each failed member's fault, the abort on every member:
 :mod:`drs_sidecar.group_abort`).
 
+A refit first announces its target weights to every engine, before any load
+(:mod:`drs_sidecar.targets`: engines not holding them refuse new legs until they do); its report
+says how long that took (``target_announced_s``). The sidecar serves once it has read the resource
+(desired weights and engines) and made its first reconcile pass (:data:`STARTUP_READ_S` at most),
+so a first refit announces at once, over open connections.
+
 A fan-out answers with its report: ``complete``, ``ok``, ``failed`` (engine, URL, why) and
 ``pending`` (engines not ready). Every ``reconcile_s`` seconds the desired weights are loaded on
 any ready engine serving another version (:meth:`~drs_sidecar.refit.Refitter.reconcile_once`), and
@@ -80,6 +86,9 @@ from drs_sidecar.refit import Refitter, checked
 from drs_sidecar.report import Report
 
 log = logging.getLogger(__name__)
+#: Seconds the sidecar waits at start for its first read of the resource (desired weights, engines)
+#: and its first reconcile pass before it serves anyway.
+STARTUP_READ_S: Final = 20.0
 
 #: Control bodies are small; larger gets 413.
 MAX_BODY_BYTES: Final = 64 * 1024
@@ -108,7 +117,10 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(reconcile_forever(refitter, reconcile_s), name="weights-reconcile")
+        restored = asyncio.Event()
+        task = asyncio.create_task(reconcile_forever(refitter, reconcile_s, restored), name="weights-reconcile")
+        with contextlib.suppress(TimeoutError):  # serve once the fleet is known (a refit's announce needs it)
+            await asyncio.wait_for(restored.wait(), STARTUP_READ_S)
         try:
             yield
         finally:
@@ -127,9 +139,10 @@ def build_app(refitter: Refitter, *, reconcile_s: float = 5.0) -> FastAPI:
     return app
 
 
-async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
-    """First the desired weights stored on the resource (a restarted sidecar knows them at once),
-    then every ``interval_s``: bring engines at other weights to the desired ones."""
+async def reconcile_forever(refitter: Refitter, interval_s: float, tried: asyncio.Event | None = None) -> None:
+    """First the desired weights stored on the resource and the fleet's engines (a restarted
+    sidecar knows them at once; ``tried`` is set after the first attempt), then every
+    ``interval_s``: bring engines at other weights to the desired ones."""
     restored = False
     while True:
         try:
@@ -138,13 +151,15 @@ async def reconcile_forever(refitter: Refitter, interval_s: float) -> None:
                 restored = True
         except FleetError as exc:
             log.warning("desired weights not read from the resource yet: %s", exc)
-        await asyncio.sleep(interval_s)
         try:
-            await refitter.reconcile_once()
+            await refitter.reconcile_once()  # the first at once: engines behind are caught up, their pools open
         except FleetError as exc:
             log.warning("reconcile: %s", exc)
         except Exception:
             log.exception("reconcile failed")
+        if tried is not None:
+            tried.set()
+        await asyncio.sleep(interval_s)
 
 
 def _add_refit_routes(app: FastAPI, refitter: Refitter) -> None:

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import click
 from drs_protocol import env
-from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S
+from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_TARGET_LEASE_S
+
+from drs_sidecar.targets import DEFAULT_LEASE_S
 
 EXIT_BIND_FAILED = 1
 
@@ -47,6 +49,14 @@ EXIT_BIND_FAILED = 1
     "502 naming the member that hung, died or failed.",
 )
 @click.option("--reconcile-interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True)
+@click.option(
+    "--target-lease",
+    type=click.FloatRange(min=0, max=MAX_WEIGHTS_TARGET_LEASE_S),
+    default=DEFAULT_LEASE_S,
+    show_default=True,
+    help="Seconds an announced target weights binds an engine (it refuses new legs until it holds them), "
+    "renewed while loads run; 0: announce nothing (engines not loaded yet answer at the old weights).",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def sidecar(
     name: str | None,
@@ -60,6 +70,7 @@ def sidecar(
     call_timeout: float,
     collective_timeout: float,
     reconcile_interval: float,
+    target_lease: float,
     log_level: str,
 ) -> None:
     """Refit every engine of a DisaggReplicaSet for the trainer, and keep restarted engines current."""
@@ -87,6 +98,7 @@ def sidecar(
             concurrency,
             (load_timeout, call_timeout, collective_timeout),
             reconcile_interval,
+            target_lease,
         )
     )
 
@@ -105,6 +117,7 @@ async def _run(
     concurrency: int,
     timeouts: tuple[float, float, float],
     reconcile_interval: float,
+    target_lease: float,
 ) -> None:
     """``timeouts``: a load's, another call's, a collective step's (seconds)."""
     import uvicorn
@@ -135,7 +148,12 @@ async def _run(
     load_timeout, call_timeout, collective_timeout = timeouts
     control = ControlClient(token, call_s=call_timeout, load_s=load_timeout)
     refitter = Refitter(
-        fleet, control, SidecarMetrics(), concurrency=concurrency, collective_timeout_s=collective_timeout
+        fleet,
+        control,
+        SidecarMetrics(),
+        concurrency=concurrency,
+        collective_timeout_s=collective_timeout,
+        target_lease_s=target_lease,
     )
     app = build_app(refitter, reconcile_s=reconcile_interval)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")

@@ -60,6 +60,7 @@ from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.group_abort import CollectiveSteps
 from drs_sidecar.metrics import SidecarMetrics
 from drs_sidecar.report import EngineOutcome, Report, verify_digests
+from drs_sidecar.targets import DEFAULT_LEASE_S, TargetAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,13 @@ class Refitter:
         *,
         concurrency: int = 64,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
+        target_lease_s: float = DEFAULT_LEASE_S,
     ) -> None:
         self.fleet = fleet
+        #: announces the target weights before any load (``drs_sidecar.targets``)
+        self.targets = TargetAnnouncer(control, metrics, lease_s=target_lease_s)
+        #: the engines of the last fleet read: a refit announces to them before it reads again
+        self.known: list[Engine] = []
         self.control = control
         self.metrics = metrics
         self.concurrency = concurrency
@@ -123,12 +129,16 @@ class Refitter:
         """One trainer operation at a time: a second one while the first runs is refused
         (:class:`RefitBusy`); the sidecar's own reconcile pass in flight is waited for, never a
         reason to refuse the trainer (it is short unless it loads a late engine)."""
+        async with self._claim(), self._lock:
+            yield
+
+    @contextlib.asynccontextmanager
+    async def _claim(self) -> AsyncIterator[None]:
         if self._trainer_busy:
             raise RefitBusy()
         self._trainer_busy = True
         try:
-            async with self._lock:
-                yield
+            yield
         finally:
             self._trainer_busy = False
 
@@ -137,32 +147,38 @@ class Refitter:
         fleet now holds it (by digest: ``digest``, the trainer's, else the engines' agreement).
         Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
         request = checked(Refit, {"path": path, "version": version, "digest": digest})
-        async with self._exclusive():
-            engines = await self.fleet.engines()
-            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
-            previous = await self._start(target)
-            report = await self._fan_out(
-                ControlOp.LOAD_WEIGHTS,
-                engines,
-                lambda url: self.control.load_checkpoint(url, request.path, request.version),
-                desired_digest=request.digest,
-            )
-            self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
-            self.metrics.refit_seconds.observe(report.elapsed_s)
-            await self._settle(report, previous, target)
-            await self._record_outcomes(report)
-            if report.complete:
-                await self._publish(request.version)
-            elif self.desired is not None and self.desired.version == request.version:
-                log.warning(
-                    "refit to %s incomplete: %d failed, %d pending (kept as desired; retried as engines come up)",
-                    request.version,
-                    len(report.failed),
-                    len(report.pending),
+        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+        async with self._claim():
+            passing = self._lock.locked()  # a reconcile pass runs: it may announce the old target
+            # announced at once, to the engines known, before waiting for the pass (drs_sidecar.targets)
+            async with self.targets.lease(self.known, target, self.desired) as lease, self._lock:
+                engines = self.known = await self.fleet.engines()
+                previous = await self._start(target)
+                await lease.cover(engines, again=passing)  # every engine has been told before the first load
+                report = await self._fan_out(
+                    ControlOp.LOAD_WEIGHTS,
+                    engines,
+                    lambda url: self.control.load_checkpoint(url, request.path, request.version),
+                    desired_digest=request.digest,
                 )
-            else:
-                log.warning("refit to %s loaded on no engine: the desired weights are unchanged", request.version)
-            return report
+                await lease.stop()  # no renewal after this: a rollback's announce comes last
+                report.target_announced_s = lease.announced_s
+                self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
+                self.metrics.refit_seconds.observe(report.elapsed_s)
+                await self._settle(report, previous, target, announced=True)
+                await self._record_outcomes(report)
+                if report.complete:
+                    await self._publish(request.version)
+                elif self.desired is not None and self.desired.version == request.version:
+                    log.warning(
+                        "refit to %s incomplete: %d failed, %d pending (kept as desired; retried as engines come up)",
+                        request.version,
+                        len(report.failed),
+                        len(report.pending),
+                    )
+                else:
+                    log.warning("refit to %s loaded on no engine: the desired weights are unchanged", request.version)
+                return report
 
     # -- collective (NCCL) refit: see drs_sidecar.collective ----------------------------------
 
@@ -233,8 +249,10 @@ class Refitter:
 
     async def restore(self) -> DesiredWeights | None:
         """Take the desired weights from the resource, where an earlier refit stored them (a
-        restarted sidecar or trainer pod forgets nothing). :class:`FleetError` when unreadable."""
+        restarted sidecar or trainer pod forgets nothing), and the engines of the fleet (the
+        first refit's announce goes to them). :class:`FleetError` when unreadable."""
         stored = await self.fleet.desired()
+        self.known = await self.fleet.engines()  # a first refit announces to them at once
         if stored is not None and self.desired is None:
             self.desired = stored
             log.info("desired weights %s restored from the resource", stored.version)
@@ -248,17 +266,24 @@ class Refitter:
         self.desired = target
         return previous
 
-    async def _settle(self, report: Report, previous: DesiredWeights | None, target: DesiredWeights) -> None:
+    async def _settle(
+        self, report: Report, previous: DesiredWeights | None, target: DesiredWeights, *, announced: bool = False
+    ) -> None:
         """After a weights operation: the new weights stay desired (with the digest the engines were
         checked against) when any engine took them; one that reached no engine puts the previous
-        desired weights back (a mistyped path changes nothing)."""
+        desired weights back (a mistyped path changes nothing), announced to the engines when the
+        operation had announced its target (a checkpoint refit; collective and IPC refits announce
+        none, so their failure is not held up by a hung member)."""
         if any(o.ok for o in report.outcomes):
             desired: DesiredWeights | None = target.model_copy(update={"digest": target.digest or report.digest})
             self._backoff.clear()
             if target.path is None:
                 log.warning("weights %s came without a checkpoint path: later engines cannot load them", target.version)
         else:
-            desired = previous
+            desired = previous  # the engines serve again at once: the target gave way to the previous one
+            if announced:
+                told = [e.url for e in self.known if e.url] + [o.url for o in report.outcomes if o.url]
+                await self.targets.announce(told, desired)
         if desired != target:
             try:
                 await self.fleet.desire(desired)
@@ -313,6 +338,7 @@ class Refitter:
             desired = self.desired
             engines, ready, answers, held = await self._read_weights()
             behind = [e for e, a in zip(ready, answers, strict=True) if a.ok and not _holds(a, desired)]
+            await self.targets.announce([e.url for e in behind if e.url], desired)  # renews their lease
             unknown = sum(not a.ok for a in answers)
             self.metrics.engines_behind.set(len(behind) + unknown + (len(engines) - len(ready)))
             now = asyncio.get_running_loop().time()
@@ -348,7 +374,7 @@ class Refitter:
         """The fleet's engines, the ready ones, their answers to ``GET /control/weights``, and
         what each that answered holds, by engine name (one holding part of a failed update counts
         ready: a load is what it waits for)."""
-        engines = await self.steps.members(self.fleet)
+        engines = self.known = await self.steps.members(self.fleet)
         ready = [e for e in engines if e.ready and e.url]
         answers = await asyncio.gather(*(self.control.weights(e.url) for e in ready if e.url))
         held = {

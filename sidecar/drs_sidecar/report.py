@@ -55,6 +55,8 @@ class Report:
     digest: str | None = None
     #: A failed collective step's abort (:class:`drs_sidecar.group_abort.GroupAbort`): the culprit.
     group_abort: Any = None
+    #: A refit: seconds from its start until every engine had been told the target (None: not announced).
+    target_announced_s: float | None = None
 
     @property
     def failed(self) -> list[EngineOutcome]:
@@ -75,6 +77,7 @@ class Report:
             "outcomes": [o.as_dict() for o in self.outcomes],
             "weights_digest": self.digest,
             "group_abort": None if self.group_abort is None else self.group_abort.as_dict(),
+            "target_announced_s": None if self.target_announced_s is None else round(self.target_announced_s, 4),
             "elapsed_s": round(self.elapsed_s, 3),
         }
 

@@ -18,9 +18,9 @@ import pytest
 from drs_engine.server.runner import start_engine
 from drs_engine.weights.desired import DesiredWeightsError, desired_from_env, peers_from_env
 from drs_protocol import env
+from drs_protocol.lifecycle import WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.weights_digest import digest_bytes, digest_files
 from drs_protocol.weights_state import DesiredWeights
-from drs_protocol.weights_stream import WEIGHTS_PENDING_ERROR_TYPE
 
 from .conftest import CONTROL_TOKEN, auth, sim_config
 from .test_peer_catchup import caught_up, failed_once

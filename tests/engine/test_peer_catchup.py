@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 from drs_engine.server.runner import RunningEngine, start_engine
+from drs_protocol.lifecycle import WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.routes import CONTROL_WEIGHTS, CONTROL_WEIGHTS_STREAM
 from drs_protocol.weights_digest import digest_files
 from drs_protocol.weights_state import DesiredWeights
-from drs_protocol.weights_stream import WEIGHTS_PENDING_ERROR_TYPE
 
 from .conftest import CONTROL_TOKEN, auth, sim_config
 

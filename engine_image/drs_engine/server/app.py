@@ -36,10 +36,9 @@ from typing import Any
 from drs_protocol import fields, routes
 from drs_protocol.errors import error_body
 from drs_protocol.fastapi_errors import install_error_handlers
-from drs_protocol.lifecycle import DRAINING_ERROR_TYPE
+from drs_protocol.lifecycle import DRAINING_ERROR_TYPE, WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.model_list import model_list
 from drs_protocol.weights_state import DesiredWeights
-from drs_protocol.weights_stream import WEIGHTS_PENDING_ERROR_TYPE
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse

@@ -22,6 +22,7 @@ route                                       body                                
                                             "recompute_kv": bool}``
 ``POST /control/collective/abort``          ``{"reason": str}``                                 not queued: beside an update
 ``POST /control/weights/ipc``               ``{"version", "state_dict_info", "buffers"}``       torch only
+``POST /control/weights/target``            ``{"version", "digest", "lease_s"}``                 announce; never queued
 ``POST /control/prefix_cache/reset``        ``{}`` or empty                                     empties the prefix cache
 ``POST /control/memory/release``            ``{"tags": [str, ...]}`` (empty: all)               sleep: serving gets 503
 ``POST /control/memory/resume``             ``{"tags": [str, ...]}`` (empty: all)               wake
@@ -36,8 +37,12 @@ other control calls, ``elapsed_s``); ``GET /control/weights`` a
 engine measures their digest from the bytes it holds (the backend's ``measure_digest``). A
 failed call answers the OpenAI error shape; a weights load that fails leaves the previous weights
 serving and says why; one that fails after it changed bytes leaves the engine refusing turns until a
-load completes (:mod:`drs_engine.weights.incomplete`). ``collective/abort`` is the one call not
-serialised: it must reach the group while an update holds the lock.
+load completes (:mod:`drs_engine.weights.incomplete`).
+
+Two calls do not wait for the control lock: ``collective/abort`` must reach the group while an
+update holds the lock, and ``POST /control/weights/target`` (:mod:`drs_engine.weights.target`)
+announces the target weights before the sidecar loads any engine (an announce queued behind a load
+would come after it).
 """
 
 from __future__ import annotations
@@ -62,6 +67,7 @@ from drs_protocol.control import (
     MemoryTags,
     PrepareRefitInfo,
     WeightsInfo,
+    WeightsTarget,
     answer_json,
     result_of,
 )
@@ -86,8 +92,9 @@ Handler = Callable[[Any], Awaitable[dict[str, Any]]]
 WEIGHTS_OPS = frozenset(
     {ControlOp.LOAD_WEIGHTS, ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, ControlOp.UPDATE_WEIGHTS_FROM_IPC}
 )
-#: The operations that do not wait for the control lock (an abort reaches an update in flight).
-UNLOCKED_OPS = frozenset({ControlOp.ABORT_COLLECTIVE})
+#: The operations that do not wait for the control lock (an abort reaches an update in flight; an
+#: announce must come before the loads).
+UNLOCKED_OPS = frozenset({ControlOp.ABORT_COLLECTIVE, ControlOp.ANNOUNCE_WEIGHTS_TARGET})
 
 
 def check_token(state: EngineState, request: Request) -> None:
@@ -175,6 +182,7 @@ def weights_info(state: EngineState) -> WeightsInfo:
         backend=backend.name,
         test_double=backend.test_double,
         catch_up=None if state.catch_up is None else state.catch_up.status(),
+        target=state.target.state(backend.weights_version, state.weights_digest),
     )
 
 
@@ -185,6 +193,11 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
         result = await state.require_backend().load_weights(params.path, params.version)
         state.require_metrics().set_weights_version(params.version, loaded=True)
         return result
+
+    async def announce(params: WeightsTarget) -> dict[str, Any]:
+        backend = state.require_backend()
+        state.target.announce(params)
+        return {"target": state.target.state(backend.weights_version, state.weights_digest)}
 
     async def init_collective(params: CollectiveInit) -> dict[str, Any]:
         return await state.require_backend().init_collective(params)
@@ -230,6 +243,7 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
 
     return {
         ControlOp.LOAD_WEIGHTS: load,
+        ControlOp.ANNOUNCE_WEIGHTS_TARGET: announce,
         ControlOp.INIT_COLLECTIVE: init_collective,
         ControlOp.PREPARE_REFIT_INFO: prepare,
         ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE: update,

@@ -36,7 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from drs_engine.backends.base import LegEvent, LegFinished, LegRequest, TokenStep
-from drs_engine.errors import BadRequestError, ContextLengthError, EngineError
+from drs_engine.errors import BadRequestError, ContextLengthError, EngineError, retry_headers
 from drs_engine.server import responses
 from drs_engine.server.body import validate
 from drs_engine.server.detok import IncrementalDetokenizer
@@ -53,6 +53,7 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     try:
         state.check_serving()
         backend = state.require_backend()
+        state.check_weights_target(backend)
         body = await read_body(request, state.config.request_bytes_limit())
         data = parse_json_object(body)
         req: EngineRequest = validate(ChatCompletionRequest, data) if chat else validate(CompletionRequest, data)
@@ -72,7 +73,7 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     except EngineError as exc:
         if state.metrics is not None:
             state.metrics.requests.labels(leg=leg_label, status="error").inc()
-        return JSONResponse(exc.to_body(), status_code=exc.status)
+        return JSONResponse(exc.to_body(), status_code=exc.status, headers=retry_headers(exc))
 
     meta = responses.ResponseMeta.new(
         state.config.served_model_name(), chat=chat, strict=state.config.strict_trtllm_responses

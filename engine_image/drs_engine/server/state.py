@@ -26,6 +26,7 @@ from drs_engine.gang.spec import GangSpec, GangSpecError
 from drs_engine.metrics import EngineMetrics
 from drs_engine.weights import desired
 from drs_engine.weights.catchup import CatchUp
+from drs_engine.weights.target import TargetGate
 
 log = logging.getLogger("drs_engine")
 
@@ -103,6 +104,8 @@ class EngineState:
         #: Why the weights hold part of an update that failed (no turn, /health 503, until a good load).
         self.weights_incomplete: str | None = None
         self.released_tags: set[str] = set()
+        #: The fleet's announced target weights: new legs wait for them (``drs_engine.weights.target``).
+        self.target = TargetGate()
         self.control_lock = asyncio.Lock()
         self._local_ids = itertools.count(1)
         self.metrics: EngineMetrics | None = None
@@ -239,6 +242,10 @@ class EngineState:
                 f"the engine holds part of a failed weights update ({self.weights_incomplete}); "
                 "it serves again after a load completes"
             )
+
+    def check_weights_target(self, backend: EngineBackend) -> None:
+        """503 (``weights_pending``) while an announced target binds that this engine does not hold."""
+        self.target.check(backend.weights_version, self.weights_digest)
 
     def busy(self) -> int:
         """Legs running or queued, plus context states no decode engine has fetched yet."""

@@ -1,0 +1,200 @@
+"""Announcing the target weights to every engine before any of them loads them.
+
+A refit loads engines one after the other (at most ``concurrency`` at once); an engine not loaded
+yet would answer new turns at the old weights. So before the first load the sidecar tells every
+engine the target (``POST /control/weights/target``, :class:`drs_protocol.control.WeightsTarget`):
+an engine holding other weights refuses new legs (503 ``weights_pending``) and the frontends send
+them to engines that hold the target, or hold them until one does
+(``drs_engine.weights.target``).
+
+The announce is the first thing a refit does: :meth:`TargetAnnouncer.lease` sends it at once to
+the engines the sidecar already knows (its last read of the fleet, every reconcile pass) while the
+refit reads the fleet and stores the desired weights on the resource; :meth:`Lease.cover` then
+waits for that round and announces to any engine the fresh read added, before any load. Each call
+has its own timeout (:data:`ANNOUNCE_TIMEOUT_S`); an engine that does not take the announce is
+logged and loaded all the same (it may answer turns at the old weights until its load: off-policy,
+counted in ``drs_sidecar_engine_calls_total{op="announce_weights_target",result="failed"}``).
+
+A target binds an engine for ``lease_s`` seconds after each announce (:data:`DEFAULT_LEASE_S`):
+the lease is renewed every third of it while the refit's loads run, and on every reconcile pass
+for each engine still behind. A sidecar that dies between its announce and its loads leaves the
+engines refusing new legs for one lease at most; then they serve what they hold again, and
+``WeightsPending`` (the operator's condition, observed from the engines) says which are behind.
+A refit that reached no engine withdraws the target in favour of the previous desired weights
+(or none), so the engines serve again at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from drs_protocol.control import WeightsTarget
+from drs_protocol.routes import ControlOp
+from drs_protocol.weights_state import DesiredWeights
+
+from drs_sidecar.control import ControlClient
+from drs_sidecar.fleet import Engine
+from drs_sidecar.metrics import SidecarMetrics
+
+log = logging.getLogger(__name__)
+
+#: Seconds for one announce call (it does no work on the engine: a slow answer is a sick engine).
+ANNOUNCE_TIMEOUT_S: Final = 2.0
+#: Seconds an announced target binds an engine after each announce (renewed while loads run).
+DEFAULT_LEASE_S: Final = 30.0
+OP: Final = ControlOp.ANNOUNCE_WEIGHTS_TARGET
+
+
+@dataclass(slots=True)
+class Announced:
+    """One round of announces: the engines that took it and those that did not (URL -> why)."""
+
+    reached: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    slowest_s: float = 0.0  #: the longest call of the round, as the client timed it
+
+
+class TargetAnnouncer:
+    """Sends targets; ``lease_s`` 0 turns announcing off (engines are never gated: the old rule)."""
+
+    def __init__(
+        self,
+        control: ControlClient,
+        metrics: SidecarMetrics,
+        *,
+        lease_s: float = DEFAULT_LEASE_S,
+        timeout_s: float = ANNOUNCE_TIMEOUT_S,
+    ) -> None:
+        self.control = control
+        self.metrics = metrics
+        self.lease_s = lease_s
+        self.timeout_s = timeout_s
+
+    @property
+    def enabled(self) -> bool:
+        return self.lease_s > 0
+
+    async def announce(self, urls: Iterable[str], target: DesiredWeights | None) -> Announced:
+        """``target`` (None: withdraw it) to every engine of ``urls`` at once, each call within
+        :attr:`timeout_s`."""
+        urls = list(dict.fromkeys(urls))
+        done = Announced()
+        if not self.enabled or not urls:
+            return done
+        body = WeightsTarget(
+            version=None if target is None else target.version,
+            digest=None if target is None else target.digest,
+            lease_s=self.lease_s,
+        )
+        results = await asyncio.gather(*(self.control.op(u, OP, body, timeout=self.timeout_s) for u in urls))
+        done.slowest_s = max(r.elapsed_s for r in results)
+        for result in results:
+            self.metrics.engine_calls.labels(op=OP.value, result="ok" if result.ok else "failed").inc()
+            if result.ok:
+                done.reached.append(result.url)
+            else:
+                done.failed[result.url] = (
+                    result.detail if result.status is None else f"{result.status}: {result.detail}"
+                )
+                log.warning("target weights not announced to %s: %s", result.url, done.failed[result.url])
+        return done
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self, known: Sequence[Engine], target: DesiredWeights, fallback: DesiredWeights | None
+    ) -> AsyncIterator[Lease]:
+        """Announce ``target`` to the ``known`` engines at once and renew it while the block runs;
+        a block that raises (the fleet unreadable, the desired weights not stored: no engine was
+        loaded) announces ``fallback`` instead, the weights desired before, so nothing waits."""
+        lease = Lease(self, target, [e.url for e in known if e.url])
+        try:
+            yield lease
+        except BaseException:
+            await lease.stop()
+            if not lease.covered:  # raised before the loads began: nothing holds the target
+                await self.announce(lease.urls, fallback)
+            raise
+        finally:
+            await lease.stop()
+
+
+class Lease:
+    """A target announced to a set of engines and renewed until :meth:`close`."""
+
+    def __init__(self, announcer: TargetAnnouncer, target: DesiredWeights, urls: list[str]) -> None:
+        self._announcer = announcer
+        self._target = target
+        self._urls = dict.fromkeys(urls)
+        self._started = time.perf_counter()
+        self._first = asyncio.create_task(self._first_round(urls), name="announce-target")
+        self._first_done = self._started
+        self._stopped = asyncio.Event()
+        self._renewal = asyncio.create_task(self._renew(), name="renew-target") if announcer.enabled else None
+        #: Seconds from the lease's start until the last engine of the fleet read had been told
+        #: (its answer came back; set by :meth:`cover`; None while not, or when announcing is off).
+        self.announced_s: float | None = None
+        self.covered = False
+
+    async def _first_round(self, urls: list[str]) -> Announced:
+        done = await self._announcer.announce(urls, self._target)
+        self._first_done = time.perf_counter()
+        return done
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self._urls)
+
+    async def cover(self, engines: Sequence[Engine], *, again: bool = False) -> Announced:
+        """Wait for the first round, then announce to every engine of ``engines`` (the fresh
+        fleet read) it did not include, or to every engine when ``again`` (a reconcile pass ran
+        meanwhile, whose announces of the previous target may have arrived after ours): after
+        this, every one of them has been told."""
+        done = await self._first
+        self.covered = True
+        extra = [e.url for e in engines if e.url and (again or e.url not in self._urls)]
+        self._urls.update(dict.fromkeys(extra))
+        told_at = self._first_done  # the known engines were told while the fleet was read
+        if extra:
+            more = await self._announcer.announce(extra, self._target)
+            slowest = max(done.slowest_s, more.slowest_s)
+            done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed}, slowest)
+            told_at = time.perf_counter()
+        if self._announcer.enabled:
+            self.announced_s = told_at - self._started
+            log.info(
+                "target weights %s announced to %d engine(s) in %.3fs, slowest call %.3fs (%d failed; %d known "
+                "before, %d after the read)",
+                self._target.version,
+                len(done.reached),
+                self.announced_s,
+                done.slowest_s,
+                len(done.failed),
+                len(self._urls) - len(extra),
+                len(extra),
+            )
+        return done
+
+    async def _renew(self) -> None:
+        period = self._announcer.lease_s / 3
+        while not self._stopped.is_set():
+            with contextlib.suppress(TimeoutError):  # every period until stopped
+                await asyncio.wait_for(self._stopped.wait(), period)
+                return
+            await self._announcer.announce(list(self._urls), self._target)
+
+    async def stop(self) -> None:
+        """No renewal after this returns (one in flight is waited for, so a later announce, e.g.
+        a rollback's, reaches the engines after it)."""
+        self._stopped.set()
+        if not self._first.done():
+            self._first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._first
+        if self._renewal is not None:
+            await self._renewal
