@@ -266,6 +266,20 @@ def _wait_node_ready(layout: Layout, name: str) -> None:
     _say(f"{name}: Ready with {nodeconfig.GPUS_PER_REAL_NODE} nvidia.com/gpu (device plugin) in {took:.1f}s")
 
 
+def import_archive(layout: Layout, archive: Path) -> None:
+    """Import ``archive`` (a ``docker save`` of images) into every running real node's containerd:
+    an image the nodes did not get at start (the NeMo-Gym image, when a Gym pod is about to run)."""
+    for i in _node_indices(layout):
+        dirs = nodeconfig.node_dirs(layout, i)
+        t0 = time.monotonic()
+        out = _ctr(dirs, "images", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
+        if out.returncode != 0:
+            raise RealNodeStartError(
+                f"{nodeconfig.node_name(i)}: `ctr images import {archive}` failed: {out.stderr.strip()}"
+            )
+        _say(f"{nodeconfig.node_name(i)}: {archive.name} imported in {time.monotonic() - t0:.1f}s")
+
+
 # ------------------------------------------------------------------------------------ stop
 
 
