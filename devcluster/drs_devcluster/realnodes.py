@@ -16,6 +16,7 @@ changes (hostnet).
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
@@ -267,17 +268,21 @@ def _wait_node_ready(layout: Layout, name: str) -> None:
 
 
 def import_archive(layout: Layout, archive: Path) -> None:
-    """Import ``archive`` (a ``docker save`` of images) into every running real node's containerd:
-    an image the nodes did not get at start (the NeMo-Gym image, when a Gym pod is about to run)."""
-    for i in _node_indices(layout):
-        dirs = nodeconfig.node_dirs(layout, i)
-        t0 = time.monotonic()
-        out = _ctr(dirs, "images", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
+    """Import ``archive`` (a ``docker save`` of images) into every running real node's containerd,
+    the nodes at once: an image the nodes did not get at start (the NeMo-Gym image, when a Gym pod
+    is about to run)."""
+    t0 = time.monotonic()
+    nodes = {nodeconfig.node_name(i): nodeconfig.node_dirs(layout, i) for i in _node_indices(layout)}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        futures = {
+            name: pool.submit(_ctr, dirs, "images", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
+            for name, dirs in nodes.items()
+        }
+    for name, future in futures.items():
+        out = future.result()
         if out.returncode != 0:
-            raise RealNodeStartError(
-                f"{nodeconfig.node_name(i)}: `ctr images import {archive}` failed: {out.stderr.strip()}"
-            )
-        _say(f"{nodeconfig.node_name(i)}: {archive.name} imported in {time.monotonic() - t0:.1f}s")
+            raise RealNodeStartError(f"{name}: `ctr images import {archive}` failed: {out.stderr.strip()}")
+    _say(f"{', '.join(nodes)}: {archive.name} imported in {time.monotonic() - t0:.1f}s")
 
 
 # ------------------------------------------------------------------------------------ stop

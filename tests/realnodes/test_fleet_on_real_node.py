@@ -128,6 +128,7 @@ def test_the_real_nemo_gym_drives_the_fleet_from_a_pod_through_the_status_urls(
     config = realcluster.kubectl("logs", "gym-rollouts", "-n", fleet, "-c", "gym-config").stdout
     assert body["status"]["phase"] == "Succeeded", out + config
     assert body["spec"]["containers"][0]["image"] == gym_image
+    print(out)  # Gym's turns and the agent's JSON line, for the test's log
     result = json.loads(out.strip().splitlines()[-1])
     urls = drs(realcluster, fleet)["status"]["urls"]
     assert result["base_urls"] == [u + "/v1" for u in urls], result  # what drs gym-config wrote from the status
