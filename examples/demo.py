@@ -117,7 +117,10 @@ def run_gym(cluster: DevCluster) -> int:
     args = ["--block-tokens", str(SIM_DEFAULT_TOKENS_PER_BLOCK)]
     objs = inpod.gym_objects("gym-rollouts", NAMESPACE, NAME, GYM_AGENT.read_text(), args)
     say("Gym pod gym-rollouts started: drs gym-config (init container), then NeMo-Gym's vllm_model server + agent")
-    return run_pod(cluster, "gym-rollouts", objs)
+    t0 = time.monotonic()
+    rc = run_pod(cluster, "gym-rollouts", objs)
+    say(f"Gym pod {'passed its checks' if rc == 0 else 'FAILED'} after {time.monotonic() - t0:.0f}s")
+    return rc
 
 
 def main() -> int:
