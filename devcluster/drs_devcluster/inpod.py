@@ -192,14 +192,19 @@ def trainer_objects(
 GYM_CONFIG_DIR = "/gym"
 GYM_CONFIG_FILE = f"{GYM_CONFIG_DIR}/policy.yaml"
 GYM_CONFIG_WAIT_S = 120
+#: The kubelet's own label of its node (``--hostname-override`` is the node's name).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
-def gym_objects(name: str, namespace: str, drs: str, script: str, args: list[str]) -> list[dict[str, Any]]:
+def gym_objects(
+    name: str, namespace: str, drs: str, script: str, args: list[str], node: str | None = None
+) -> list[dict[str, Any]]:
     """The real NeMo-Gym as the fleet's client, in a pod: an init container of ``drs:<version>``
     runs ``drs gym-config`` (Gym's ``vllm_model`` config from the fleet's status, with in-cluster
     credentials) into an emptyDir; the main container of ``drs-gym:<version>`` runs ``script``
-    (examples/gym_agent.py) with ``--config`` that file and ``args``. The Role of
-    :func:`client_objects`, with ``watch`` (``--wait`` follows the fleet)."""
+    (examples/gym_agent.py) with ``--config`` that file and ``args``; on the real node ``node``
+    when given (the one the Gym image was imported into). The Role of :func:`client_objects`,
+    with ``watch`` (``--wait`` follows the fleet)."""
     objs = client_objects(name, namespace, script, [])
     role = next(o for o in objs if o["kind"] == "Role")
     role["rules"] = [
@@ -226,4 +231,6 @@ def gym_objects(name: str, namespace: str, drs: str, script: str, args: list[str
     }  # fmt: skip
     pod["spec"]["initContainers"] = [config]
     pod["spec"]["volumes"] += [{"name": "gym-config", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    if node is not None:
+        pod["spec"]["nodeSelector"][HOSTNAME_LABEL] = node
     return objs

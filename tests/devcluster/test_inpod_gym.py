@@ -48,3 +48,10 @@ def test_the_role_allows_reading_and_watching_the_fleet_and_nothing_else() -> No
 def test_drs_dev_images_takes(flag: str) -> None:
     result = CliRunner().invoke(dev, ["images", "--help"])
     assert result.exit_code == 0 and flag in result.output
+
+
+def test_the_pod_goes_to_the_node_named_when_one_is() -> None:
+    objs = inpod.gym_objects("g", "rl", "pod-sim", "", [], node="real-000")
+    pod = next(o for o in objs if o["kind"] == "Pod")
+    assert pod["spec"]["nodeSelector"][inpod.HOSTNAME_LABEL] == "real-000"
+    assert inpod.HOSTNAME_LABEL not in objects()["Pod"]["spec"]["nodeSelector"]
