@@ -43,7 +43,9 @@ controlplane: install
 
 # Builds the top-level Dockerfile into drs:<version> (and the sandbox image drs-pause) with no
 # registry: a private dockerd, a Debian base made with mmdebstrap, the host's CA bundle as a build
-# secret. Cached by the sources' digest in ~/.cache/drs/images.
+# secret. Cached by the sources' digest in ~/.cache/drs/images. Also its gym target, drs-gym:<version>
+# (NeMo-Gym 0.7.0 at tests/realgym's pins, make demo's Gym pod), cached by its own inputs' digest
+# (`drs dev images --no-gym` skips it).
 images: install
 	$(BIN)/drs dev images
 
@@ -61,7 +63,8 @@ unit: install gym-install
 	$(BIN)/pytest -m "not cluster" $(PYTEST_ARGS)
 
 # The operator installed by Helm from the image built here, the fleet as containers on a real node
-# (needs root: a kubelet, containerd and a CNI bridge of the dev cluster's own).
+# (needs root: a kubelet, containerd and a CNI bridge of the dev cluster's own), driven from pods by
+# our client, by the real NeMo-Gym 0.7.0 (drs-gym) and by a trainer's refit.
 demo: install controlplane
 	$(BIN)/python examples/demo.py
 

@@ -10,7 +10,14 @@
 4. run the trainer-side client (examples/gym_client.py) in a pod: it reads `status.urls` (Service
    names, resolved by the cluster's DNS) and drives multi-turn conversations through them, as
    NeMo-Gym does, printing which engines served each turn and the prefix-cache hits;
-5. refit, in-cluster, as a trainer does after a policy update: a trainer pod
+5. the real NeMo-Gym 0.7.0 drives the fleet, in a pod of its own image (``drs-gym``, the
+   Dockerfile's ``gym`` target, built by `drs dev images` and imported into the node): an init
+   container runs ``drs gym-config`` (Gym's ``vllm_model`` config from the status), then
+   examples/gym_agent.py starts Gym's own ``vllm_model`` server on it and runs 4 tool-calling
+   conversations x 3 turns through it, as Gym's ``simple_agent`` does, checking every turn, Gym's
+   token ids against our answers, token continuity, and that each conversation stayed on its
+   frontend and prefill engine; it prints one JSON line;
+6. refit, in-cluster, as a trainer does after a policy update: a trainer pod
    (examples/trainer/refit_in_pod.py) writes new weights into the checkpoint volume the engines
    mount (a PersistentVolume on this machine: every real node is this machine) and asks its refit
    sidecar (`drs sidecar`, a native sidecar container of the same pod, with the RBAC of
@@ -29,13 +36,15 @@ from typing import Any
 
 import yaml
 from demo_steps import ROOT, kubectl, running, say, wait_ready
-from drs_devcluster import build, inpod, nodeconfig
+from drs_devcluster import build, images, inpod, nodeconfig, realnodes
 from drs_devcluster.cluster import DevCluster
 from drs_operator.api.constants import DEFAULT_MODEL_MOUNT_PATH
+from drs_protocol.engine_config import SIM_DEFAULT_TOKENS_PER_BLOCK
 
 EXAMPLE = ROOT / "examples" / "pod-network-sim.yaml"
 CLIENT = ROOT / "examples" / "gym_client.py"
 TRAINER = ROOT / "examples" / "trainer" / "refit_in_pod.py"
+GYM_AGENT = ROOT / "examples" / "gym_agent.py"
 CHECKPOINTS_CLAIM = "checkpoints"
 NAME = "pod-sim"
 NAMESPACE = "default"
@@ -96,9 +105,28 @@ def refit(cluster: DevCluster) -> int:
     return run_pod(cluster, "trainer", objs)
 
 
+def ensure_gym_image(cluster: DevCluster) -> None:
+    """``drs-gym:<version>`` built (cached by its inputs' digest) and imported into the real node."""
+    t0 = time.monotonic()
+    archive = images.ensure_gym_image()
+    realnodes.import_archive(cluster.layout, archive)
+    say(f"{images.gym_ref()} (NeMo-Gym 0.7.0) on the real node after {time.monotonic() - t0:.0f}s")
+
+
+def run_gym(cluster: DevCluster) -> int:
+    args = ["--block-tokens", str(SIM_DEFAULT_TOKENS_PER_BLOCK)]
+    objs = inpod.gym_objects("gym-rollouts", NAMESPACE, NAME, GYM_AGENT.read_text(), args)
+    say("Gym pod gym-rollouts started: drs gym-config (init container), then NeMo-Gym's vllm_model server + agent")
+    t0 = time.monotonic()
+    rc = run_pod(cluster, "gym-rollouts", objs)
+    say(f"Gym pod {'passed its checks' if rc == 0 else 'FAILED'} after {time.monotonic() - t0:.0f}s")
+    return rc
+
+
 def main() -> int:
     started = time.monotonic()
     cluster = ensure_cluster()
+    ensure_gym_image(cluster)
     t0 = time.monotonic()
     inpod.helm_install(cluster)
     say(
@@ -114,7 +142,7 @@ def main() -> int:
         "gym-client", NAMESPACE, CLIENT.read_text(), ["--name", NAME, "--namespace", NAMESPACE]
     )
     say("client pod gym-client started (image drs, in-cluster credentials, reads the status itself)")
-    rc = run_pod(cluster, "gym-client", client) or refit(cluster)
+    rc = run_pod(cluster, "gym-client", client) or run_gym(cluster) or refit(cluster)
     say(f"demo finished in {time.monotonic() - started:.0f}s (rc {rc}); `make demo-down` stops everything")
     return rc
 

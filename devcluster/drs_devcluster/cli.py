@@ -42,15 +42,19 @@ def build_cmd(force: bool) -> None:
 
 @dev.command("images")
 @click.option("--force", is_flag=True, help="Rebuild even when this source tree's images are cached.")
-def images_cmd(force: bool) -> None:
-    """Build the project's image (the top-level Dockerfile) and the sandbox image, with no registry."""
+@click.option("--no-gym", is_flag=True, help="Skip the NeMo-Gym image (drs-gym, the Dockerfile's gym target).")
+def images_cmd(force: bool, no_gym: bool) -> None:
+    """Build the project's image (the top-level Dockerfile), the sandbox image and the NeMo-Gym
+    image (its gym target), with no registry."""
     from . import images
 
     try:
-        archive = images.ensure_images(force=force)
+        archives = images.ensure_all(force=force, gym=not no_gym)
     except images.ImageError as exc:
         raise click.ClickException(str(exc)) from exc
-    click.echo(f"{images.image_ref()} and {images.pause_ref()}: {archive}")
+    click.echo(f"{images.image_ref()} and {images.pause_ref()}: {archives[0]}")
+    if not no_gym:
+        click.echo(f"{images.gym_ref()}: {archives[1]}")
 
 
 @dev.command("up")

@@ -12,9 +12,14 @@ can be pulled, not even a base image. The build therefore:
    is mounted for the ``pip install`` step only and never stored in a layer), progress shown;
 4. builds the sandbox image ``drs-pause`` from ``devcluster/pause/pause.go``;
 5. saves both into one ``docker save`` archive in the cache, keyed by the image's inputs, which
-   ``drs dev up --real-nodes`` imports into each node's containerd.
+   ``drs dev up --real-nodes`` imports into each node's containerd;
+6. unless told not to (``drs dev images --no-gym``; ``drs dev up`` does not build it), builds the
+   Dockerfile's ``gym`` target, ``drs-gym:<version>`` (NeMo-Gym 0.7.0 in ``/opt/gym``, the real
+   client of `make demo`'s rollout pod), into an archive of its own keyed by its own inputs (the
+   Dockerfile and tests/realgym's pins: a source change rebuilds nothing of it), which
+   ``realnodes.import_archive`` imports into running nodes when a Gym pod is about to run.
 
-A second call with unchanged sources finds the archive and builds nothing.
+A second call with unchanged sources finds the archives and builds nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +74,11 @@ def pause_ref() -> str:
     return f"drs-pause:{version()}"
 
 
+def gym_ref() -> str:
+    """The NeMo-Gym image (the Dockerfile's ``gym`` target): ``drs-gym:<version>``."""
+    return f"drs-gym:{version()}"
+
+
 def images_dir() -> Path:
     return build.cache_root() / "images"
 
@@ -81,13 +91,26 @@ def ca_bundle() -> Path | None:
     return None
 
 
+#: What the ``gym`` target COPYs (besides the Dockerfile): NeMo-Gym's pins.
+GYM_INPUTS = ("tests/realgym/requirements.txt", "tests/realgym/constraints.txt")
+GYM_TARGET = "gym"
+
+
 def context_files() -> list[str]:
     """The tracked files the build reads (Dockerfile, .dockerignore and what it COPYs), sorted."""
+    return _tracked("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "cli", "operator", "frontend",
+                    "engine_image/drs_engine", "protocol", "devcluster", "sidecar", "client")  # fmt: skip
+
+
+def gym_context_files() -> list[str]:
+    """The tracked files the ``gym`` target's build reads, sorted."""
+    return _tracked("Dockerfile", ".dockerignore", *GYM_INPUTS)
+
+
+def _tracked(*paths: str) -> list[str]:
     out = subprocess.run(
-        ["git", "ls-files", "-z", "--", "Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "cli",
-         "operator", "frontend", "engine_image/drs_engine", "protocol", "devcluster", "sidecar", "client"],
-        cwd=ROOT, capture_output=True, check=False, timeout=60,
-    )  # fmt: skip
+        ["git", "ls-files", "-z", "--", *paths], cwd=ROOT, capture_output=True, check=False, timeout=60
+    )
     if out.returncode != 0:
         raise ImageError(f"`git ls-files` failed in {ROOT}: {out.stderr.decode().strip()}")
     return sorted(filter(None, out.stdout.decode().split("\0")))
@@ -106,6 +129,11 @@ def inputs_digest(files: list[str]) -> str:
 def archive_path() -> Path:
     """The ``docker save`` archive of this source tree's images."""
     return images_dir() / f"drs-{version()}-{inputs_digest(context_files())}.tar"
+
+
+def gym_archive_path() -> Path:
+    """The ``docker save`` archive of ``drs-gym:<version>`` for this tree's Gym inputs."""
+    return images_dir() / f"drs-gym-{version()}-{inputs_digest(gym_context_files())}.tar"
 
 
 # ---------------------------------------------------------------------------------------- dockerd
@@ -234,12 +262,15 @@ def _build_pause(docker: Docker) -> None:
         docker.run("import", "--change", 'ENTRYPOINT ["/pause"]', str(tar), pause_ref(), timeout=120)
 
 
-def build_argv(docker: Docker, ca: Path | None) -> list[str]:
-    """The ``docker build`` command line: BuildKit, the local base, the CA bundle as a secret."""
+def build_argv(docker: Docker, ca: Path | None, target: str | None = None) -> list[str]:
+    """The ``docker build`` command line: BuildKit, the local base, the CA bundle as a secret;
+    the default target (``drs:<version>``) or ``gym`` (``drs-gym:<version>``)."""
     argv = [docker.cli(), "build", "--progress=plain", "--network=host", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}"]
     if ca is not None:
         argv += ["--secret", f"id=ca-bundle,src={ca}"]
-    return [*argv, "-t", image_ref(), str(ROOT)]
+    if target is not None:
+        argv += ["--target", target]
+    return [*argv, "-t", gym_ref() if target == GYM_TARGET else image_ref(), str(ROOT)]
 
 
 def _ensure_packages() -> None:
@@ -263,22 +294,58 @@ def _prune(docker: Docker) -> None:
 
 def ensure_images(force: bool = False) -> Path:
     """Build ``drs:<version>`` and ``drs-pause:<version>`` unless this tree's archive exists."""
+    return _ensure(force, gym=False)[0]
+
+
+def ensure_gym_image(force: bool = False) -> Path:
+    """Build ``drs-gym:<version>`` unless the archive of this tree's Gym inputs exists."""
+    return _ensure(force, gym=True, main=False)[-1]
+
+
+def ensure_all(force: bool = False, gym: bool = True) -> list[Path]:
+    """``drs dev images``: the project's archive, and the Gym archive unless ``gym`` is False."""
+    return _ensure(force, gym=gym)
+
+
+def _ensure(force: bool, gym: bool, main: bool = True) -> list[Path]:
     with _lock():
-        archive = archive_path()
-        if archive.is_file() and not force:
-            return archive
+        archive, gym_archive = archive_path(), gym_archive_path()
+        wanted = [a for a, on in ((archive, main), (gym_archive, gym)) if on]
+        todo = [a for a in wanted if force or not a.is_file()]
+        if not todo:
+            return wanted
         _ensure_packages()
-        t0 = time.monotonic()
         with private_dockerd() as docker:
             _build_base(docker)
-            _say(f"{image_ref()}: docker build (BuildKit, base {BASE_IMAGE}, host CA bundle as a build secret)")
-            _stream(build_argv(docker, ca_bundle()), docker.env(), "build", BUILD_TIMEOUT_S)
-            _build_pause(docker)
-            for old in images_dir().glob(f"drs-{version()}-*.tar"):
-                old.unlink()
-            tmp = archive.with_suffix(".partial")
-            docker.run("save", "-o", str(tmp), image_ref(), pause_ref(), timeout=600)
-            tmp.replace(archive)
+            if archive in todo:
+                _build_main(docker, archive)
+            if gym_archive in todo:
+                _build_gym(docker, gym_archive)
             _prune(docker)
-        _say(f"{image_ref()} and {pause_ref()} built in {time.monotonic() - t0:.0f}s: {archive}")
-        return archive
+        return wanted
+
+
+def _save(docker: Docker, archive: Path, stale: str, *refs: str) -> None:
+    for old in images_dir().glob(stale):
+        old.unlink()
+    tmp = archive.with_suffix(".partial")
+    docker.run("save", "-o", str(tmp), *refs, timeout=600)
+    tmp.replace(archive)
+
+
+def _build_main(docker: Docker, archive: Path) -> None:
+    t0 = time.monotonic()
+    _say(f"{image_ref()}: docker build (BuildKit, base {BASE_IMAGE}, host CA bundle as a build secret)")
+    _stream(build_argv(docker, ca_bundle()), docker.env(), "build", BUILD_TIMEOUT_S)
+    _build_pause(docker)
+    _save(docker, archive, f"drs-{version()}-*.tar", image_ref(), pause_ref())
+    _say(f"{image_ref()} and {pause_ref()} built in {time.monotonic() - t0:.0f}s: {archive}")
+
+
+def _build_gym(docker: Docker, archive: Path) -> None:
+    t0 = time.monotonic()
+    _say(f"{gym_ref()}: docker build --target {GYM_TARGET} (NeMo-Gym 0.7.0 in /opt/gym; a few minutes the first time)")
+    _stream(build_argv(docker, ca_bundle(), GYM_TARGET), docker.env(), "build gym", BUILD_TIMEOUT_S)
+    _save(docker, archive, f"drs-gym-{version()}-*.tar", gym_ref())
+    size = docker.run("image", "inspect", "--format", "{{.Size}}", gym_ref()).stdout.strip()
+    _say(f"{gym_ref()} built in {time.monotonic() - t0:.0f}s ({int(size) / 2**20:.0f} MiB): {archive}")

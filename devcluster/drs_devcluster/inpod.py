@@ -5,7 +5,10 @@
   (imported into the real nodes, so ``pullPolicy: Never``), waiting until the operator is Ready;
 * ``client_objects``: a ConfigMap holding a Python script, a ServiceAccount allowed to read
   DisaggReplicaSets, and a pod of the project's image running the script with in-cluster
-  credentials on a real node.
+  credentials on a real node;
+* ``trainer_objects``: the trainer's refit step, a script beside ``drs sidecar`` in one pod;
+* ``gym_objects``: the real NeMo-Gym as the client: ``drs gym-config`` in an init container,
+  then examples/gym_agent.py (Gym's ``vllm_model`` server + an agent loop) in ``drs-gym:<version>``.
 """
 
 from __future__ import annotations
@@ -182,4 +185,52 @@ def trainer_objects(
     }
     pod["spec"]["initContainers"] = [sidecar]
     pod["spec"]["volumes"].append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
+    return objs
+
+
+#: The Gym pod: where its init container writes Gym's config, and the file's name.
+GYM_CONFIG_DIR = "/gym"
+GYM_CONFIG_FILE = f"{GYM_CONFIG_DIR}/policy.yaml"
+GYM_CONFIG_WAIT_S = 120
+#: The kubelet's own label of its node (``--hostname-override`` is the node's name).
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def gym_objects(
+    name: str, namespace: str, drs: str, script: str, args: list[str], node: str | None = None
+) -> list[dict[str, Any]]:
+    """The real NeMo-Gym as the fleet's client, in a pod: an init container of ``drs:<version>``
+    runs ``drs gym-config`` (Gym's ``vllm_model`` config from the fleet's status, with in-cluster
+    credentials) into an emptyDir; the main container of ``drs-gym:<version>`` runs ``script``
+    (examples/gym_agent.py) with ``--config`` that file and ``args``; on the real node ``node``
+    when given (the one the Gym image was imported into). The Role of :func:`client_objects`,
+    with ``watch`` (``--wait`` follows the fleet)."""
+    objs = client_objects(name, namespace, script, [])
+    role = next(o for o in objs if o["kind"] == "Role")
+    role["rules"] = [
+        {"apiGroups": ["disagg.dev"], "resources": ["disaggreplicasets"], "verbs": ["get", "list", "watch"]}
+    ]
+    pod = next(o for o in objs if o["kind"] == "Pod")
+    (agent,) = pod["spec"]["containers"]
+    agent["name"] = "gym"
+    agent["image"] = images.gym_ref()
+    agent["command"] = ["python", "/client/client.py", "--config", GYM_CONFIG_FILE, *args]
+    agent["env"] = [{"name": "HOME", "value": "/tmp"}]  # Gym's server writes nothing else; /tmp is an emptyDir
+    agent["volumeMounts"] += [
+        {"name": "gym-config", "mountPath": GYM_CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    config = {
+        "name": "gym-config",
+        "image": images.image_ref(),
+        "imagePullPolicy": "Never",
+        "command": ["drs", "gym-config", drs, "--namespace", namespace, "-o", GYM_CONFIG_FILE,
+                    "--wait", str(GYM_CONFIG_WAIT_S)],
+        "volumeMounts": [{"name": "gym-config", "mountPath": GYM_CONFIG_DIR}],
+        "securityContext": agent["securityContext"],
+    }  # fmt: skip
+    pod["spec"]["initContainers"] = [config]
+    pod["spec"]["volumes"] += [{"name": "gym-config", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}]
+    if node is not None:
+        pod["spec"]["nodeSelector"][HOSTNAME_LABEL] = node
     return objs

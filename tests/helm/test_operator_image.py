@@ -71,8 +71,10 @@ def test_hadolint_would_flag_an_unpinned_base_in_this_dockerfile(tmp_path: Path)
 
 
 def test_every_stage_is_the_same_pinned_python_3_11_slim_release() -> None:
-    bases = [args.split()[0] for args in instructions("FROM")]
-    assert bases == ["${BASE_IMAGE}", "${BASE_IMAGE}"], bases
+    stages = [args.split() for args in instructions("FROM")]
+    assert [s[0] for s in stages] == ["${BASE_IMAGE}"] * 4, stages
+    # build, then the gym target (its venv, its image), then the project's image: the default target
+    assert [s[2] if len(s) == 3 else None for s in stages] == ["build", "gym-build", "gym", None], stages
     assert len(BASE_DEFAULT) == 1 and re.fullmatch(r"python:3\.11\.\d+-slim(-[a-z]+)?", BASE_DEFAULT[0]), BASE_DEFAULT
 
 
@@ -87,7 +89,7 @@ def test_the_ca_bundle_is_a_build_secret_of_the_pip_steps_only() -> None:
 
 def test_dependencies_are_a_layer_of_their_own_and_pips_cache_is_a_cache_mount() -> None:
     """A source change reuses the dependency layer; no pip cache is ever in a layer or the image."""
-    installs = [args for args in instructions("RUN") if "pip install" in args]
+    installs = [args for args in instructions("RUN") if "pip install" in args and "/opt/drs" in args]
     assert len(installs) == 2
     deps, project = installs
     assert "pip install -r" in deps and "['project']['dependencies']" in deps
@@ -157,11 +159,24 @@ def test_the_wheel_builds_from_exactly_the_copied_paths(tmp_path: Path) -> None:
 
 def test_the_image_cache_key_covers_every_file_the_dockerfile_copies() -> None:
     """``drs dev images`` rebuilds when the digest of ``context_files()`` changes: a copied file
-    outside it would leave a stale image in use."""
-    from drs_devcluster.images import context_files
+    outside it would leave a stale image in use. The gym target's copies are in
+    ``gym_context_files()`` (its own archive's key), and no project source is."""
+    from drs_devcluster.images import GYM_INPUTS, context_files, gym_context_files
 
     tracked = subprocess.run(
         ["git", "ls-files", "-z", "--", *copied_sources()], cwd=ROOT, capture_output=True, check=True
     ).stdout.decode()
     copied = set(filter(None, tracked.split("\0")))
-    assert copied and not copied - set(context_files())
+    assert copied and not copied - set(GYM_INPUTS) - set(context_files())
+    assert set(GYM_INPUTS) <= copied and set(gym_context_files()) == {"Dockerfile", ".dockerignore", *GYM_INPUTS}
+
+
+def test_the_gym_target_installs_tests_realgym_pins_as_make_gym_install_does() -> None:
+    """The image's NeMo-Gym is the one tests/realgym tests: the same requirements and constraints,
+    the same pip flags as the Makefile's gym-install (3.11 despite Gym's Python >= 3.13 claim)."""
+    (gym,) = [args for args in instructions("RUN") if "/opt/gym" in args]
+    makefile = re.sub(r"\\\n\s*", " ", (ROOT / "Makefile").read_text())
+    for flag in ("--ignore-requires-python", "--only-binary=:all:", "--no-binary=antlr4-python3-runtime"):
+        assert flag in gym and flag in makefile, flag
+    assert "-r /tmp/gym/requirements.txt -c /tmp/gym/constraints.txt" in gym
+    assert "COPY tests/realgym/requirements.txt tests/realgym/constraints.txt /tmp/gym/" in TEXT

@@ -55,8 +55,9 @@ NOT_OURS = {
     ("bench/operator_scale.py", "/metrics"),
 }
 #: Example clients that stand for a user's program outside the project (the in-pod Gym client
-#: sends its turns with httpx, as NeMo-Gym would): they spell the public paths.
-EXTERNAL_CLIENTS = ("examples/gym_client.py", "examples/load_client.py")
+#: sends its turns with httpx, as NeMo-Gym would; the Gym pod's agent runs in NeMo-Gym's venv,
+#: where drs_protocol is not, and talks to Gym's own server): they spell the public paths.
+EXTERNAL_CLIENTS = ("examples/gym_client.py", "examples/load_client.py", "examples/gym_agent.py")
 #: A literal that looks like one of the project's environment variables.
 ENV_LIKE = re.compile(r"^DRS_[A-Z0-9_]+$")
 SHARED_ENUMS: tuple[type[enum.StrEnum], ...] = (

@@ -1,7 +1,9 @@
 """The fleet on a real node: the operator installed by Helm from the image built here (a pod with
 its ServiceAccount), a sim fleet in pod networking as containers, the trainer-side client in a pod
-driving turns through the Service URLs of the status; then what kwok's instant readiness hides:
-a roll, a deleted pod, a lost node (its kubelet stopped) and a killed operator pod."""
+driving turns through the Service URLs of the status; the real NeMo-Gym 0.7.0 (its own
+``vllm_model`` server, in the ``drs-gym`` image, configured by ``drs gym-config`` in an init
+container) driving tool-calling conversations through them; then what kwok's instant readiness
+hides: a roll, a deleted pod, a lost node (its kubelet stopped) and a killed operator pod."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from typing import Any
 
 import pytest
 import yaml
-from drs_devcluster import inpod, nodeconfig, realnodes
+from drs_devcluster import images, inpod, nodeconfig, realnodes
 from drs_devcluster.testing import RunningCluster
 from drs_operator.api.constants import DEFAULT_MODEL_MOUNT_PATH, LABEL_ROLE
+from drs_protocol.engine_config import SIM_DEFAULT_TOKENS_PER_BLOCK
 from drs_protocol.enums import ROLES
 
 from .pods import wait_phase
@@ -26,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((ROOT / "examples" / "pod-network-sim.yaml").read_text())
 CLIENT = (ROOT / "examples" / "gym_client.py").read_text()
 TRAINER = (ROOT / "examples" / "trainer" / "refit_in_pod.py").read_text()
+GYM_AGENT = (ROOT / "examples" / "gym_agent.py").read_text()
 READY_S = 300.0
 POLL_S = 1.0
 
@@ -104,6 +108,34 @@ def test_the_in_cluster_client_drives_turns_through_service_urls_of_the_status(
     assert all("prefill=" in t and "prefill=None" not in t and "decode=None" not in t for t in turns), out
     later = [t for t in turns if " turn 0 " not in t]
     assert any(not t.endswith("hits 0/0") and " hits 0/" not in t for t in later), out  # the prefix cache held
+
+
+@pytest.fixture(scope="module")
+def gym_image(realcluster: RunningCluster) -> str:
+    """``drs-gym:<version>`` built (cached by its inputs) and imported into the first real node
+    (the Gym pod is pinned there: one 1.6 GB import, not one per node)."""
+    realnodes.import_archive(realcluster.cluster.layout, images.ensure_gym_image(), only=[0])
+    return images.gym_ref()
+
+
+def test_the_real_nemo_gym_drives_the_fleet_from_a_pod_through_the_status_urls(
+    realcluster: RunningCluster, fleet: str, gym_image: str
+) -> None:
+    args = ["--block-tokens", str(SIM_DEFAULT_TOKENS_PER_BLOCK)]
+    objs = inpod.gym_objects("gym-rollouts", fleet, "pod-sim", GYM_AGENT, args, node=nodeconfig.node_name(0))
+    realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+    body = wait_phase(realcluster, fleet, "gym-rollouts", {"Succeeded", "Failed"}, timeout=300)
+    out = realcluster.kubectl("logs", "gym-rollouts", "-n", fleet, "-c", "gym").stdout
+    config = realcluster.kubectl("logs", "gym-rollouts", "-n", fleet, "-c", "gym-config").stdout
+    assert body["status"]["phase"] == "Succeeded", out + config
+    assert body["spec"]["containers"][0]["image"] == gym_image and body["spec"]["nodeName"] == nodeconfig.node_name(0)
+    print(out)  # Gym's turns and the agent's JSON line, for the test's log
+    result = json.loads(out.strip().splitlines()[-1])
+    urls = drs(realcluster, fleet)["status"]["urls"]
+    assert result["base_urls"] == [u + "/v1" for u in urls], result  # what drs gym-config wrote from the status
+    assert result["ok"] is True and result["turns"] == "12/12" and result["ids_equal"] == "12/12", result
+    assert result["continuity"] == "8/8" and result["prefill_affinity"] == "8/8", result
+    assert result["url_affinity"]["ok"] and sum(result["url_affinity"]["per_frontend"]) == 12, result
 
 
 def test_an_in_cluster_trainer_refits_every_engine_through_its_sidecar_container(
