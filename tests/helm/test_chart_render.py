@@ -178,7 +178,8 @@ def test_the_operator_runs_as_the_image_user_with_a_read_only_root_filesystem(re
     objects = render()
     pod = only(objects, "Deployment")["spec"]["template"]["spec"]
     c = container(objects)
-    (user,) = re.findall(r"^USER\s+(\d+):(\d+)$", (ROOT / "Dockerfile").read_text(), flags=re.MULTILINE)
+    default_stage = re.split(r"^FROM ", (ROOT / "Dockerfile").read_text(), flags=re.MULTILINE)[-1]  # the image built
+    (user,) = re.findall(r"^USER\s+(\d+):(\d+)$", default_stage, flags=re.MULTILINE)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert (str(pod["securityContext"]["runAsUser"]), str(pod["securityContext"]["runAsGroup"])) == user
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
