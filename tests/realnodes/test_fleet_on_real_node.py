@@ -32,6 +32,8 @@ TRAINER = (ROOT / "examples" / "trainer" / "refit_in_pod.py").read_text()
 GYM_AGENT = (ROOT / "examples" / "gym_agent.py").read_text()
 READY_S = 300.0
 POLL_S = 1.0
+#: How long a pod's log is asked for again while the apiserver cannot reach its kubelet.
+LOGS_DEADLINE_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +81,30 @@ def run_client(cluster: RunningCluster, ns: str, name: str = "gym-client") -> st
     objs = inpod.client_objects(name, ns, CLIENT, ["--name", "pod-sim", "--namespace", ns])
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
     phase = wait_phase(cluster, ns, name, {"Succeeded", "Failed"}, timeout=240)["status"]["phase"]
-    out = cluster.kubectl("logs", name, "-n", ns).stdout
+    out = pod_logs(cluster, ns, name)
     assert phase == "Succeeded", out
     return out
+
+
+def pod_logs(cluster: RunningCluster, ns: str, name: str, deadline_s: float = LOGS_DEADLINE_S) -> str:
+    """The pod's log, read through the apiserver from its node's kubelet. Right after a kubelet
+    restart the apiserver's connection to it can time out (CI saw ``dial tcp …: i/o timeout`` once
+    after the node-loss test's kubelet came back): such a failure is tried again until
+    ``deadline_s``; any other failure, or one past the deadline, fails the test."""
+    deadline = time.monotonic() + deadline_s
+    attempts = 0
+    while True:
+        attempts += 1
+        got = cluster.kubectl("logs", name, "-n", ns, check=False)
+        if got.returncode == 0:
+            if attempts > 1:
+                print(f"kubectl logs {name}: answered at attempt {attempts}")
+            return got.stdout
+        transient = "dial tcp" in got.stderr or "i/o timeout" in got.stderr
+        assert transient and time.monotonic() < deadline, (
+            f"kubectl logs {name} failed ({attempts} attempts): {got.stderr}"
+        )
+        time.sleep(POLL_S)
 
 
 @pytest.fixture
