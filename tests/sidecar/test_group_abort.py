@@ -99,7 +99,9 @@ async def test_a_hung_member_is_named_within_the_budget_and_the_group_is_aborted
             refitter.group = group_layout(engines, train_world_size=1)
             started = time.monotonic()
             report = await refitter.collective_update(TrainerCollectiveUpdate(version="step-2"))
-            assert time.monotonic() - started <= 2.0 + 0.5
+            # 1 s of slack past the 2 s budget: the fan-out, the abort and the report on 2 loaded cores
+            # (CI saw 2.67 s once at the end of a full run; a re-announce to the hung member made it 4 s)
+            assert time.monotonic() - started <= 2.0 + 1.0
             abort = report.group_abort.as_dict()
             assert abort["culprits"] == ["e-hung", a.url]  # hung first; the sim's 501 is its own failure
             assert abort["faults"]["e-hung"] == "hung" and abort["unanswered"] == ["e-hung"]
