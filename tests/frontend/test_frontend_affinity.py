@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-
 from drs_frontend.routing.groups import opening_of
 from drs_frontend.routing.rendezvous import hrw_order
 
