@@ -12,7 +12,9 @@ One asyncio loop:
    vanished in between are stopped);
 2. each pod event is classified (``runner_policy.classify``): RUN starts a supervisor for the pod's
    UID, anything else stops it; a refused pod (not hostNetwork) gets one Warning Event;
-3. a supervisor resolves env and argv (reading the Secrets and ConfigMaps it names), starts the
+3. a supervisor resolves env and argv (reading the Secrets and ConfigMaps it names), projects
+   the pod's ``secret`` volumes into its work directory and keeps them in sync while it runs
+   (``runner_volumes``: paths under a mount are rewritten to that directory), starts the
    process in its own session under ``<state>/pods/<ns>_<name>_<uid8>/`` (``log`` there), probes
    its readiness, and writes the truth to the pod's status; when the process exits on its own it
    is restarted after CrashLoopBackOff (1 s doubling to 30 s) with an Event and a restart count;
@@ -30,7 +32,7 @@ By concern: this module is the watch loop and the supervision, and :func:`run_fo
 dev run-pods --foreground``); ``runner_process`` one pod's process (spawn, signals, probe);
 ``runner_api`` the raw API reads; ``runner_daemon`` the pid file and starting/stopping the runner
 process from outside (it never imports this module); ``runner_policy`` and ``runner_env`` the
-pure decisions.
+pure decisions; ``runner_volumes`` the Secret volumes.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ from .runner_policy import (
     workdir_name,
 )
 from .runner_process import PodProcess, container_run, kill_group, now, probe_once, spawn, terminate
+from .runner_volumes import SYNC_S as SECRET_SYNC_S
+from .runner_volumes import SecretMount, localize, project, secret_mounts
 
 DEV_NODE_SELECTOR: Final = "disagg.dev/dev-node=true"
 BOUND_PODS: Final = "spec.nodeName!="
@@ -340,9 +344,31 @@ class PodRunner:
         }
         host_ip = str((pp.pod.get("status") or {}).get("hostIP", ""))
         resolved = resolve(pp.pod, secrets, config_maps, extra_env={NODE_IP_ENV: host_ip})
+        mounts = secret_mounts(pp.pod, pp.workdir)
+        if not await self._project_secrets(pp, mounts, starting=True):
+            missing = [f"volume {m.volume!r}: Secret {m.secret!r} not found" for m in mounts if not m.optional]
+            raise EnvResolutionError(missing)
         base = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
-        env = {**base, "PYTHONUNBUFFERED": "1", **resolved.env}
-        return local_argv(resolved.argv, self.python, self.drs_script), env
+        env = {**base, "PYTHONUNBUFFERED": "1", **{k: localize(v, mounts) for k, v in resolved.env.items()}}
+        argv = [localize(a, mounts) for a in resolved.argv]
+        return local_argv(argv, self.python, self.drs_script), env
+
+    async def _project_secrets(self, pp: PodProcess, mounts: list[SecretMount], starting: bool = False) -> bool:
+        """``runner_volumes.project`` with this pod's Secrets read from the API."""
+        changed = await project(mounts, lambda name: self._read_object("secret", pp.namespace, name), starting)
+        for volume in changed or []:
+            log.info("%s: its Secret volume %s changed: files updated", pp.label, volume)
+        return changed is not None
+
+    async def _sync_secrets(self, pp: PodProcess) -> None:
+        """Re-project the pod's Secrets every ``SYNC_S`` while its process runs (the kubelet's sync)."""
+        mounts = secret_mounts(pp.pod, pp.workdir)
+        while mounts:
+            await asyncio.sleep(SECRET_SYNC_S)
+            try:
+                await self._project_secrets(pp, mounts)
+            except Exception as exc:  # the API or the disk: the next round tries again
+                log.warning("%s: syncing its Secret volumes failed: %s", pp.label, describe(exc))
 
     async def _read_object(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         read = self.core.read_namespaced_secret if kind == "secret" else self.core.read_namespaced_config_map
@@ -372,12 +398,14 @@ class PodRunner:
         await self._event(pp.pod, Reason.STARTED, f"runner: started pid {proc.pid}: drs {' '.join(argv[2:])}")
         await self._sync_status(pp)
         probing = asyncio.create_task(self._probe_loop(pp, pp.probe)) if pp.probe else None
+        syncing = asyncio.create_task(self._sync_secrets(pp))
         try:
             code = await proc.wait()
         finally:
-            if probing is not None:
-                probing.cancel()
-                await asyncio.gather(probing, return_exceptions=True)
+            for task in (probing, syncing):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
         kill_group(proc.pid, signal.SIGKILL)  # what the exited process left behind in its group
         started = pp.started_at or now()
         pp.last_exit, pp.started_at = LastExit(code, started, now()), None

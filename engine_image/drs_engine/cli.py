@@ -17,9 +17,10 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
-from drs_protocol import auth, env
+from drs_protocol import env
 from drs_protocol.config import parse_config_json
 from drs_protocol.enums import EngineBackend, Role, choices
+from drs_protocol.token_source import TokenSource, token_source
 
 from drs_engine.config import build_config, load_config_file
 from drs_engine.gang.spec import EXIT_GANG_LOST, GangSpec
@@ -32,17 +33,22 @@ EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
 
 
-def read_token_option(token_file: str | None, env_name: str, what: str) -> str | None:
-    """A token (``drs_protocol.auth.read_token``): the file's content if given, else ``$env_name``."""
-    token = auth.read_token(token_file, os.environ.get(env_name))
-    if token_file and token is None:
+def read_token_option(token_file: str | None, env_name: str, dir_env_name: str, what: str) -> TokenSource:
+    """A token source (``drs_protocol.token_source``): the Secret mounted at ``$dir_env_name``
+    (re-read while the engine runs), else the file's content if given, else ``$env_name``."""
+    directory = os.environ.get(dir_env_name) or None
+    try:
+        source = token_source(directory, token_file, os.environ.get(env_name), f"{what} token")
+    except OSError as exc:
+        raise click.ClickException(f"{what} token file: {exc}") from exc
+    if token_file and not directory and source.current is None:
         raise click.ClickException(f"{what} token file {token_file} is empty")
-    return token
+    return source
 
 
-def read_control_token(token_file: str | None) -> str | None:
-    """The control token: the file's content (stripped) if given, else the environment's."""
-    return read_token_option(token_file, env.CONTROL_TOKEN, "control")
+def read_control_token(token_file: str | None) -> TokenSource:
+    """The control token source: ``$DRS_CONTROL_TOKEN_DIR``, else the file, else ``$DRS_CONTROL_TOKEN``."""
+    return read_token_option(token_file, env.CONTROL_TOKEN, env.CONTROL_TOKEN_DIR, "control")
 
 
 @click.command(name="engine")
@@ -128,7 +134,7 @@ def engine(
     except GangSpecError as exc:
         raise click.ClickException(f"invalid gang: {exc}") from exc
     token = read_control_token(control_token_file)
-    serving_token = read_token_option(serving_token_file, env.SERVING_TOKEN, "serving")
+    serving_token = read_token_option(serving_token_file, env.SERVING_TOKEN, env.SERVING_TOKEN_DIR, "serving")
     try:
         weights = weights_from_env(os.environ)
     except DesiredWeightsError as exc:
@@ -140,7 +146,7 @@ def engine(
         sys.exit(EXIT_BIND_FAILED)
     config = config.model_copy(update={"port": sock.getsockname()[1]})
     if gang is not None and not gang.is_leader:
-        sys.exit(_run_rank(gang, config.host, config.port, sock, log_level, serving_token))
+        sys.exit(_run_rank(gang, config.host, config.port, sock, log_level, serving_token.current))
     _say_how_it_serves(config, token, serving_token, gang)
     server = uvicorn_server(config, token, serving_token=serving_token, log_level=log_level, gang=gang, **weights)
     try:
@@ -161,10 +167,10 @@ def engine(
 
 
 def _say_how_it_serves(
-    config: EngineConfig, token: str | None, serving_token: str | None, gang: GangSpec | None
+    config: EngineConfig, token: TokenSource, serving_token: TokenSource, gang: GangSpec | None
 ) -> None:
     """The start's lines on stderr: where it listens, which tokens guard it, its gang."""
-    if token is None:
+    if not token.configured:
         click.echo(
             f"drs engine: no control token ({env.CONTROL_TOKEN} or --control-token-file): control API disabled",
             err=True,
@@ -172,7 +178,7 @@ def _say_how_it_serves(
     click.echo(
         f"drs engine: {config.backend.value} {config.role.value} listening on {config.host}:{config.port}", err=True
     )
-    if serving_token is None:
+    if not serving_token.configured:
         click.echo(
             f"drs engine: no serving token ({env.SERVING_TOKEN} or --serving-token-file): serving routes open to anyone",
             err=True,

@@ -28,6 +28,7 @@ from typing import Any, Final
 from drs_protocol import fields, routes
 from drs_protocol.errors import error_body
 from drs_protocol.routes import Endpoint
+from drs_protocol.token_source import TokenSource
 
 from drs_frontend import wire_json
 from drs_frontend.config import FrontendConfig
@@ -69,15 +70,17 @@ class FrontendApp:
         *,
         upstream: UpstreamClient | None = None,
         chat_tokenizer: ChatTokenizer | None = None,
-        serving_token: str | None = None,
+        serving_token: str | TokenSource | None = None,
     ) -> None:
         self.config = config
         self.metrics = FrontendMetrics()
+        #: what this frontend presents to its engines (re-read from the mounted Secret: rotation)
+        self.serving_tokens = TokenSource.of(serving_token)
         self.upstream = upstream or build_upstream(
             config.upstream_client,
             connect_timeout=config.timeouts.connect,
             limits=config.limits,
-            serving_token=serving_token,
+            serving_token=self.serving_tokens,
         )
         self.relay = Relay(config, upstream=self.upstream, metrics=self.metrics, chat_tokenizer=chat_tokenizer)
         self.prober = HealthProber(
@@ -93,6 +96,8 @@ class FrontendApp:
         self._block_task: asyncio.Task[int] | None = None
         #: configWatch: applying changed fallback pools from the mounted config (reload)
         self._watch_task: asyncio.Task[None] | None = None
+        #: re-reading the mounted serving token Secret (``drs_protocol.token_source``)
+        self._token_task: asyncio.Task[None] | None = None
 
     def _in_flight(self) -> list[tuple[str, str, int]]:
         return [
@@ -115,6 +120,7 @@ class FrontendApp:
             self.relay.chat_tokenizer = await asyncio.to_thread(load_chat_tokenizer, self.config)
         await self.upstream.start()
         self._prober_task = asyncio.create_task(self.prober.run(), name="health-prober")
+        self._token_task = asyncio.create_task(self.serving_tokens.run(), name="serving-token")
         if self.config.config_watch:
             self._watch_task = asyncio.create_task(
                 watch_config(
@@ -139,7 +145,7 @@ class FrontendApp:
             )
 
     async def shutdown(self) -> None:
-        for task in (self._prober_task, self._block_task, self._watch_task):
+        for task in (self._prober_task, self._block_task, self._watch_task, self._token_task):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

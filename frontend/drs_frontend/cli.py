@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import click
-from drs_protocol import auth, env
+from drs_protocol import env
 from drs_protocol.enums import CtxRouter, GenRouter, choices
 from drs_protocol.snowflake import PROCESS_IDS
+from drs_protocol.token_source import token_source
 
 EXIT_BIND_FAILED = 1
 EXIT_STARTUP_FAILED = 3
@@ -81,7 +82,12 @@ def frontend(
     if decode:
         overrides["decode"] = list(decode)
     try:
-        serving_token = auth.read_token(serving_token_file, os.environ.get(env.SERVING_TOKEN))
+        serving_token = token_source(
+            os.environ.get(env.SERVING_TOKEN_DIR) or None,
+            serving_token_file,
+            os.environ.get(env.SERVING_TOKEN),
+            "serving token",
+        )
     except OSError as exc:
         raise click.ClickException(f"serving token file: {exc}") from exc
     try:
@@ -101,7 +107,7 @@ def frontend(
         f"({len(config.prefill)} prefill, {len(config.decode)} decode, ctx {config.ctx_router}, gen {config.gen_router})",
         err=True,
     )
-    if serving_token is None:
+    if not serving_token.configured:
         click.echo(
             f"drs frontend: no serving token (${env.SERVING_TOKEN}): engines that need one will refuse", err=True
         )

@@ -37,6 +37,7 @@ from typing import Any, Final
 from drs_protocol.weights_state import parse_desired_weights
 from kubernetes_asyncio import client
 
+from drs_operator.api import names
 from drs_operator.api.constants import (
     ANNOTATION_DESIRED_WEIGHTS,
     ANNOTATION_WEIGHTS_VERSION,
@@ -55,6 +56,7 @@ from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
 from drs_operator.manifests import Owner
+from drs_operator.manifests.rotation import rotation_request, rotation_step, rotation_window
 from drs_operator.manifests.secrets import missing_secrets, secret_notes
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
@@ -163,19 +165,44 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     # 6. apply; 7. status and events, written even when a write of step 6 failed: the status
     # records the placement those writes acted on (it is the memory the next pass starts from)
     action_notes: list[EventNote] = []
+    rotation_due: float | None = None
     try:
-        if any(r.placed for r in placement.replicas):  # the token Secrets, once (never replaced)
-            created = missing_secrets(owner, live.of("Secret"))
-            for secret in created:
-                await ctx.applier.create(secret)
-            action_notes = secret_notes(created, live.of("Pod"))
+        if any(r.placed for r in placement.replicas):  # the token Secrets: created, then rotated
+            action_notes, rotation_due = await _sync_secrets(ctx, owner, meta, live, now)
         await _apply_all(ctx.applier, namespace, rollout.actions)
         action_notes += _action_notes(rollout.actions, moved, placement)
     finally:
         status, notes = compute_status(name, previous, await observing, now)
         await _write_status(ctx, body, status, notes + action_notes)
     _export(ctx, namespace, name, status, placement)
-    return _next_look(decision, status, now)
+    return min((d for d in (_next_look(decision, status, now), rotation_due) if d is not None), default=None)
+
+
+async def _sync_secrets(
+    ctx: Context, owner: Owner, meta: Manifest, live: Any, now: datetime.datetime
+) -> tuple[list[EventNote], float | None]:
+    """Create the token Secrets that are missing, then take each one's rotation a step further
+    (``manifests.rotation``); the Events, and the seconds until a rotation's next phase is due."""
+    annotations = meta.get("annotations") or {}
+    request = rotation_request(annotations)
+    created = missing_secrets(owner, live.of("Secret"), live.of("Pod"), request, now)
+    for secret in created:
+        await ctx.applier.create(secret)
+    notes = secret_notes(created, live.of("Pod"))
+    window, problem = rotation_window(annotations)
+    due: list[float] = []
+    for secret_name in (names.control_secret_name(owner.name), names.serving_secret_name(owner.name)):
+        current = live.of("Secret").get(secret_name)
+        if current is None:
+            continue
+        step = rotation_step(current, request, window, now)
+        if step.secret is not None:
+            await ctx.applier.replace(step.secret, current)
+        notes += [step.note] if step.note is not None else []
+        due += [max(MIN_REQUEUE_S, step.due_in_s)] if step.due_in_s is not None else []
+    if problem is not None and any(n.reason == EventReason.TOKEN_ROTATION_STARTED for n in notes):
+        notes.append(EventNote(EventType.WARNING, EventReason.TOKEN_ROTATION_INVALID, problem))
+    return notes, min(due, default=None)
 
 
 async def _observe_engines(

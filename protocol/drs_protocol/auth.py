@@ -24,8 +24,12 @@ its log; the operator always renders one. Who presents the serving token: the fr
 anything else calling an engine's serving routes directly. The control token: the trainer's
 sidecar and the operator (``GET /control/weights``).
 
-Both tokens are read the same way by every process (:func:`read_token`): a file given on the
-command line wins, else the environment variable (the operator renders a ``secretKeyRef``).
+Both tokens are read the same way by every process (``drs_protocol.token_source``): the
+operator mounts each Secret as a directory (:data:`SERVING_TOKEN_DIR`, :data:`CONTROL_TOKEN_DIR`,
+named to the process by :data:`env.SERVING_TOKEN_DIR` / :data:`env.CONTROL_TOKEN_DIR`) that is
+re-read about once a second, so a rotation (keys ``token``, ``next``, ``previous``) reaches a
+running process; without one, a file given on the command line (:func:`read_token`), else the
+environment variable.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ SCHEME: Final = fields.CONTROL_AUTH_SCHEME
 OPEN_PATHS: Final = frozenset({routes.HEALTH, routes.METRICS})
 #: Every route under this prefix is the control API's.
 CONTROL_PREFIX: Final = "/control"
+#: Where the operator mounts the two token Secrets in engine and frontend pods.
+SERVING_TOKEN_DIR: Final = "/etc/drs/tokens/serving"
+CONTROL_TOKEN_DIR: Final = "/etc/drs/tokens/control"
 #: ``www-authenticate`` realm per realm that needs a token.
 REALM_NAMES: Final = {Realm.SERVING: "drs-serving", Realm.CONTROL: "drs-control"}
 
@@ -113,13 +120,15 @@ class Unauthorized(BaseModel):
     error: UnauthorizedDetail
 
 
-def unauthorized(realm: Realm, *, presented: bool) -> Unauthorized:
-    """The 401 answer in ``realm``: no token presented, or one that does not match (never echoed)."""
+def unauthorized(realm: Realm, *, presented: bool, malformed: bool = False) -> Unauthorized:
+    """The 401 answer in ``realm``: no token presented, a header not in the Bearer scheme
+    (``malformed``), or a token that does not match (never echoed)."""
     name = "serving" if realm is Realm.SERVING else "control"
-    why = "a wrong" if presented else "no"
-    message = (
-        f"this engine route needs the fleet's {name} token ('{AUTH_HEADER}: {SCHEME} <token>'); {why} token was given"
-    )
+    if malformed:
+        why = f"the {AUTH_HEADER} header given is not in the {SCHEME} scheme"
+    else:
+        why = f"{'a wrong' if presented else 'no'} token was given"
+    message = f"this engine route needs the fleet's {name} token ('{AUTH_HEADER}: {SCHEME} <token>'); {why}"
     body = error_body(401, message, param=AUTH_HEADER, realm=realm.value)
     return Unauthorized.model_validate(body)
 

@@ -14,6 +14,10 @@ CONTROL_TOKEN: Final = "DRS_CONTROL_TOKEN"
 #: The engines' serving token (operator: from the serving Secret; engines, frontends and whoever
 #: calls an engine's serving routes read it; ``drs_protocol.auth``).
 SERVING_TOKEN: Final = "DRS_SERVING_TOKEN"
+#: The directories the two token Secrets are mounted at (``drs_protocol.token_source``): when set,
+#: they win over the variables above and are re-read while the process runs (rotation).
+CONTROL_TOKEN_DIR: Final = "DRS_CONTROL_TOKEN_DIR"
+SERVING_TOKEN_DIR: Final = "DRS_SERVING_TOKEN_DIR"
 #: The engine config as JSON (:class:`drs_protocol.engine_config.EngineConfig`), from the role's ConfigMap.
 ENGINE_CONFIG_JSON: Final = "DRS_ENGINE_CONFIG_JSON"
 #: The frontend config as JSON (:class:`drs_protocol.frontend_config.FrontendConfig`), from the replica's ConfigMap.

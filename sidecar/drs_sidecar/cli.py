@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import click
@@ -130,9 +131,12 @@ async def _run(
     from drs_sidecar.refit import Refitter
 
     fleet: Fleet
+    refresh: Callable[[], Awaitable[str]] | None = None
     if name:
         kube = await KubeFleet.connect(namespace or _pod_namespace(), name)
         if not token:
+            # read from the fleet's Secret: read again when an engine refuses it (a rotation)
+            refresh = kube.control_token
             try:
                 token = await kube.control_token()
             except FleetError as exc:
@@ -146,7 +150,7 @@ async def _run(
             raise click.ClickException(f"no control token: give --control-token-file or ${env.CONTROL_TOKEN}")
         fleet = StaticFleet(engines)
     load_timeout, call_timeout, collective_timeout = timeouts
-    control = ControlClient(token, call_s=call_timeout, load_s=load_timeout)
+    control = ControlClient(token, call_s=call_timeout, load_s=load_timeout, refresh=refresh)
     refitter = Refitter(
         fleet,
         control,

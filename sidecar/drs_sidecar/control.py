@@ -5,11 +5,17 @@ prefix-cache reset, sleep, wake) and ``load_s`` for a weights load (a checkpoint
 minutes). A call never raises for what an engine answered; it returns a :class:`CallResult`,
 whose answer is parsed with :mod:`drs_protocol.control`'s models (an answer that does not parse
 is a failed call saying so).
+
+The token rotates (``drs_operator.manifests.rotation``): a client given ``refresh`` (the sidecar
+reading the fleet's control Secret again) answers an engine's 401 by reading the token once more
+and, when it changed, repeating the call once with the new one; a 401 with the same token is the
+call's answer.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -53,9 +59,19 @@ class ControlClient:
     its pool, so one shared pool over N engines costs O(N) per call (O(N²) per fan-out; at 256
     engines that was most of a refit's CPU time, ``bench/refit_scale.py``)."""
 
-    def __init__(self, token: str, *, call_s: float = 30.0, load_s: float = 1800.0, connect_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        token: str,
+        *,
+        call_s: float = 30.0,
+        load_s: float = 1800.0,
+        connect_s: float = 5.0,
+        refresh: Callable[[], Awaitable[str]] | None = None,
+    ) -> None:
         self.call_s = call_s
         self.load_s = load_s
+        self.token = token
+        self._refresh = refresh
         self._headers = fields.control_auth(token)
         self._timeout = httpx.Timeout(call_s, connect=connect_s)
         self._clients: dict[str, httpx.AsyncClient] = {}
@@ -68,7 +84,7 @@ class ControlClient:
                 max_keepalive_connections=MAX_CONNECTIONS_PER_ENGINE,
                 keepalive_expiry=KEEPALIVE_S,
             )
-            client = httpx.AsyncClient(headers=self._headers, timeout=self._timeout, limits=limits)
+            client = httpx.AsyncClient(timeout=self._timeout, limits=limits)
             self._clients[url] = client
         return client
 
@@ -100,6 +116,23 @@ class ControlClient:
             "POST", url, CONTROL_ROUTES[op], payload, self.call_s if timeout is None else timeout, answer_model(op)
         )
 
+    async def _send(
+        self, method: str, url: str, route: str, body: dict[str, Any] | None, timeout: float
+    ) -> httpx.Response:
+        """One call; a 401 repeated once when ``refresh`` gives a token other than the one refused."""
+        request = self._client(url).request
+        response = await request(method, url + route, json=body, timeout=timeout, headers=self._headers)
+        if response.status_code != 401 or self._refresh is None:
+            return response
+        try:
+            token = await self._refresh()
+        except Exception:  # the Secret unreadable: the engine's 401 is the answer
+            return response
+        if token == self.token:
+            return response
+        self.token, self._headers = token, fields.control_auth(token)
+        return await request(method, url + route, json=body, timeout=timeout, headers=self._headers)
+
     async def _call(
         self,
         method: str,
@@ -111,7 +144,7 @@ class ControlClient:
     ) -> CallResult:
         started = time.perf_counter()
         try:
-            response = await self._client(url).request(method, url + route, json=body, timeout=timeout)
+            response = await self._send(method, url, route, body, timeout)
         except httpx.TimeoutException:
             elapsed = time.perf_counter() - started
             return CallResult(url, False, None, f"no answer within {timeout:g}s", elapsed, timed_out=True)

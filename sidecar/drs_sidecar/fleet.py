@@ -27,6 +27,7 @@ from drs_operator.api.constants import (
 )
 from drs_operator.api.names import control_secret_name
 from drs_protocol.env import CONTROL_TOKEN_SECRET_KEY
+from drs_protocol.token_source import KEY_NEXT
 from drs_protocol.weights_state import DesiredWeights, HeldWeights, dump_engine_weights, parse_desired_weights
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -179,9 +180,12 @@ class KubeFleet:
         except ApiException as exc:
             raise FleetError(f"Secret {self.namespace}/{secret_name}: {exc.status} {exc.reason}") from exc
         data = secret.data or {}
-        if CONTROL_TOKEN_SECRET_KEY not in data:
+        # a Secret re-created under running engines holds its new token under `next` for one
+        # rotation window (drs_protocol.token_source): the engines accept it there
+        key = CONTROL_TOKEN_SECRET_KEY if CONTROL_TOKEN_SECRET_KEY in data else KEY_NEXT
+        if key not in data:
             raise FleetError(f"Secret {self.namespace}/{secret_name} has no key {CONTROL_TOKEN_SECRET_KEY!r}")
-        return base64.b64decode(data[CONTROL_TOKEN_SECRET_KEY]).decode()
+        return base64.b64decode(data[key]).decode()
 
     async def close(self) -> None:
         await self._api.close()

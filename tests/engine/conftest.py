@@ -14,6 +14,7 @@ import httpx
 import pytest
 from drs_engine.config import EngineConfig, build_config
 from drs_engine.server.runner import RunningEngine, start_engine
+from drs_protocol.token_source import TokenSource
 
 CONTROL_TOKEN = "test-control-token"
 
@@ -36,8 +37,8 @@ def engine_factory() -> EngineFactory:
     def make(
         role: str = "prefill",
         *,
-        control_token: str | None = CONTROL_TOKEN,
-        serving_token: str | None = None,
+        control_token: str | TokenSource | None = CONTROL_TOKEN,
+        serving_token: str | TokenSource | None = None,
         **overrides: Any,
     ) -> Any:
         config = sim_config(role, **overrides)

@@ -8,12 +8,16 @@ open; a decode engine's KV fetch presents its serving token to the prefill engin
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from drs_devcluster.runner_volumes import write_files
 from drs_protocol import auth
 from drs_protocol.routes import kv_export_path
+from drs_protocol.token_source import TokenSource
 
 from .conftest import CONTROL_TOKEN, EngineFactory
 from .test_protocol import CHAT_BODY, context_leg, generation_leg
@@ -93,3 +97,62 @@ async def test_a_decode_engine_presents_the_serving_token_when_it_fetches_the_co
     assert gen.status_code == 200, gen.text
     assert gen.json()["choices"][0]["token_ids"]
     assert refused.status_code >= 400 and "401" in refused.text, refused.text
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["Basic dXNlcjpwYXNz", "Bearer", "token-without-scheme"],
+    ids=["basic", "bearer-without-token", "no-scheme"],
+)
+async def test_a_malformed_authorization_header_is_401_naming_the_bearer_scheme(
+    client: httpx.AsyncClient, engine_factory: EngineFactory, header: str
+) -> None:
+    async with engine_factory("prefill", serving_token=SERVING_TOKEN) as engine:
+        serving = await client.get(engine.url + "/v1/models", headers={"authorization": header})
+        control = await client.get(engine.url + "/control/weights", headers={"authorization": header})
+    for refused, realm in ((serving, "drs-serving"), (control, "drs-control")):
+        assert refused.status_code == 401, refused.text
+        assert refused.headers["www-authenticate"] == f'Bearer realm="{realm}"'
+        message = refused.json()["error"]["message"]
+        assert "the authorization header given is not in the Bearer scheme" in message, message
+
+
+async def test_during_a_rotation_the_engine_accepts_both_tokens_then_refuses_the_dropped_one(
+    client: httpx.AsyncClient, engine_factory: EngineFactory, tmp_path: Path
+) -> None:
+    """Both realms read their Secret's directory (``drs_protocol.token_source``) while the engine
+    runs: ``next`` and ``previous`` are accepted beside ``token``; a token two rotations old is 401."""
+    serving_dir, control_dir = tmp_path / "serving", tmp_path / "control"
+    write_files(serving_dir, {"token": b"s1"})
+    write_files(control_dir, {"token": b"c1"})
+    serving, control = TokenSource(serving_dir), TokenSource(control_dir)
+    async with engine_factory("prefill", serving_token=serving, control_token=control) as engine:
+
+        async def status(path: str, token: str) -> int:
+            return (await client.get(engine.url + path, headers=auth.bearer(token))).status_code
+
+        write_files(serving_dir, {"token": b"s1", "next": b"s2"})
+        write_files(control_dir, {"token": b"c1", "next": b"c2"})
+        await _read_by_the_engine(serving, control)
+        assert [await status("/v1/models", t) for t in ("s1", "s2", "c2")] == [200, 200, 401]
+        assert [await status("/control/weights", t) for t in ("c1", "c2", "s2")] == [200, 200, 401]
+        for step in (
+            {"token": "2", "previous": "1"},
+            {"token": "2"},
+            {"token": "2", "next": "3"},
+            {"token": "3", "previous": "2"},
+        ):
+            write_files(serving_dir, {k: f"s{v}".encode() for k, v in step.items()})  # a second rotation
+            write_files(control_dir, {k: f"c{v}".encode() for k, v in step.items()})
+            await _read_by_the_engine(serving, control)
+        assert [await status("/v1/models", t) for t in ("s1", "s2", "s3")] == [401, 200, 200]
+        assert [await status("/control/weights", t) for t in ("c1", "c2", "c3")] == [401, 200, 200]
+
+
+async def _read_by_the_engine(*sources: TokenSource) -> None:
+    """Until the engine's own refresh loop has read every source's directory after the write
+    (two reads: the first may have begun before it)."""
+    seen = [s.reads for s in sources]
+    async with asyncio.timeout(10):
+        while any(s.reads < r + 2 for s, r in zip(sources, seen, strict=True)):
+            await asyncio.sleep(0.02)

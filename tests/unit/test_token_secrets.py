@@ -1,14 +1,15 @@
 """The fleet's two token Secrets and the pods that read them (``drs_operator.manifests.secrets``).
 
 Pure: the Secrets are owned by the fleet and hold a fresh random token each; only the missing
-ones are created; every engine pod reads both tokens and every frontend pod the serving token
-through ``secretKeyRef`` (never a literal value, and no ConfigMap holds a token); the operator's
-one reader of a live Secret reads either.
+ones are created; every engine pod mounts both token Secrets and every frontend pod the serving
+one (never a literal value, and no ConfigMap holds a token); the operator's one reader of a live
+Secret reads either.
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 from typing import Any
 
@@ -16,8 +17,14 @@ from drs_operator.api import names
 from drs_operator.api.constants import EventReason, EventType
 from drs_operator.kube.engines import control_token, secret_token, serving_token
 from drs_operator.manifests.secrets import build_serving_secret, missing_secrets, secret_notes
-from drs_protocol import env
+from drs_protocol import auth, env
 from operator_fixtures import OWNER, build, spec
+
+NOW = datetime.datetime(2026, 12, 5, 16, 0, tzinfo=datetime.UTC)
+
+
+def missing(live: dict[str, Any], pods: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    return missing_secrets(OWNER, live, pods or {}, None, NOW)
 
 
 def _env(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -26,44 +33,53 @@ def _env(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_both_secrets_are_owned_by_the_fleet_and_hold_distinct_random_tokens() -> None:
-    control, serving = missing_secrets(OWNER, {})
+    control, serving = missing({})
     assert [control["metadata"]["name"], serving["metadata"]["name"]] == ["fleet-control", "fleet-serving"]
     for secret in (control, serving):
         (ref,) = secret["metadata"]["ownerReferences"]
         assert ref["uid"] == OWNER.uid and ref["kind"] == "DisaggReplicaSet"
         assert len(secret["stringData"][env.TOKEN_SECRET_KEY]) == 64
     assert control["stringData"] != serving["stringData"]
-    again = missing_secrets(OWNER, {})
+    again = missing({})
     assert again[1]["stringData"] != serving["stringData"]  # fresh each time: never derived
 
 
 def test_only_the_missing_secret_is_created_so_an_upgraded_fleet_keeps_its_control_token() -> None:
     live = {"fleet-control": {"data": {"token": base64.b64encode(b"kept").decode()}}}
-    (created,) = missing_secrets(OWNER, live)
+    (created,) = missing(live)
     assert created["metadata"]["name"] == names.serving_secret_name("fleet")
     both = {**live, "fleet-serving": build_serving_secret(OWNER, "s")}
-    assert missing_secrets(OWNER, both) == []
+    assert missing(both) == []
 
 
-def test_every_engine_pod_reads_both_tokens_and_every_frontend_the_serving_token_from_the_secrets() -> None:
+def _pod_spec(manifest: dict[str, Any]) -> dict[str, Any]:
+    return dict(manifest["spec"]["template"]["spec"] if manifest["kind"] == "Deployment" else manifest["spec"])
+
+
+def test_every_engine_pod_mounts_both_token_secrets_and_every_frontend_the_serving_one() -> None:
     _, _, children = build(spec(frontend={"standby": True}))
     pods, deployments = children.all_of("Pod"), children.all_of("Deployment")
     assert pods and deployments
-    refs = {
-        env.CONTROL_TOKEN: {"name": "fleet-control", "key": "token"},
-        env.SERVING_TOKEN: {"name": "fleet-serving", "key": "token"},
-    }
-    for pod in pods.values():
-        by_name = {e["name"]: e for e in _env(pod)}
-        for variable, ref in refs.items():
-            assert by_name[variable] == {"name": variable, "valueFrom": {"secretKeyRef": ref}}
-    for deployment in deployments.values():
-        by_name = {e["name"]: e for e in _env(deployment)}
-        assert by_name[env.SERVING_TOKEN] == {
-            "name": env.SERVING_TOKEN,
-            "valueFrom": {"secretKeyRef": refs[env.SERVING_TOKEN]},
-        }
-        assert env.CONTROL_TOKEN not in by_name  # a frontend never calls the control API
+    dirs = {env.CONTROL_TOKEN_DIR: auth.CONTROL_TOKEN_DIR, env.SERVING_TOKEN_DIR: auth.SERVING_TOKEN_DIR}
+    secret_of = {auth.CONTROL_TOKEN_DIR: "fleet-control", auth.SERVING_TOKEN_DIR: "fleet-serving"}
+    for manifest, wanted in [
+        *((p, dirs) for p in pods.values()),
+        *((d, {env.SERVING_TOKEN_DIR: auth.SERVING_TOKEN_DIR}) for d in deployments.values()),
+    ]:
+        pod_spec = _pod_spec(manifest)
+        by_name = {e["name"]: e for e in _env(manifest)}
+        volumes = {v["name"]: v for v in pod_spec["volumes"]}
+        mounts = {m["mountPath"]: m for m in pod_spec["containers"][0]["volumeMounts"]}
+        for variable, path in wanted.items():
+            assert by_name[variable] == {"name": variable, "value": path}
+            assert mounts[path]["readOnly"] is True
+            assert volumes[mounts[path]["name"]] == {
+                "name": mounts[path]["name"],
+                "secret": {"secretName": secret_of[path]},
+            }
+        assert env.SERVING_TOKEN not in by_name and env.CONTROL_TOKEN not in by_name  # no token in env
+        if manifest["kind"] == "Deployment":
+            assert env.CONTROL_TOKEN_DIR not in by_name  # a frontend never calls the control API
 
 
 def test_no_configmap_holds_a_token() -> None:
@@ -86,7 +102,7 @@ def test_the_one_reader_reads_either_token_from_the_live_secrets() -> None:
 def test_a_secret_created_first_is_a_normal_event_and_one_deleted_under_running_pods_a_warning_naming_them() -> None:
     _, _, children = build(spec())
     pods = children.all_of("Pod")
-    (serving,) = missing_secrets(OWNER, {"fleet-control": {}})
+    (serving,) = missing({"fleet-control": {}})
     (first,) = secret_notes([serving], {})
     assert (first.type, first.reason, first.message) == (
         EventType.NORMAL,
@@ -99,3 +115,12 @@ def test_a_secret_created_first_is_a_normal_event_and_one_deleted_under_running_
     assert serving["stringData"]["token"] not in again.message
     older = {name: {"spec": {"containers": [{"env": []}]}} for name in pods}  # pods from before the Secret
     assert secret_notes([serving], older)[0].type is EventType.NORMAL
+
+
+def test_a_secret_deleted_under_running_pods_is_recreated_as_the_first_phase_of_a_rotation() -> None:
+    _, _, children = build(spec())
+    (serving,) = missing({"fleet-control": {}}, children.all_of("Pod"))
+    assert set(serving["stringData"]) == {"next"}  # the pods keep presenting the token they hold
+    assert serving["metadata"]["annotations"]["disagg.dev/token-rotation-phase"] == "next"
+    (fresh,) = missing({"fleet-control": {}})
+    assert set(fresh["stringData"]) == {"token"} and "annotations" not in fresh["metadata"]

@@ -14,17 +14,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from drs_protocol.token_source import TokenSource
+
 from drs_engine.backends.base import EngineBackend
 from drs_engine.config import BackendName, EngineConfig
 
 
 def create_backend(
-    config: EngineConfig, *, vocab_size: int, eos_token_id: int, peer_headers: Mapping[str, str] | None = None
+    config: EngineConfig,
+    *,
+    vocab_size: int,
+    eos_token_id: int,
+    peer_headers: TokenSource | Mapping[str, str] | None = None,
 ) -> EngineBackend:
     """The backend ``config.backend`` names (tokenizer facts seed the sim's vocabulary).
     ``peer_headers``: what its KV fetch presents to a prefill engine (the serving token's
-    ``authorization``); TensorRT-LLM moves KV with its own transceiver and takes none."""
-    peer = dict(peer_headers or {})
+    ``authorization``, or the live token source); TensorRT-LLM moves KV with its own transceiver and takes none."""
+    peer = peer_headers
     if config.backend is BackendName.SIM:
         from drs_engine.backends.sim.engine import SimBackend
 

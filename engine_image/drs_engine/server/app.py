@@ -38,6 +38,7 @@ from drs_protocol.errors import error_body
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE, WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.model_list import model_list
+from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_state import DesiredWeights
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -58,8 +59,8 @@ log = logging.getLogger("drs_engine")
 def create_app(
     config: EngineConfig,
     *,
-    control_token: str | None,
-    serving_token: str | None = None,
+    control_token: str | TokenSource | None,
+    serving_token: str | TokenSource | None = None,
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
     weights_peers: Sequence[str] = (),

@@ -26,50 +26,65 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from drs_engine.errors import ForbiddenError, UnauthorizedError
 from drs_engine.server.state import EngineState
 
+_AUTH_HEADER = auth.AUTH_HEADER.encode()
 
-def _presented(scope: Scope) -> str | None:
+
+def _presented(scope: Scope) -> tuple[str | None, bool]:
+    """(the presented token, whether an ``authorization`` header was there at all)."""
     for name, value in scope.get("headers") or ():
-        if name == auth.AUTH_HEADER.encode():
-            return auth.presented_token(value.decode("latin-1"))
-    return None
+        if name == _AUTH_HEADER:
+            return auth.presented_token(value.decode("latin-1")), True
+    return None, False
+
+
+def _refusal(realm: Realm, presented: str | None, had_header: bool) -> str:
+    return auth.unauthorized(
+        realm, presented=presented is not None, malformed=had_header and presented is None
+    ).error.message
 
 
 def check_control(state: EngineState, request: Request) -> None:
     """The control routes' check: 403 when the control API is off; 401 without the right token."""
-    if not state.control_token:
+    tokens = state.control_tokens
+    if not tokens.configured:
         raise ForbiddenError(
             f"the control API is disabled on this engine: start it with --control-token-file or {env.CONTROL_TOKEN}"
         )
-    presented = auth.presented_token(request.headers.get(auth.AUTH_HEADER))
-    if not auth.token_matches(presented, state.control_token):
-        raise UnauthorizedError(auth.unauthorized(Realm.CONTROL, presented=presented is not None).error.message)
+    header = request.headers.get(auth.AUTH_HEADER)
+    presented = auth.presented_token(header)
+    if not tokens.matches(presented):
+        raise UnauthorizedError(_refusal(Realm.CONTROL, presented, header is not None))
 
 
 class EngineAuth:
-    """The middleware: the realm of the path, then its token (none for the open realm)."""
+    """The middleware: the realm of the path, then its tokens (none for the open realm).
+
+    Per request it reads attributes only: the sources' accepted tokens are re-read off the
+    request path (``drs_protocol.token_source``, about once a second)."""
 
     def __init__(self, app: ASGIApp, state: EngineState) -> None:
         self.app = app
         self.state = state
-
-    def _expected(self, realm: Realm) -> str | None:
-        if realm is Realm.SERVING:
-            return self.state.serving_token
-        return self.state.control_token  # control: a disabled control API is check_control's 403
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         realm = auth.realm_of(scope.get("path", ""))
-        expected = None if realm is Realm.OPEN else self._expected(realm)
-        if expected is None:
+        if realm is Realm.OPEN:
             await self.app(scope, receive, send)
             return
-        presented = _presented(scope)
-        if auth.token_matches(presented, expected):
+        # control: a disabled control API is check_control's 403
+        tokens = self.state.serving_tokens if realm is Realm.SERVING else self.state.control_tokens
+        if not tokens.configured:
             await self.app(scope, receive, send)
             return
-        answer: dict[str, Any] = auth.unauthorized(realm, presented=presented is not None).model_dump(mode="json")
+        presented, had_header = _presented(scope)
+        if tokens.matches(presented):
+            await self.app(scope, receive, send)
+            return
+        answer: dict[str, Any] = auth.unauthorized(
+            realm, presented=presented is not None, malformed=had_header and presented is None
+        ).model_dump(mode="json")
         response = JSONResponse(answer, status_code=401, headers=auth.challenge(realm))
         await response(scope, receive, send)

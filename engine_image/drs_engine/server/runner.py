@@ -20,6 +20,7 @@ from typing import Final
 
 import uvicorn
 from drs_protocol import listen
+from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_state import DesiredWeights
 
 from drs_engine.config import EngineConfig
@@ -80,9 +81,9 @@ class DrainingServer(uvicorn.Server):
 
 def uvicorn_server(
     config: EngineConfig,
-    control_token: str | None,
+    control_token: str | TokenSource | None,
     *,
-    serving_token: str | None = None,
+    serving_token: str | TokenSource | None = None,
     log_level: str = "info",
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
@@ -127,8 +128,8 @@ async def _serve(server: uvicorn.Server, sock: socket.socket, port: int) -> None
 async def start_engine(
     config: EngineConfig,
     *,
-    control_token: str | None = None,
-    serving_token: str | None = None,
+    control_token: str | TokenSource | None = None,
+    serving_token: str | TokenSource | None = None,
     log_level: str = "warning",
     desired_weights: DesiredWeights | None = None,
     weights_peers: Sequence[str] = (),

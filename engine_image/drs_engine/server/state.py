@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from drs_protocol import auth
 from drs_protocol.chat import load_tokenizer
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
+from drs_protocol.token_source import TokenSource, run_sources
 from drs_protocol.weights_state import DesiredWeights
 
 from drs_engine.backends import create_backend
@@ -71,17 +71,19 @@ class EngineState:
         self,
         config: EngineConfig,
         *,
-        control_token: str | None,
-        serving_token: str | None = None,
+        control_token: str | TokenSource | None,
+        serving_token: str | TokenSource | None = None,
         gang: GangSpec | None = None,
         desired_weights: DesiredWeights | None = None,
         weights_peers: Sequence[str] = (),
     ) -> None:
         self.config = config
-        self.control_token = control_token
-        #: The fleet's serving token (``drs_protocol.auth``): callers of the serving routes present
-        #: it, and this engine presents it to its peers (KV fetch); None: serving routes are open.
-        self.serving_token = serving_token
+        #: The fleet's control and serving tokens (``drs_protocol.auth``, ``token_source``): callers
+        #: of the serving routes present the serving token, and this engine presents it to its
+        #: peers (KV fetch); none configured: serving routes are open, the control API is off.
+        self.control_tokens = TokenSource.of(control_token)
+        self.serving_tokens = TokenSource.of(serving_token)
+        self._token_task: asyncio.Task[None] | None = None
         #: The fleet's desired weights when the engine started (reached before it serves).
         self.desired_weights = desired_weights
         #: The engines that held them when the pod started (a catch-up without a path asks them).
@@ -112,11 +114,22 @@ class EngineState:
         self.admission: Admission | None = None
         self.draining = False
 
+    @property
+    def control_token(self) -> str | None:
+        """The control token presented now (a catch-up's calls to its peers)."""
+        return self.control_tokens.current
+
+    @property
+    def serving_token(self) -> str | None:
+        """The serving token presented now."""
+        return self.serving_tokens.current
+
     async def start(self) -> None:
         """Load the tokenizer and the backend; the server is healthy afterwards.
 
         The leader of a gang returns at once and brings the gang up in the background, so that its
         ``/v1/gang`` answers while the ranks join; it is healthy once the whole gang serves."""
+        self._token_task = asyncio.create_task(run_sources(self.control_tokens, self.serving_tokens), name="tokens")
         if self.gang_spec is None:
             await self._load()
             return
@@ -158,7 +171,7 @@ class EngineState:
             self.config,
             vocab_size=int(self.tokenizer.vocab_size),
             eos_token_id=int(self.tokenizer.eos_token_id),
-            peer_headers=auth.bearer(self.serving_token) if self.serving_token else {},
+            peer_headers=self.serving_tokens,
         )
         metrics = EngineMetrics(backend=backend.name, role=self.config.role.value, test_double=backend.test_double)
         await backend.start()
@@ -191,6 +204,10 @@ class EngineState:
             self.catch_up.superseded(version)
 
     async def close(self) -> None:
+        if self._token_task is not None:
+            self._token_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._token_task
         if self._catch_up_task is not None:
             self._catch_up_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

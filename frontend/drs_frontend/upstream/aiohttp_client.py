@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Final
 
 import aiohttp
 from drs_protocol.fields import HEADER_WEIGHTS_VERSION
+from drs_protocol.token_source import TokenSource
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
-from drs_frontend.upstream.base import JSON_HEADERS, UpstreamResponse
+from drs_frontend.upstream.base import Presented, UpstreamResponse
 
 #: Idle keep-alive connections are closed after this many seconds: below uvicorn's default of 5 s
 #: (engines run uvicorn), so this side closes an idle connection before the engine does and a
@@ -42,11 +43,11 @@ class _AiohttpStream:
 
 
 class AiohttpUpstream:
-    def __init__(self, *, connect_timeout: float, limits: Limits, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, connect_timeout: float, limits: Limits, tokens: TokenSource | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.limits = limits
-        #: sent with every request (the serving token's ``authorization``)
-        self.headers = dict(headers or {})
+        #: sent with every request (the serving token's ``authorization`` of the moment)
+        self.presented = Presented(tokens)
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[tuple[float | None, float | None], aiohttp.ClientTimeout] = {}
 
@@ -61,7 +62,6 @@ class AiohttpUpstream:
             connector=connector,
             auto_decompress=False,
             skip_auto_headers=("User-Agent", "Accept-Encoding"),
-            headers=self.headers,
         )
 
     async def close(self) -> None:
@@ -85,7 +85,9 @@ class AiohttpUpstream:
 
     async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
         try:
-            async with self.session.post(url, data=body, headers=JSON_HEADERS, timeout=self._timeout(timeout)) as resp:
+            async with self.session.post(
+                url, data=body, headers=self.presented.json, timeout=self._timeout(timeout)
+            ) as resp:
                 data = await resp.read()
                 return UpstreamResponse(
                     resp.status,
@@ -101,7 +103,9 @@ class AiohttpUpstream:
     @asynccontextmanager
     async def stream_json(self, url: str, body: bytes, timeout: float) -> AsyncIterator[_AiohttpStream]:
         try:
-            resp = await self.session.post(url, data=body, headers=JSON_HEADERS, timeout=self._timeout(None, timeout))
+            resp = await self.session.post(
+                url, data=body, headers=self.presented.json, timeout=self._timeout(None, timeout)
+            )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:
@@ -116,7 +120,7 @@ class AiohttpUpstream:
 
     async def get(self, url: str, timeout: float) -> UpstreamResponse:
         try:
-            async with self.session.get(url, timeout=self._timeout(timeout)) as resp:
+            async with self.session.get(url, headers=self.presented.auth, timeout=self._timeout(timeout)) as resp:
                 data = await resp.read()
                 return UpstreamResponse(resp.status, resp.headers.get("content-type", ""), data)
         except TimeoutError as exc:

@@ -12,6 +12,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from drs_protocol.token_source import TokenSource
+
 
 @dataclass(frozen=True, slots=True)
 class UpstreamResponse:
@@ -57,3 +59,36 @@ class UpstreamClient(Protocol):
 
 
 JSON_HEADERS: Mapping[str, str] = {"content-type": "application/json"}
+
+
+class Presented:
+    """The headers every request to an engine carries: the serving token's ``authorization`` of
+    the moment (``drs_protocol.token_source``). Per request this compares one counter; the dicts
+    are rebuilt only when the source changed (a rotation), so no file or environment is read."""
+
+    def __init__(self, tokens: TokenSource | None) -> None:
+        self.tokens = tokens or TokenSource()
+        self._generation = -1
+        self._auth: Mapping[str, str] = {}
+        self._json: Mapping[str, str] = JSON_HEADERS
+
+    def changed(self) -> bool:
+        """Rebuild when the source changed; True then (callers drop what they cached)."""
+        if self.tokens.generation == self._generation:
+            return False
+        self._generation = self.tokens.generation
+        self._auth = dict(self.tokens.headers)
+        self._json = {**JSON_HEADERS, **self._auth}
+        return True
+
+    @property
+    def auth(self) -> Mapping[str, str]:
+        """The ``authorization`` header alone (GETs)."""
+        self.changed()
+        return self._auth
+
+    @property
+    def json(self) -> Mapping[str, str]:
+        """``content-type: application/json`` and the ``authorization`` header (POSTs)."""
+        self.changed()
+        return self._json

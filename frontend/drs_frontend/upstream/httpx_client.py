@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Final
 
 import httpx
 from drs_protocol.fields import HEADER_WEIGHTS_VERSION
+from drs_protocol.token_source import TokenSource
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
-from drs_frontend.upstream.base import JSON_HEADERS, UpstreamResponse
+from drs_frontend.upstream.base import Presented, UpstreamResponse
 
 #: Below uvicorn's default keep-alive of 5 s (see aiohttp_client.KEEPALIVE_SECONDS).
 KEEPALIVE_SECONDS: Final = 4.0
@@ -40,11 +41,11 @@ class _HttpxStream:
 
 
 class HttpxUpstream:
-    def __init__(self, *, connect_timeout: float, limits: Limits, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, connect_timeout: float, limits: Limits, tokens: TokenSource | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.limits = limits
-        #: sent with every request (the serving token's ``authorization``)
-        self.headers = dict(headers or {})
+        #: sent with every request (the serving token's ``authorization`` of the moment)
+        self.presented = Presented(tokens)
         self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
@@ -55,7 +56,6 @@ class HttpxUpstream:
                 keepalive_expiry=KEEPALIVE_SECONDS,
             ),
             timeout=httpx.Timeout(None, connect=self.connect_timeout),
-            headers=self.headers,
         )
 
     async def close(self) -> None:
@@ -74,7 +74,9 @@ class HttpxUpstream:
 
     async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
         try:
-            resp = await self.client.post(url, content=body, headers=JSON_HEADERS, timeout=self._timeout(timeout))
+            resp = await self.client.post(
+                url, content=body, headers=self.presented.json, timeout=self._timeout(timeout)
+            )
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except httpx.TransportError as exc:
@@ -89,7 +91,7 @@ class HttpxUpstream:
     @asynccontextmanager
     async def stream_json(self, url: str, body: bytes, timeout: float) -> AsyncIterator[_HttpxStream]:
         request = self.client.build_request(
-            "POST", url, content=body, headers=JSON_HEADERS, timeout=self._timeout(timeout)
+            "POST", url, content=body, headers=self.presented.json, timeout=self._timeout(timeout)
         )
         try:
             resp = await self.client.send(request, stream=True)
@@ -104,7 +106,7 @@ class HttpxUpstream:
 
     async def get(self, url: str, timeout: float) -> UpstreamResponse:
         try:
-            resp = await self.client.get(url, timeout=self._timeout(timeout))
+            resp = await self.client.get(url, headers=self.presented.auth, timeout=self._timeout(timeout))
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except httpx.TransportError as exc:

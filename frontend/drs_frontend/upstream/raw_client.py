@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Final, cast
@@ -34,11 +33,12 @@ from urllib.parse import urlsplit
 
 import httptools
 from drs_protocol.fields import HEADER_WEIGHTS_VERSION
+from drs_protocol.token_source import TokenSource
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
 from drs_frontend.upstream.aiohttp_client import AiohttpUpstream
-from drs_frontend.upstream.base import UpstreamResponse, UpstreamStream
+from drs_frontend.upstream.base import Presented, UpstreamResponse, UpstreamStream
 
 #: The engine header naming the weights version (lower-case, as compared).
 WEIGHTS_HEADER: Final = HEADER_WEIGHTS_VERSION.encode()
@@ -187,15 +187,16 @@ class _Engine:
 
 
 class RawUpstream:
-    def __init__(self, *, connect_timeout: float, limits: Limits, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, connect_timeout: float, limits: Limits, tokens: TokenSource | None = None) -> None:
         self.connect_timeout = connect_timeout
         self.limits = limits
-        #: header lines sent with every request (the serving token's ``authorization``)
-        self._extra_head = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+        #: header lines sent with every request (the serving token's ``authorization`` of the
+        #: moment: the cached request heads are dropped when it changes)
+        self.presented = Presented(tokens)
         self._engines: dict[str, _Engine] = {}
         self._targets: dict[str, tuple[_Engine, bytes]] = {}
         self._total = _Slots(limits.connections_total)
-        self._other = AiohttpUpstream(connect_timeout=connect_timeout, limits=limits, headers=headers)
+        self._other = AiohttpUpstream(connect_timeout=connect_timeout, limits=limits, tokens=tokens)
 
     async def start(self) -> None:
         await self._other.start()
@@ -209,6 +210,8 @@ class RawUpstream:
 
     def _target(self, url: str) -> tuple[_Engine, bytes]:
         """The engine of ``url`` and the request head up to the Content-Length value (cached)."""
+        if self.presented.changed():
+            self._targets.clear()
         target = self._targets.get(url)
         if target is None:
             parts = urlsplit(url)
@@ -221,10 +224,8 @@ class RawUpstream:
                 slots = _Slots(self.limits.connections_per_engine)
                 engine = self._engines[key] = _Engine(parts.hostname, port, slots)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            head = (
-                f"POST {path} HTTP/1.1\r\nHost: {key}\r\n{self._extra_head}"
-                "Content-Type: application/json\r\nContent-Length: "
-            )
+            extra = "".join(f"{name}: {value}\r\n" for name, value in self.presented.auth.items())
+            head = f"POST {path} HTTP/1.1\r\nHost: {key}\r\n{extra}Content-Type: application/json\r\nContent-Length: "
             target = self._targets[url] = (engine, head.encode("latin-1"))
         return target
 

@@ -62,6 +62,15 @@ ANNOTATION_ENGINE_WEIGHTS: Final = f"{GROUP}/engine-weights"
 #: fleet must hold, written by the trainer's sidecar as a refit starts; the operator copies it into
 #: ``status.weights.desired`` and the fleet's weights ConfigMap.
 ANNOTATION_DESIRED_WEIGHTS: Final = f"{GROUP}/desired-weights"
+#: On the DisaggReplicaSet: any new value rotates both token Secrets (``manifests.rotation``).
+ANNOTATION_ROTATE_TOKENS: Final = f"{GROUP}/rotate-tokens"
+#: On the DisaggReplicaSet: seconds each rotation phase lasts (default ``rotation.WINDOW_S``).
+ANNOTATION_ROTATION_WINDOW: Final = f"{GROUP}/token-rotation-window-seconds"
+#: On a token Secret: the rotation's phase (``next`` or ``previous``: the key it holds), since when
+#: (RFC 3339), and the ``rotate-tokens`` value last acted on: the rotation's memory.
+ANNOTATION_ROTATION_PHASE: Final = f"{GROUP}/token-rotation-phase"
+ANNOTATION_ROTATION_SINCE: Final = f"{GROUP}/token-rotation-since"
+ANNOTATION_ROTATION_REQUEST: Final = f"{GROUP}/token-rotation-request"
 
 
 #: The ``disagg.dev/role`` value of frontend children.
@@ -168,6 +177,12 @@ class EventReason(StrEnum):
     TOKEN_SECRET_CREATED = "TokenSecretCreated"
     #: a token Secret was missing while pods that read it run: re-created with a new token
     TOKEN_SECRET_RECREATED = "TokenSecretRecreated"
+    #: a rotation's phases (``manifests.rotation``): new token accepted; presented; old one dropped
+    TOKEN_ROTATION_STARTED = "TokenRotationStarted"
+    TOKEN_ROTATION_SWITCHED = "TokenRotationSwitched"
+    TOKEN_ROTATION_DONE = "TokenRotationDone"
+    #: the rotation window annotation is not a whole number of seconds in bounds
+    TOKEN_ROTATION_INVALID = "TokenRotationInvalid"
 
 
 class Phase(StrEnum):

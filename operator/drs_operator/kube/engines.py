@@ -15,22 +15,22 @@ unknown too, never holding anything (``drs_operator.engine_observation``).
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
 from collections.abc import Mapping, Sequence
 from typing import Final
 
 import httpx
-from drs_protocol import env, fields
+from drs_protocol import fields
 from drs_protocol.control import CatchUpPhase, WeightsInfo
 from drs_protocol.routes import CONTROL_WEIGHTS
+from drs_protocol.token_source import KEY_NEXT, KEY_TOKEN
 from drs_protocol.weights_state import HeldWeights
 from pydantic import ValidationError
 
 from drs_operator.api import names
 from drs_operator.api.objects import Manifest
 from drs_operator.engine_observation import Observation, Target
+from drs_operator.manifests.rotation import secret_keys
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +46,11 @@ KEEPALIVE_S: Final = 2.0
 
 
 def secret_token(secrets: Mapping[str, Manifest], secret_name: str) -> str | None:
-    """The token of a live token Secret (``drs_operator.manifests.secrets``; ``data`` is base64),
-    or None (no such Secret, no ``token`` key, or not base64 of UTF-8 text). The one reader of
-    both the control and the serving token."""
-    secret = secrets.get(secret_name) or {}
-    raw = (secret.get("data") or {}).get(env.TOKEN_SECRET_KEY)
-    if raw:
-        try:
-            return base64.b64decode(str(raw), validate=True).decode()
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-    plain = (secret.get("stringData") or {}).get(env.TOKEN_SECRET_KEY)
-    return str(plain) if plain else None
+    """The token a live token Secret asks callers to present (``drs_operator.manifests.rotation``):
+    its ``token`` key, or ``next`` while a re-created Secret has none; None when there is no such
+    Secret or neither key is readable. The one reader of both the control and the serving token."""
+    keys = secret_keys(secrets.get(secret_name) or {})
+    return keys.get(KEY_TOKEN) or keys.get(KEY_NEXT) or None
 
 
 def control_token(secrets: Mapping[str, Manifest], drs: str) -> str | None:

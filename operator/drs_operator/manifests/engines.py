@@ -56,7 +56,7 @@ from drs_operator.manifests.common import (
     scratch,
     with_hash,
 )
-from drs_operator.manifests.secrets import control_token_env, serving_token_env
+from drs_operator.manifests.secrets import control_token_mount, serving_token_mount
 from drs_operator.placement import EnginePlacement
 from drs_operator.plan import EngineSlot, Plan
 
@@ -204,7 +204,7 @@ def _engine_pod(
         LABEL_ORDINAL: str(slot.ordinal),
         LABEL_RANK: str(rank),
     }
-    volumes, mounts = _engine_volumes(spec)
+    volumes, mounts = _engine_volumes(owner, spec)
     pod_env = _engine_env(owner, plan, slot, rank, world, gpus, leader)
     container = _engine_container(spec, slot, gpus, url, pod_env, mounts)
     pod_spec: dict[str, Any] = {
@@ -243,8 +243,8 @@ def _engine_env(
                 "configMapKeyRef": {"name": names.engine_config_name(owner.name, slot.role), "key": CONFIG_KEY}
             },
         },
-        control_token_env(owner.name),
-        serving_token_env(owner.name),
+        control_token_mount(owner.name).env,
+        serving_token_mount(owner.name).env,
         {
             "name": env.DESIRED_WEIGHTS_JSON,
             "valueFrom": {
@@ -275,11 +275,15 @@ def _engine_env(
     return pod_env
 
 
-def _engine_volumes(spec: DisaggReplicaSetSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``(volumes, mounts)``: a memory-backed ``/dev/shm`` (NCCL) and the model volume if named."""
+def _engine_volumes(owner: Owner, spec: DisaggReplicaSetSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(volumes, mounts)``: a memory-backed ``/dev/shm`` (NCCL), the two token Secrets (re-read
+    while the engine runs: rotation) and the model volume if named."""
     scratch_volume, scratch_mount = scratch()
+    tokens = (control_token_mount(owner.name), serving_token_mount(owner.name))
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, scratch_mount]
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}, scratch_volume]
+    mounts += [t.mount for t in tokens]
+    volumes += [t.volume for t in tokens]
     if spec.model.volume:
         volumes.append({"name": MODEL_VOLUME, **dict(spec.model.volume)})
         mounts.append({"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True})

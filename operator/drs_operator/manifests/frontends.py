@@ -54,7 +54,7 @@ from drs_operator.manifests.common import (
     with_hash,
 )
 from drs_operator.manifests.engines import build_engine_config, engine_request_bytes
-from drs_operator.manifests.secrets import serving_token_env
+from drs_operator.manifests.secrets import serving_token_mount
 from drs_operator.placement import ReplicaPlacement
 from drs_operator.plan import FrontendSlot, Plan, ReplicaPlan
 
@@ -199,7 +199,7 @@ def _frontend_container(
                     "configMapKeyRef": {"name": names.frontend_config_name(owner.name, slot.replica), "key": CONFIG_KEY}
                 },
             },
-            serving_token_env(owner.name),
+            serving_token_mount(owner.name).env,
         ],
         "ports": [{"name": "http", "containerPort": slot.port}],
         "readinessProbe": {"httpGet": {"path": routes.READY, "port": slot.port}, "periodSeconds": READINESS_PERIOD_S},
@@ -215,7 +215,11 @@ def _frontend_container(
             "failureThreshold": 3,
             "timeoutSeconds": PROBE_TIMEOUT_S,
         },
-        "volumeMounts": [scratch_mount, {"name": CONFIG_VOLUME, "mountPath": FRONTEND_CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": [
+            scratch_mount,
+            {"name": CONFIG_VOLUME, "mountPath": FRONTEND_CONFIG_DIR, "readOnly": True},
+            serving_token_mount(owner.name).mount,
+        ],
         "securityContext": restricted_container_security(),
     }
     if spec.frontend.resources:
@@ -250,6 +254,8 @@ def build_frontend_deployment(
             # the same config again as a file the kubelet updates in place: new fallback pools reach
             # the running frontend (drs_frontend.reload) without a restart
             {"name": CONFIG_VOLUME, "configMap": {"name": names.frontend_config_name(owner.name, slot.replica)}},
+            # the serving token as files the frontend re-reads (rotation without a restart)
+            serving_token_mount(owner.name).volume,
         ],
     }
     if plan.host_network:

@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
+from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.backends.base import (
@@ -74,7 +75,12 @@ class SimBackend(EngineBackend):
     test_double: ClassVar[bool] = True
 
     def __init__(
-        self, config: EngineConfig, *, vocab_size: int, eos_token_id: int, peer_headers: Mapping[str, str] | None = None
+        self,
+        config: EngineConfig,
+        *,
+        vocab_size: int,
+        eos_token_id: int,
+        peer_headers: TokenSource | Mapping[str, str] | None = None,
     ) -> None:
         spec = config.sim
         self._config = config

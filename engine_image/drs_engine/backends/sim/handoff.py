@@ -14,6 +14,7 @@ from typing import Any, Final
 
 import httpx
 from drs_protocol.routes import kv_export_path
+from drs_protocol.token_source import TokenSource
 
 from drs_engine.backends.base import ContextHandoff, LegRequest
 from drs_engine.backends.handoff import (
@@ -31,6 +32,7 @@ from drs_engine.backends.sim.model import PrefixState, TokenChoice
 from drs_engine.config import SimSpec
 from drs_engine.errors import ContextMismatchError, KvTransferError
 from drs_engine.kv_store import ContextState, ContextStore
+from drs_engine.peer_auth import peer_auth
 
 #: Timeouts of the decode engine's KV fetch from a prefill engine.
 KV_FETCH_TIMEOUT: Final = httpx.Timeout(connect=2.0, read=30.0, write=30.0, pool=5.0)
@@ -55,10 +57,12 @@ class ReceivedContext:
 class SimHandoff:
     """The context store (prefill side) and the HTTP fetch (decode side)."""
 
-    def __init__(self, spec: SimSpec, endpoint: str, peer_headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, spec: SimSpec, endpoint: str, peer_headers: TokenSource | Mapping[str, str] | None = None
+    ) -> None:
         self.endpoint = endpoint
         #: what the KV fetch presents to a prefill engine (the fleet's serving token)
-        self._peer_headers = dict(peer_headers or {})
+        self._peer_auth, self._peer_headers = peer_auth(peer_headers)
         self._store: ContextStore[ContextState] = ContextStore(
             capacity=spec.kv_store_capacity, ttl_seconds=spec.kv_store_ttl_seconds
         )
@@ -67,7 +71,7 @@ class SimHandoff:
     def open(self) -> None:
         if self._client is None:
             self._client = httpx.AsyncClient(
-                timeout=KV_FETCH_TIMEOUT, limits=KV_FETCH_LIMITS, headers=self._peer_headers
+                timeout=KV_FETCH_TIMEOUT, limits=KV_FETCH_LIMITS, headers=self._peer_headers, auth=self._peer_auth
             )
 
     async def close(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
+from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.backends.base import (
@@ -77,7 +78,12 @@ class TorchBackend(EngineBackend):
     test_double: ClassVar[bool] = False
 
     def __init__(
-        self, config: EngineConfig, *, vocab_size: int, eos_token_id: int, peer_headers: Mapping[str, str] | None = None
+        self,
+        config: EngineConfig,
+        *,
+        vocab_size: int,
+        eos_token_id: int,
+        peer_headers: TokenSource | Mapping[str, str] | None = None,
     ) -> None:
         spec = config.torch
         source = resolve_model(config.model.path)

@@ -23,6 +23,7 @@ import httpx
 import torch
 from drs_protocol.engine_config import TorchSpec
 from drs_protocol.enums import KvTransport
+from drs_protocol.token_source import TokenSource
 
 from drs_engine.backends.base import BinaryExport, ContextHandoff, LegRequest
 from drs_engine.backends.handoff import check_received, context_request_id, context_source, left_context, missing_here
@@ -36,6 +37,7 @@ from drs_engine.backends.torch.sampling import Choice
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import BadRequestError, EngineError
 from drs_engine.kv_store import ContextStore
+from drs_engine.peer_auth import peer_auth
 
 #: A CUDA-IPC KV exported by its own handle stays referenced here this long (the peer copies it in
 #: milliseconds; arena regions need no such lease).
@@ -67,11 +69,11 @@ class TorchHandoff:
         dtype: Any,
         worker: GpuWorker,
         endpoint: str,
-        peer_headers: Mapping[str, str] | None = None,
+        peer_headers: TokenSource | Mapping[str, str] | None = None,
     ) -> None:
         self._spec = spec
         #: what the KV fetch presents to a prefill engine (the fleet's serving token)
-        self._peer_headers = dict(peer_headers or {})
+        self._peer_auth, self._peer_headers = peer_auth(peer_headers)
         self._shape = shape
         self._device = device
         self._dtype = dtype
@@ -90,7 +92,7 @@ class TorchHandoff:
 
     def open(self) -> None:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=FETCH_TIMEOUT, headers=self._peer_headers)
+            self._client = httpx.AsyncClient(timeout=FETCH_TIMEOUT, headers=self._peer_headers, auth=self._peer_auth)
 
     async def close(self) -> None:
         if self._client is not None:

@@ -1,0 +1,195 @@
+"""Rotating a fleet's token Secrets without refusing a caller (pure).
+
+A rotation is asked for by writing any new value into the DisaggReplicaSet's
+``disagg.dev/rotate-tokens`` annotation (``kubectl annotate drs NAME disagg.dev/rotate-tokens=$(date
++%s) --overwrite``). Both Secrets, ``<drs>-serving`` and ``<drs>-control``, then go through two
+phases of ``window`` seconds each (``disagg.dev/token-rotation-window-seconds``, default
+:data:`WINDOW_S`, bounds :data:`MIN_WINDOW_S`-:data:`MAX_WINDOW_S`):
+
+=====================  ==========================================  =============================
+phase (annotation)     Secret keys                                 every pod (``token_source``)
+=====================  ==========================================  =============================
+idle                   ``token: A``                                presents A, accepts A
+``next`` (1)           ``token: A``, ``next: B``                   presents A, accepts A and B
+``previous`` (2)       ``token: B``, ``previous: A``               presents B, accepts B and A
+idle                   ``token: B``                                presents B, accepts B
+=====================  ==========================================  =============================
+
+Why two phases: pods read a changed Secret at different moments (the kubelet refreshes each pod's
+mounted Secret on its own sync, within about a minute by default, then the token source within a
+second). A presenter must never switch to B before every acceptor accepts B, and an acceptor must
+not drop A before every presenter has switched: phase 1 makes B accepted everywhere before anyone
+presents it; phase 2 keeps A accepted while presenters switch. Each phase lasts the window, which
+must exceed the time a Secret change takes to reach every pod (the guarantee is that bound; the
+operator does not ask the pods). A token two rotations old is refused (401).
+
+The state lives on the Secret itself (annotations :data:`ANNOTATION_ROTATION_PHASE`, ``-since``,
+``-request``), so an operator restarted mid-rotation resumes it. A request that arrives during a
+rotation starts the next one after it ends.
+
+A Secret deleted while pods that read it run is re-created in phase 1 with no ``token`` key
+(:func:`recreated_secret`): the pods keep presenting the token they hold (the mounted files keep
+the last version while the Secret is gone; the source keeps its token when ``token`` is absent)
+and accept the new one; after the window the new token becomes ``token`` and each pod keeps
+accepting the one it held for ``token_source.HELD_GRACE_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import datetime
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from drs_protocol.token_source import KEY_NEXT, KEY_PREVIOUS, KEY_TOKEN
+
+from drs_operator.api.constants import (
+    ANNOTATION_ROTATE_TOKENS,
+    ANNOTATION_ROTATION_PHASE,
+    ANNOTATION_ROTATION_REQUEST,
+    ANNOTATION_ROTATION_SINCE,
+    ANNOTATION_ROTATION_WINDOW,
+    EventReason,
+    EventType,
+)
+from drs_operator.api.objects import Manifest
+from drs_operator.status_events import EventNote
+
+#: Seconds each phase lasts by default: above the kubelet's default sync period (60 s) for a
+#: mounted Secret, plus the token source's second.
+WINDOW_S: Final = 120
+MIN_WINDOW_S: Final = 2
+MAX_WINDOW_S: Final = 86_400
+TOKEN_BYTES: Final = 32
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one pass does to one Secret: the Secret to write (None: nothing), an Event, and the
+    seconds until the next phase is due (None: no rotation under way)."""
+
+    secret: Manifest | None = None
+    note: EventNote | None = None
+    due_in_s: float | None = None
+
+
+def rotation_window(annotations: Mapping[str, str]) -> tuple[int, str | None]:
+    """The window in seconds, and the problem with the annotation (the default is used then)."""
+    raw = annotations.get(ANNOTATION_ROTATION_WINDOW)
+    if raw is None:
+        return WINDOW_S, None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not MIN_WINDOW_S <= value <= MAX_WINDOW_S:
+        return WINDOW_S, (
+            f"annotation {ANNOTATION_ROTATION_WINDOW}={raw!r}: must be a whole number of seconds from "
+            f"{MIN_WINDOW_S} to {MAX_WINDOW_S}; using {WINDOW_S}"
+        )
+    return value, None
+
+
+def secret_keys(secret: Manifest) -> dict[str, str]:
+    """The token keys of a live Secret (``data`` is base64; unreadable values are left out)."""
+    found: dict[str, str] = {}
+    for key, raw in (secret.get("data") or {}).items():
+        try:
+            found[str(key)] = base64.b64decode(str(raw), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+    found.update({str(k): str(v) for k, v in (secret.get("stringData") or {}).items()})
+    return found
+
+
+def _written(live: Manifest, keys: Mapping[str, str], annotations: Mapping[str, str]) -> Manifest:
+    """``live`` with exactly ``keys`` (base64 ``data``) and ``annotations`` (for a replace)."""
+    meta = live.get("metadata") or {}
+    kept = {k: meta[k] for k in ("name", "namespace", "labels", "ownerReferences") if k in meta}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {**kept, "annotations": dict(annotations)},
+        "type": live.get("type", "Opaque"),
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in keys.items()},
+    }
+
+
+def _time(text: str | None) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(text) if text else None
+    except ValueError:
+        return None
+
+
+def rotation_step(live: Manifest, request: str | None, window_s: float, now: datetime.datetime) -> Step:
+    """The next step of ``live``'s rotation (module docstring) at ``now``."""
+    name = (live.get("metadata") or {}).get("name", "")
+    annotations = dict((live.get("metadata") or {}).get("annotations") or {})
+    keys = secret_keys(live)
+    phase = annotations.get(ANNOTATION_ROTATION_PHASE)
+    stamp = now.isoformat()
+    if phase is None:
+        if not request or request == annotations.get(ANNOTATION_ROTATION_REQUEST):
+            return Step()
+        new = {KEY_TOKEN: keys[KEY_TOKEN], KEY_NEXT: secrets.token_hex(TOKEN_BYTES)} if KEY_TOKEN in keys else None
+        if new is None:  # nothing to rotate from: a Secret without a token is fixed by hand
+            return Step(
+                note=EventNote(
+                    EventType.WARNING,
+                    EventReason.TOKEN_ROTATION_INVALID,
+                    f"Secret {name} has no key {KEY_TOKEN!r}: not rotated",
+                )
+            )
+        marks = {
+            **annotations,
+            ANNOTATION_ROTATION_PHASE: KEY_NEXT,
+            ANNOTATION_ROTATION_SINCE: stamp,
+            ANNOTATION_ROTATION_REQUEST: request,
+        }
+        message = (
+            f"Secret {name}: rotation begun; the new token is accepted from now on and presented in {window_s:.0f}s"
+        )
+        return Step(
+            _written(live, new, marks),
+            EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_STARTED, message),
+            window_s,
+        )
+    since = _time(annotations.get(ANNOTATION_ROTATION_SINCE)) or now
+    left = (since - now).total_seconds() + window_s
+    if left > 0:
+        return Step(due_in_s=left)
+    if phase == KEY_NEXT and KEY_NEXT in keys:
+        switched = {KEY_TOKEN: keys[KEY_NEXT], **({KEY_PREVIOUS: keys[KEY_TOKEN]} if KEY_TOKEN in keys else {})}
+        marks = {**annotations, ANNOTATION_ROTATION_PHASE: KEY_PREVIOUS, ANNOTATION_ROTATION_SINCE: stamp}
+        message = (
+            f"Secret {name}: the new token is presented from now on; the old one stays accepted for {window_s:.0f}s"
+        )
+        return Step(
+            _written(live, switched, marks),
+            EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_SWITCHED, message),
+            window_s,
+        )
+    done = {KEY_TOKEN: keys.get(KEY_TOKEN) or keys.get(KEY_NEXT, "")}
+    marks = {k: v for k, v in annotations.items() if k not in (ANNOTATION_ROTATION_PHASE, ANNOTATION_ROTATION_SINCE)}
+    message = f"Secret {name}: rotation done; the old token is refused from now on"
+    return Step(_written(live, done, marks), EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_DONE, message))
+
+
+def recreated_secret(built: Manifest, request: str | None, now: datetime.datetime) -> Manifest:
+    """A token Secret built fresh (``secrets.build_token_secret``) turned into phase 1 of a
+    rotation from a token nobody can read any more: its token under ``next`` only."""
+    token = dict(built["stringData"])[KEY_TOKEN]
+    marks: dict[str, Any] = {ANNOTATION_ROTATION_PHASE: KEY_NEXT, ANNOTATION_ROTATION_SINCE: now.isoformat()}
+    if request:
+        marks[ANNOTATION_ROTATION_REQUEST] = request
+    meta = {**built["metadata"], "annotations": {**(built["metadata"].get("annotations") or {}), **marks}}
+    return {**built, "metadata": meta, "stringData": {KEY_NEXT: token}}
+
+
+def rotation_request(annotations: Mapping[str, str]) -> str | None:
+    """The DisaggReplicaSet's ``rotate-tokens`` value (None: never asked)."""
+    return annotations.get(ANNOTATION_ROTATE_TOKENS) or None

@@ -1,0 +1,178 @@
+"""Token rotation on the kwok dev cluster, end to end, under continuous turns.
+
+The operator mounts the fleet's two token Secrets into its pods (the pod runner projects Secret
+volumes into each pod's directory and re-reads them every second, as a kubelet does on its sync).
+With ``disagg.dev/token-rotation-window-seconds: "3"``, the test, while two client threads send
+turns through the fleet's status URL without pause:
+
+1. rotates twice (``kubectl annotate drs … disagg.dev/rotate-tokens=…``): each Secret goes through
+   ``next`` and ``previous`` and ends with a new token alone;
+2. deletes the serving Secret under the running fleet: the operator re-creates it as the first
+   phase of a rotation (a Warning Event naming the pods) and finishes that rotation.
+
+Then: no turn failed; no pod was replaced or restarted; the engines refuse the serving and
+control tokens of two rotations ago (401) and take the current ones; the Events name each
+phase; and no token ever written appears in an Event, a ConfigMap, the status, the operator's
+log or any pod's log.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from drs_devcluster.testing import RunningCluster
+from drs_operator.manifests.rotation import secret_keys
+from drs_protocol import auth
+from operator_harness import OperatorProcess, apply, get_json, wait_for, wait_ready
+
+pytestmark = pytest.mark.cluster
+
+NAME = "rotor"
+BODY = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+PHASE = "disagg.dev/token-rotation-phase"
+
+
+def fleet() -> dict[str, Any]:
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggReplicaSet",
+        "metadata": {"name": NAME, "annotations": {"disagg.dev/token-rotation-window-seconds": "3"}},
+        "spec": {
+            "replicas": 1,
+            "model": {"path": "sim-qwen3"},
+            "engine": {"backend": "sim", "sim": {"speed": 0}},
+            "prefill": {"engines": 1, "tensorParallelSize": 1},
+            "decode": {"engines": 1, "tensorParallelSize": 1},
+            "frontend": {"workers": 1, "basePort": 18600},
+            "trtllm": {"enginePort": 18200},
+            "network": {"hostNetwork": True},
+            "topology": {"gpusPerNode": 8},
+            "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
+        },
+    }
+
+
+def call(url: str, body: dict[str, Any] | None = None, token: str | None = None) -> int:
+    headers = {"content-type": "application/json", **(auth.bearer(token) if token else {})}
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            resp.read()
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+@dataclass
+class Load:
+    url: str
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                code = call(f"{self.url}/v1/chat/completions", BODY)
+            except OSError as exc:
+                self.failed.append(repr(exc))
+                continue
+            if code == 200:
+                self.ok += 1
+            else:
+                self.failed.append(str(code))
+
+
+def secrets_of(devcluster: RunningCluster, namespace: str) -> dict[str, dict[str, Any]]:
+    items = get_json(devcluster, "secrets", "-n", namespace)["items"]
+    return {s["metadata"]["name"]: s for s in items if s["metadata"]["name"] in (f"{NAME}-serving", f"{NAME}-control")}
+
+
+def rotated(devcluster: RunningCluster, namespace: str, before: dict[str, str]) -> dict[str, str] | None:
+    """The two tokens once both Secrets hold a token other than ``before``'s and no phase."""
+    found = secrets_of(devcluster, namespace)
+    tokens = {}
+    for name, secret in found.items():
+        keys = secret_keys(secret)
+        if PHASE in (secret["metadata"].get("annotations") or {}) or set(keys) != {"token"}:
+            return None
+        tokens[name] = keys["token"]
+    changed = len(tokens) == 2 and all(tokens[n] != before.get(n) for n in tokens if n in before)
+    return tokens if changed else None
+
+
+def pod_identity(devcluster: RunningCluster, namespace: str) -> dict[str, tuple[str, int]]:
+    items = get_json(devcluster, "pods", "-n", namespace)["items"]
+    return {
+        p["metadata"]["name"]: (
+            p["metadata"]["uid"],
+            sum(c.get("restartCount", 0) for c in (p.get("status") or {}).get("containerStatuses") or []),
+        )
+        for p in items
+    }
+
+
+def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
+    devcluster: RunningCluster, namespace: str, stack: OperatorProcess
+) -> None:
+    apply(devcluster, namespace, fleet())
+    status = wait_ready(devcluster, namespace, NAME, 1, timeout=180)
+    (url,) = status["urls"]
+    wait_for("the frontend to serve", lambda: call(f"{url}/ready") == 200, timeout=60)
+    first = {n: secret_keys(s)["token"] for n, s in secrets_of(devcluster, namespace).items()}
+    pods_before = pod_identity(devcluster, namespace)
+
+    load = Load(url)
+    threads = [threading.Thread(target=load.run, daemon=True) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    try:
+        history = [first]
+        for request in ("r1", "r2"):
+            devcluster.kubectl("annotate", "drs", "-n", namespace, NAME, f"disagg.dev/rotate-tokens={request}", "--overwrite")
+            history.append(wait_for(f"rotation {request} to finish", lambda: rotated(devcluster, namespace, history[-1]), timeout=120))
+        turns_after_rotations = load.ok
+        devcluster.kubectl("delete", "secret", "-n", namespace, f"{NAME}-serving")
+        recreated = wait_for(
+            "the serving Secret re-created and switched",
+            lambda: (t := rotated(devcluster, namespace, {f"{NAME}-serving": history[-1][f"{NAME}-serving"]})) and t,
+            timeout=120,
+        )
+        history.append(recreated)
+        wait_for("turns after the re-creation", lambda: load.ok > turns_after_rotations + 20, timeout=60)
+    finally:
+        load.stop.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    print(f"rotation on the cluster: {load.ok} turns, {len(load.failed)} failed")
+    assert load.failed == [], load.failed[:5]
+    assert load.ok > 0
+
+    assert pod_identity(devcluster, namespace) == pods_before  # nothing restarted or replaced
+
+    status = get_json(devcluster, "drs", "-n", namespace, NAME)["status"]
+    engines = {e["role"]: e["url"] for e in status["replicaStatuses"][0]["engines"]}
+    serving, control = f"{NAME}-serving", f"{NAME}-control"
+    now, old = history[-1], history[0]
+    assert call(f"{engines['prefill']}/v1/models", token=old[serving]) == 401
+    assert call(f"{engines['prefill']}/v1/models", token=now[serving]) == 200
+    assert call(f"{engines['decode']}/control/weights", token=old[control]) == 401
+    assert call(f"{engines['decode']}/control/weights", token=now[control]) == 200
+
+    events = get_json(devcluster, "events", "-n", namespace)["items"]
+    reasons = {e["reason"] for e in events}
+    assert {"TokenRotationStarted", "TokenRotationSwitched", "TokenRotationDone", "TokenSecretRecreated"} <= reasons
+
+    every_token = {t for tokens in history for t in tokens.values()}
+    public = json.dumps([events, get_json(devcluster, "configmaps", "-n", namespace), status])
+    logs = [stack.log, *Path(devcluster.cluster.layout.state_dir, "pods").glob(f"{namespace}_*/log")]
+    text = public + "".join(Path(p).read_text(errors="replace") for p in logs)
+    assert len(logs) >= 4 and not [t for t in every_token if t in text]
