@@ -9,6 +9,7 @@ Outside it: ``drs sidecar --engine URL --engine URL … --control-token-file F``
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import socket
@@ -19,6 +20,7 @@ from pathlib import Path
 import click
 from drs_protocol import env
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_TARGET_LEASE_S
+from drs_protocol.token_source import TokenSource, token_source
 
 from drs_sidecar.targets import DEFAULT_LEASE_S
 
@@ -86,8 +88,11 @@ def sidecar(
     except BindError as exc:
         click.echo(f"drs sidecar: {exc.strerror}", err=True)
         sys.exit(EXIT_BIND_FAILED)
-    token = (
-        control_token_file.read_text().strip() if control_token_file else os.environ.get(env.CONTROL_TOKEN, "").strip()
+    source = token_source(
+        os.environ.get(env.CONTROL_TOKEN_DIR) or None,
+        control_token_file,
+        os.environ.get(env.CONTROL_TOKEN),
+        "control token",
     )
     asyncio.run(
         _run(
@@ -95,7 +100,7 @@ def sidecar(
             name,
             namespace,
             list(engines),
-            token,
+            source,
             concurrency,
             (load_timeout, call_timeout, collective_timeout),
             reconcile_interval,
@@ -114,7 +119,7 @@ async def _run(
     name: str | None,
     namespace: str | None,
     engines: list[str],
-    token: str,
+    source: TokenSource,
     concurrency: int,
     timeouts: tuple[float, float, float],
     reconcile_interval: float,
@@ -130,8 +135,11 @@ async def _run(
     from drs_sidecar.metrics import SidecarMetrics
     from drs_sidecar.refit import Refitter
 
+    token = source.current or ""
     fleet: Fleet
     refresh: Callable[[], Awaitable[str]] | None = None
+    if source.directory is not None:  # the control Secret mounted: read the files again on a 401
+        refresh = functools.partial(_reread, source)
     if name:
         kube = await KubeFleet.connect(namespace or _pod_namespace(), name)
         if not token:
@@ -162,3 +170,9 @@ async def _run(
     app = build_app(refitter, reconcile_s=reconcile_interval)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])
+
+
+async def _reread(source: TokenSource) -> str:
+    """The mounted control token as it is now (``drs_protocol.token_source``)."""
+    await asyncio.to_thread(source.refresh)
+    return source.current or ""

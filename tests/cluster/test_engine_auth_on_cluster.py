@@ -1,8 +1,8 @@
 """Engine authentication on the kwok dev cluster: a fleet serves with it on; a pod without the token is refused.
 
 The operator creates the fleet's ``<name>-serving`` and ``<name>-control`` Secrets (owned by the
-DisaggReplicaSet, distinct random tokens); its engine and frontend pods read the serving token
-through ``secretKeyRef`` (the pod runner resolves it as a kubelet would), so a turn through the
+DisaggReplicaSet, distinct random tokens); its engine and frontend pods mount the Secrets (the
+pod runner projects them as a kubelet would), so a turn through the
 status URL is served; the engines refuse a direct call without the token (401 naming the realm)
 and serve one with it; ``/health`` stays open. Two hand-made frontend pods in front of the same
 engines, one without the token and one with the Secret's: the first answers every turn 502

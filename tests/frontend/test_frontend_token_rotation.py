@@ -108,6 +108,7 @@ async def test_a_two_phase_rotation_under_continuous_turns_loses_none(tmp_path: 
         await phase(sources, dirs, engines_first, token=NEW)
         stop.set()
         await asyncio.gather(*clients)
+    print(f"rotation ({upstream}): {tally.ok} turns, {len(tally.failed)} failed")
     assert tally.failed == [], tally.failed[:3]
     assert tally.ok > before > 0  # turns ran during every phase
     assert all(s.current == NEW for s in sources.values())
@@ -125,4 +126,5 @@ async def test_the_control_a_one_step_swap_with_the_presenter_first_loses_turns(
         await phase(sources, dirs, ["prefill", "decode"], token=NEW)
         stop.set()
         await asyncio.gather(*clients)
+    print(f"one-step swap, presenter first: {tally.ok} turns, {len(tally.failed)} failed")
     assert tally.failed and all(f.startswith("502") for f in tally.failed), tally.failed[:3]
