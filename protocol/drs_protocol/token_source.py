@@ -74,13 +74,16 @@ def _read_key(directory: Path, key: str) -> str | None:
 
 def read_keys(directory: Path) -> dict[str, str] | None:
     """The non-empty keys of a mounted token Secret (``..data`` first when present); None when
-    the directory is missing or unreadable."""
-    base = directory / DATA_LINK if (directory / DATA_LINK).exists() else directory
+    the directory is missing or unreadable, or the version read was replaced while it was read
+    (the kubelet removes an old version right after the swap: a half-read one is not a Secret
+    without keys)."""
+    link = directory / DATA_LINK
     try:
-        resolved = base.resolve(strict=True)
-        return {key: value for key in KEYS if (value := _read_key(resolved, key)) is not None}
+        resolved = (link if link.exists() else directory).resolve(strict=True)
+        keys = {key: value for key in KEYS if (value := _read_key(resolved, key)) is not None}
     except (OSError, UnicodeDecodeError):
         return None
+    return keys if resolved.is_dir() else None
 
 
 class TokenSource:
