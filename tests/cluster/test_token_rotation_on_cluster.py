@@ -137,13 +137,19 @@ def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
     try:
         history = [first]
         for request in ("r1", "r2"):
-            devcluster.kubectl("annotate", "drs", "-n", namespace, NAME, f"disagg.dev/rotate-tokens={request}", "--overwrite")
-            history.append(wait_for(f"rotation {request} to finish", lambda: rotated(devcluster, namespace, history[-1]), timeout=120))
+            devcluster.kubectl(
+                "annotate", "drs", "-n", namespace, NAME, f"disagg.dev/rotate-tokens={request}", "--overwrite"
+            )
+            history.append(
+                wait_for(
+                    f"rotation {request} to finish", lambda: rotated(devcluster, namespace, history[-1]), timeout=120
+                )
+            )
         turns_after_rotations = load.ok
         devcluster.kubectl("delete", "secret", "-n", namespace, f"{NAME}-serving")
         recreated = wait_for(
             "the serving Secret re-created and switched",
-            lambda: (t := rotated(devcluster, namespace, {f"{NAME}-serving": history[-1][f"{NAME}-serving"]})) and t,
+            lambda: rotated(devcluster, namespace, {f"{NAME}-serving": history[-1][f"{NAME}-serving"]}),
             timeout=120,
         )
         history.append(recreated)
