@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
-from drs_protocol.nemo_rl_refit import RefitSpecError, parse_state_dict_info
+from drs_protocol.nemo_rl_refit import RefitSpecError, checkpoint_files, parse_state_dict_info
 from drs_protocol.trtllm_kwargs import tokens_per_block_of
 
 from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
@@ -266,6 +266,10 @@ class TrtllmBackend(EngineBackend):
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         if not os.path.exists(path):
             raise WeightsLoadError(f"weights path {path!r} does not exist", param="path")
+        try:  # what the worker extension will read: a path it would refuse interrupts no leg
+            checkpoint_files(path)
+        except OSError as exc:
+            raise WeightsLoadError(f"weights path {path!r}: {exc}", param="path") from exc
         async with self._switch.update("load_weights"):
             await self._rpc("load_weights", {"path": path}, error=WeightsLoadError)
             await self._rpc("reset_prefix_cache")

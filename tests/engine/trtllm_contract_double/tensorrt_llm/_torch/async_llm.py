@@ -98,7 +98,9 @@ class AsyncLLM:
         cached = self._cached(prompt) if kind != "generation_only" else 0
         first = self._check_state(prompt, disaggregated_params) if kind == "generation_only" else None
         limit = 1 if kind == "context_only" else int(sampling_params.max_tokens or 16)
-        steps = self._steps(prompt, first, limit, sampling_params, disaggregated_params if kind == "context_only" else None)
+        steps = self._steps(
+            prompt, first, limit, sampling_params, disaggregated_params if kind == "context_only" else None
+        )
         return GenerationResult(prompt, cached, steps)
 
     def _steps(self, prompt: list[int], first: int | None, limit: int, sampling_params: Any, context: Any) -> Any:
