@@ -21,7 +21,7 @@ from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitI
 from drs_protocol.nemo_rl_refit import RefitSpecError, checkpoint_files, parse_state_dict_info
 from drs_protocol.trtllm_kwargs import tokens_per_block_of
 
-from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
+from drs_engine.backends.base import EngineBackend, LegEvent, LegFinished, LegRequest
 from drs_engine.backends.trtllm.features import Features, detect_features
 from drs_engine.backends.trtllm.surface import release
 from drs_engine.backends.trtllm.switch import WeightsSwitch
@@ -184,6 +184,11 @@ class TrtllmBackend(EngineBackend):
                     else:
                         promise.abort()  # GenerationResult.abort -> executor.abort_request(request_id)
             if running is None or not running.stale:
+                return
+            if len(generated) >= leg.max_tokens:  # every token came before the update: nothing to redo
+                prompt_tokens = len(leg.prompt_token_ids)
+                query = prompt_tokens if prefix_lookup else 0
+                yield LegFinished("length", prompt_tokens, 0, query, weights_version=version)
                 return
             await self._switch.settled(running)
             boundary = len(generated) if generated else None
