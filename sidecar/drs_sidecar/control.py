@@ -9,11 +9,12 @@ is a failed call saying so).
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Final
 
-import httpx
+import aiohttp
 from drs_protocol import fields
 from drs_protocol.control import LoadWeights, WeightsInfo, answer_model
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, HEALTH, ControlOp
@@ -49,33 +50,44 @@ class _Health(BaseModel):
 
 
 class ControlClient:
-    """One connection pool per engine: httpcore assigns a request by scanning every connection of
-    its pool, so one shared pool over N engines costs O(N) per call (O(N²) per fan-out; at 256
-    engines that was most of a refit's CPU time, ``bench/refit_scale.py``)."""
+    """One aiohttp session for every engine: its connector keeps a pool per engine (host and
+    port), found by key, so a call costs the same at 4 engines as at 256. Its CPU per call is about
+    a third of httpx's (``bench/refit_scale.py``: at 256 engines, two calls per engine per refit,
+    the client's CPU was most of the sidecar's), and it has no per-pool TLS context to build
+    (httpx builds one per client, ~25 ms each). The session is made on the first call, in the
+    running event loop; :meth:`close` ends it. Proxies from the environment are not used (the
+    engines are the fleet's own pods)."""
 
     def __init__(self, token: str, *, call_s: float = 30.0, load_s: float = 1800.0, connect_s: float = 5.0) -> None:
         self.call_s = call_s
         self.load_s = load_s
+        self.connect_s = connect_s
         self._headers = fields.control_auth(token)
-        self._timeout = httpx.Timeout(call_s, connect=connect_s)
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        self._session: aiohttp.ClientSession | None = None
+        #: one ``ClientTimeout`` per timeout value (a few: call, load, health, collective steps)
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
-    def _client(self, url: str) -> httpx.AsyncClient:
-        client = self._clients.get(url)
-        if client is None:
-            limits = httpx.Limits(
-                max_connections=MAX_CONNECTIONS_PER_ENGINE,
-                max_keepalive_connections=MAX_CONNECTIONS_PER_ENGINE,
-                keepalive_expiry=KEEPALIVE_S,
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=0,  # no bound over all engines: the refit's own concurrency bounds the calls
+                limit_per_host=MAX_CONNECTIONS_PER_ENGINE,
+                keepalive_timeout=KEEPALIVE_S,
             )
-            client = httpx.AsyncClient(headers=self._headers, timeout=self._timeout, limits=limits)
-            self._clients[url] = client
-        return client
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
+        return self._session
+
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=seconds, sock_connect=min(self.connect_s, seconds))
+            self._timeouts[seconds] = timeout
+        return timeout
 
     async def close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     async def weights(self, url: str) -> CallResult:
         """``GET /control/weights``: the version and digest the engine holds."""
@@ -111,29 +123,32 @@ class ControlClient:
     ) -> CallResult:
         started = time.perf_counter()
         try:
-            response = await self._client(url).request(method, url + route, json=body, timeout=timeout)
-        except httpx.TimeoutException:
+            async with self._client().request(
+                method, url + route, json=body, timeout=self._timeout(timeout)
+            ) as response:
+                status, content = response.status, await response.read()
+        except TimeoutError:  # aiohttp's ServerTimeoutError is one too
             elapsed = time.perf_counter() - started
             return CallResult(url, False, None, f"no answer within {timeout:g}s", elapsed, timed_out=True)
-        except httpx.TransportError as exc:
-            return CallResult(url, False, None, f"unreachable: {exc}", time.perf_counter() - started)
+        except (aiohttp.ClientError, OSError) as exc:
+            return CallResult(
+                url, False, None, f"unreachable: {type(exc).__name__}: {exc}", time.perf_counter() - started
+            )
         elapsed = time.perf_counter() - started
-        if response.status_code == 200:
+        if status == 200:
             try:
-                answer = model.model_validate_json(response.content)
+                answer = model.model_validate_json(content)
             except ValidationError as exc:
                 return CallResult(url, False, 200, f"its answer breaks the control API's contract: {exc}", elapsed)
             version = getattr(answer, "weights_version", None)
             digest = getattr(answer, "weights_digest", None)
             return CallResult(url, True, 200, "", elapsed, version, digest, answer)
         try:
-            data = response.json()
+            data = json.loads(content)
         except ValueError:
             data = {}
         error = data.get("error") if isinstance(data, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
         kind = error.get("type") if isinstance(error, dict) else None
-        detail = str(message or response.text[:500])
-        return CallResult(
-            url, False, response.status_code, detail, elapsed, error_type=kind if isinstance(kind, str) else None
-        )
+        detail = str(message or content[:500].decode("utf-8", "replace"))
+        return CallResult(url, False, status, detail, elapsed, error_type=kind if isinstance(kind, str) else None)
