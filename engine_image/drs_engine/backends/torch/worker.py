@@ -49,8 +49,16 @@ def memory(device: Any) -> dict[str, int | None]:
 
 
 def empty_cache(device: Any) -> int | None:
-    """Give the allocator's cached blocks back to the device; the free bytes after."""
+    """Give the allocator's cached blocks back to the device; the free bytes after.
+
+    cuBLAS keeps a workspace per (handle, stream) it ran a matmul on, allocated through PyTorch's
+    caching allocator and counted in ``memory_allocated`` (32 MiB each on Hopper): the GPU thread's
+    stream, the CUDA graphs' warm-up and capture streams. Sleep drops them too (cuBLAS makes new
+    ones on the next matmul)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:
+            clear_workspaces()
         torch.cuda.empty_cache()
     return free_bytes(device)
