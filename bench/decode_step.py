@@ -31,11 +31,13 @@ from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, random_s
 LENGTH = 640
 STEPS = 20
 ROUNDS = 5
-#: (result key, CUDA graphs, elementwise chains compiled by inductor)
+#: (result key, CUDA graphs, elementwise chains compiled by inductor, weights packed as the engine
+#: holds them: q/k/v and gate/up multiplied at once, ``pooled.fuse_projections``)
 VARIANTS = (
-    ("pooled_eager_ms", False, False),
-    ("pooled_graph_ms", True, False),
-    ("pooled_graph_compiled_ms", True, True),
+    ("pooled_eager_ms", False, False, False),
+    ("pooled_graph_ms", True, False, False),
+    ("pooled_graph_compiled_ms", True, True, False),
+    ("pooled_graph_compiled_packed_ms", True, True, True),
 )
 
 
@@ -73,14 +75,14 @@ def profile(batches: tuple[int, ...], out: Path) -> dict[str, Any]:
     choice (:func:`~drs_engine.backends.torch.sampling.choose_tokens`, greedy, the host sync), under
     ``torch.profiler`` over ``STEPS`` steps: each batch's table by device time into ``out``, and the
     graph-replayed step with the choice timed by CUDA events (what the batcher's job costs)."""
+    from drs_engine.backends.torch.batching import DecodeSeq
+    from drs_engine.backends.torch.sampling import BanMasks, Sampling, choose_tokens
+    from drs_engine.backends.torch.weights.packed import pack
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
-    from drs_engine.backends.torch.batching import DecodeSeq
-    from drs_engine.backends.torch.sampling import BanMasks, Sampling, choose_tokens
-
     shape, device, dtype = SIZES["0.6b"], torch.device("cuda:0"), torch.bfloat16
-    params = random_state_dict(shape, seed=0, device=device, dtype=dtype)
+    params = pack(random_state_dict(shape, seed=0, device=device, dtype=dtype), device).params  # as served
     greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0)
     bans = BanMasks(shape.vocab_size, vocab_limit=None, eos_token_id=151645, device=device)
     out.mkdir(parents=True, exist_ok=True)
@@ -126,8 +128,11 @@ def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -
     from drs_engine.backends.torch.sampling import Sampling
 
     shape, device, dtype = SIZES["0.6b"], torch.device("cuda:0"), torch.bfloat16
-    params = random_state_dict(shape, seed=0, device=device, dtype=dtype)
-    weight_bytes = sum(t.numel() * t.element_size() for t in params.values())
+    from drs_engine.backends.torch.weights.packed import pack
+
+    loose = random_state_dict(shape, seed=0, device=device, dtype=dtype)
+    packed = pack(loose, device).params
+    weight_bytes = sum(t.numel() * t.element_size() for t in loose.values())
     gbps = _copy_gbps()
     greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0)
     out: dict[str, Any] = {}
@@ -135,7 +140,8 @@ def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -
         row: dict[str, Any] = {}
         kvs = [new_kv(shape, LENGTH + 1, device=device, dtype=dtype).normal_() for _ in range(batch)]
         logits: dict[str, Any] = {}
-        for name, graphs, compiled in VARIANTS:
+        for name, graphs, compiled, is_packed in VARIANTS:
+            params = packed if is_packed else loose
             decoder = BatchDecoder(
                 shape, slots=64, slot_tokens=2048, cuda_graphs=graphs, compiled=compiled, device=device, dtype=dtype
             )
@@ -147,14 +153,14 @@ def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -
             began = time.monotonic()
             logits[name] = decoder.step(params, "w", seqs).clone()
             row[name.replace("_ms", "_first_step_s")] = round(time.monotonic() - began, 2)
-            row[name] = _ms(lambda d=decoder, s=seqs: d.step(params, "w", s))
+            row[name] = _ms(lambda d=decoder, s=seqs, p=params: d.step(p, "w", s))
             decoder.free()
         base = logits["pooled_eager_ms"]
         row["max_abs_logit_diff"] = {k: round(float((v - base).abs().max()), 4) for k, v in logits.items()}
         row["argmax_equal"] = {k: bool(torch.equal(v.argmax(-1), base.argmax(-1))) for k, v in logits.items()}
         if per_sequence:
             row["per_sequence_eager_ms"] = _ms(
-                lambda b=batch, k=kvs: decode_step(params, shape, [1000] * b, k, [LENGTH] * b)
+                lambda b=batch, k=kvs, p=params: decode_step(p, shape, [1000] * b, k, [LENGTH] * b)
             )
         kv_bytes = batch * LENGTH * shape.kv_bytes_per_token(dtype)
         floor_ms = (weight_bytes + kv_bytes) / (gbps * 1e9) * 1000
@@ -165,6 +171,9 @@ def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -
             row["pooled_graph_compiled_ms"]["median"] / row["pooled_graph_ms"]["median"], 3
         )
         row["compiled_tok_s"] = round(batch * 1000 / row["pooled_graph_compiled_ms"]["median"], 1)
+        row["packed_over_compiled"] = round(
+            row["pooled_graph_compiled_packed_ms"]["median"] / row["pooled_graph_compiled_ms"]["median"], 3
+        )
         out[str(batch)] = row
         print(json.dumps({str(batch): row}), file=sys.stderr, flush=True)  # progress
         torch.cuda.empty_cache()

@@ -66,7 +66,9 @@ def test_cuda_computes_the_reference_digest() -> None:
     assert wd.digest_torch_tensors([flat[:1000], flat[1000:]]) == reference
     assert fused_digest(flat) == reference  # compiled by inductor: one read of each chunk
     assert fused_digest(flat[3:]) == wd.digest_numpy(flat[3:].cpu().numpy().tobytes())
-    assert fused_digest(flat[: 5 * wd.CHUNK_BYTES]) == wd.digest_numpy(flat[: 5 * wd.CHUNK_BYTES].cpu().numpy().tobytes())
+    assert fused_digest(flat[: 5 * wd.CHUNK_BYTES]) == wd.digest_numpy(
+        flat[: 5 * wd.CHUNK_BYTES].cpu().numpy().tobytes()
+    )
     assert fused_digest(flat, compiled=False) == reference
 
 

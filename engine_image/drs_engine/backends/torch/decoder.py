@@ -31,7 +31,7 @@ from drs_engine.backends.torch.fused import EAGER, StepOps, fused_ops
 from drs_engine.backends.torch.graphs import DecodeGraphs
 from drs_engine.backends.torch.kv.slots import batch_bucket, token_bucket
 from drs_engine.backends.torch.model import ModelShape, decode_step
-from drs_engine.backends.torch.pooled import DecodePool, pooled_logits
+from drs_engine.backends.torch.pooled import DecodePool, Projections, fuse_projections, pooled_logits
 
 
 class BatchDecoder:
@@ -52,6 +52,8 @@ class BatchDecoder:
         self.graphs = DecodeGraphs(device, enabled=cuda_graphs)
         self.compiled = compiled and device.type == "cuda"
         self.ops: StepOps = fused_ops() if self.compiled else EAGER
+        #: the layers' back-to-back projections of the weights the graphs were captured for
+        self.fused: list[Projections] | None = None
         self.pooled_steps = 0
         self.eager_rows = 0
 
@@ -74,6 +76,7 @@ class BatchDecoder:
     def free(self) -> None:
         """Drop the pool and the graphs (sleep); holders were failed by the batcher."""
         self.graphs.clear()
+        self.fused = None
         self.pool.free()
 
     def release(self, seqs: list[DecodeSeq]) -> None:
@@ -102,6 +105,7 @@ class BatchDecoder:
         if self.graphs.captured_for is not weights_key:
             self.graphs.clear()  # new weight tensors: the graphs point at the old ones
             self.graphs.captured_for = weights_key
+            self.fused = fuse_projections(params, self.pool.shape)
         parts: list[Any] = []
         index: list[int] = []
         offset = 0
@@ -142,5 +146,5 @@ class BatchDecoder:
         pool.tokens[:rows].copy_(host[0])
         pool.positions[:rows].copy_(host[1])
         self.pooled_steps += 1
-        run: Callable[[], Any] = lambda: pooled_logits(params, pool, rows, tokens, self.ops)  # noqa: E731
+        run: Callable[[], Any] = lambda: pooled_logits(params, pool, rows, tokens, self.ops, self.fused)  # noqa: E731
         return self.graphs.run((rows, tokens), run)

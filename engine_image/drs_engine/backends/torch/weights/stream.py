@@ -33,8 +33,8 @@ from drs_protocol.weights_stream import StreamTensor, WeightsStreamHeader
 from drs_engine.backends.torch.weights.packed import PackedWeights, _itemsize, _torch_dtype, specs_of
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import WeightsLoadError
-from drs_engine.weights.stream import RECEIVE_PIECE_BYTES, WeightsExport
 from drs_engine.weights.digest import fused_digest
+from drs_engine.weights.stream import RECEIVE_PIECE_BYTES, WeightsExport
 
 
 def export(weights: PackedWeights, worker: GpuWorker) -> WeightsExport:
