@@ -112,7 +112,10 @@ async def stream(client: httpx.AsyncClient, url: str, payload: dict[str, Any], t
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
-            got = len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+            event = json.loads(line[6:])
+            if "choices" not in event:  # an error event: say which engine and what it said
+                raise RuntimeError(f"{url}: the stream carried {line[:600]}")
+            got = len(event["choices"][0].get("token_ids") or [])
             if got:
                 now = time.perf_counter()
                 first = first or now
