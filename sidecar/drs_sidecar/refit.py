@@ -47,6 +47,7 @@ from drs_protocol.control import (
     TrainerCollectiveUpdate,
     TrainerIpcUpdate,
 )
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S
 from drs_protocol.routes import ControlOp, TrainerRoute
 from drs_protocol.validation_errors import field_problems
@@ -60,7 +61,7 @@ from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.group_abort import CollectiveSteps
 from drs_sidecar.metrics import SidecarMetrics
 from drs_sidecar.report import EngineOutcome, Report, verify_digests
-from drs_sidecar.targets import DEFAULT_LEASE_S, TargetAnnouncer
+from drs_sidecar.targets import DEFAULT_LEASE_S, Lease, TargetAnnouncer
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,11 @@ class Refitter:
         concurrency: int = 64,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         target_lease_s: float = DEFAULT_LEASE_S,
+        cutover_margin_s: float = DEFAULT_CUTOVER_MARGIN_S,
     ) -> None:
         self.fleet = fleet
-        #: announces the target weights before any load (``drs_sidecar.targets``)
-        self.targets = TargetAnnouncer(control, metrics, lease_s=target_lease_s)
+        #: announces the target weights and their cut-over before any load (``drs_sidecar.targets``)
+        self.targets = TargetAnnouncer(control, metrics, lease_s=target_lease_s, margin_s=cutover_margin_s)
         #: the engines of the last fleet read: a refit announces to them before it reads again
         self.known: list[Engine] = []
         self.control = control
@@ -147,7 +149,7 @@ class Refitter:
         fleet now holds it (by digest: ``digest``, the trainer's, else the engines' agreement).
         Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
         request = checked(Refit, {"path": path, "version": version, "digest": digest})
-        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+        target, margin = self._new_target(request.version, request.path, request.digest)
         async with self._claim():
             passing = self._lock.locked()  # a reconcile pass runs: it may announce the old target
             # announced at once, to the engines known, before waiting for the pass (drs_sidecar.targets)
@@ -155,6 +157,7 @@ class Refitter:
                 engines = self.known = await self.fleet.engines()
                 previous = await self._start(target)
                 await lease.cover(engines, again=passing)  # every engine has been told before the first load
+                late = await lease.cut_over()  # no load before the cut-over
                 report = await self._fan_out(
                     ControlOp.LOAD_WEIGHTS,
                     engines,
@@ -162,7 +165,7 @@ class Refitter:
                     desired_digest=request.digest,
                 )
                 await lease.stop()  # no renewal after this: a rollback's announce comes last
-                report.target_announced_s = lease.announced_s
+                _note_cutover(report, lease, margin, late)
                 self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
                 self.metrics.refit_seconds.observe(report.elapsed_s)
                 await self._settle(report, previous, target, announced=True)
@@ -216,9 +219,11 @@ class Refitter:
             recompute_kv=request.recompute_kv,
             timeout_s=self.steps.engine_s,
         )
-        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
         report = await self._collective(
-            ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body, desired_digest=request.digest, target=target
+            ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE,
+            body,
+            desired_digest=request.digest,
+            target=(request.version, request.path, request.digest),
         )
         if report.complete:
             await self._publish(request.version)
@@ -231,17 +236,23 @@ class Refitter:
         body = IpcUpdate(version=request.version, state_dict_info=request.state_dict_info, buffers=request.buffers)
         async with self._exclusive():
             op = ControlOp.UPDATE_WEIGHTS_FROM_IPC
-            engines = await self.fleet.engines()
-            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
-            previous = await self._start(target)
-            report = await self._fan_out(
-                op,
-                engines,
-                lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
-                all_at_once=True,
-                desired_digest=request.digest,
-            )
-            await self._settle(report, previous, target)
+            engines = self.known = await self.fleet.engines()
+            target, margin = self._new_target(request.version, request.path, request.digest)
+            # announced with its cut-over before any engine copies, as a checkpoint refit's
+            async with self.targets.lease(engines, target, self.desired) as lease:
+                previous = await self._start(target)
+                await lease.cover(engines)
+                late = await lease.cut_over()
+                report = await self._fan_out(
+                    op,
+                    engines,
+                    lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
+                    all_at_once=True,
+                    desired_digest=request.digest,
+                )
+                await lease.stop()
+            _note_cutover(report, lease, margin, late)
+            await self._settle(report, previous, target, announced=True)
             await self._record_outcomes(report)
         if report.complete:
             await self._publish(request.version)
@@ -258,6 +269,13 @@ class Refitter:
             log.info("desired weights %s restored from the resource", stored.version)
         return stored
 
+    def _new_target(self, version: str, path: str | None, digest: str | None) -> tuple[DesiredWeights, float]:
+        """A refit's desired weights with their cut-over (``drs_protocol.cutover``: now plus the
+        margin; None when announcing is off, desired at once), and the margin."""
+        effective_at, margin = self.targets.cut_over_at()
+        at = effective_at if self.targets.enabled else None
+        return DesiredWeights(version=version, path=path, digest=digest, effective_at=at), margin
+
     async def _start(self, target: DesiredWeights) -> DesiredWeights | None:
         """Store ``target`` as the desired weights on the resource before any engine is called (a
         refit that cannot be recorded is refused: :class:`FleetError`); the previous ones back."""
@@ -272,8 +290,8 @@ class Refitter:
         """After a weights operation: the new weights stay desired (with the digest the engines were
         checked against) when any engine took them; one that reached no engine puts the previous
         desired weights back (a mistyped path changes nothing), announced to the engines when the
-        operation had announced its target (a checkpoint refit; collective and IPC refits announce
-        none, so their failure is not held up by a hung member)."""
+        operation had announced its target (every refit: by checkpoint, collective or CUDA IPC), so
+        nothing waits for weights that did not arrive."""
         if any(o.ok for o in report.outcomes):
             desired: DesiredWeights | None = target.model_copy(update={"digest": target.digest or report.digest})
             self._backoff.clear()
@@ -297,8 +315,11 @@ class Refitter:
         body: PrepareRefitInfo | CollectiveUpdate,
         *,
         desired_digest: str | None = None,
-        target: DesiredWeights | None = None,
+        target: tuple[str, str | None, str | None] | None = None,
     ) -> Report:
+        """A collective step on every member of the group; ``target`` (version, path, digest): the
+        weights it brings, announced to the members with their cut-over before the step (engines
+        refuse legs stamped after it until they hold them) and withdrawn when none took them."""
         async with self._exclusive():
             group = self.group
             if group is None:
@@ -307,12 +328,24 @@ class Refitter:
             if changes:  # a collective over a member that is not there would wait for it
                 self.group = None
                 raise GroupChanged(changes)
-            previous = await self._start(target) if target is not None else None
-            report = await self.steps.run(self._fan_out, op, group, lambda _: body, desired_digest=desired_digest)
+            if target is None:
+                report = await self.steps.run(self._fan_out, op, group, lambda _: body, desired_digest=desired_digest)
+            else:
+                desired, margin = self._new_target(*target)
+                members = [m.engine for m in group.members]
+                async with self.targets.lease(members, desired, self.desired) as lease:
+                    previous = await self._start(desired)
+                    await lease.cover(members)
+                    late = await lease.cut_over()  # the broadcast starts after the cut-over
+                    report = await self.steps.run(
+                        self._fan_out, op, group, lambda _: body, desired_digest=desired_digest
+                    )
+                    await lease.stop()
+                _note_cutover(report, lease, margin, late)
             if report.failed:
                 self.group = None  # aborted on every member: the next collective/init forms a new one
             if target is not None:
-                await self._settle(report, previous, target)
+                await self._settle(report, previous, desired, announced=True)
             if op in WEIGHTS_OPS:
                 await self._record_outcomes(report)
             return report
@@ -466,3 +499,13 @@ def _held_after(report: Report) -> dict[str, HeldWeights]:
         for o in report.outcomes
         if o.weights_version is not None
     }
+
+
+def _note_cutover(report: Report, lease: Lease, margin: float, late: bool) -> None:
+    """The announce and cut-over figures of a weights operation, in its report."""
+    report.target_announced_s = lease.announced_s
+    if lease.announced_s is not None:
+        report.effective_at = lease.effective_at
+        report.cutover_margin_s = margin
+        report.announce_exceeded_margin = late
+        report.late_legs = lease.late_legs

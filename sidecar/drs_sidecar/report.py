@@ -57,6 +57,13 @@ class Report:
     group_abort: Any = None
     #: A refit: seconds from its start until every engine had been told the target (None: not announced).
     target_announced_s: float | None = None
+    #: The refit's cut-over (epoch seconds, ``drs_protocol.cutover``) and the margin it got (None: not announced).
+    effective_at: float | None = None
+    cutover_margin_s: float | None = None
+    #: The announce round ended after the cut-over (engines told late may have served new turns at the old weights).
+    announce_exceeded_margin: bool = False
+    #: Legs the engines answered at other weights after the cut-over, as they counted them (a late announce).
+    late_legs: int = 0
 
     @property
     def failed(self) -> list[EngineOutcome]:
@@ -78,6 +85,10 @@ class Report:
             "weights_digest": self.digest,
             "group_abort": None if self.group_abort is None else self.group_abort.as_dict(),
             "target_announced_s": None if self.target_announced_s is None else round(self.target_announced_s, 4),
+            "effective_at": self.effective_at,
+            "cutover_margin_s": None if self.cutover_margin_s is None else round(self.cutover_margin_s, 4),
+            "announce_exceeded_margin": self.announce_exceeded_margin,
+            "late_legs": self.late_legs,
             "elapsed_s": round(self.elapsed_s, 3),
         }
 

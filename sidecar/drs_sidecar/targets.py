@@ -22,6 +22,14 @@ engines refusing new legs for one lease at most; then they serve what they hold 
 ``WeightsPending`` (the operator's condition, observed from the engines) says which are behind.
 A refit that reached no engine withdraws the target in favour of the previous desired weights
 (or none), so the engines serve again at once.
+
+The cut-over (:mod:`drs_protocol.cutover`): a target takes effect at ``effective_at``, picked by
+:meth:`TargetAnnouncer.cut_over_at` as now plus a margin larger than the announce round
+(``max(floor, 2 x the last round)``, at most :data:`~drs_protocol.cutover.MAX_CUTOVER_MARGIN_S`),
+sent with every announce and stored with the desired weights. :meth:`Lease.cut_over` waits for that
+instant before the first load (no load starts before it) and says whether the round outran it: an
+engine told after its cut-over may have answered turns stamped after it at the old weights, which
+it counts (``late_legs`` of its answer, summed in the report).
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from drs_protocol.control import WeightsTarget
+from drs_protocol.control import ControlAnswer, TargetAnnounced, WeightsTarget
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, cutover_margin
 from drs_protocol.routes import ControlOp
 from drs_protocol.weights_state import DesiredWeights
 
@@ -58,6 +67,8 @@ class Announced:
     reached: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     slowest_s: float = 0.0  #: the longest call of the round, as the client timed it
+    #: legs the engines had answered at other weights after the target's cut-over (a late announce)
+    late_legs: int = 0
 
 
 class TargetAnnouncer:
@@ -70,11 +81,21 @@ class TargetAnnouncer:
         *,
         lease_s: float = DEFAULT_LEASE_S,
         timeout_s: float = ANNOUNCE_TIMEOUT_S,
+        margin_s: float = DEFAULT_CUTOVER_MARGIN_S,
     ) -> None:
         self.control = control
         self.metrics = metrics
         self.lease_s = lease_s
         self.timeout_s = timeout_s
+        #: the cut-over margin's floor (``--cutover-margin``)
+        self.margin_s = margin_s
+        #: the last announce round's seconds (the next margin is twice it, when more than the floor)
+        self.last_round_s: float | None = None
+
+    def cut_over_at(self) -> tuple[float, float]:
+        """A new target's cut-over: (``effective_at`` on the wall clock, the margin it got)."""
+        margin = cutover_margin(self.margin_s, self.last_round_s) if self.enabled else 0.0
+        return time.time() + margin, margin
 
     @property
     def enabled(self) -> bool:
@@ -91,6 +112,7 @@ class TargetAnnouncer:
             version=None if target is None else target.version,
             digest=None if target is None else target.digest,
             lease_s=self.lease_s,
+            effective_at=None if target is None else target.effective_at,
         )
         results = await asyncio.gather(*(self.control.op(u, OP, body, timeout=self.timeout_s) for u in urls))
         done.slowest_s = max(r.elapsed_s for r in results)
@@ -98,6 +120,9 @@ class TargetAnnouncer:
             self.metrics.engine_calls.labels(op=OP.value, result="ok" if result.ok else "failed").inc()
             if result.ok:
                 done.reached.append(result.url)
+                answer = result.answer
+                if isinstance(answer, ControlAnswer) and isinstance(answer.result, TargetAnnounced):
+                    done.late_legs += answer.result.late_legs
             else:
                 done.failed[result.url] = (
                     result.detail if result.status is None else f"{result.status}: {result.detail}"
@@ -140,11 +165,19 @@ class Lease:
         #: (its answer came back; set by :meth:`cover`; None while not, or when announcing is off).
         self.announced_s: float | None = None
         self.covered = False
+        #: the wall-clock instant the last engine had been told (set by :meth:`cover`)
+        self.told_at: float | None = None
+        #: legs the engines counted as answered at other weights after the cut-over (late announces)
+        self.late_legs = 0
 
     async def _first_round(self, urls: list[str]) -> Announced:
         done = await self._announcer.announce(urls, self._target)
         self._first_done = time.perf_counter()
         return done
+
+    @property
+    def effective_at(self) -> float | None:
+        return self._target.effective_at
 
     @property
     def urls(self) -> list[str]:
@@ -163,10 +196,14 @@ class Lease:
         if extra:
             more = await self._announcer.announce(extra, self._target)
             slowest = max(done.slowest_s, more.slowest_s)
-            done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed}, slowest)
+            late = done.late_legs + more.late_legs
+            done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed}, slowest, late)
             told_at = time.perf_counter()
+        self.late_legs += done.late_legs
         if self._announcer.enabled:
             self.announced_s = told_at - self._started
+            self.told_at = time.time() - (time.perf_counter() - told_at)
+            self._announcer.last_round_s = self.announced_s
             log.info(
                 "target weights %s announced to %d engine(s) in %.3fs, slowest call %.3fs (%d failed; %d known "
                 "before, %d after the read)",
@@ -179,6 +216,25 @@ class Lease:
                 len(extra),
             )
         return done
+
+    async def cut_over(self) -> bool:
+        """Wait until the target's ``effective_at`` (no load starts before it); True when the
+        announce round (:meth:`cover`) ended after it: engines told late may have answered turns
+        stamped after the cut-over at the old weights (they count them: :attr:`late_legs`)."""
+        effective_at = self._target.effective_at
+        if effective_at is None:
+            return False
+        late = self.told_at is not None and self.told_at > effective_at
+        if late:
+            log.warning(
+                "target weights %s: the announce round ended %.3fs after its cut-over (margin too small for this "
+                "fleet; raise --cutover-margin): engines told late may have answered new turns at the old weights",
+                self._target.version,
+                (self.told_at or effective_at) - effective_at,
+            )
+        # waiting for the scheduled instant itself (the cut-over), not standing in for an event
+        await asyncio.sleep(max(0.0, effective_at - time.time()))
+        return late
 
     async def _renew(self) -> None:
         period = self._announcer.lease_s / 3
