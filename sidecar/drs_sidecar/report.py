@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from drs_protocol.routes import ControlOp
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
 
+from drs_sidecar.control import CallResult
 from drs_sidecar.fleet import Engine
 
 log = logging.getLogger("drs_sidecar.refit")
@@ -130,3 +132,20 @@ def verify_digests(report: Report, desired: str | None) -> Report:
     for failed in report.failed:
         log.warning("%s on %s (%s): %s", report.op, failed.engine, failed.url, failed.detail)
     return report
+
+
+def holds_desired(answer: CallResult, desired: DesiredWeights) -> bool:
+    """Whether an engine's ``GET /control/weights`` answer is at the desired weights (by digest
+    when both are known)."""
+    if answer.weights_version != desired.version:
+        return False
+    return desired.digest is None or answer.weights_digest is None or answer.weights_digest == desired.digest
+
+
+def held_after(report: Report) -> dict[str, HeldWeights]:
+    """What each engine that answered a weights operation holds now (as it answered)."""
+    return {
+        o.engine: HeldWeights(version=o.weights_version, digest=o.weights_digest)
+        for o in report.outcomes
+        if o.weights_version is not None
+    }
