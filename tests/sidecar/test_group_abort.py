@@ -3,6 +3,7 @@ budget's split, and the abort on every member (real sim engines; one that never 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import time
@@ -19,6 +20,7 @@ from drs_sidecar.group_abort import THE_TRAINER, CollectiveSteps, Fault, fault_o
 from drs_sidecar.report import EngineOutcome
 
 from .conftest import as_engine, refitter_over, served_version, sim_engine
+from .test_targets import target_of
 
 
 def outcome(engine: str, detail: str = "why") -> EngineOutcome:
@@ -111,6 +113,13 @@ async def test_a_hung_member_is_named_within_the_budget_and_the_group_is_aborted
             assert abort["aborted"] == [a.url]
             assert refitter.group is None, "the next collective/init forms a new group"
             assert report.as_dict()["group_abort"]["culprits"][0] == "e-hung"
+            # the update was announced with its cut-over before the broadcast, and withdrawn after
+            # its failure (no earlier desired weights: no target), without the 502 waiting for it
+            assert report.effective_at is not None and report.target_announced_s is not None
+            deadline = time.monotonic() + 10.0
+            while (await target_of(a)) is not None:
+                assert time.monotonic() < deadline, "the failed update's target was never withdrawn"
+                await asyncio.sleep(0.02)
 
 
 async def test_an_engine_not_ready_only_for_a_failed_update_is_a_member_of_the_next_group() -> None:
