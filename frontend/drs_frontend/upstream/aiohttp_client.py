@@ -11,7 +11,7 @@ from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
-from drs_frontend.upstream.base import JSON_HEADERS, UpstreamResponse
+from drs_frontend.upstream.base import UpstreamResponse, json_headers
 
 #: Idle keep-alive connections are closed after this many seconds: below uvicorn's default of 5 s
 #: (engines run uvicorn), so this side closes an idle connection before the engine does and a
@@ -83,9 +83,13 @@ class AiohttpUpstream:
             self._timeouts[total, read] = timeout
         return timeout
 
-    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
+    async def post_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> UpstreamResponse:
         try:
-            async with self.session.post(url, data=body, headers=JSON_HEADERS, timeout=self._timeout(timeout)) as resp:
+            async with self.session.post(
+                url, data=body, headers=json_headers(headers), timeout=self._timeout(timeout)
+            ) as resp:
                 data = await resp.read()
                 return UpstreamResponse(
                     resp.status,
@@ -99,9 +103,13 @@ class AiohttpUpstream:
             raise UpstreamConnectError(f"{url}: {exc!r}") from exc
 
     @asynccontextmanager
-    async def stream_json(self, url: str, body: bytes, timeout: float) -> AsyncIterator[_AiohttpStream]:
+    async def stream_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[_AiohttpStream]:
         try:
-            resp = await self.session.post(url, data=body, headers=JSON_HEADERS, timeout=self._timeout(None, timeout))
+            resp = await self.session.post(
+                url, data=body, headers=json_headers(headers), timeout=self._timeout(None, timeout)
+            )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except (aiohttp.ClientError, OSError) as exc:

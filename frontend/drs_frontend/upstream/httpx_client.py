@@ -11,7 +11,7 @@ from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
 from drs_frontend.config import Limits
 from drs_frontend.errors import UpstreamConnectError, UpstreamTimeout
-from drs_frontend.upstream.base import JSON_HEADERS, UpstreamResponse
+from drs_frontend.upstream.base import UpstreamResponse, json_headers
 
 #: Below uvicorn's default keep-alive of 5 s (see aiohttp_client.KEEPALIVE_SECONDS).
 KEEPALIVE_SECONDS: Final = 4.0
@@ -72,9 +72,13 @@ class HttpxUpstream:
     def _timeout(self, total: float) -> httpx.Timeout:
         return httpx.Timeout(total, connect=self.connect_timeout)
 
-    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
+    async def post_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> UpstreamResponse:
         try:
-            resp = await self.client.post(url, content=body, headers=JSON_HEADERS, timeout=self._timeout(timeout))
+            resp = await self.client.post(
+                url, content=body, headers=json_headers(headers), timeout=self._timeout(timeout)
+            )
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
         except httpx.TransportError as exc:
@@ -87,9 +91,11 @@ class HttpxUpstream:
         )
 
     @asynccontextmanager
-    async def stream_json(self, url: str, body: bytes, timeout: float) -> AsyncIterator[_HttpxStream]:
+    async def stream_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[_HttpxStream]:
         request = self.client.build_request(
-            "POST", url, content=body, headers=JSON_HEADERS, timeout=self._timeout(timeout)
+            "POST", url, content=body, headers=json_headers(headers), timeout=self._timeout(timeout)
         )
         try:
             resp = await self.client.send(request, stream=True)
