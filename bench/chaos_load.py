@@ -1,6 +1,12 @@
 """The Gym-shaped load of ``bench/chaos.py`` and what its turns are counted as (lost, off-policy,
 latency): each client runs sessions of :data:`TURNS_PER_SESSION` turns over one status URL,
-re-sending the growing conversation, retrying a 5xx or a lost connection as NeMo-Gym's client does."""
+re-sending the growing conversation, retrying a 5xx or a lost connection as NeMo-Gym's client does.
+
+A turn is judged by the instant the fleet received it: the stamp its answer carries
+(``x-drs-turn-started``, set by the frontend that took the attempt that was answered), against the
+version desired then (the last refit whose cut-over, ``effective_at``, is not after it). A turn
+answered without a stamp (an older frontend) falls back to the client's wall clock when it sent the
+attempt, and is counted (``unstamped``)."""
 
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drs_protocol import fields, lifecycle, routes
+from drs_protocol.cutover import BadTurnStamp, parse_stamp
 
 TURNS_PER_SESSION = 6
 ATTEMPTS = 5
@@ -30,6 +37,15 @@ class Turn:
     started: float
     version: str | None = None  #: the weights version that answered it
     boundary: bool = False  #: marked ``weights_boundary`` (re-prefilled across a refit)
+    #: the fleet's stamp of the answered attempt (wall clock), None when none came back
+    stamp: float | None = None
+    #: the client's wall clock when it sent the answered attempt (the fallback for no stamp)
+    sent_wall: float = 0.0
+
+    @property
+    def judged_at(self) -> float:
+        """The instant the turn is judged at: the fleet's stamp, else the client's clock."""
+        return self.sent_wall if self.stamp is None else self.stamp
 
 
 @dataclass
@@ -86,16 +102,20 @@ class Load:
         started = time.monotonic()
         status: int | None = None
         for attempt in range(1, ATTEMPTS + 1):
+            sent_wall = time.time()
             try:
                 async with http.post(f"{url}{routes.Endpoint.CHAT}", json=body, headers=headers) as resp:
                     status = resp.status
                     version = resp.headers.get(fields.HEADER_WEIGHTS_VERSION)
+                    stamp = _stamp(resp.headers.get(fields.HEADER_TURN_STARTED))
                     data = await resp.json(content_type=None)
                 if status == 200:
                     text = data["choices"][0]["message"]["content"] or ""
                     boundary = data.get(lifecycle.FIELD_WEIGHTS_BOUNDARY) is not None
                     version = version or data.get(lifecycle.FIELD_WEIGHTS_VERSION)
-                    turn = Turn(True, time.monotonic() - started, attempt, status, started, version, boundary)
+                    turn = Turn(
+                        True, time.monotonic() - started, attempt, status, started, version, boundary, stamp, sent_wall
+                    )
                     return turn, text
                 if status < 500:
                     break  # a 4xx is the client's fault: not retried
@@ -105,25 +125,34 @@ class Load:
         return Turn(False, time.monotonic() - started, ATTEMPTS, status, started), ""
 
 
+def _stamp(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return parse_stamp(value)
+    except BadTurnStamp:
+        return None
+
+
 def off_policy(turns: list[Turn], desired_at: Callable[[float], str | None]) -> int:
-    """Answered turns at another version than the one desired when they started (boundary-marked
-    turns excepted; no desired version: none counted)."""
+    """Answered turns at another version than the one desired when the fleet received them (their
+    stamp; boundary-marked turns excepted; no desired version: none counted)."""
     return sum(
         1
         for t in turns
-        if t.ok and not t.boundary and (want := desired_at(t.started)) is not None and t.version != want
+        if t.ok and not t.boundary and (want := desired_at(t.judged_at)) is not None and t.version != want
     )
 
 
 def off_policy_delays(turns: list[Turn], refits: list[tuple[float, str]]) -> list[float]:
-    """For each off-policy turn, how long after the refit's call began it started (ms, sorted; ``refits``:
-    (monotonic time a refit began, its version), in order): a turn that started before the announce
-    reached its engines is answered at the old weights."""
+    """For each off-policy turn, how long after its refit's cut-over it started (ms, sorted, by its
+    stamp; ``refits``: (wall-clock instant a refit's weights became desired, its version), in
+    order)."""
     delays = []
     for t in turns:
-        began = next(((at, v) for at, v in reversed(refits) if at <= t.started), None)
+        began = next(((at, v) for at, v in reversed(refits) if at <= t.judged_at), None)
         if t.ok and not t.boundary and began is not None and t.version != began[1]:
-            delays.append(round(1000 * (t.started - began[0]), 1))
+            delays.append(round(1000 * (t.judged_at - began[0]), 1))
     return sorted(delays)
 
 
@@ -140,6 +169,7 @@ def summarize(turns: list[Turn], desired_at: Callable[[float], str | None] = lam
         "failed": sum(not t.ok for t in turns),
         "retried": sum(t.ok and t.attempts > 1 for t in turns),
         "off_policy": off_policy(turns, desired_at),
+        "unstamped": sum(t.ok and t.stamp is None for t in turns),
         "boundary": sum(t.boundary for t in turns),
         "p50_ms": round(1000 * statistics.median(latencies), 1) if latencies else None,
         "p99_ms": pct(0.99),

@@ -30,7 +30,8 @@ Prints one JSON line. Everything is measured in this run, on this machine:
   whose first 2,048 tokens are cached, and the first cached hit after start against warm hits.
 
 Needs a CUDA GPU and PyTorch; engines are ``drs engine`` processes (``tests/gpu/procs.py``).
-``make gpu`` runs it after the GPU tests.
+``make gpu`` runs it after the GPU tests. ``--decode-only [--anchor] [--rounds N]``: the decode sweep
+alone; ``--no-decode``: everything else (handoff, prefix, refit, TTFT).
 """
 
 from __future__ import annotations
@@ -111,7 +112,10 @@ async def stream(client: httpx.AsyncClient, url: str, payload: dict[str, Any], t
         async for line in response.aiter_lines():
             if not line.startswith("data: {"):
                 continue
-            got = len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+            event = json.loads(line[6:])
+            if "choices" not in event:  # an error event: say which engine and what it said
+                raise RuntimeError(f"{url}: the stream carried {line[:600]}")
+            got = len(event["choices"][0].get("token_ids") or [])
             if got:
                 now = time.perf_counter()
                 first = first or now
@@ -243,17 +247,21 @@ def ratios(values: dict[str, Any], base: float, keys: tuple[str, ...]) -> dict[s
     return {**values, **{f"{k}_ratio": round(values[k] / base, 3) for k in keys if values.get(k) is not None}}
 
 
-async def main() -> dict[str, Any]:
+async def main(with_decode: bool = True) -> dict[str, Any]:
+    """Everything; ``with_decode`` False (``--no-decode``): the decode sweep and its anchor left out
+    (``--decode-only`` measures them), the handoff, prefix, refit and TTFT figures alone."""
     from drs_engine.backends.torch.model import SIZES, expected_shapes
 
     copy = {"256MiB": round(baseline_gbps(256 << 20), 1), "1GiB": round(baseline_gbps(1 << 30), 1)}
     base = copy["1GiB"]
     weight_bytes = 2 * sum(math.prod(s) for s in expected_shapes(SIZES[MODEL.removeprefix("random:")]).values())
     floor = decode_rates.memory_floor(weight_bytes, base)
-    try:
-        anchor = decode_rates.transformers_anchor(MODEL, (1, 8, 32))
-    except Exception as exc:  # the anchor is reported as missing, with why; ours is still measured
-        anchor = {"error": f"{type(exc).__name__}: {exc}"[:500]}
+    anchor: dict[str, Any] = {"error": "not measured (--no-decode)"}
+    if with_decode:
+        try:
+            anchor = decode_rates.transformers_anchor(MODEL, (1, 8, 32))
+        except Exception as exc:  # the anchor is reported as missing, with why; ours is still measured
+            anchor = {"error": f"{type(exc).__name__}: {exc}"[:500]}
     torch.cuda.empty_cache()
     no_cache: dict[str, Any] = {"cacheCapacityTokens": 0}
     async with (
@@ -264,7 +272,7 @@ async def main() -> dict[str, Any]:
         httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
     ):
         prefix = await prefix_reuse(client, cached)
-        decode = await decode_sweep(client, p)
+        decode = await decode_sweep(client, p) if with_decode else {}
         served = await serving(client, p, d_ipc, d_http)
         refits = {"cuda_ipc": await refit(client, d_ipc, "ipc")}
         if TWO_GPUS:
@@ -273,7 +281,7 @@ async def main() -> dict[str, Any]:
     big = served["ttft_ms"][str(SIZES_TTFT[-1])]
     rates = decode_ratios(decode, anchor, floor) if "error" not in anchor else {}
     return {
-        "bench": "gpu_disagg",
+        "bench": "gpu_disagg" + ("" if with_decode else " --no-decode"),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "gpu": torch.cuda.get_device_name(0),
         "gpus": torch.cuda.device_count(),
@@ -360,5 +368,7 @@ def _flag_value(name: str, default: int) -> int:
 
 if __name__ == "__main__":
     only = "--decode-only" in sys.argv
-    run = decode_only(_flag_value("--rounds", 2), "--anchor" in sys.argv) if only else main()
+    run = (
+        decode_only(_flag_value("--rounds", 2), "--anchor" in sys.argv) if only else main("--no-decode" not in sys.argv)
+    )
     print(json.dumps(asyncio.run(run)), flush=True)

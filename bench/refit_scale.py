@@ -5,13 +5,16 @@ The engines (``sim``, ``weightsLoadSeconds: 0``: the transfer itself is excluded
 target says) run in one child process, the sidecar's app in this one with a static fleet of their
 URLs (``--concurrency`` loads at once, 256 by default), and a trainer client posts the refits over
 loopback HTTP. Every refit carries the checkpoint's digest, so each of the N answers is checked.
-Reports each refit's wall time as the trainer saw it and the sidecar's own ``elapsed_s``; the target
-is <= 0.5 s at 256 engines. Both processes share this machine's cores with the engines' work, so on
-a small machine the wall time is mostly the engines' process answering N calls at once;
-``sidecar_cpu_s`` is this process's CPU time per refit (the sidecar's fan-out, parsing and digest
-checks, plus the trainer's one call): the orchestration's own cost wherever the engines run.
+Reports, over the refits after a first one (the warm-up: first contact with every engine, reported
+on its own as ``warmup``), median, min and max of each refit's wall time as the trainer saw it
+(target <= 0.5 s at 256 engines), the sidecar's own ``elapsed_s`` and announce time, and the CPU
+seconds per refit of this process (``sidecar_cpu_s``: the sidecar's fan-out, parsing and digest
+checks, plus the trainer's one call) and of the engines' process (``engines_cpu_s``, from
+``/proc``). Both processes share this machine's cores with other work, so on a small or busy
+machine the wall time is mostly waiting for a core; the CPU seconds are the orchestration's own
+cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load.
 
-    python bench/refit_scale.py [--engines 256] [--refits 5]
+    python bench/refit_scale.py [--engines 256] [--refits 5] [--profile sidecar.prof]
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
 import platform
@@ -36,8 +40,9 @@ from drs_protocol import env
 START_TIMEOUT_S = 900.0
 
 
-async def serve(count: int) -> None:
-    """The child: ``count`` sim engines; prints their URLs as one JSON line, then waits for EOF."""
+async def serve(count: int, profile: str | None) -> None:
+    """The child: ``count`` sim engines; prints their URLs as one JSON line, then waits for EOF
+    (``profile``: cProfile from then on into that file)."""
     from drs_engine.config import build_config
     from drs_engine.server.runner import start_engine
 
@@ -50,11 +55,36 @@ async def serve(count: int) -> None:
                 start_engine(build_config({**config, "sim": sim}), control_token=os.environ[env.CONTROL_TOKEN])
             )
             urls.append(engine.url)
+        profiler = cProfile.Profile() if profile else None
+        if profiler is not None:
+            profiler.enable()
         print(json.dumps(urls), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        if profiler is not None and profile:
+            profiler.disable()
+            profiler.dump_stats(profile)
 
 
-async def drive(urls: list[str], token: str, refits: int, concurrency: int) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median, min and max of the rounds after the warm-up one (3 decimals)."""
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+    }
+
+
+async def drive(
+    urls: list[str], token: str, refits: int, concurrency: int, engines_pid: int, profile: str | None
+) -> dict[str, Any]:
+    """``refits + 1`` refits through a real sidecar app (the first one warms up: first contact
+    with every engine, connections opened, and is reported on its own)."""
     import httpx
     import uvicorn
     from drs_protocol.routes import TrainerRoute
@@ -65,16 +95,17 @@ async def drive(urls: list[str], token: str, refits: int, concurrency: int) -> d
     from drs_sidecar.metrics import SidecarMetrics
     from drs_sidecar.refit import Refitter
 
+    startup_cpu, startup_wall = time.process_time(), time.perf_counter()
     refitter = Refitter(StaticFleet(urls), ControlClient(token), SidecarMetrics(), concurrency=concurrency)
     server = uvicorn.Server(uvicorn.Config(build_app(refitter, reconcile_s=3600), port=0, log_level="warning"))
     serving = asyncio.create_task(server.serve())
-    while not server.started:
+    while not server.started:  # the sidecar's first fleet read and reconcile pass: first contact
         await asyncio.sleep(0.01)
+    startup = {"wall": time.perf_counter() - startup_wall, "cpu": time.process_time() - startup_cpu}
+    profiler = cProfile.Profile() if profile else None
     sidecar = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    walls: list[float] = []
-    inside: list[float] = []
-    engine_s: list[float] = []  #: each engine's call, as the sidecar timed it
-    cpus: list[float] = []  #: CPU seconds of this process (the sidecar and the trainer's client) per refit
+    rounds: list[dict[str, Any]] = []
+    engine_s: list[float] = []  #: each engine's load call, as the sidecar timed it (after the warm-up)
     with tempfile.TemporaryDirectory() as tmp:
         async with httpx.AsyncClient(timeout=600) as client:
             for i in range(refits + 1):  # the first warms connections up and is not counted
@@ -82,24 +113,44 @@ async def drive(urls: list[str], token: str, refits: int, concurrency: int) -> d
                 checkpoint.mkdir()
                 (checkpoint / "model.safetensors").write_bytes(os.urandom(64))
                 body = {"path": str(checkpoint), "version": f"step-{i}", "digest": digest_files(checkpoint)}
-                started, cpu = time.perf_counter(), time.process_time()
+                if profiler is not None and i == 1:
+                    profiler.enable()
+                started, cpu, engines_cpu = time.perf_counter(), time.process_time(), cpu_seconds(engines_pid)
                 response = await client.post(sidecar + TrainerRoute.REFIT, json=body)
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+                engines_cpu = cpu_seconds(engines_pid) - engines_cpu
                 report = response.json()
                 if response.status_code != 200 or report["ok"] != len(urls):
                     raise SystemExit(f"refit {i} incomplete: {response.status_code} {json.dumps(report)[:2000]}")
+                rounds.append(
+                    {
+                        "wall": wall,
+                        "inside": report["elapsed_s"],
+                        "announce": report.get("target_announced_s") or 0.0,
+                        "cpu": cpu,
+                        "engines_cpu": engines_cpu,
+                    }
+                )
                 if i:
-                    walls.append(wall)
-                    inside.append(report["elapsed_s"])
                     engine_s.extend(o["elapsed_s"] for o in report["outcomes"])
-                    cpus.append(cpu)
+    if profiler is not None and profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
     server.should_exit = True
     await serving
+    warm, counted = rounds[0], rounds[1:]
     return {
-        "trainer_call_s": {"median": round(statistics.median(walls), 3), "max": round(max(walls), 3)},
-        "sidecar_elapsed_s": {"median": round(statistics.median(inside), 3), "max": round(max(inside), 3)},
-        "engine_call_s": {"median": round(statistics.median(engine_s), 3), "max": round(max(engine_s), 3)},
-        "sidecar_cpu_s": {"median": round(statistics.median(cpus), 3), "max": round(max(cpus), 3)},
+        "trainer_call_s": spread([r["wall"] for r in counted]),
+        "sidecar_elapsed_s": spread([r["inside"] for r in counted]),
+        "target_announced_s": spread([r["announce"] for r in counted]),
+        "engine_call_s": spread(engine_s),
+        #: the sidecar's own CPU (its fan-out, parsing, digest checks, plus the trainer's one call)
+        "sidecar_cpu_s": spread([r["cpu"] for r in counted]),
+        #: the engines' process's CPU (all N engines answering the announce and the load)
+        "engines_cpu_s": spread([r["engines_cpu"] for r in counted]),
+        "warmup": {k: round(v, 3) for k, v in warm.items()},
+        #: from the app's start until it serves: its first fleet read and reconcile pass (first contact)
+        "sidecar_startup_s": {k: round(v, 3) for k, v in startup.items()},
     }
 
 
@@ -108,15 +159,19 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=256)
     parser.add_argument("--refits", type=int, default=5)
     parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--profile", default=None, help="cProfile the sidecar's counted refits into this file")
+    parser.add_argument("--profile-engines", default=None, help="cProfile the engines' process into this file")
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
-        asyncio.run(serve(args.serve))
+        asyncio.run(serve(args.serve, args.profile_engines))
         return
     token = "refit-scale-token"
+    load_before = os.getloadavg()
     started = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(args.engines)],
+        [sys.executable, __file__, "--serve", str(args.engines)]
+        + (["--profile-engines", args.profile_engines] if args.profile_engines else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env={**os.environ, env.CONTROL_TOKEN: token},
@@ -129,7 +184,7 @@ def main() -> None:
             raise SystemExit("the engines' process exited before it served")
         urls = json.loads(line)
         engines_up_s = time.perf_counter() - started
-        result = asyncio.run(drive(urls, token, args.refits, args.concurrency))
+        result = asyncio.run(drive(urls, token, args.refits, args.concurrency, child.pid, args.profile))
     finally:
         if child.stdin is not None:
             child.stdin.close()
@@ -143,6 +198,7 @@ def main() -> None:
         "engines_up_s": round(engines_up_s, 1),
         **result,
         "target_le_0.5s": result["trainer_call_s"]["median"] <= 0.5,
+        "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
     }
     print(json.dumps(out), flush=True)
 

@@ -1,10 +1,14 @@
 """The weights digest's speed against a copy of the same bytes (prints one JSON line).
 
 ``numpy``: :func:`drs_protocol.weights_digest.digest_numpy` over host bytes (the sim engine and
-checkpoint files) against ``numpy.copyto``. ``torch``: :func:`~drs_protocol.weights_digest.digest_torch`
-on the device (``cuda`` when there is one, else ``cpu``; torch needed) against ``Tensor.copy_`` of
+checkpoint files) against ``numpy.copyto``. ``torch``: the torch engine's digest
+(:func:`drs_engine.weights.digest.fused_digest`: one fused multiply-reduce, compiled on CUDA) on
+the device (``cuda`` when there is one, else ``cpu``; torch needed) against ``Tensor.copy_`` of
 the same buffer on the same device: the issue's target is a GPU digest at >= 0.5x the device copy,
-so that a digest on every load is never the slow part of a refit. Best of ``--repeats`` runs each.
+so that a digest on every load is never the slow part of a refit. ``torch_protocol_helper``: the
+same for ``drs_protocol``'s :func:`~drs_protocol.weights_digest.digest_torch` (the trainer-side
+helper, 16 MiB steps through a temporary). Copy GB/s count the bytes once (a copy reads and writes
+them). Best of ``--repeats`` runs each.
 
     python bench/weights_digest.py [--mib 1024] [--repeats 5]
 """
@@ -46,8 +50,9 @@ def bench_numpy(nbytes: int, repeats: int) -> dict[str, Any]:
     return _figures(nbytes, digest_s, copy_s, "numpy.copyto on the host")
 
 
-def bench_torch(nbytes: int, repeats: int) -> dict[str, Any]:
+def bench_torch(nbytes: int, repeats: int, *, fused: bool = True) -> dict[str, Any]:
     import torch
+    from drs_engine.weights.digest import fused_digest
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     flat = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=device)
@@ -58,8 +63,9 @@ def bench_torch(nbytes: int, repeats: int) -> dict[str, Any]:
             torch.cuda.synchronize(device)
 
     reference = wd.digest_numpy(flat[: 8 * wd.CHUNK_BYTES + 3].cpu().numpy().tobytes())
-    assert wd.digest_torch(flat[: 8 * wd.CHUNK_BYTES + 3]) == reference, "torch and the reference disagree"
-    digest_s = best_seconds(lambda: wd.digest_torch(flat), repeats, sync)
+    digest = fused_digest if fused else wd.digest_torch
+    assert digest(flat[: 8 * wd.CHUNK_BYTES + 3]) == reference, "torch and the reference disagree"
+    digest_s = best_seconds(lambda: digest(flat), repeats, sync)
     copy_s = best_seconds(lambda: target.copy_(flat), repeats, sync)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     return {
@@ -93,6 +99,7 @@ def main() -> None:
         out["numpy"] = bench_numpy(min(nbytes, 256 * 1024 * 1024), args.repeats)
     if importlib.util.find_spec("torch") is not None:
         out["torch"] = bench_torch(nbytes, args.repeats)
+        out["torch_protocol_helper"] = bench_torch(nbytes, args.repeats, fused=False)
         out["target_torch_cuda_ge_0.5x_copy"] = (
             out["torch"]["ratio"] >= 0.5 if out["torch"]["device"].startswith("cuda") else None
         )

@@ -19,6 +19,7 @@ the total) because it takes many minutes on two cores.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -280,6 +281,18 @@ def ensure_built(force: bool = False) -> Path:
     if is_built(bins) and not force:
         return bins
     bins.mkdir(parents=True, exist_ok=True)
+    # One build at a time per binary directory: two test sessions (worktrees) starting together
+    # would otherwise share `build-tmp` and remove each other's half-built outputs. The second
+    # waits, then finds the binaries built.
+    with (bins.parent / ".controlplane-build.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_built(bins) and not force:
+            return bins
+        _build_missing(bins, go, force)
+    return bins
+
+
+def _build_missing(bins: Path, go: str, force: bool) -> None:
     _log(f"building the control plane into {bins} with {go} (cold builds take tens of minutes on 2 cores)")
     started = time.monotonic()
     for target in _targets():
@@ -290,7 +303,6 @@ def ensure_built(force: bool = False) -> Path:
     _copy_kwok_stages(bins)
     shutil.rmtree(bins.parent / "build-tmp", ignore_errors=True)
     _log(f"control plane ready in {time.monotonic() - started:.0f}s: {bins}")
-    return bins
 
 
 if __name__ == "__main__":

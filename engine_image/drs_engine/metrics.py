@@ -63,6 +63,12 @@ class EngineMetrics:
         self.asleep = Gauge("drs_engine_asleep", "1 while memory is released.", registry=r)
         self.control_ops = Counter("drs_engine_control_ops", "Control API calls.", ["op", "status"], registry=r)
         self.token_prefix = Counter("drs_engine_token_prefix", "Token prefixes spliced.", ["outcome"], registry=r)
+        self.late_target_legs = Counter(
+            "drs_engine_late_target_legs",
+            "Legs of turns started at or after an announced target's cut-over answered at other weights "
+            "(the announce reached this engine after its cut-over).",
+            registry=r,
+        )
 
     def set_weights_version(self, version: str, *, loaded: bool) -> None:
         """Point the weights gauge at ``version`` (``loaded``: a load happened, bump the count)."""

@@ -40,6 +40,7 @@ from typing import Any, Final
 
 from drs_protocol import fields, lifecycle
 from drs_protocol.chat import ChatTemplateError, render_completion_ids
+from drs_protocol.cutover import format_stamp
 from drs_protocol.enums import Role
 from drs_protocol.errors import error_body
 from drs_protocol.limits import FORWARD_OVERHEAD_BYTES, token_ids_b64_bytes
@@ -109,6 +110,7 @@ class Reply:
     decode: str | None = None
     routed: bool = False  #: engines were chosen for this turn: name them (or "none") in headers
     weights_version: str | None = None  #: the weights version the engine says produced the answer
+    turn_started: str | None = None  #: the turn's stamp (``x-drs-turn-started``), as sent on its legs
 
     def engine_headers(self) -> list[tuple[bytes, bytes]]:
         if not self.routed:
@@ -119,6 +121,8 @@ class Reply:
         ]
         if self.weights_version:
             out.append((fields.HEADER_WEIGHTS_VERSION.encode(), self.weights_version.encode()))
+        if self.turn_started:
+            out.append((fields.HEADER_TURN_STARTED.encode(), self.turn_started.encode()))
         return out
 
 
@@ -131,6 +135,9 @@ class _Turn:
     routed: bool = False
     ids: array[int] | None = field(default=None)
     burst: Member | None = None  #: a first turn's place among its group's first turns here
+    #: the instant this frontend received the turn (wall clock), once per turn: both legs carry it
+    #: (:data:`~drs_protocol.fields.HEADER_TURN_STARTED`), re-runs included (drs_protocol.cutover)
+    stamp: Mapping[str, str] = field(default_factory=lambda: {fields.HEADER_TURN_STARTED: format_stamp(time.time())})
 
 
 dumps: Final = wire_json.dumps
@@ -203,6 +210,7 @@ class Relay:
         reply.prefill = reply.prefill or turn.prefill
         reply.decode = reply.decode or turn.decode
         reply.routed = turn.routed
+        reply.turn_started = turn.stamp[fields.HEADER_TURN_STARTED]
         self.metrics.requests_of(endpoint.value, str(reply.status)).inc()
         return reply
 
@@ -268,6 +276,7 @@ class Relay:
             self.config.timeouts.context,
             lambda candidates: self.ctx_router.pick(route, candidates),
             affinity=conversation_id is not None,
+            headers=turn.stamp,
         )
         if turn.burst is not None:
             turn.burst.context_done()
@@ -297,6 +306,7 @@ class Relay:
             self.config.timeouts.generation,
             self.gen_router.pick,
             exclude=exclude,
+            headers=turn.stamp,
         )
         # 7. the answer, with ids where Gym reads them
         gen = parse_response(gen_raw.body, "generation")
@@ -408,6 +418,7 @@ class Relay:
         *,
         exclude: frozenset[str] = frozenset(),
         affinity: bool = False,
+        headers: Mapping[str, str] | None = None,
     ) -> tuple[str, UpstreamResponse]:
         histogram = self.metrics.leg_seconds_of(leg)
 
@@ -418,7 +429,7 @@ class Relay:
             engine.in_flight += 1  # pool.track(url), without a generator per call
             engine.pending += cost
             try:
-                response = await self.upstream.post_json(url + endpoint.value, body, timeout)
+                response = await self.upstream.post_json(url + endpoint.value, body, timeout, headers)
             finally:
                 engine.in_flight -= 1
                 engine.pending -= cost
@@ -437,7 +448,7 @@ class Relay:
             stack.enter_context(pool.track(url))
             try:
                 stream = await stack.enter_async_context(
-                    self.upstream.stream_json(url + endpoint.value, body, self.config.timeouts.generation)
+                    self.upstream.stream_json(url + endpoint.value, body, self.config.timeouts.generation, turn.stamp)
                 )
                 if stream.status != 200:
                     data = await stream.read()

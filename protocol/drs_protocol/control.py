@@ -200,11 +200,15 @@ class WeightsTarget(_Strict):
     """``POST /control/weights/target``: the weights the fleet is about to hold, announced by the
     sidecar before any load. While the engine holds others (by digest when both sides know one,
     else by version) it refuses new legs (503 ``weights_pending``), for at most ``lease_s`` seconds
-    after this announce unless announced again. ``version`` None withdraws the target."""
+    after this announce unless announced again. ``version`` None withdraws the target.
+    ``effective_at``: the cut-over (wall clock, epoch seconds, :mod:`drs_protocol.cutover`): only
+    legs of turns stamped at or after it are refused, earlier ones are served with what the engine
+    holds (None: every new leg, as before)."""
 
     version: Version | None
     digest: Digest | None = None
     lease_s: float = Field(gt=0, le=MAX_WEIGHTS_TARGET_LEASE_S, description="seconds the target binds the engine")
+    effective_at: float | None = Field(None, gt=0, allow_inf_nan=False, description="the cut-over, epoch seconds")
 
 
 # -- answers ---------------------------------------------------------------------------------
@@ -243,6 +247,7 @@ class TargetState(_Strict):
     digest: Digest | None = None
     held: bool
     expires_in_s: float
+    effective_at: float | None = None
 
 
 class WeightsInfo(_Strict):
@@ -274,9 +279,13 @@ class WeightsChanged(_Result):
 
 
 class TargetAnnounced(_Result):
-    """The engine took the announce: ``target`` as it now stands (None: withdrawn)."""
+    """The engine took the announce: ``target`` as it now stands (None: withdrawn). ``late_legs``:
+    legs of turns stamped at or after the target's cut-over that this engine had already answered
+    at other weights when the announce arrived (it came after its cut-over; counted in
+    ``drs_engine_late_target_legs_total``)."""
 
     target: TargetState | None = None
+    late_legs: int = Field(0, ge=0)
 
 
 class CollectiveJoined(_Result):

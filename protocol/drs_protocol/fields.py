@@ -28,6 +28,10 @@ HEADER_PREFILL_ENGINE: Final = "x-drs-prefill"
 HEADER_DECODE_ENGINE: Final = "x-drs-decode"
 #: Response header of an engine: the weights version that produced the response.
 HEADER_WEIGHTS_VERSION: Final = "x-drs-weights-version"
+#: Request and response header: the wall-clock instant (epoch seconds) the fleet received the turn.
+#: The frontend stamps a turn once, sends it on both legs and returns it in the answer; an engine
+#: judges the turn against the announced target's cut-over by it (:mod:`drs_protocol.cutover`).
+HEADER_TURN_STARTED: Final = "x-drs-turn-started"
 #: The standard header of a 503 saying when to try again (whole seconds), e.g. ``weights_pending``.
 RETRY_AFTER_HEADER: Final = "retry-after"
 

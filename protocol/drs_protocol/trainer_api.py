@@ -74,6 +74,14 @@ class FanOutReport(_Answer):
     #: a refit: seconds from its start until every engine had been told the target weights
     #: (``POST /control/weights/target``, before any load); None: none announced
     target_announced_s: float | None = None
+    #: a refit: its cut-over (epoch seconds, :mod:`drs_protocol.cutover`) and the margin it got
+    #: (None: not announced)
+    effective_at: float | None = None
+    cutover_margin_s: float | None = None
+    #: the announce round ended after the cut-over: engines told late may have answered turns
+    #: that started after it at the old weights (they count them: ``late_legs``)
+    announce_exceeded_margin: bool = False
+    late_legs: int = Field(0, ge=0)
     elapsed_s: float
 
 

@@ -38,13 +38,15 @@ class HeldWeights(BaseModel):
 class DesiredWeights(BaseModel):
     """The weights the fleet must hold: ``version``; ``path``, a checkpoint every engine can load
     them from (None: they came by broadcast or CUDA IPC); ``digest``, of their bytes (None: not
-    known yet)."""
+    known yet); ``effective_at``, the refit's cut-over (epoch seconds, :mod:`drs_protocol.cutover`:
+    turns that started from then on are the new weights'; None: desired at once, an older sidecar)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     version: Version
     path: str | None = Field(None, min_length=1)
     digest: Digest | None = None
+    effective_at: float | None = Field(None, gt=0, allow_inf_nan=False)
 
     def dump(self) -> str:
         """As the annotation and the ConfigMap hold it: compact JSON."""

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 from drs_protocol import env
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, MAX_CUTOVER_MARGIN_S
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_TARGET_LEASE_S
 from drs_protocol.token_source import TokenSource, token_source
 
@@ -60,6 +61,15 @@ EXIT_BIND_FAILED = 1
     help="Seconds an announced target weights binds an engine (it refuses new legs until it holds them), "
     "renewed while loads run; 0: announce nothing (engines not loaded yet answer at the old weights).",
 )
+@click.option(
+    "--cutover-margin",
+    type=click.FloatRange(min=0.0, max=MAX_CUTOVER_MARGIN_S),
+    default=DEFAULT_CUTOVER_MARGIN_S,
+    show_default=True,
+    help="Seconds at least between a refit's start and its cut-over (the instant its weights take effect: "
+    "turns started from then on are the new weights'); the margin is twice the last announce round when that "
+    f"is more, at most {MAX_CUTOVER_MARGIN_S:g}s. No engine loads before the cut-over.",
+)
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def sidecar(
     name: str | None,
@@ -74,6 +84,7 @@ def sidecar(
     collective_timeout: float,
     reconcile_interval: float,
     target_lease: float,
+    cutover_margin: float,
     log_level: str,
 ) -> None:
     """Refit every engine of a DisaggReplicaSet for the trainer, and keep restarted engines current."""
@@ -104,7 +115,7 @@ def sidecar(
             concurrency,
             (load_timeout, call_timeout, collective_timeout),
             reconcile_interval,
-            target_lease,
+            (target_lease, cutover_margin),
         )
     )
 
@@ -123,9 +134,10 @@ async def _run(
     concurrency: int,
     timeouts: tuple[float, float, float],
     reconcile_interval: float,
-    target_lease: float,
+    targets: tuple[float, float],
 ) -> None:
-    """``timeouts``: a load's, another call's, a collective step's (seconds)."""
+    """``timeouts``: a load's, another call's, a collective step's (seconds); ``targets``: the
+    target lease and the cut-over margin (seconds)."""
     import uvicorn
 
     from drs_sidecar.app import build_app
@@ -165,7 +177,8 @@ async def _run(
         SidecarMetrics(),
         concurrency=concurrency,
         collective_timeout_s=collective_timeout,
-        target_lease_s=target_lease,
+        target_lease_s=targets[0],
+        cutover_margin_s=targets[1],
     )
     app = build_app(refitter, reconcile_s=reconcile_interval)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")

@@ -7,19 +7,21 @@ whose answer is parsed with :mod:`drs_protocol.control`'s models (an answer that
 is a failed call saying so).
 
 The token rotates (``drs_operator.manifests.rotation``): a client given ``refresh`` (the sidecar
-reading the fleet's control Secret again) answers an engine's 401 by reading the token once more
-and, when it changed, repeating the call once with the new one; a 401 with the same token is the
-call's answer.
+reading the fleet's control Secret again, mounted or through the API) answers an engine's 401 by
+reading the token once more and, when it changed, repeating the call once with the new one (sent
+per request from then on; the session keeps the token it was made with); a 401 with the same
+token is the call's answer.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import httpx
+import aiohttp
 from drs_protocol import fields
 from drs_protocol.control import LoadWeights, WeightsInfo, answer_model
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, HEALTH, ControlOp
@@ -55,9 +57,13 @@ class _Health(BaseModel):
 
 
 class ControlClient:
-    """One connection pool per engine: httpcore assigns a request by scanning every connection of
-    its pool, so one shared pool over N engines costs O(N) per call (O(N²) per fan-out; at 256
-    engines that was most of a refit's CPU time, ``bench/refit_scale.py``)."""
+    """One aiohttp session for every engine: its connector keeps a pool per engine (host and
+    port), found by key, so a call costs the same at 4 engines as at 256. Its CPU per call is about
+    a third of httpx's (``bench/refit_scale.py``: at 256 engines, two calls per engine per refit,
+    the client's CPU was most of the sidecar's), and it has no per-pool TLS context to build
+    (httpx builds one per client, ~25 ms each). The session is made on the first call, in the
+    running event loop; :meth:`close` ends it. Proxies from the environment are not used (the
+    engines are the fleet's own pods)."""
 
     def __init__(
         self,
@@ -70,28 +76,37 @@ class ControlClient:
     ) -> None:
         self.call_s = call_s
         self.load_s = load_s
+        self.connect_s = connect_s
         self.token = token
         self._refresh = refresh
         self._headers = fields.control_auth(token)
-        self._timeout = httpx.Timeout(call_s, connect=connect_s)
-        self._clients: dict[str, httpx.AsyncClient] = {}
+        #: per request only once the token changed (None: the session's own headers hold it)
+        self._rotated: dict[str, str] | None = None
+        self._session: aiohttp.ClientSession | None = None
+        #: one ``ClientTimeout`` per timeout value (a few: call, load, health, collective steps)
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
 
-    def _client(self, url: str) -> httpx.AsyncClient:
-        client = self._clients.get(url)
-        if client is None:
-            limits = httpx.Limits(
-                max_connections=MAX_CONNECTIONS_PER_ENGINE,
-                max_keepalive_connections=MAX_CONNECTIONS_PER_ENGINE,
-                keepalive_expiry=KEEPALIVE_S,
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=0,  # no bound over all engines: the refit's own concurrency bounds the calls
+                limit_per_host=MAX_CONNECTIONS_PER_ENGINE,
+                keepalive_timeout=KEEPALIVE_S,
             )
-            client = httpx.AsyncClient(timeout=self._timeout, limits=limits)
-            self._clients[url] = client
-        return client
+            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
+        return self._session
+
+    def _timeout(self, seconds: float) -> aiohttp.ClientTimeout:
+        timeout = self._timeouts.get(seconds)
+        if timeout is None:
+            timeout = aiohttp.ClientTimeout(total=seconds, sock_connect=min(self.connect_s, seconds))
+            self._timeouts[seconds] = timeout
+        return timeout
 
     async def close(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        for client in clients:
-            await client.aclose()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
     async def weights(self, url: str) -> CallResult:
         """``GET /control/weights``: the version and digest the engine holds."""
@@ -116,22 +131,24 @@ class ControlClient:
             "POST", url, CONTROL_ROUTES[op], payload, self.call_s if timeout is None else timeout, answer_model(op)
         )
 
-    async def _send(
-        self, method: str, url: str, route: str, body: dict[str, Any] | None, timeout: float
-    ) -> httpx.Response:
-        """One call; a 401 repeated once when ``refresh`` gives a token other than the one refused."""
-        request = self._client(url).request
-        response = await request(method, url + route, json=body, timeout=timeout, headers=self._headers)
-        if response.status_code != 401 or self._refresh is None:
-            return response
+    async def _exchange(self, method: str, url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+        async with self._client().request(
+            method, url, json=body, timeout=self._timeout(timeout), headers=self._rotated
+        ) as response:
+            return response.status, await response.read()
+
+    async def _token_changed(self) -> bool:
+        """After a 401: read the token again (``refresh``); True when it is another one."""
+        if self._refresh is None:
+            return False
         try:
             token = await self._refresh()
         except Exception:  # the Secret unreadable: the engine's 401 is the answer
-            return response
-        if token == self.token:
-            return response
-        self.token, self._headers = token, fields.control_auth(token)
-        return await request(method, url + route, json=body, timeout=timeout, headers=self._headers)
+            return False
+        if not token or token == self.token:
+            return False
+        self.token, self._rotated = token, fields.control_auth(token)
+        return True
 
     async def _call(
         self,
@@ -144,29 +161,31 @@ class ControlClient:
     ) -> CallResult:
         started = time.perf_counter()
         try:
-            response = await self._send(method, url, route, body, timeout)
-        except httpx.TimeoutException:
+            status, content = await self._exchange(method, url + route, body, timeout)
+            if status == 401 and await self._token_changed():
+                status, content = await self._exchange(method, url + route, body, timeout)
+        except TimeoutError:  # aiohttp's ServerTimeoutError is one too
             elapsed = time.perf_counter() - started
             return CallResult(url, False, None, f"no answer within {timeout:g}s", elapsed, timed_out=True)
-        except httpx.TransportError as exc:
-            return CallResult(url, False, None, f"unreachable: {exc}", time.perf_counter() - started)
+        except (aiohttp.ClientError, OSError) as exc:
+            return CallResult(
+                url, False, None, f"unreachable: {type(exc).__name__}: {exc}", time.perf_counter() - started
+            )
         elapsed = time.perf_counter() - started
-        if response.status_code == 200:
+        if status == 200:
             try:
-                answer = model.model_validate_json(response.content)
+                answer = model.model_validate_json(content)
             except ValidationError as exc:
                 return CallResult(url, False, 200, f"its answer breaks the control API's contract: {exc}", elapsed)
             version = getattr(answer, "weights_version", None)
             digest = getattr(answer, "weights_digest", None)
             return CallResult(url, True, 200, "", elapsed, version, digest, answer)
         try:
-            data = response.json()
+            data = json.loads(content)
         except ValueError:
             data = {}
         error = data.get("error") if isinstance(data, dict) else None
         message = error.get("message") if isinstance(error, dict) else None
         kind = error.get("type") if isinstance(error, dict) else None
-        detail = str(message or response.text[:500])
-        return CallResult(
-            url, False, response.status_code, detail, elapsed, error_type=kind if isinstance(kind, str) else None
-        )
+        detail = str(message or content[:500].decode("utf-8", "replace"))
+        return CallResult(url, False, status, detail, elapsed, error_type=kind if isinstance(kind, str) else None)

@@ -47,6 +47,7 @@ from drs_protocol.control import (
     TrainerCollectiveUpdate,
     TrainerIpcUpdate,
 )
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S
 from drs_protocol.routes import ControlOp, TrainerRoute
 from drs_protocol.validation_errors import field_problems
@@ -59,8 +60,8 @@ from drs_sidecar.errors import FleetError, GroupChanged, NoGroup, RefitBusy, Ref
 from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.group_abort import CollectiveSteps
 from drs_sidecar.metrics import SidecarMetrics
-from drs_sidecar.report import EngineOutcome, Report, verify_digests
-from drs_sidecar.targets import DEFAULT_LEASE_S, TargetAnnouncer
+from drs_sidecar.report import EngineOutcome, Report, held_after, holds_desired, verify_digests
+from drs_sidecar.targets import DEFAULT_LEASE_S, Announced, Target, TargetAnnouncer, announced_update, note_cutover
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +97,11 @@ class Refitter:
         concurrency: int = 64,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         target_lease_s: float = DEFAULT_LEASE_S,
+        cutover_margin_s: float = DEFAULT_CUTOVER_MARGIN_S,
     ) -> None:
         self.fleet = fleet
-        #: announces the target weights before any load (``drs_sidecar.targets``)
-        self.targets = TargetAnnouncer(control, metrics, lease_s=target_lease_s)
+        #: announces the target weights and their cut-over before any load (``drs_sidecar.targets``)
+        self.targets = TargetAnnouncer(control, metrics, lease_s=target_lease_s, margin_s=cutover_margin_s)
         #: the engines of the last fleet read: a refit announces to them before it reads again
         self.known: list[Engine] = []
         self.control = control
@@ -114,6 +116,8 @@ class Refitter:
         self._trainer_busy = False
         #: engine URL -> (failed catch-up loads in a row, loop time before which it is not retried)
         self._backoff: dict[str, tuple[int, float]] = {}
+        #: a failed collective step's withdrawal of its target, still going out (``_settle``)
+        self._withdrawal: asyncio.Task[Announced] | None = None
         #: the collective refit group the last ``collective_init`` formed
         self.group: GroupLayout | None = None
         #: each collective step bounded, and aborted on every member when one fails
@@ -138,6 +142,9 @@ class Refitter:
             raise RefitBusy()
         self._trainer_busy = True
         try:
+            if self._withdrawal is not None:  # a failed collective's withdrawal reaches the engines first
+                await self._withdrawal
+                self._withdrawal = None
             yield
         finally:
             self._trainer_busy = False
@@ -147,7 +154,7 @@ class Refitter:
         fleet now holds it (by digest: ``digest``, the trainer's, else the engines' agreement).
         Raises :class:`RefitBusy`, :class:`FleetError`, :class:`Refused`."""
         request = checked(Refit, {"path": path, "version": version, "digest": digest})
-        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
+        target, margin = self.targets.desired(request.version, request.path, request.digest)
         async with self._claim():
             passing = self._lock.locked()  # a reconcile pass runs: it may announce the old target
             # announced at once, to the engines known, before waiting for the pass (drs_sidecar.targets)
@@ -155,6 +162,7 @@ class Refitter:
                 engines = self.known = await self.fleet.engines()
                 previous = await self._start(target)
                 await lease.cover(engines, again=passing)  # every engine has been told before the first load
+                late = await lease.cut_over()  # no load before the cut-over
                 report = await self._fan_out(
                     ControlOp.LOAD_WEIGHTS,
                     engines,
@@ -162,7 +170,7 @@ class Refitter:
                     desired_digest=request.digest,
                 )
                 await lease.stop()  # no renewal after this: a rollback's announce comes last
-                report.target_announced_s = lease.announced_s
+                note_cutover(report, lease, margin, late)
                 self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
                 self.metrics.refit_seconds.observe(report.elapsed_s)
                 await self._settle(report, previous, target, announced=True)
@@ -216,9 +224,11 @@ class Refitter:
             recompute_kv=request.recompute_kv,
             timeout_s=self.steps.engine_s,
         )
-        target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
         report = await self._collective(
-            ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE, body, desired_digest=request.digest, target=target
+            ControlOp.UPDATE_WEIGHTS_FROM_COLLECTIVE,
+            body,
+            desired_digest=request.digest,
+            target=(request.version, request.path, request.digest),
         )
         if report.complete:
             await self._publish(request.version)
@@ -231,17 +241,20 @@ class Refitter:
         body = IpcUpdate(version=request.version, state_dict_info=request.state_dict_info, buffers=request.buffers)
         async with self._exclusive():
             op = ControlOp.UPDATE_WEIGHTS_FROM_IPC
-            engines = await self.fleet.engines()
-            target = DesiredWeights(version=request.version, path=request.path, digest=request.digest)
-            previous = await self._start(target)
-            report = await self._fan_out(
-                op,
+            engines = self.known = await self.fleet.engines()
+            target = (request.version, request.path, request.digest)
+            report, previous, desired = await self._cut_over(
                 engines,
-                lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
-                all_at_once=True,
-                desired_digest=request.digest,
+                target,
+                lambda: self._fan_out(
+                    op,
+                    engines,
+                    lambda url: self.control.op(url, op, body, timeout=self.control.load_s),
+                    all_at_once=True,
+                    desired_digest=request.digest,
+                ),
             )
-            await self._settle(report, previous, target)
+            await self._settle(report, previous, desired, announced=True)
             await self._record_outcomes(report)
         if report.complete:
             await self._publish(request.version)
@@ -258,6 +271,13 @@ class Refitter:
             log.info("desired weights %s restored from the resource", stored.version)
         return stored
 
+    async def _cut_over(
+        self, engines: list[Engine], target: Target, run: Callable[[], Awaitable[Report]], *, bounded: bool = False
+    ) -> tuple[Report, DesiredWeights | None, DesiredWeights]:
+        """A collective or CUDA IPC update ``run``, its target stored and announced first
+        (:func:`drs_sidecar.targets.announced_update`)."""
+        return await announced_update(self.targets, engines, target, self.desired, self._start, run, bounded=bounded)
+
     async def _start(self, target: DesiredWeights) -> DesiredWeights | None:
         """Store ``target`` as the desired weights on the resource before any engine is called (a
         refit that cannot be recorded is refused: :class:`FleetError`); the previous ones back."""
@@ -267,13 +287,21 @@ class Refitter:
         return previous
 
     async def _settle(
-        self, report: Report, previous: DesiredWeights | None, target: DesiredWeights, *, announced: bool = False
+        self,
+        report: Report,
+        previous: DesiredWeights | None,
+        target: DesiredWeights,
+        *,
+        announced: bool = False,
+        at_once: bool = False,
     ) -> None:
         """After a weights operation: the new weights stay desired (with the digest the engines were
         checked against) when any engine took them; one that reached no engine puts the previous
         desired weights back (a mistyped path changes nothing), announced to the engines when the
-        operation had announced its target (a checkpoint refit; collective and IPC refits announce
-        none, so their failure is not held up by a hung member)."""
+        operation had announced its target (every refit: by checkpoint, collective or CUDA IPC), so
+        nothing waits for weights that did not arrive. ``at_once``: that announce goes out without
+        the trainer's answer waiting for it (a failed collective step: a hung member would add its
+        announce timeout); the next trainer operation waits for it first."""
         if any(o.ok for o in report.outcomes):
             desired: DesiredWeights | None = target.model_copy(update={"digest": target.digest or report.digest})
             self._backoff.clear()
@@ -283,7 +311,11 @@ class Refitter:
             desired = previous  # the engines serve again at once: the target gave way to the previous one
             if announced:
                 told = [e.url for e in self.known if e.url] + [o.url for o in report.outcomes if o.url]
-                await self.targets.announce(told, desired)
+                withdraw = asyncio.create_task(self.targets.announce(told, desired), name="withdraw-target")
+                if at_once:
+                    self._withdrawal = withdraw
+                else:
+                    await withdraw
         if desired != target:
             try:
                 await self.fleet.desire(desired)
@@ -297,8 +329,11 @@ class Refitter:
         body: PrepareRefitInfo | CollectiveUpdate,
         *,
         desired_digest: str | None = None,
-        target: DesiredWeights | None = None,
+        target: Target | None = None,
     ) -> Report:
+        """A collective step on every member of the group; ``target`` (version, path, digest): the
+        weights it brings, announced to the members with their cut-over before the step (engines
+        refuse legs stamped after it until they hold them) and withdrawn when none took them."""
         async with self._exclusive():
             group = self.group
             if group is None:
@@ -307,12 +342,19 @@ class Refitter:
             if changes:  # a collective over a member that is not there would wait for it
                 self.group = None
                 raise GroupChanged(changes)
-            previous = await self._start(target) if target is not None else None
-            report = await self.steps.run(self._fan_out, op, group, lambda _: body, desired_digest=desired_digest)
+
+            def step() -> Awaitable[Report]:
+                return self.steps.run(self._fan_out, op, group, lambda _: body, desired_digest=desired_digest)
+
+            if target is None:
+                report = await step()
+            else:  # a member that does not answer the announce costs the margin at most, not its timeout
+                members = [m.engine for m in group.members]
+                report, previous, desired = await self._cut_over(members, target, step, bounded=True)
             if report.failed:
                 self.group = None  # aborted on every member: the next collective/init forms a new one
             if target is not None:
-                await self._settle(report, previous, target)
+                await self._settle(report, previous, desired, announced=True, at_once=True)
             if op in WEIGHTS_OPS:
                 await self._record_outcomes(report)
             return report
@@ -337,7 +379,7 @@ class Refitter:
         async with self._lock:
             desired = self.desired
             engines, ready, answers, held = await self._read_weights()
-            behind = [e for e, a in zip(ready, answers, strict=True) if a.ok and not _holds(a, desired)]
+            behind = [e for e, a in zip(ready, answers, strict=True) if a.ok and not holds_desired(a, desired)]
             await self.targets.announce([e.url for e in behind if e.url], desired)  # renews their lease
             unknown = sum(not a.ok for a in answers)
             self.metrics.engines_behind.set(len(behind) + unknown + (len(engines) - len(ready)))
@@ -354,7 +396,7 @@ class Refitter:
                     desired_digest=desired.digest,
                 )
                 self._note_attempts(report, now)
-            await self._record_engines({**held, **_held_after(report)})
+            await self._record_engines({**held, **held_after(report)})
             loaded = {o.url for o in report.outcomes if o.ok}
             all_current = len(ready) == len(engines) and unknown == 0 and all(e.url in loaded for e in behind)
             if all_current and engines and self.published != desired.version:
@@ -385,7 +427,7 @@ class Refitter:
         return engines, ready, list(answers), held
 
     async def _record_outcomes(self, report: Report) -> None:
-        await self._record_engines({**self.engine_weights, **_held_after(report)})
+        await self._record_engines({**self.engine_weights, **held_after(report)})
 
     async def _record_engines(self, held: dict[str, HeldWeights]) -> None:
         """Write what each engine holds to the resource when it changed (never fails the caller)."""
@@ -449,20 +491,3 @@ class Refitter:
         for failed in report.failed:
             log.warning("%s on %s (%s) failed: %s", op, failed.engine, failed.url, failed.detail)
         return report
-
-
-def _holds(answer: CallResult, desired: DesiredWeights) -> bool:
-    """Whether an engine's ``GET /control/weights`` answer is at the desired weights (by digest
-    when both are known)."""
-    if answer.weights_version != desired.version:
-        return False
-    return desired.digest is None or answer.weights_digest is None or answer.weights_digest == desired.digest
-
-
-def _held_after(report: Report) -> dict[str, HeldWeights]:
-    """What each engine that answered a weights operation holds now (as it answered)."""
-    return {
-        o.engine: HeldWeights(version=o.weights_version, digest=o.weights_digest)
-        for o in report.outcomes
-        if o.weights_version is not None
-    }

@@ -11,7 +11,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from drs_protocol.routes import ControlOp
+from drs_protocol.weights_state import DesiredWeights, HeldWeights
 
+from drs_sidecar.control import CallResult
 from drs_sidecar.fleet import Engine
 
 log = logging.getLogger("drs_sidecar.refit")
@@ -57,6 +59,13 @@ class Report:
     group_abort: Any = None
     #: A refit: seconds from its start until every engine had been told the target (None: not announced).
     target_announced_s: float | None = None
+    #: The refit's cut-over (epoch seconds, ``drs_protocol.cutover``) and the margin it got (None: not announced).
+    effective_at: float | None = None
+    cutover_margin_s: float | None = None
+    #: The announce round ended after the cut-over (engines told late may have served new turns at the old weights).
+    announce_exceeded_margin: bool = False
+    #: Legs the engines answered at other weights after the cut-over, as they counted them (a late announce).
+    late_legs: int = 0
 
     @property
     def failed(self) -> list[EngineOutcome]:
@@ -78,6 +87,10 @@ class Report:
             "weights_digest": self.digest,
             "group_abort": None if self.group_abort is None else self.group_abort.as_dict(),
             "target_announced_s": None if self.target_announced_s is None else round(self.target_announced_s, 4),
+            "effective_at": self.effective_at,
+            "cutover_margin_s": None if self.cutover_margin_s is None else round(self.cutover_margin_s, 4),
+            "announce_exceeded_margin": self.announce_exceeded_margin,
+            "late_legs": self.late_legs,
             "elapsed_s": round(self.elapsed_s, 3),
         }
 
@@ -119,3 +132,20 @@ def verify_digests(report: Report, desired: str | None) -> Report:
     for failed in report.failed:
         log.warning("%s on %s (%s): %s", report.op, failed.engine, failed.url, failed.detail)
     return report
+
+
+def holds_desired(answer: CallResult, desired: DesiredWeights) -> bool:
+    """Whether an engine's ``GET /control/weights`` answer is at the desired weights (by digest
+    when both are known)."""
+    if answer.weights_version != desired.version:
+        return False
+    return desired.digest is None or answer.weights_digest is None or answer.weights_digest == desired.digest
+
+
+def held_after(report: Report) -> dict[str, HeldWeights]:
+    """What each engine that answered a weights operation holds now (as it answered)."""
+    return {
+        o.engine: HeldWeights(version=o.weights_version, digest=o.weights_digest)
+        for o in report.outcomes
+        if o.weights_version is not None
+    }

@@ -22,6 +22,15 @@ engines refusing new legs for one lease at most; then they serve what they hold 
 ``WeightsPending`` (the operator's condition, observed from the engines) says which are behind.
 A refit that reached no engine withdraws the target in favour of the previous desired weights
 (or none), so the engines serve again at once.
+
+The cut-over (:mod:`drs_protocol.cutover`): a target takes effect at ``effective_at``, picked by
+:meth:`TargetAnnouncer.desired` as now plus a margin larger than the announce round
+(``max(floor, 2 x the last round)``, at most :data:`~drs_protocol.cutover.MAX_CUTOVER_MARGIN_S`,
+:meth:`TargetAnnouncer.desired`),
+sent with every announce and stored with the desired weights. :meth:`Lease.cut_over` waits for that
+instant before the first load (no load starts before it) and says whether the round outran it: an
+engine told after its cut-over may have answered turns stamped after it at the old weights, which
+it counts (``late_legs`` of its answer, summed in the report).
 """
 
 from __future__ import annotations
@@ -30,17 +39,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from drs_protocol.control import WeightsTarget
+from drs_protocol.control import ControlAnswer, TargetAnnounced, WeightsTarget
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, cutover_margin
 from drs_protocol.routes import ControlOp
 from drs_protocol.weights_state import DesiredWeights
 
 from drs_sidecar.control import ControlClient
 from drs_sidecar.fleet import Engine
 from drs_sidecar.metrics import SidecarMetrics
+from drs_sidecar.report import Report
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +60,11 @@ ANNOUNCE_TIMEOUT_S: Final = 2.0
 #: Seconds an announced target binds an engine after each announce (renewed while loads run).
 DEFAULT_LEASE_S: Final = 30.0
 OP: Final = ControlOp.ANNOUNCE_WEIGHTS_TARGET
+#: A weights operation's target as the trainer gives it: (version, checkpoint path, digest).
+Target = tuple[str, str | None, str | None]
+#: Seconds a collective refit's announce call gets at least (it gets the cut-over margin, so that
+#: a member that does not answer delays the broadcast by no more than the margin).
+MIN_COLLECTIVE_ANNOUNCE_S: Final = 0.1
 
 
 @dataclass(slots=True)
@@ -58,6 +74,8 @@ class Announced:
     reached: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     slowest_s: float = 0.0  #: the longest call of the round, as the client timed it
+    #: legs the engines had answered at other weights after the target's cut-over (a late announce)
+    late_legs: int = 0
 
 
 class TargetAnnouncer:
@@ -70,19 +88,34 @@ class TargetAnnouncer:
         *,
         lease_s: float = DEFAULT_LEASE_S,
         timeout_s: float = ANNOUNCE_TIMEOUT_S,
+        margin_s: float = DEFAULT_CUTOVER_MARGIN_S,
     ) -> None:
         self.control = control
         self.metrics = metrics
         self.lease_s = lease_s
         self.timeout_s = timeout_s
+        #: the cut-over margin's floor (``--cutover-margin``)
+        self.margin_s = margin_s
+        #: the last announce round's seconds (the next margin is twice it, when more than the floor)
+        self.last_round_s: float | None = None
+
+    def desired(self, version: str, path: str | None, digest: str | None) -> tuple[DesiredWeights, float]:
+        """A refit's desired weights with their cut-over (now plus the margin; None when
+        announcing is off: desired at once), and the margin."""
+        if not self.enabled:
+            return DesiredWeights(version=version, path=path, digest=digest), 0.0
+        margin = cutover_margin(self.margin_s, self.last_round_s)
+        return DesiredWeights(version=version, path=path, digest=digest, effective_at=time.time() + margin), margin
 
     @property
     def enabled(self) -> bool:
         return self.lease_s > 0
 
-    async def announce(self, urls: Iterable[str], target: DesiredWeights | None) -> Announced:
+    async def announce(
+        self, urls: Iterable[str], target: DesiredWeights | None, *, timeout_s: float | None = None
+    ) -> Announced:
         """``target`` (None: withdraw it) to every engine of ``urls`` at once, each call within
-        :attr:`timeout_s`."""
+        ``timeout_s`` (default :attr:`timeout_s`)."""
         urls = list(dict.fromkeys(urls))
         done = Announced()
         if not self.enabled or not urls:
@@ -91,13 +124,18 @@ class TargetAnnouncer:
             version=None if target is None else target.version,
             digest=None if target is None else target.digest,
             lease_s=self.lease_s,
+            effective_at=None if target is None else target.effective_at,
         )
-        results = await asyncio.gather(*(self.control.op(u, OP, body, timeout=self.timeout_s) for u in urls))
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        results = await asyncio.gather(*(self.control.op(u, OP, body, timeout=timeout) for u in urls))
         done.slowest_s = max(r.elapsed_s for r in results)
         for result in results:
             self.metrics.engine_calls.labels(op=OP.value, result="ok" if result.ok else "failed").inc()
             if result.ok:
                 done.reached.append(result.url)
+                answer = result.answer
+                if isinstance(answer, ControlAnswer) and isinstance(answer.result, TargetAnnounced):
+                    done.late_legs += answer.result.late_legs
             else:
                 done.failed[result.url] = (
                     result.detail if result.status is None else f"{result.status}: {result.detail}"
@@ -107,12 +145,18 @@ class TargetAnnouncer:
 
     @contextlib.asynccontextmanager
     async def lease(
-        self, known: Sequence[Engine], target: DesiredWeights, fallback: DesiredWeights | None
+        self,
+        known: Sequence[Engine],
+        target: DesiredWeights,
+        fallback: DesiredWeights | None,
+        *,
+        timeout_s: float | None = None,
     ) -> AsyncIterator[Lease]:
-        """Announce ``target`` to the ``known`` engines at once and renew it while the block runs;
-        a block that raises (the fleet unreadable, the desired weights not stored: no engine was
-        loaded) announces ``fallback`` instead, the weights desired before, so nothing waits."""
-        lease = Lease(self, target, [e.url for e in known if e.url])
+        """Announce ``target`` to the ``known`` engines at once and renew it while the block runs
+        (each call within ``timeout_s``, default :attr:`timeout_s`); a block that raises (the fleet
+        unreadable, the desired weights not stored: no engine was loaded) announces ``fallback``
+        instead, the weights desired before, so nothing waits."""
+        lease = Lease(self, target, [e.url for e in known if e.url], timeout_s)
         try:
             yield lease
         except BaseException:
@@ -127,8 +171,11 @@ class TargetAnnouncer:
 class Lease:
     """A target announced to a set of engines and renewed until :meth:`close`."""
 
-    def __init__(self, announcer: TargetAnnouncer, target: DesiredWeights, urls: list[str]) -> None:
+    def __init__(
+        self, announcer: TargetAnnouncer, target: DesiredWeights, urls: list[str], timeout_s: float | None = None
+    ) -> None:
         self._announcer = announcer
+        self._timeout_s = timeout_s
         self._target = target
         self._urls = dict.fromkeys(urls)
         self._started = time.perf_counter()
@@ -140,11 +187,19 @@ class Lease:
         #: (its answer came back; set by :meth:`cover`; None while not, or when announcing is off).
         self.announced_s: float | None = None
         self.covered = False
+        #: the wall-clock instant the last engine had been told (set by :meth:`cover`)
+        self.told_at: float | None = None
+        #: legs the engines counted as answered at other weights after the cut-over (late announces)
+        self.late_legs = 0
 
     async def _first_round(self, urls: list[str]) -> Announced:
-        done = await self._announcer.announce(urls, self._target)
+        done = await self._announcer.announce(urls, self._target, timeout_s=self._timeout_s)
         self._first_done = time.perf_counter()
         return done
+
+    @property
+    def effective_at(self) -> float | None:
+        return self._target.effective_at
 
     @property
     def urls(self) -> list[str]:
@@ -161,12 +216,16 @@ class Lease:
         self._urls.update(dict.fromkeys(extra))
         told_at = self._first_done  # the known engines were told while the fleet was read
         if extra:
-            more = await self._announcer.announce(extra, self._target)
+            more = await self._announcer.announce(extra, self._target, timeout_s=self._timeout_s)
             slowest = max(done.slowest_s, more.slowest_s)
-            done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed}, slowest)
+            late = done.late_legs + more.late_legs
+            done = Announced([*done.reached, *more.reached], {**done.failed, **more.failed}, slowest, late)
             told_at = time.perf_counter()
+        self.late_legs += done.late_legs
         if self._announcer.enabled:
             self.announced_s = told_at - self._started
+            self.told_at = time.time() - (time.perf_counter() - told_at)
+            self._announcer.last_round_s = self.announced_s
             log.info(
                 "target weights %s announced to %d engine(s) in %.3fs, slowest call %.3fs (%d failed; %d known "
                 "before, %d after the read)",
@@ -179,6 +238,25 @@ class Lease:
                 len(extra),
             )
         return done
+
+    async def cut_over(self) -> bool:
+        """Wait until the target's ``effective_at`` (no load starts before it); True when the
+        announce round (:meth:`cover`) ended after it: engines told late may have answered turns
+        stamped after the cut-over at the old weights (they count them: :attr:`late_legs`)."""
+        effective_at = self._target.effective_at
+        if effective_at is None:
+            return False
+        late = self.told_at is not None and self.told_at > effective_at
+        if late:
+            log.warning(
+                "target weights %s: the announce round ended %.3fs after its cut-over (margin too small for this "
+                "fleet; raise --cutover-margin): engines told late may have answered new turns at the old weights",
+                self._target.version,
+                (self.told_at or effective_at) - effective_at,
+            )
+        # waiting for the scheduled instant itself (the cut-over), not standing in for an event
+        await asyncio.sleep(max(0.0, effective_at - time.time()))
+        return late
 
     async def _renew(self) -> None:
         period = self._announcer.lease_s / 3
@@ -198,3 +276,40 @@ class Lease:
                 await self._first
         if self._renewal is not None:
             await self._renewal
+
+
+def note_cutover(report: Report, lease: Lease, margin: float, late: bool) -> None:
+    """The announce and cut-over figures of a weights operation, in its report."""
+    report.target_announced_s = lease.announced_s
+    if lease.announced_s is not None:
+        report.effective_at = lease.effective_at
+        report.cutover_margin_s = margin
+        report.announce_exceeded_margin = late
+        report.late_legs = lease.late_legs
+
+
+async def announced_update(
+    announcer: TargetAnnouncer,
+    engines: Sequence[Engine],
+    target: Target,
+    fallback: DesiredWeights | None,
+    start: Callable[[DesiredWeights], Awaitable[DesiredWeights | None]],
+    run: Callable[[], Awaitable[Report]],
+    *,
+    bounded: bool = False,
+) -> tuple[Report, DesiredWeights | None, DesiredWeights]:
+    """A collective or CUDA IPC update ``run`` with its cut-over: ``target`` stored as the desired
+    weights (``start``, which returns the previous ones) and announced to ``engines`` first, no
+    engine taking it before its ``effective_at`` (``bounded``: each announce call within the margin,
+    so a member that does not answer delays the broadcast by the margin, not the call's timeout).
+    Returns the report, the weights desired before, and the target's desired weights."""
+    desired, margin = announcer.desired(*target)
+    bound = min(announcer.timeout_s, max(margin, MIN_COLLECTIVE_ANNOUNCE_S)) if bounded else None
+    async with announcer.lease(engines, desired, fallback, timeout_s=bound) as lease:
+        previous = await start(desired)
+        await lease.cover(engines)
+        late = await lease.cut_over()  # no engine takes the new weights before the cut-over
+        report = await run()
+        await lease.stop()
+    note_cutover(report, lease, margin, late)
+    return report, previous, desired

@@ -5,13 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from drs_engine.backends.sim import stream as sim_stream
 from drs_engine.backends.sim.model import TokenFunction, weights_seed
-from drs_engine.backends.sim.weights import hash_weights_path
+from drs_engine.backends.sim.weights import SimWeights, hash_weights_path, read_weights_path
 from drs_engine.config import SimSpec, build_config, load_config_file
 from drs_engine.errors import WeightsLoadError
 from drs_engine.kv_store import ContextState, ContextStore
 from drs_engine.latency import LatencyModel
 from drs_engine.prefix_hash import block_hashes
+from drs_protocol.weights_digest import digest_files
+from drs_protocol.weights_stream import WeightsStreamHeader
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -134,6 +137,23 @@ def test_weights_hashes_follow_the_content(tmp_path: Path) -> None:
     assert hash_weights_path(str(tmp_path / "a")) != first
     with pytest.raises(WeightsLoadError, match="does not exist"):
         hash_weights_path(str(tmp_path / "missing"))
+
+
+async def test_a_path_load_and_a_peer_stream_of_the_same_files_give_one_hash_and_digest(tmp_path: Path) -> None:
+    """Files that sort one way by path parts and another by relative path (``a.b`` before ``a/b``
+    as strings, after it as parts): the load reads them in the order a peer sends them."""
+    root = tmp_path / "ckpt"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "b").write_bytes(b"one" * 1000)
+    (root / "a.b").write_bytes(b"two" * 1000)
+    content_hash, digest = read_weights_path(str(root))
+    assert digest == digest_files(root)
+    loaded = SimWeights(version="v", content_hash=content_hash, source=str(root), digest=digest, loaded=True)
+    sent = sim_stream.export(loaded)
+    header = WeightsStreamHeader(version="v", digest=digest, backend="sim", nbytes=sent.nbytes, tensors=sent.tensors)
+    pieces = (bytes(p) async for p in sent.pieces)
+    received = await sim_stream.receive(header, pieces, "v")
+    assert (received.content_hash, received.digest) == (content_hash, digest)
 
 
 def test_the_config_file_reads_camel_case_and_flags_override_it(tmp_path: Path) -> None:

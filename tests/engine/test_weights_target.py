@@ -154,7 +154,7 @@ def test_the_gate_admits_exactly_the_engines_that_hold_the_target(
     version: str, digest: str | None, admitted: bool
 ) -> None:
     gate = TargetGate(Clock())
-    gate.announce(WeightsTarget(version="v2", digest="wd1:" + "a" * 64, lease_s=10))
+    gate.announce(WeightsTarget(version="v2", digest="wd1:" + "a" * 64, lease_s=10), "v1", None)
     if admitted:
         gate.check(version, digest)
     else:
@@ -166,12 +166,12 @@ def test_a_target_lapses_when_its_lease_ends_unless_announced_again() -> None:
     """A sidecar that died between its announce and its loads leaves no engine refusing for good."""
     clock = Clock()
     gate = TargetGate(clock)
-    gate.announce(WeightsTarget(version="v2", lease_s=10))
+    gate.announce(WeightsTarget(version="v2", lease_s=10), "v1", None)
     clock.now += 9
     with pytest.raises(WeightsPendingError) as refused:
         gate.check("v1", None)
     assert refused.value.retry_after_s == 1
-    gate.announce(WeightsTarget(version="v2", lease_s=10))  # renewed
+    gate.announce(WeightsTarget(version="v2", lease_s=10), "v1", None)  # renewed
     clock.now += 9
     with pytest.raises(WeightsPendingError):
         gate.check("v1", None)

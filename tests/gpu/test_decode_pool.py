@@ -89,13 +89,41 @@ def _seq(kv: Any, length: int, token: int) -> Any:
     return DecodeSeq(kv, length, token, greedy, [token], check=lambda _: (None, None), banned=lambda _: None)
 
 
-def test_the_pooled_step_equals_the_eager_step_across_joins_leaves_and_a_sequence_outgrowing_its_slot() -> None:
+def test_projections_back_to_back_in_one_buffer_are_one_matrix_without_a_copy() -> None:
+    import torch
+    from drs_engine.backends.torch.model import SIZES, random_state_dict
+    from drs_engine.backends.torch.pooled import back_to_back, fuse_projections
+    from drs_engine.backends.torch.weights.packed import pack
+
+    shape = SIZES["tiny"]
+    loose = random_state_dict(shape, seed=5, device="cpu", dtype=torch.float32)
+    packed = pack(loose, torch.device("cpu")).params
+    for layer, fused in enumerate(fuse_projections(packed, shape)):
+        a, m = f"model.layers.{layer}.self_attn.", f"model.layers.{layer}.mlp."
+        qkv = [packed[a + n + "_proj.weight"] for n in "qkv"]
+        assert fused.qkv is not None and fused.qkv.data_ptr() == qkv[0].data_ptr()  # a view
+        assert torch.equal(fused.qkv, torch.cat(qkv))
+        assert fused.gate_up is not None
+        assert torch.equal(fused.gate_up, torch.cat([packed[m + "gate_proj.weight"], packed[m + "up_proj.weight"]]))
+    assert all(f.qkv is None and f.gate_up is None for f in fuse_projections(loose, shape))  # separate tensors
+    rows = torch.zeros(6, 4)
+    assert back_to_back(rows[:2], rows[3:]) is None  # a gap between them
+    assert back_to_back(rows[:2], rows[2:4].view(1, 8)) is None  # another width
+
+
+@pytest.mark.parametrize("packed", [True, False], ids=["packed weights", "separate tensors"])
+def test_the_pooled_step_equals_the_eager_step_across_joins_leaves_and_a_sequence_outgrowing_its_slot(
+    packed: bool,
+) -> None:
     import torch
     from drs_engine.backends.torch.decoder import BatchDecoder
     from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
+    from drs_engine.backends.torch.weights.packed import pack
 
     shape = SIZES["tiny"]
     params = random_state_dict(shape, seed=5, device="cpu", dtype=torch.float32)
+    if packed:  # as the engine holds them: q/k/v and gate/up multiplied at once (views of one buffer)
+        params = pack(params, torch.device("cpu")).params
     decoder = BatchDecoder(
         shape, slots=4, slot_tokens=40, cuda_graphs=True, device=torch.device("cpu"), dtype=torch.float32
     )
@@ -125,6 +153,7 @@ def test_the_pooled_step_equals_the_eager_step_across_joins_leaves_and_a_sequenc
         for s, e, row in zip(batch, mirror, logits.argmax(-1).tolist(), strict=True):
             s.length, e.length, s.next_token, e.next_token = s.length + 1, e.length + 1, row, row
     assert not pooled[1].pooled and decoder.eager_rows > 0  # the 33-token sequence outgrew a 40-token slot
+    assert decoder.fused is not None and (decoder.fused[0].qkv is not None) == packed
     decoder.release(batch)
     assert len(decoder.pool.table) == 0
     for s, e in zip(pooled[1:4], eager[1:4], strict=True):  # each KV its own again, equal to the eager one

@@ -9,6 +9,7 @@ import itertools
 import httpx
 import pytest
 from drs_engine.server.runner import start_engine
+from drs_engine.weights.digest import fused_digest
 from drs_protocol import weights_digest as wd
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ def test_torch_on_the_cpu_computes_the_reference_digest(size: int, offset: int, 
     flat = backing[offset:]  # an unaligned start, as a slice of a packed buffer may have
     reference = wd.digest_numpy(flat.numpy().tobytes())
     assert wd.digest_torch(flat) == reference
+    assert fused_digest(flat) == reference  # the engine's one-pass form, uncompiled on the CPU
     if size < 4 * wd.CHUNK_BYTES:
         assert wd.digest_bytes(flat.numpy().tobytes()) == reference
     bounds = sorted({0, size, *(c % (size + 1) for c in cuts)})
@@ -62,6 +64,12 @@ def test_cuda_computes_the_reference_digest() -> None:
     assert wd.digest_torch(flat) == reference
     assert wd.digest_torch(flat[3:]) == wd.digest_numpy(flat[3:].cpu().numpy().tobytes())
     assert wd.digest_torch_tensors([flat[:1000], flat[1000:]]) == reference
+    assert fused_digest(flat) == reference  # compiled by inductor: one read of each chunk
+    assert fused_digest(flat[3:]) == wd.digest_numpy(flat[3:].cpu().numpy().tobytes())
+    assert fused_digest(flat[: 5 * wd.CHUNK_BYTES]) == wd.digest_numpy(
+        flat[: 5 * wd.CHUNK_BYTES].cpu().numpy().tobytes()
+    )
+    assert fused_digest(flat, compiled=False) == reference
 
 
 async def test_a_torch_engine_reports_the_digest_of_its_packed_weights() -> None:

@@ -226,7 +226,8 @@ async def test_the_desired_weights_are_stored_before_any_load_and_outlive_the_si
     async with sim_engine() as engine, sim_engine() as late:
         async with refitter_over([as_engine(engine)]) as (refitter, fleet):
             report = await refitter.refit(str(checkpoint), "step-100")
-            first = DesiredWeights(version="step-100", path=str(checkpoint))
+            first = DesiredWeights(version="step-100", path=str(checkpoint), effective_at=report.effective_at)
+            assert report.effective_at is not None  # the refit's cut-over is stored with it
             assert fleet.desires[0] == first, "stored before the engines were called"
             assert fleet.desires[-1] == first.model_copy(update={"digest": report.digest})
             assert report.digest == digest_files(checkpoint)

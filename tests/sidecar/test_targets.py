@@ -13,6 +13,8 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine
+from drs_protocol.cutover import format_stamp
+from drs_protocol.fields import HEADER_TURN_STARTED
 from drs_protocol.lifecycle import WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.routes import CONTROL_WEIGHTS
 from drs_protocol.weights_digest import digest_files
@@ -57,9 +59,17 @@ async def refitter(fleet: ListFleet, **kwargs: Any) -> Any:
         await control.close()
 
 
-async def turn(engine: RunningEngine) -> httpx.Response:
+async def turn(engine: RunningEngine, stamp: float | None = None) -> httpx.Response:
+    """A turn (``stamp``: the instant it started, as a frontend stamps it; None: the engine's receipt time)."""
+    headers = {} if stamp is None else {HEADER_TURN_STARTED: format_stamp(stamp)}
     async with httpx.AsyncClient(timeout=10.0) as client:
-        return await client.post(engine.url + CHAT, json=BODY)
+        return await client.post(engine.url + CHAT, json=BODY, headers=headers)
+
+
+def after_cutover(target: dict[str, Any] | None) -> float:
+    """A stamp just after the cut-over of an engine's target (a turn that started once it took effect)."""
+    assert target is not None and target["effective_at"] is not None, target
+    return float(target["effective_at"]) + 0.001
 
 
 async def target_of(engine: RunningEngine) -> dict[str, Any] | None:
@@ -88,7 +98,10 @@ async def test_the_target_is_announced_to_the_known_engines_before_the_fleet_is_
             while not all([await target_of(a), await target_of(b)]):  # ... its announce is not
                 assert time.monotonic() < deadline, "the target was not announced while the fleet was read"
                 await asyncio.sleep(0.01)
-            during = [await turn(a), await turn(b)]
+            during = [
+                await turn(a, after_cutover(await target_of(a))),
+                await turn(b, after_cutover(await target_of(b))),
+            ]
             assert fleet.desires == [], "announced before the desired weights were even stored"
             fleet.release.set()
             report = await asyncio.wait_for(refit, WAIT_S)
@@ -111,7 +124,7 @@ async def test_an_engine_the_fresh_read_adds_is_told_before_the_first_load(check
             while (await target_of(fast)) is None:
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.01)
-            waiting = await turn(fast)  # the slow engine's load holds the only slot
+            waiting = await turn(fast, after_cutover(await target_of(fast)))  # the slow engine's load holds the slot
             report = await asyncio.wait_for(refit, WAIT_S)
     assert refused_pending(waiting), waiting.text
     assert report.complete, report.as_dict()
@@ -231,7 +244,7 @@ async def test_a_refit_arriving_during_a_reconcile_pass_announces_again_after_it
                         await client.get(a.url + CONTROL_WEIGHTS, headers={"authorization": f"Bearer {TOKEN}"})
                     ).json()["weights_version"]
                 if held == "step-99" and target is not None and target["version"] == "step-100":
-                    seen = await turn(a)
+                    seen = await turn(a, after_cutover(target))
                     break
                 await asyncio.sleep(0.01)
             await asyncio.wait_for(reconcile, WAIT_S)

@@ -22,7 +22,8 @@ route                                       body                                
                                             "recompute_kv": bool}``
 ``POST /control/collective/abort``          ``{"reason": str}``                                 not queued: beside an update
 ``POST /control/weights/ipc``               ``{"version", "state_dict_info", "buffers"}``       torch only
-``POST /control/weights/target``            ``{"version", "digest", "lease_s"}``                 announce; never queued
+``POST /control/weights/target``            ``{"version", "digest", "lease_s",                  announce; never queued
+                                            "effective_at"}``
 ``POST /control/prefix_cache/reset``        ``{}`` or empty                                     empties the prefix cache
 ``POST /control/memory/release``            ``{"tags": [str, ...]}`` (empty: all)               sleep: serving gets 503
 ``POST /control/memory/resume``             ``{"tags": [str, ...]}`` (empty: all)               wake
@@ -196,8 +197,9 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
 
     async def announce(params: WeightsTarget) -> dict[str, Any]:
         backend = state.require_backend()
-        state.target.announce(params)
-        return {"target": state.target.state(backend.weights_version, state.weights_digest)}
+        late = state.target.announce(params, backend.weights_version, state.weights_digest)
+        state.count_late_legs(late, f"{late} leg(s) already answered at weights {backend.weights_version}")
+        return {"target": state.target.state(backend.weights_version, state.weights_digest), "late_legs": late}
 
     async def init_collective(params: CollectiveInit) -> dict[str, Any]:
         return await state.require_backend().init_collective(params)

@@ -19,11 +19,13 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from drs_protocol import fields, lifecycle
 from drs_protocol.body import parse_json_object, read_body
 from drs_protocol.chat import ChatTemplateError, decode_token_ids, render_completion_ids, render_prompt_ids, token_text
+from drs_protocol.cutover import BadTurnStamp, format_stamp, parse_stamp
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64
 from drs_protocol.token_prefix import (
     DIVERGENT_LOG,
@@ -51,9 +53,10 @@ T = TypeVar("T")
 async def serve(state: EngineState, request: Request, *, chat: bool) -> Response:
     leg_label = "unknown"
     try:
+        stamp = turn_stamp(state, request)
         state.check_serving()
         backend = state.require_backend()
-        state.check_weights_target(backend)
+        straddles = state.check_weights_target(backend, stamp)
         body = await read_body(request, state.config.request_bytes_limit())
         data = parse_json_object(body)
         req: EngineRequest = validate(ChatCompletionRequest, data) if chat else validate(CompletionRequest, data)
@@ -78,10 +81,10 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     meta = responses.ResponseMeta.new(
         state.config.served_model_name(), chat=chat, strict=state.config.strict_trtllm_responses
     )
-    headers = {fields.HEADER_WEIGHTS_VERSION: weights_version}
+    headers = {fields.HEADER_WEIGHTS_VERSION: weights_version, fields.HEADER_TURN_STARTED: format_stamp(stamp)}
     if leg.streaming:
         return StreamingResponse(
-            _stream(state, leg, meta, first, events, weights_version),
+            _stream(state, leg, meta, first, events, Started(weights_version, stamp, straddles)),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", **headers},
         )
@@ -99,19 +102,50 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     _record(state, leg, finished, len(steps))
     text = decode_token_ids(state.tokenizer, [s.token_id for s in steps], skip_special_tokens=req.skip_special_tokens)
     answer = _full_body(state, leg, meta, text, steps, finished)
-    versions = weights_fields(finished, weights_version)
+    versions = weights_fields(finished, weights_version, straddles=straddles)
+    _answered(state, stamp, versions)
     if not meta.strict:  # strictTrtllmResponses: the version travels in the header only
         answer.update(versions)
     headers[fields.HEADER_WEIGHTS_VERSION] = versions[lifecycle.FIELD_WEIGHTS_VERSION]
     return JSONResponse(answer, headers=headers)
 
 
-def weights_fields(finished: LegFinished, started_with: str) -> dict[str, Any]:
-    """The response fields naming the weights version of the tokens (and the switch, if any)."""
+@dataclass(frozen=True, slots=True)
+class Started:
+    """How a leg was admitted: the weights it started with, its turn's stamp, and whether it
+    straddles a refit (stamped before the target's cut-over, admitted at the target)."""
+
+    weights_version: str
+    stamp: float
+    straddles: bool
+
+
+def turn_stamp(state: EngineState, request: Request) -> float:
+    """The instant the leg's turn started: the frontend's :data:`~drs_protocol.fields.HEADER_TURN_STARTED`
+    (400 naming the header when it is not an epoch-seconds number), else now (a direct call)."""
+    value = request.headers.get(fields.HEADER_TURN_STARTED)
+    if value is None:
+        return state.target.wall()
+    try:
+        return parse_stamp(value)
+    except BadTurnStamp as exc:
+        raise BadRequestError(str(exc), param=fields.HEADER_TURN_STARTED) from None
+
+
+def weights_fields(finished: LegFinished, started_with: str, *, straddles: bool = False) -> dict[str, Any]:
+    """The response fields naming the weights version of the tokens (and the switch, if any: a leg
+    that straddles the refit's cut-over is marked at 0 tokens when the backend saw no switch)."""
     out: dict[str, Any] = {lifecycle.FIELD_WEIGHTS_VERSION: finished.weights_version or started_with}
     if finished.weights_boundary is not None:
         out[lifecycle.FIELD_WEIGHTS_BOUNDARY] = finished.weights_boundary
+    elif straddles:
+        out[lifecycle.FIELD_WEIGHTS_BOUNDARY] = 0
     return out
+
+
+def _answered(state: EngineState, stamp: float, versions: dict[str, Any]) -> None:
+    if lifecycle.FIELD_WEIGHTS_BOUNDARY not in versions:
+        state.leg_answered(state.require_backend(), stamp, versions[lifecycle.FIELD_WEIGHTS_VERSION])
 
 
 def check_supported(req: EngineRequest) -> None:
@@ -339,7 +373,7 @@ async def _stream(
     meta: responses.ResponseMeta,
     first: LegEvent,
     events: AsyncGenerator[LegEvent, None],
-    started_with: str,
+    started: Started,
 ) -> AsyncIterator[bytes]:
     tokenizer = state.tokenizer
     detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=leg.request.skip_special_tokens)
@@ -370,8 +404,10 @@ async def _stream(
             stop_reason=finished.stop_reason,
             **common,
         )
+        versions = weights_fields(finished, started.weights_version, straddles=started.straddles)
+        _answered(state, started.stamp, versions)
         if not meta.strict:
-            last.update(weights_fields(finished, started_with))
+            last.update(versions)
         yield _sse(last)
         if include_usage:
             yield _sse(responses.usage_chunk(meta, finished, generated))

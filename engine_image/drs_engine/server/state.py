@@ -260,9 +260,33 @@ class EngineState:
                 "it serves again after a load completes"
             )
 
-    def check_weights_target(self, backend: EngineBackend) -> None:
-        """503 (``weights_pending``) while an announced target binds that this engine does not hold."""
-        self.target.check(backend.weights_version, self.weights_digest)
+    def check_weights_target(self, backend: EngineBackend, stamp: float) -> bool:
+        """503 (``weights_pending``) for a leg of a turn started at ``stamp`` at or after the cut-over
+        of an announced target this engine does not hold; True: its answer is ``weights_boundary``
+        (stamped before the cut-over, served at the target) (``drs_engine.weights.target``)."""
+        return self.target.admit(backend.weights_version, self.weights_digest, stamp)
+
+    def leg_answered(self, backend: EngineBackend, stamp: float, version: str) -> None:
+        """Record a leg answered at ``version`` (not boundary-marked): one answered at weights other
+        than a binding target whose cut-over precedes its stamp (the announce came late) is counted
+        in ``drs_engine_late_target_legs_total`` and logged."""
+        digest = self.weights_digest if version == backend.weights_version else None
+        if self.target.answered(stamp, version, digest):
+            self.count_late_legs(1, f"a leg of a turn stamped {stamp:.3f} was answered at weights {version}")
+
+    def count_late_legs(self, n: int, what: str) -> None:
+        if n <= 0:
+            return
+        if self.metrics is not None:
+            self.metrics.late_target_legs.inc(n)
+        target = self.target.current()
+        log.warning(
+            "late target announce: %s, after the cut-over of target %s (%s): off-policy, counted in "
+            "drs_engine_late_target_legs_total",
+            what,
+            None if target is None else target.version,
+            None if target is None else target.effective_at,
+        )
 
     def busy(self) -> int:
         """Legs running or queued, plus context states no decode engine has fetched yet."""

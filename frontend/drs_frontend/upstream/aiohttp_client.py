@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Final
 
@@ -83,10 +83,12 @@ class AiohttpUpstream:
             self._timeouts[total, read] = timeout
         return timeout
 
-    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
+    async def post_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> UpstreamResponse:
         try:
             async with self.session.post(
-                url, data=body, headers=self.presented.json, timeout=self._timeout(timeout)
+                url, data=body, headers=self.presented.json(headers), timeout=self._timeout(timeout)
             ) as resp:
                 data = await resp.read()
                 return UpstreamResponse(
@@ -101,10 +103,12 @@ class AiohttpUpstream:
             raise UpstreamConnectError(f"{url}: {exc!r}") from exc
 
     @asynccontextmanager
-    async def stream_json(self, url: str, body: bytes, timeout: float) -> AsyncIterator[_AiohttpStream]:
+    async def stream_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[_AiohttpStream]:
         try:
             resp = await self.session.post(
-                url, data=body, headers=self.presented.json, timeout=self._timeout(None, timeout)
+                url, data=body, headers=self.presented.json(headers), timeout=self._timeout(None, timeout)
             )
         except TimeoutError as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc

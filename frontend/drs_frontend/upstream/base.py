@@ -47,12 +47,18 @@ class UpstreamClient(Protocol):
 
     async def close(self) -> None: ...
 
-    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
-        """POST a JSON body and read the whole answer within ``timeout`` seconds."""
+    async def post_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> UpstreamResponse:
+        """POST a JSON body (with ``headers`` beside the client's own) and read the whole answer
+        within ``timeout`` seconds."""
         ...
 
-    def stream_json(self, url: str, body: bytes, timeout: float) -> AbstractAsyncContextManager[UpstreamStream]:
-        """POST a JSON body and read the answer as it arrives (``timeout``: gap between reads)."""
+    def stream_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> AbstractAsyncContextManager[UpstreamStream]:
+        """POST a JSON body (``headers`` as for :meth:`post_json`) and read the answer as it
+        arrives (``timeout``: gap between reads)."""
         ...
 
     async def get(self, url: str, timeout: float) -> UpstreamResponse: ...
@@ -87,8 +93,13 @@ class Presented:
         self.changed()
         return self._auth
 
-    @property
-    def json(self) -> Mapping[str, str]:
-        """``content-type: application/json`` and the ``authorization`` header (POSTs)."""
+    def json(self, extra: Mapping[str, str] | None = None) -> Mapping[str, str]:
+        """``content-type: application/json``, the ``authorization`` header and a leg's own
+        headers (the turn's stamp) for a POST."""
         self.changed()
-        return self._json
+        return self._json if not extra else {**self._json, **extra}
+
+
+def json_headers(extra: Mapping[str, str] | None) -> Mapping[str, str]:
+    """:data:`JSON_HEADERS` with a leg's own headers (the turn's stamp)."""
+    return JSON_HEADERS if not extra else {**JSON_HEADERS, **extra}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Final
 
@@ -72,10 +72,12 @@ class HttpxUpstream:
     def _timeout(self, total: float) -> httpx.Timeout:
         return httpx.Timeout(total, connect=self.connect_timeout)
 
-    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
+    async def post_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> UpstreamResponse:
         try:
             resp = await self.client.post(
-                url, content=body, headers=self.presented.json, timeout=self._timeout(timeout)
+                url, content=body, headers=self.presented.json(headers), timeout=self._timeout(timeout)
             )
         except httpx.TimeoutException as exc:
             raise UpstreamTimeout(f"{url}: no answer within {timeout:g}s") from exc
@@ -89,9 +91,11 @@ class HttpxUpstream:
         )
 
     @asynccontextmanager
-    async def stream_json(self, url: str, body: bytes, timeout: float) -> AsyncIterator[_HttpxStream]:
+    async def stream_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> AsyncIterator[_HttpxStream]:
         request = self.client.build_request(
-            "POST", url, content=body, headers=self.presented.json, timeout=self._timeout(timeout)
+            "POST", url, content=body, headers=self.presented.json(headers), timeout=self._timeout(timeout)
         )
         try:
             resp = await self.client.send(request, stream=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Final, cast
@@ -44,6 +45,8 @@ from drs_frontend.upstream.base import Presented, UpstreamResponse, UpstreamStre
 WEIGHTS_HEADER: Final = HEADER_WEIGHTS_VERSION.encode()
 
 KEEPALIVE_SECONDS: Final = 4.0
+#: The head lines after a request's own headers, up to the Content-Length value.
+CONTENT_HEAD: Final = b"Content-Type: application/json\r\nContent-Length: "
 
 
 class _Gone(Exception):
@@ -209,7 +212,8 @@ class RawUpstream:
         await self._other.close()
 
     def _target(self, url: str) -> tuple[_Engine, bytes]:
-        """The engine of ``url`` and the request head up to the Content-Length value (cached)."""
+        """The engine of ``url`` and the request head up to its own headers (cached; dropped when
+        the presented token changes)."""
         if self.presented.changed():
             self._targets.clear()
         target = self._targets.get(url)
@@ -225,7 +229,7 @@ class RawUpstream:
                 engine = self._engines[key] = _Engine(parts.hostname, port, slots)
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             extra = "".join(f"{name}: {value}\r\n" for name, value in self.presented.auth.items())
-            head = f"POST {path} HTTP/1.1\r\nHost: {key}\r\n{extra}Content-Type: application/json\r\nContent-Length: "
+            head = f"POST {path} HTTP/1.1\r\nHost: {key}\r\n{extra}"
             target = self._targets[url] = (engine, head.encode("latin-1"))
         return target
 
@@ -271,9 +275,12 @@ class RawUpstream:
                 engine.slots.give()
                 raise
 
-    async def post_json(self, url: str, body: bytes, timeout: float) -> UpstreamResponse:
+    async def post_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> UpstreamResponse:
         engine, head = self._target(url)
-        request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items()).encode("latin-1")
+        request = head + extra + CONTENT_HEAD + str(len(body)).encode() + b"\r\n\r\n" + body
         deadline = asyncio.get_running_loop().time() + timeout
         try:
             await self._take_slots(engine, deadline)
@@ -303,8 +310,10 @@ class RawUpstream:
             engine.idle.append(conn)
         return response
 
-    def stream_json(self, url: str, body: bytes, timeout: float) -> AbstractAsyncContextManager[UpstreamStream]:
-        return self._other.stream_json(url, body, timeout)
+    def stream_json(
+        self, url: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> AbstractAsyncContextManager[UpstreamStream]:
+        return self._other.stream_json(url, body, timeout, headers)
 
     async def get(self, url: str, timeout: float) -> UpstreamResponse:
         return await self._other.get(url, timeout)

@@ -49,7 +49,7 @@ from drs_engine.backends.profile import WallClockProfile
 from drs_engine.backends.sim import stream as sim_stream
 from drs_engine.backends.sim.handoff import SimHandoff
 from drs_engine.backends.sim.model import PrefixState, TokenChoice, TokenFunction
-from drs_engine.backends.sim.weights import SimWeights, digest_weights_path, hash_weights_path, initial_weights
+from drs_engine.backends.sim.weights import SimWeights, initial_weights, read_weights_path
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import NotSupportedError
 from drs_engine.latency import LatencyModel
@@ -234,8 +234,7 @@ class SimBackend(EngineBackend):
     # ---- control ---------------------------------------------------------------------------
 
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
-        content_hash = await asyncio.to_thread(hash_weights_path, path)
-        digest = await asyncio.to_thread(digest_weights_path, path)
+        content_hash, digest = await asyncio.to_thread(read_weights_path, path)  # each file read once
         await self._latency.sleep(self._latency.weights_load())
         previous = self._weights
         if self._config.sim.fault_load_moves_nothing:  # the injected fault: "success", same bytes

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from drs_protocol.weights_digest import digest_bytes, digest_files
+from drs_protocol.weights_digest import CHUNK_BYTES, Digester, checkpoint_order, digest_bytes
 
 from drs_engine.backends.sim.model import weights_seed
 from drs_engine.errors import WeightsLoadError
 
 MAX_HASHED_BYTES_PER_FILE: Final = 64 * 1024 * 1024
-_CHUNK: Final = 1024 * 1024
+#: Bytes read at once: a whole number of digest chunks (the digest sums them without copying).
+_PIECE: Final = 16 * CHUNK_BYTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,33 +61,32 @@ def initial_weights(model_path: str, version: str) -> SimWeights:
     )
 
 
-def digest_weights_path(path: str) -> str:
-    """The weights digest of a path :func:`hash_weights_path` accepted (its files, whole)."""
-    try:
-        return digest_files(path)
-    except OSError as exc:
-        raise WeightsLoadError(f"cannot read weights path {path!r}: {exc.strerror or exc}", param="path") from exc
-
-
-def hash_weights_path(path: str) -> bytes:
-    """Content hash of a weights file or directory; raises :class:`WeightsLoadError` saying why not."""
+def read_weights_path(path: str) -> tuple[bytes, str]:
+    """The content hash and the weights digest of a weights file or directory, each file read
+    once (in :func:`~drs_protocol.weights_digest.checkpoint_order`, the order a peer sends them, so
+    a stream of the same files gives the same hash); :class:`WeightsLoadError` saying why not."""
     root = Path(path)
     if not root.exists():
         raise WeightsLoadError(f"weights path {path!r} does not exist", param="path")
     if not os.access(root, os.R_OK):
         raise WeightsLoadError(f"weights path {path!r} is not readable", param="path")
-    digest = hashlib.blake2b()
-    if root.is_file():
-        _hash_file(digest, root, root.name)
-    elif root.is_dir():
-        files = sorted(p for p in root.rglob("*") if p.is_file())
-        if not files:
-            raise WeightsLoadError(f"weights directory {path!r} holds no files", param="path")
-        for file in files:
-            _hash_file(digest, file, file.relative_to(root).as_posix())
-    else:
+    if not (root.is_file() or root.is_dir()):
         raise WeightsLoadError(f"weights path {path!r} is neither a file nor a directory", param="path")
-    return digest.digest()
+    try:
+        files = checkpoint_order(root)
+    except OSError as exc:
+        raise WeightsLoadError(f"cannot read weights path {path!r}: {exc.strerror or exc}", param="path") from exc
+    if not files:
+        raise WeightsLoadError(f"weights directory {path!r} holds no files", param="path")
+    hasher, digester = content_hasher(), Digester()
+    for file in files:
+        _read_file(hasher, digester, file, root.name if file == root else file.relative_to(root).as_posix())
+    return hasher.digest(), digester.hexdigest()
+
+
+def hash_weights_path(path: str) -> bytes:
+    """Content hash of a weights file or directory; raises :class:`WeightsLoadError` saying why not."""
+    return read_weights_path(path)[0]
 
 
 def content_hasher() -> hashlib.blake2b:
@@ -99,17 +99,17 @@ def hash_file_start(digest: hashlib.blake2b, name: str, size: int) -> None:
     digest.update(f"{name}\0{size}\0".encode())
 
 
-def _hash_file(digest: hashlib.blake2b, file: Path, name: str) -> None:
+def _read_file(hasher: hashlib.blake2b, digester: Digester, file: Path, name: str) -> None:
+    """One file into the content hash (its name, size and first :data:`MAX_HASHED_BYTES_PER_FILE`)
+    and into the digest (all of it)."""
     try:
-        size = file.stat().st_size
-        hash_file_start(digest, name, size)
-        remaining = MAX_HASHED_BYTES_PER_FILE
+        hash_file_start(hasher, name, file.stat().st_size)
+        hashed = 0
         with file.open("rb") as fh:
-            while remaining > 0:
-                chunk = fh.read(min(_CHUNK, remaining))
-                if not chunk:
-                    break
-                digest.update(chunk)
-                remaining -= len(chunk)
+            while chunk := fh.read(_PIECE):
+                digester.update(chunk)
+                if hashed < MAX_HASHED_BYTES_PER_FILE:
+                    hasher.update(chunk[: MAX_HASHED_BYTES_PER_FILE - hashed])
+                    hashed += len(chunk)
     except OSError as exc:
         raise WeightsLoadError(f"cannot read weights file {str(file)!r}: {exc.strerror or exc}", param="path") from exc

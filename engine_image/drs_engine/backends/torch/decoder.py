@@ -31,7 +31,7 @@ from drs_engine.backends.torch.fused import EAGER, StepOps, fused_ops
 from drs_engine.backends.torch.graphs import DecodeGraphs
 from drs_engine.backends.torch.kv.slots import batch_bucket, token_bucket
 from drs_engine.backends.torch.model import ModelShape, decode_step
-from drs_engine.backends.torch.pooled import DecodePool, pooled_logits
+from drs_engine.backends.torch.pooled import DecodePool, Projections, fuse_projections, pooled_logits
 
 
 class BatchDecoder:
@@ -52,6 +52,8 @@ class BatchDecoder:
         self.graphs = DecodeGraphs(device, enabled=cuda_graphs)
         self.compiled = compiled and device.type == "cuda"
         self.ops: StepOps = fused_ops() if self.compiled else EAGER
+        #: the layers' back-to-back projections of the weights the graphs were captured for
+        self.fused: list[Projections] | None = None
         self.pooled_steps = 0
         self.eager_rows = 0
 
@@ -74,6 +76,7 @@ class BatchDecoder:
     def free(self) -> None:
         """Drop the pool and the graphs (sleep); holders were failed by the batcher."""
         self.graphs.clear()
+        self.fused = None
         self.pool.free()
 
     def release(self, seqs: list[DecodeSeq]) -> None:
@@ -98,18 +101,26 @@ class BatchDecoder:
                     seq.kv, seq.pooled = view, True
 
     def step(self, params: dict[str, Any], weights_key: Any, batch: list[DecodeSeq]) -> Any:
-        """Float32 logits ``[len(batch), vocab]`` of one step (call :meth:`seat` first)."""
+        """Float32 logits ``[len(batch), vocab]`` of one step (call :meth:`seat` first): the graph's
+        own output rows when the batch is the pool's holders in slot order (read them before the next
+        step), else gathered into the batch's order."""
         if self.graphs.captured_for is not weights_key:
             self.graphs.clear()  # new weight tensors: the graphs point at the old ones
             self.graphs.captured_for = weights_key
+            self.fused = fuse_projections(params, self.pool.shape)
         parts: list[Any] = []
-        index: list[int] = []
         offset = 0
         pooled = [s for s in batch if s.pooled]
+        # The rows of the result in the batch's order, worked out before any GPU work is queued:
+        # a host-to-device copy after the replay would wait for it (a host sync, the GIL given up).
+        table = self.pool.table
+        n_eager = len(batch) - len(pooled)
+        offset = batch_bucket(len(table.holders), limit=self.pool.slots) if pooled else 0
+        at_eager = iter(range(offset, offset + n_eager))
+        index = [table.slot_of(s) if s.pooled else next(at_eager) for s in batch]
+        gather = None if index == list(range(len(batch))) else torch.tensor(index, device=self.pool.device)
         if pooled:
-            out = self._pooled(params)
-            parts.append(out)
-            offset = out.shape[0]
+            parts.append(self._pooled(params))
         eager = [s for s in batch if not s.pooled]
         if eager:
             self.eager_rows += len(eager)
@@ -122,11 +133,8 @@ class BatchDecoder:
                     [s.length for s in eager],
                 )
             )
-        at_eager = iter(range(offset, offset + len(eager)))
-        table = self.pool.table
-        index = [table.slot_of(s) if s.pooled else next(at_eager) for s in batch]
         combined = parts[0] if len(parts) == 1 else torch.cat(parts)
-        return combined[torch.tensor(index, device=combined.device)]
+        return combined[: len(batch)] if gather is None else combined[gather]
 
     def _pooled(self, params: dict[str, Any]) -> Any:
         """Every holder steps (one not in this batch writes the same K/V again: idempotent)."""
@@ -142,5 +150,5 @@ class BatchDecoder:
         pool.tokens[:rows].copy_(host[0])
         pool.positions[:rows].copy_(host[1])
         self.pooled_steps += 1
-        run: Callable[[], Any] = lambda: pooled_logits(params, pool, rows, tokens, self.ops)  # noqa: E731
+        run: Callable[[], Any] = lambda: pooled_logits(params, pool, rows, tokens, self.ops, self.fused)  # noqa: E731
         return self.graphs.run((rows, tokens), run)

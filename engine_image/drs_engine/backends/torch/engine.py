@@ -122,6 +122,8 @@ class TorchBackend(EngineBackend):
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
+        if self._device.type == "cuda":
+            device_memory.share_the_gil_finely()
         await self._weights.start()
         await self._runner.start(self._kv.tokens_per_block)
         self._handoff.open()

@@ -28,6 +28,8 @@ class DecodeGraphs:
         self.enabled = enabled and device.type == "cuda"
         self._graphs: dict[Any, tuple[Any, Any]] = {}
         self._mempool: Any = None
+        #: the one side stream every capture warms up on (cuBLAS keeps a workspace per stream)
+        self._side: Any = None
         #: what the graphs were captured against (identity: the packed weights object)
         self.captured_for: Any = None
         self.captures = 0
@@ -55,7 +57,9 @@ class DecodeGraphs:
     def _capture(self, fn: Callable[[], Any]) -> tuple[Any, Any]:
         """Warm ``fn`` up on a side stream, then capture it. Its writes must be idempotent for the
         inputs in the static buffers (a decode step writes the same K/V at the same positions)."""
-        side = torch.cuda.Stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side = self._side
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARM_RUNS):

@@ -21,6 +21,7 @@ elementwise chains come from :mod:`.fused` (compiled by inductor on CUDA).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -100,17 +101,81 @@ class DecodePool:
         return own, move
 
 
-def pooled_logits(params: dict[str, Any], pool: DecodePool, rows: int, tokens: int, ops: StepOps = EAGER) -> Any:
+def back_to_back(first: Any, *rest: Any) -> Any | None:
+    """``first`` and ``rest`` (row-major matrices of one dtype and width) as one matrix of all their
+    rows, when they lie back to back in one storage: a view, no copy. The packed refit layout keeps
+    a layer's q, k, v projections so, and its gate and up projections, so a decode step multiplies
+    once by each pair instead of once by each matrix. None when they do not (weights not packed)."""
+    if not first.is_contiguous():
+        return None
+    storage = first.untyped_storage().data_ptr()
+    end = first.data_ptr() + first.numel() * first.element_size()
+    rows = first.shape[0]
+    for t in rest:
+        same = t.dtype == first.dtype and t.shape[1:] == first.shape[1:] and t.is_contiguous()
+        if not same or t.untyped_storage().data_ptr() != storage or t.data_ptr() != end:
+            return None
+        end += t.numel() * t.element_size()
+        rows += t.shape[0]
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
+
+
+@dataclass(frozen=True, slots=True)
+class Projections:
+    """A layer's q/k/v and gate/up weights as one matrix each (:func:`back_to_back`), or None."""
+
+    qkv: Any
+    gate_up: Any
+
+
+def fuse_projections(params: dict[str, Any], shape: ModelShape) -> list[Projections]:
+    """Per layer, the matrices :func:`pooled_logits` multiplies by at once (views of ``params``)."""
+    out = []
+    for i in range(shape.layers):
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        out.append(
+            Projections(
+                qkv=back_to_back(params[a + "q_proj.weight"], params[a + "k_proj.weight"], params[a + "v_proj.weight"]),
+                gate_up=back_to_back(params[m + "gate_proj.weight"], params[m + "up_proj.weight"]),
+            )
+        )
+    return out
+
+
+def pooled_logits(
+    params: dict[str, Any],
+    pool: DecodePool,
+    rows: int,
+    tokens: int,
+    ops: StepOps = EAGER,
+    fused: list[Projections] | None = None,
+) -> Any:
     """One decode step of the pool's first ``rows`` slots: row ``b`` feeds ``pool.tokens[b]`` at
     ``pool.positions[b]`` and attends over its positions ``0 … positions[b]`` (within the first
-    ``tokens``). ``ops``: the step's elementwise chains (:mod:`.fused`). Returns float32 logits
-    ``[rows, vocab]``."""
+    ``tokens``). ``ops``: the step's elementwise chains (:mod:`.fused`); ``fused``: the layers'
+    back-to-back projections (:func:`fuse_projections`; None: one matmul per matrix). Returns float32
+    logits ``[rows, vocab]``."""
     with torch.inference_mode():
-        return _pooled_logits(params, pool.shape, pool.kv, pool.tokens[:rows], pool.positions[:rows], tokens, ops)
+        ids, pos = pool.tokens[:rows], pool.positions[:rows]
+        return _pooled_logits(params, pool.shape, pool.kv, ids, pos, tokens, ops, fused)
+
+
+def _project(h: Any, joined: Any, params: dict[str, Any], names: tuple[str, ...]) -> tuple[Any, ...]:
+    """``h`` times each named matrix: one matmul over ``joined`` when there is one, split after."""
+    if joined is None:
+        return tuple(h @ params[n].T for n in names)
+    return tuple((h @ joined.T).split([params[n].shape[0] for n in names], dim=-1))
 
 
 def _pooled_logits(
-    params: dict[str, Any], shape: ModelShape, kv: Any, ids: Any, pos: Any, tokens: int, ops: StepOps
+    params: dict[str, Any],
+    shape: ModelShape,
+    kv: Any,
+    ids: Any,
+    pos: Any,
+    tokens: int,
+    ops: StepOps,
+    fused: list[Projections] | None = None,
 ) -> Any:
     rows = ids.shape[0]
     group = shape.heads // shape.kv_heads
@@ -124,9 +189,11 @@ def _pooled_logits(
     for i in range(shape.layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        q = (h @ params[a + "q_proj.weight"].T).view(rows, shape.heads, shape.head_dim)
-        k = (h @ params[a + "k_proj.weight"].T).view(rows, shape.kv_heads, shape.head_dim)
-        v = (h @ params[a + "v_proj.weight"].T).view(rows, shape.kv_heads, shape.head_dim)
+        layer = fused[i] if fused is not None else Projections(None, None)
+        q, k, v = _project(h, layer.qkv, params, (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"))
+        q = q.view(rows, shape.heads, shape.head_dim)
+        k = k.view(rows, shape.kv_heads, shape.head_dim)
+        v = v.view(rows, shape.kv_heads, shape.head_dim)
         q = ops.norm_rope(q, params[a + "q_norm.weight"], eps, cos, sin)
         k = ops.norm_rope(k, params[a + "k_norm.weight"], eps, cos, sin)
         keys, values = kv[i, 0], kv[i, 1]  # [slots, kv_heads, slot_tokens, head_dim]
@@ -143,7 +210,8 @@ def _pooled_logits(
             eps,
         )
         m = p + "mlp."
-        gated = ops.silu_mul(h @ params[m + "gate_proj.weight"].T, h @ params[m + "up_proj.weight"].T)
+        gate, up = _project(h, layer.gate_up, params, (m + "gate_proj.weight", m + "up_proj.weight"))
+        gated = ops.silu_mul(gate, up)
         after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < shape.layers else "model.norm.weight"
         x, h = ops.add_norm(x, gated @ params[m + "down_proj.weight"].T, params[after], eps)
     return (h @ _lm_head(params, shape).T).to(torch.float32)

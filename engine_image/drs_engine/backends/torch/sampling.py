@@ -38,7 +38,8 @@ def choose_tokens(logits: Any, samplings: list[Sampling], banned: list[Any]) -> 
 
 
 def _choose(logits: Any, samplings: list[Sampling], banned: list[Any]) -> list[Choice]:
-    masked = logits.masked_fill(torch.stack(banned), float("-inf"))
+    same = all(b is banned[0] for b in banned)  # the usual case: one mask broadcast, no stack
+    masked = logits.masked_fill(banned[0] if same else torch.stack(banned), float("-inf"))
     want_lp = any(s.logprobs for s in samplings)
     logp = torch.log_softmax(masked, dim=-1) if want_lp else None
     greedy = masked.argmax(dim=-1)

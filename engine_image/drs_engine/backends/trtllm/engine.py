@@ -13,16 +13,18 @@ import asyncio
 import importlib
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
-from drs_protocol.nemo_rl_refit import RefitSpecError, parse_state_dict_info
+from drs_protocol.nemo_rl_refit import RefitSpecError, checkpoint_files, parse_state_dict_info
 from drs_protocol.trtllm_kwargs import tokens_per_block_of
 
-from drs_engine.backends.base import EngineBackend, LegEvent, LegRequest
+from drs_engine.backends.base import EngineBackend, LegEvent, LegFinished, LegRequest
 from drs_engine.backends.trtllm.features import Features, detect_features
 from drs_engine.backends.trtllm.surface import release
+from drs_engine.backends.trtllm.switch import WeightsSwitch
 from drs_engine.backends.trtllm.translate import (
     LLM_CLASS,
     build_control_rpc,
@@ -62,6 +64,8 @@ class TrtllmBackend(EngineBackend):
         self._llm: Any = None
         self._api: dict[str, Any] = {}
         self._features: Features | None = None
+        #: the decoding legs, re-prefilled across a weights update (refit safety)
+        self._switch = WeightsSwitch()
 
     async def start(self) -> None:
         module_name, class_name = LLM_CLASS.rsplit(".", 1)
@@ -132,10 +136,78 @@ class TrtllmBackend(EngineBackend):
         return self._llm
 
     async def generate(self, leg: LegRequest) -> AsyncGenerator[LegEvent, None]:
+        """The leg's tokens. Refit safety (:mod:`.switch`): a decoding leg that a weights update
+        interrupts is submitted again over its prompt plus the tokens it has passed on (a plain
+        context-and-generation request: the context a prefill engine handed over is of the old
+        weights too), so every token after ``weights_boundary`` comes from the new weights."""
+        self._require_llm()
+        sampling = build_sampling_params_kwargs(leg.request, leg.max_tokens)
+        submit = self._submission(leg)
+        decoding = leg.request_type is not RequestType.CONTEXT_ONLY
+        prefix_lookup = leg.request_type is not RequestType.GENERATION_ONLY
+        generated: list[int] = []
+        boundary: int | None = None
+        while True:
+            await self._switch.ready()  # no request goes in while the weights change
+            version = self._version
+            promise = submit(sampling)
+            running = self._switch.track(promise) if decoding else None
+            emitted = 0
+            done = False
+            outputs: AsyncIterator[Any] = promise if leg.streaming else _once(promise.aresult())
+            try:
+                async for output in outputs:
+                    if running is not None and running.stale:
+                        break  # computed while (or after) the weights changed: dropped, submitted again
+                    for step in token_steps_from_output(output, emitted):
+                        emitted += 1
+                        generated.append(step.token_id)
+                        yield step
+                    finished = finished_from_output(
+                        output, prompt_tokens=len(leg.prompt_token_ids), prefix_lookup=prefix_lookup
+                    )
+                    if finished is not None:
+                        # ctx_info_endpoint stays TensorRT-LLM's own (its KV transceiver's, e.g.
+                        # tcp://host:port) or absent: never this server's HTTP URL.
+                        done = True
+                        if boundary is not None:
+                            cached = min(finished.cached_tokens, len(leg.prompt_token_ids))
+                            finished = replace(finished, cached_tokens=cached, weights_boundary=boundary)
+                        yield replace(finished, weights_version=version)
+                        return
+            finally:
+                if running is not None:
+                    self._switch.untrack(running)
+                if not done:  # closed early (the client left, a timeout, a refit): free the executor's slot
+                    if running is not None:
+                        running.abort()
+                    else:
+                        promise.abort()  # GenerationResult.abort -> executor.abort_request(request_id)
+            if running is None or not running.stale:
+                return
+            if len(generated) >= leg.max_tokens:  # every token came before the update: nothing to redo
+                prompt_tokens = len(leg.prompt_token_ids)
+                query = prompt_tokens if prefix_lookup else 0
+                yield LegFinished("length", prompt_tokens, 0, query, weights_version=version)
+                return
+            await self._switch.settled(running)
+            boundary = len(generated) if generated else None
+            submit = self._submission(leg, [*leg.prompt_token_ids, *generated])
+            sampling = {
+                **sampling,
+                "max_tokens": leg.max_tokens - len(generated),
+                "min_tokens": max(0, leg.request.min_tokens - len(generated)),
+            }
+
+    def _submission(self, leg: LegRequest, restated: list[int] | None = None) -> Callable[[dict[str, Any]], Any]:
+        """A function that submits the leg to TensorRT-LLM with given sampling keywords: as asked,
+        or (``restated``: the prompt plus the tokens generated before a weights update) as a
+        context-and-generation request over those ids, with no disaggregated params."""
         llm = self._require_llm()
-        sampling = self._api["SamplingParams"](**build_sampling_params_kwargs(leg.request, leg.max_tokens))
         features = self._require_features()
-        dp_kwargs = build_disaggregated_params_kwargs(leg.request.disaggregated_params, ctx_request_id=None)
+        dp_kwargs = None
+        if restated is None:
+            dp_kwargs = build_disaggregated_params_kwargs(leg.request.disaggregated_params, ctx_request_id=None)
         if dp_kwargs is not None:
             if not features.ctx_usage:
                 dp_kwargs.pop("ctx_usage", None)
@@ -147,40 +219,24 @@ class TrtllmBackend(EngineBackend):
         cp_kwargs = build_conversation_params_kwargs(leg.conversation_id)
         if cp_kwargs is not None and features.conversation_params:
             extra["conversation_params"] = self._api["ConversationParams"](**cp_kwargs)
-        try:
-            promise = llm.generate_async(
-                inputs=leg.prompt_token_ids,
-                sampling_params=sampling,
-                streaming=leg.streaming,
-                disaggregated_params=None if dp_kwargs is None else self._api["DisaggregatedParams"](**dp_kwargs),
-                **extra,
-            )
-        except Exception as exc:  # TensorRT-LLM refuses requests over its limits when they are submitted
-            refusal = request_refusal(exc)
-            if refusal is None:
-                raise
-            raise refusal from exc
-        prefix_lookup = leg.request_type is not RequestType.GENERATION_ONLY
-        emitted = 0
-        done = False
-        outputs: AsyncIterator[Any] = promise if leg.streaming else _once(promise.aresult())
-        try:
-            async for output in outputs:
-                for step in token_steps_from_output(output, emitted):
-                    emitted += 1
-                    yield step
-                finished = finished_from_output(
-                    output, prompt_tokens=len(leg.prompt_token_ids), prefix_lookup=prefix_lookup
+        inputs = leg.prompt_token_ids if restated is None else restated
+
+        def submit(sampling: dict[str, Any]) -> Any:
+            try:
+                return llm.generate_async(
+                    inputs=inputs,
+                    sampling_params=self._api["SamplingParams"](**sampling),
+                    streaming=leg.streaming,
+                    disaggregated_params=None if dp_kwargs is None else self._api["DisaggregatedParams"](**dp_kwargs),
+                    **extra,
                 )
-                if finished is not None:
-                    # ctx_info_endpoint stays TensorRT-LLM's own (its KV transceiver's, e.g.
-                    # tcp://host:port) or absent: never this server's HTTP URL.
-                    done = True
-                    yield finished
-                    return
-        finally:
-            if not done:  # closed early (the client left, a timeout): free the executor's slot
-                promise.abort()  # GenerationResult.abort -> executor.abort_request(request_id)
+            except Exception as exc:  # TensorRT-LLM refuses requests over its limits when they are submitted
+                refusal = request_refusal(exc)
+                if refusal is None:
+                    raise
+                raise refusal from exc
+
+        return submit
 
     async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
         raise NotSupportedError(
@@ -215,9 +271,14 @@ class TrtllmBackend(EngineBackend):
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         if not os.path.exists(path):
             raise WeightsLoadError(f"weights path {path!r} does not exist", param="path")
-        await self._rpc("load_weights", {"path": path}, error=WeightsLoadError)
-        await self._rpc("reset_prefix_cache")
-        previous, self._version = self._version, version
+        try:  # what the worker extension will read: a path it would refuse interrupts no leg
+            checkpoint_files(path)
+        except OSError as exc:
+            raise WeightsLoadError(f"weights path {path!r}: {exc}", param="path") from exc
+        async with self._switch.update("load_weights"):
+            await self._rpc("load_weights", {"path": path}, error=WeightsLoadError)
+            await self._rpc("reset_prefix_cache")
+            previous, self._version = self._version, version
         return {"version": version, "previous_version": previous}
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
@@ -233,13 +294,14 @@ class TrtllmBackend(EngineBackend):
         return {"prepared": True, "tensors": len(params.state_dict_info)}
 
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]:
-        await self._rpc(
-            "update_weights_from_collective",
-            {"drain": params.drain, "recompute_kv": params.recompute_kv},
-            error=WeightsLoadError,
-        )
-        await self._rpc("reset_prefix_cache")
-        previous, self._version = self._version, params.version
+        async with self._switch.update("update_weights_from_collective"):
+            await self._rpc(
+                "update_weights_from_collective",
+                {"drain": params.drain, "recompute_kv": params.recompute_kv},
+                error=WeightsLoadError,
+            )
+            await self._rpc("reset_prefix_cache")
+            previous, self._version = self._version, params.version
         return {"version": params.version, "previous_version": previous}
 
     async def abort_collective(self, reason: str) -> dict[str, Any]:

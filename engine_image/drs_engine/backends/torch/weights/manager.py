@@ -30,6 +30,7 @@ from drs_engine.backends.torch.weights import refit, stream
 from drs_engine.backends.torch.weights.packed import PackedWeights, pack
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import BadRequestError, CollectiveError, WeightsIncompleteError
+from drs_engine.weights import digest as weights_digest
 from drs_engine.weights.digest import torch_weights_digest
 from drs_engine.weights.stream import WeightsExport
 
@@ -97,6 +98,7 @@ class WeightsManager:
 
     async def start(self) -> None:
         self._weights = pack(await self._worker.run(self._initial_params), self._device)
+        await self._worker.run(weights_digest.warm_up, self._device)  # no load pays for the compile
 
     def _initial_params(self) -> dict[str, Any]:
         if self._source.directory is not None:

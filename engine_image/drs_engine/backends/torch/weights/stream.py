@@ -7,7 +7,7 @@ dtypes in the header.
 
 Receiving: the header's tensors must be this model's (names, shapes, dtypes, order); the bytes go
 into a new flat buffer on the engine's device, piece by piece, and the digest is computed there
-(:func:`drs_protocol.weights_digest.digest_torch`) before anything is swapped: the served weights
+(:func:`drs_engine.weights.digest.fused_digest`, the value of :func:`drs_protocol.weights_digest.digest_torch`) before anything is swapped: the served weights
 stay untouched until the new ones are whole and proven. The new buffer is then adopted as the
 packed weights (their parameters are views of it), so the peak is two copies of the weights on
 the device for the time of one load. On the CPU the digest is computed as the pieces arrive
@@ -26,13 +26,14 @@ from typing import Any
 
 import torch
 from drs_protocol.nemo_rl_refit import TensorSpec
-from drs_protocol.weights_digest import Digester, digest_torch
+from drs_protocol.weights_digest import Digester
 from drs_protocol.weights_pack import flat_slots
 from drs_protocol.weights_stream import StreamTensor, WeightsStreamHeader
 
 from drs_engine.backends.torch.weights.packed import PackedWeights, _itemsize, _torch_dtype, specs_of
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import WeightsLoadError
+from drs_engine.weights.digest import fused_digest
 from drs_engine.weights.stream import RECEIVE_PIECE_BYTES, WeightsExport
 
 
@@ -104,7 +105,7 @@ async def receive(
                 await busy
     if offset != header.nbytes:
         raise WeightsLoadError(f"the stream carried {offset} of its {header.nbytes} bytes")
-    reached = on_host.hexdigest() if on_host is not None else await worker.run(digest_torch, flat)
+    reached = on_host.hexdigest() if on_host is not None else await worker.run(fused_digest, flat)
     if reached != header.digest:
         raise WeightsLoadError(
             f"the bytes received have digest {reached}, not the {header.digest} the sender announced", param="digest"

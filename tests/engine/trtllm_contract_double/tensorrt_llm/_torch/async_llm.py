@@ -4,7 +4,9 @@ Strict where TensorRT-LLM is strict: constructor keywords outside the recorded s
 arguments of the wrong type, RPCs to methods the configured worker extension does not define (or
 with arguments its signature does not bind), unknown memory tags, and release/resume without a
 sleep config all raise. Behaviour is a small deterministic model: tokens are a hash of (weights,
-prompt, tokens so far); a context-only leg returns one token and its state in ``opaque_state``; a
+prompt, tokens so far), each computed as the request reaches it (``TRTLLM_DOUBLE_STEP_S`` per
+streamed step), and a hash of other bytes when the weights changed since the request's prefill
+(its KV is stale: what TensorRT-LLM does with a request in flight across an update); a context-only leg returns one token and its state in ``opaque_state``; a
 generation-only leg verifies that state; loads and collective updates change the weights.
 """
 
@@ -94,23 +96,26 @@ class AsyncLLM:
         )
         kind = disaggregated_params.request_type if disaggregated_params is not None else "context_and_generation"
         cached = self._cached(prompt) if kind != "generation_only" else 0
-        if kind == "generation_only":
-            first = self._check_state(prompt, disaggregated_params)
-            tokens = [first]
-        else:
-            tokens = []
+        first = self._check_state(prompt, disaggregated_params) if kind == "generation_only" else None
         limit = 1 if kind == "context_only" else int(sampling_params.max_tokens or 16)
-        while len(tokens) < limit:
-            tokens.append(self._next(prompt, tokens))
-        steps = []
-        for i, token in enumerate(tokens):
-            last = i == len(tokens) - 1
-            entry = self._logprobs(prompt, tokens[:i], token, sampling_params.logprobs)
-            params = (
-                self._context_params(prompt, token, disaggregated_params) if last and kind == "context_only" else None
-            )
-            steps.append((token, entry, "length" if last else None, params))
+        steps = self._steps(
+            prompt, first, limit, sampling_params, disaggregated_params if kind == "context_only" else None
+        )
         return GenerationResult(prompt, cached, steps)
+
+    def _steps(self, prompt: list[int], first: int | None, limit: int, sampling_params: Any, context: Any) -> Any:
+        """The request's steps, each computed when the executor reaches it, under the weights the
+        engine holds then, over KV computed under the weights it held at the request's prefill
+        (a weights update between two steps leaves that KV stale, as TensorRT-LLM does)."""
+        kv_weights = self.weights
+        tokens: list[int] = []
+        for i in range(limit):
+            token = first if i == 0 and first is not None else self._next(prompt, tokens, kv_weights)
+            entry = self._logprobs(prompt, tokens, token, sampling_params.logprobs)
+            last = i == limit - 1
+            params = self._context_params(prompt, token, context) if last and context is not None else None
+            tokens.append(token)
+            yield (token, entry, "length" if last else None, params)
 
     if OLDER:
 
@@ -138,8 +143,10 @@ class AsyncLLM:
             extra = {} if conversation_params is None else {"conversation_params": conversation_params}
             return self._generate(inputs, sampling_params, streaming, disaggregated_params, **extra)
 
-    def _next(self, prompt: list[int], tokens: list[int]) -> int:
-        return int.from_bytes(_digest(self.weights, prompt, tokens)[:4], "big") % VOCAB
+    def _next(self, prompt: list[int], tokens: list[int], kv_weights: bytes) -> int:
+        if kv_weights == self.weights:
+            return int.from_bytes(_digest(self.weights, prompt, tokens)[:4], "big") % VOCAB
+        return int.from_bytes(_digest("stale kv", kv_weights, self.weights, prompt, tokens)[:4], "big") % VOCAB
 
     def _logprobs(self, prompt: list[int], before: list[int], token: int, k: int | None) -> Any:
         if not k:

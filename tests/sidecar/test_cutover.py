@@ -1,0 +1,104 @@
+"""A refit's cut-over (``drs_protocol.cutover``), with real sim engines: ``effective_at`` is in the
+future when announced, stored with the desired weights and in the report; no engine loads before
+it; turns that started before it are served at the old weights, those after it wait for the new
+ones; a CUDA IPC refit announces its target too and withdraws it when no engine took the weights."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+from drs_protocol.control import TrainerIpcUpdate
+from drs_protocol.routes import CONTROL_WEIGHTS
+from drs_protocol.weights_digest import digest_files
+
+from .conftest import TOKEN, ListFleet, as_engine, sim_engine
+from .test_targets import WAIT_S, refitter, refused_pending, target_of, turn
+
+MARGIN_S = 1.0
+
+
+async def held_version(url: str) -> str:
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        answer = await client.get(url + CONTROL_WEIGHTS, headers={"authorization": f"Bearer {TOKEN}"})
+    version: str = answer.json()["weights_version"]
+    return version
+
+
+async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_before_it(checkpoint: Path) -> None:
+    async with sim_engine(weightsLoadSeconds=0.0) as a:
+        fleet = ListFleet([as_engine(a)])
+        async with refitter(fleet, cutover_margin_s=MARGIN_S) as r:
+            await r.reconcile_once()
+            called = time.time()
+            refit = asyncio.create_task(r.refit(str(checkpoint), "step-100", digest_files(checkpoint)))
+            deadline = time.monotonic() + WAIT_S
+            while (target := await target_of(a)) is None:
+                assert time.monotonic() < deadline, "the target was never announced"
+                await asyncio.sleep(0.01)
+            cut = float(target["effective_at"])
+            before = await turn(a, cut - 0.01)  # a turn that started before the cut-over
+            held_before = []
+            while time.time() < cut - 0.2:  # the window before the cut-over: the old weights stay
+                held_before.append(await held_version(a.url))
+                await asyncio.sleep(0.02)
+            after = asyncio.create_task(turn(a, cut + 0.01))  # refused until the load, or served after it
+            report = await asyncio.wait_for(refit, WAIT_S)
+            after_answer = await after
+            final = await held_version(a.url)
+    assert called + MARGIN_S * 0.99 <= cut <= called + MARGIN_S + 1.0
+    assert held_before and set(held_before) == {"0"}, held_before
+    assert before.status_code == 200 and before.headers["x-drs-weights-version"] == "0", "loaded before the cut-over"
+    assert refused_pending(after_answer) or after_answer.headers["x-drs-weights-version"] == "step-100"
+    assert report.complete, report.as_dict()
+    assert report.effective_at == cut
+    assert report.as_dict()["cutover_margin_s"] == MARGIN_S
+    assert report.announce_exceeded_margin is False
+    assert fleet.desires[-1] is not None and fleet.desires[-1].effective_at == cut  # stored durably
+    assert final == "step-100"
+
+
+async def test_a_restarted_sidecar_restores_the_cut_over_with_the_desired_weights(checkpoint: Path) -> None:
+    async with sim_engine(weightsLoadSeconds=0.0) as a:
+        fleet = ListFleet([as_engine(a)])
+        async with refitter(fleet, cutover_margin_s=0.1) as r:
+            report = await r.refit(str(checkpoint), "step-100")
+        async with refitter(fleet) as restarted:
+            restored = await restarted.restore()
+    assert restored is not None and restored.effective_at == report.effective_at is not None
+
+
+async def test_a_cuda_ipc_refit_announces_its_target_and_withdraws_it_when_no_engine_took_it() -> None:
+    handle = {
+        "size": [4],
+        "stride": [1],
+        "offset": 0,
+        "device": 0,
+        "handle": "AAAA",
+        "storage_size_bytes": 4,
+        "storage_offset_bytes": 0,
+        "ref_counter_handle": None,
+        "ref_counter_offset": 0,
+        "event_handle": None,
+        "event_sync_required": False,
+    }
+    request = TrainerIpcUpdate.model_validate(
+        {
+            "version": "step-7",
+            "state_dict_info": {"w": [[4], "uint8"]},
+            "buffers": [{"gpu_uuid": "GPU-0", "offset": 0, "nbytes": 4, "ipc": handle}],
+        }
+    )
+    async with sim_engine() as a:  # the sim backend has no CUDA IPC: every engine refuses the update
+        fleet = ListFleet([as_engine(a)])
+        async with refitter(fleet, cutover_margin_s=0.1) as r:
+            report = await r.ipc_update(request)
+        target = await target_of(a)
+        served = await turn(a, time.time())
+    assert not report.complete and not any(o.ok for o in report.outcomes)
+    assert report.target_announced_s is not None and report.effective_at is not None  # it was announced
+    assert target is None, "no earlier desired weights: the target is withdrawn"
+    assert served.status_code == 200 and served.headers["x-drs-weights-version"] == "0"
+    assert [d.version if d else None for d in fleet.desires] == ["step-7", None]
