@@ -7,10 +7,12 @@ from typing import Any, cast
 
 import httpx
 from drs_engine.backends.base import EngineBackend
+from drs_engine.backends.torch.kv.prefix import PrefixKv
 from drs_engine.backends.trtllm.engine import TrtllmBackend
 from drs_engine.errors import NotSupportedError
 from drs_engine.prefix_cache import PrefixCache, prefix_held
 from drs_engine.prefix_hash import block_hashes
+from drs_protocol.engine_config import TorchSpec
 from drs_protocol.prefix_lookup import PrefixHeld
 from drs_protocol.routes import PREFIX_HELD
 
@@ -80,3 +82,14 @@ def test_the_trtllm_backend_says_it_cannot_answer_with_a_501() -> None:
         assert exc.status == 501 and "trtllm" in str(exc)
     else:
         raise AssertionError("no 501")
+
+
+def test_the_torch_store_answers_the_blocks_whose_kv_it_would_copy() -> None:
+    """The torch backend's answer is the same function over its prefix KV store (no GPU needed:
+    the stored values are places in KV tensors, here stand-ins)."""
+    store = PrefixKv(TorchSpec(tokens_per_block=4, cache_capacity_tokens=64))
+    seed = b"w" * 16
+    store.remember(seed, list(range(10)), kv=object(), from_block=0)
+    answer = prefix_held(store.cache, seed, list(range(12)))
+    assert (answer.blocks, answer.held_blocks) == (3, 2)
+    assert store.lookup(seed, list(range(12))).blocks == answer.held_blocks  # what a prefill would reuse
