@@ -56,6 +56,7 @@ from drs_engine.server.runner import start_engine
 from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
+from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 from drs_protocol import fields, routes
 
 BLOCK = 32  # the sim engine's tokens per block
@@ -115,7 +116,7 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
             "tokenize": True,
             "healthInterval": 1.0,
             "groupRouting": mode != "today",
-            **({"groupLookupEngines": 0} if mode == "groups" else {}),
+            "groupLookupEngines": SUGGESTED_LOOKUP_ENGINES if mode == "bounded" else 0,
             # the frontends share this process's one event loop, the engines another's: on a loaded
             # machine a connect, a probe or a prefix lookup can wait for them longer than the
             # defaults (2 s, 2 s, 0.5 s); lookups_unanswered_after_restart counts what still did not answer

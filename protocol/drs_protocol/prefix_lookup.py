@@ -23,8 +23,12 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-#: Engines asked, first in rendezvous order of the opening's key (``groupLookupEngines``' default).
-DEFAULT_LOOKUP_ENGINES: Final = 4
+#: ``groupLookupEngines``' default: 0, the load-free placement by opening (no bound, no lookup). The
+#: bounded walk with the lookup is opt-in: measured (docs/grpo-routing.md) it keeps the load bound and
+#: restart affinity but costs prompt sharing between a replica's frontends and group completion time.
+DEFAULT_LOOKUP_ENGINES: Final = 0
+#: Engines asked, first in rendezvous order of the opening's key, when turned on (the benchmark's setting).
+SUGGESTED_LOOKUP_ENGINES: Final = 4
 #: Seconds one engine has to answer (``timeouts.prefixLookup``' default): a miss costs a turn at most this.
 DEFAULT_LOOKUP_TIMEOUT_S: Final = 0.5
 

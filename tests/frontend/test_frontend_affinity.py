@@ -23,7 +23,8 @@ CONVERSATIONS = 200
 TURNS = 10
 BLOCK = 32  # the sim engine's tokens per cache block
 CONCURRENCY = 32
-BALANCE = 1.25  # the load bound's c (affinityLoadFactor): busiest engine's query tokens over the mean
+BALANCE = 1.25  # the spread the test asks for when rendezvous alone would be within it
+SHARE_TOLERANCE = 0.02  # an engine's query-token share vs its predicted conversation share
 
 
 @dataclass
@@ -62,13 +63,12 @@ class Spread:
     measured: float  #: busiest engine's query tokens over the mean
     predicted: float  #: busiest engine's predicted conversations over the mean
     shares: list[float]  #: each engine's share of the query tokens
-    expected: list[float]  #: each engine's share of the conversations by rendezvous alone
+    expected: list[float]  #: each engine's predicted share of the conversations
 
     def check(self) -> None:
-        """Within the load bound: a new conversation's opening goes to the first of its rendezvous
-        engines whose recent prefill work is within c = 1.25 times the mean (routing/placement.py),
-        so the shares no longer follow rendezvous alone (``expected``, kept for the message)."""
-        assert self.measured <= BALANCE, self
+        assert self.measured <= max(BALANCE, self.predicted + SHARE_TOLERANCE * len(self.shares)), self
+        for share, expected in zip(self.shares, self.expected, strict=True):
+            assert abs(share - expected) <= SHARE_TOLERANCE, self
 
 
 async def take_turn(client: httpx.AsyncClient, replica: Replica, conv: Conversation, turn: int) -> None:

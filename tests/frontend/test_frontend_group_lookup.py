@@ -174,7 +174,7 @@ def test_no_answer_falls_back_to_the_openings_first_engine() -> None:
     messages = later_turn(first_turn("t"))
     opening = opening_of(messages, TOOLS)
     assert opening is not None
-    decision = ConversationRouter().pick(request("x", messages, {}), idle(urls))
+    decision = ConversationRouter(lookup_engines=4).pick(request("x", messages, {}), idle(urls))
     assert decision.url == hrw_order(opening.key, urls)[0] and decision.reason is Reason.RENDEZVOUS
 
 
@@ -227,7 +227,7 @@ def test_a_first_turn_found_held_elsewhere_joins_it_and_costs_one_token() -> Non
     assert opening is not None
     there = hrw_order(opening.key, urls)[2]
     held = {u: answer(BLOCKS if u == there else 0) for u in urls}
-    decision = ConversationRouter().pick(request("s9", messages, held), idle(urls))
+    decision = ConversationRouter(lookup_engines=4).pick(request("s9", messages, held), idle(urls))
     assert decision.url == there and decision.reason is Reason.LOOKUP and decision.sibling is Sibling.FOUND
     assert decision.cost == 1
     size = estimate_tokens(message_chars(messages, TOOLS))
