@@ -56,8 +56,8 @@ from drs_engine.server.runner import start_engine
 from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
-from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 from drs_protocol import fields, routes
+from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 
 BLOCK = 32  # the sim engine's tokens per block
 MODES = ("bounded", "groups", "today")
