@@ -9,9 +9,12 @@ siblings of one prompt start within ``--spread-ms`` (100 ms) of each other, the 
 ``--gap-ms`` apart. Before turn 1 every frontend is restarted (``--no-restart`` to keep them): later
 turns must find their engine without the frontends' memory.
 
-Two modes, each with a fresh fleet per round, rounds interleaved: ``groups`` (the default routing:
-by opening, siblings held for the first one's context leg) and ``today`` (``groupRouting: false``:
-rendezvous over the conversation id). Figures per mode and M, each the median over ``--rounds``
+Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved: ``bounded`` (the
+default routing: by opening, a new group on the first of its rendezvous engines within the load
+bound, a turn unknown to its frontend placed where a prefix-held lookup finds its opening; siblings
+held for the first one's context leg), ``groups`` (``groupLookupEngines: 0``: by opening, the first
+rendezvous engine whatever the load, no lookup: the rule before the bound) and ``today``
+(``groupRouting: false``: rendezvous over the conversation id). Figures per mode and M, each the median over ``--rounds``
 (after ``--warmup`` rounds not counted), with the spread (min..max):
 
 * ``prompt_prefills_per_group_replica``: prompt tokens the prefill engines computed during turn 0
@@ -25,9 +28,10 @@ rendezvous over the conversation id). Figures per mode and M, each the median ov
 * ``prefill_work_max_over_mean`` / ``decode_turns_max_over_mean``: per replica, the busiest prefill
   engine's computed tokens and decode engine's turns over their mean (worst replica).
 
-The last line is one JSON object with every figure and the ratios groups / today.
+The last line is one JSON object with every figure and the ratios bounded / groups and groups / today.
 
     .venv/bin/python bench/grpo.py [--prefill 2,4] [--prompts 8] [--siblings 8] [--turns 3] [--rounds 3]
+        [--modes bounded,groups,today]
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
 from drs_protocol import fields, routes
+from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 
 BLOCK = 32  # the sim engine's tokens per block
-MODES = ("groups", "today")
+MODES = ("bounded", "groups", "today")
 SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
 
 
@@ -110,10 +115,12 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
             "nodeId": node,
             "tokenize": True,
             "healthInterval": 1.0,
-            "groupRouting": mode == "groups",
+            "groupRouting": mode != "today",
+            "groupLookupEngines": SUGGESTED_LOOKUP_ENGINES if mode == "bounded" else 0,
             # the frontends share this process's one event loop, the engines another's: on a loaded
-            # machine a connect or a probe can wait for them longer than the 2 s defaults
-            "timeouts": {"connect": 10.0, "health": 10.0},
+            # machine a connect, a probe or a prefix lookup can wait for them longer than the
+            # defaults (2 s, 2 s, 0.5 s); lookups_unanswered_after_restart counts what still did not answer
+            "timeouts": {"connect": 10.0, "health": 10.0, "prefixLookup": 2.0},
         }
     )
 
@@ -220,6 +227,16 @@ async def engine_counters(client: httpx.AsyncClient, engines: list[str]) -> list
     return out
 
 
+async def frontend_sum(client: httpx.AsyncClient, urls: list[str], sample: str) -> float:
+    """One sample of every frontend's /metrics, summed (0 where a frontend has none)."""
+    total = 0.0
+    for url in urls:
+        for line in (await scrape(client, url + routes.METRICS)).splitlines():
+            if line.startswith(sample + " "):
+                total += float(line.split()[1])
+    return total
+
+
 async def take_turn(client: httpx.AsyncClient, fleet_: Fleet, s: Session, turn: int, args: argparse.Namespace) -> None:
     body = {
         "model": "sim-qwen3",
@@ -292,12 +309,15 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
 
         await asyncio.gather(*(first(s) for s in sessions))
         after = await engine_counters(client, all_prefill)
+        moved = await frontend_sum(client, fl.urls, 'drs_frontend_group_siblings_total{placed="moved"}')
         if args.restart:
             await restart_all(fl, outer)
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as later:  # fresh connections
             for turn in range(1, args.turns):
                 await asyncio.gather(*(take_turn(later, fl, s, turn, args) for s in sessions))
         final = await engine_counters(client, all_prefill)
+        found = await frontend_sum(client, fl.urls, 'drs_frontend_group_lookups_total{outcome="found"}')
+        unanswered = await frontend_sum(client, fl.urls, 'drs_frontend_group_lookups_total{outcome="unanswered"}')
 
     pairs: dict[tuple[int, int], list[str]] = defaultdict(list)
     for s in sessions:
@@ -333,6 +353,9 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         "decode_turns_max_over_mean": decode_ratio,
         "prompt_tokens": first_prompt,
         "client_retries": sum(s.retries for s in sessions),
+        "groups_moved_by_the_bound": moved,
+        "lookups_found_after_restart": found,
+        "lookups_unanswered_after_restart": unanswered,
     }
 
 
@@ -348,22 +371,26 @@ def summarize(rounds: dict[tuple[int, str], list[dict[str, float]]]) -> dict[str
             for name in figures[0]
         }
     for entry in out.values():
-        if "groups" in entry and "today" in entry:
-            entry["groups_over_today"] = {
-                name: round(entry["groups"][name]["median"] / entry["today"][name]["median"], 4)
-                for name in entry["groups"]
-                if entry["today"][name]["median"]
-            }
+        for a, b in (("bounded", "groups"), ("groups", "today"), ("bounded", "today")):
+            if a in entry and b in entry:
+                entry[f"{a}_over_{b}"] = {
+                    name: round(entry[a][name]["median"] / entry[b][name]["median"], 4)
+                    for name in entry[a]
+                    if entry[b][name]["median"]
+                }
     return out
 
 
 async def main(args: argparse.Namespace) -> None:
     ms = [int(x) for x in args.prefill.split(",")]
+    unknown = sorted(set(args.modes.split(",")) - set(MODES))
+    if unknown:
+        raise SystemExit(f"--modes: {unknown[0]!r} is not one of {', '.join(MODES)}")
     rounds: dict[tuple[int, str], list[dict[str, float]]] = defaultdict(list)
     started = time.perf_counter()
     for number in range(args.warmup + args.rounds):
         for m in ms:
-            for mode in MODES:
+            for mode in args.modes.split(","):
                 figures = await one_round(args, m, mode, seed=1000 * number + m)
                 counted = number >= args.warmup
                 label = f"round {number + 1 - args.warmup}" if counted else "warm-up"
@@ -399,6 +426,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spread-ms", type=float, default=100.0, help="siblings of a prompt start within this")
     p.add_argument("--gap-ms", type=float, default=50.0, help="between the prompts' bursts")
     p.add_argument("--speed", type=float, default=1.0, help="the sim latency model's speed")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--no-restart", dest="restart", action="store_false")

@@ -19,6 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from drs_protocol.prefix_lookup import PrefixHeld
+
+from drs_engine.prefix_hash import block_hashes
+
 
 @dataclass(frozen=True, slots=True)
 class CacheLookup:
@@ -56,6 +60,16 @@ class PrefixCache:
         self.hit_tokens += hit_tokens
         return CacheLookup(query_tokens=prompt_len, hit_tokens=hit_tokens, hit_blocks=hits)
 
+    def held(self, block_hashes: Sequence[bytes]) -> int:
+        """The leading blocks of ``block_hashes`` held now; neither the LRU order nor the counters
+        change (a frontend's question, not a prompt: ``drs_protocol.prefix_lookup``)."""
+        held = 0
+        for h in block_hashes:
+            if h not in self._blocks:
+                break
+            held += 1
+        return held
+
     def insert(self, block_hashes: Sequence[bytes], values: Sequence[Any] | None = None) -> list[bytes]:
         """Store (or refresh) the blocks of a computed sequence (with ``values[i]`` kept for block
         ``i``, if given), evicting LRU blocks beyond capacity; returns the evicted hashes."""
@@ -80,3 +94,15 @@ class PrefixCache:
         count = len(self._blocks)
         self._blocks.clear()
         return count
+
+
+def prefix_held(cache: PrefixCache, seed: bytes, prompt_ids: Sequence[int]) -> PrefixHeld:
+    """What ``cache`` holds of ``prompt_ids`` under the weights ``seed`` names, as the prefix-held
+    lookup answers it (``drs_protocol.prefix_lookup``): exactly the blocks a prefill would reuse now."""
+    hashes = block_hashes(seed, prompt_ids, cache.tokens_per_block)
+    return PrefixHeld(
+        tokens=len(prompt_ids),
+        blocks=len(hashes),
+        held_blocks=cache.held(hashes),
+        tokens_per_block=cache.tokens_per_block,
+    )

@@ -41,6 +41,7 @@ AFFINITY_OUTCOME: Final = {
     Reason.REPINNED: "miss",
     Reason.RENDEZVOUS: "new",
     Reason.GROUP: "new",
+    Reason.LOOKUP: "new",
 }
 #: A held leg looks again at least this often (cool-downs end without a probe event).
 HOLD_RECHECK_S: Final = 0.5

@@ -26,8 +26,12 @@ drs_frontend_client_disconnects_total           counter    turns cancelled becau
 drs_frontend_prefill_tokens_total{engine,kind}  counter    prompt tokens of context legs answered by a prefill engine:
                                                            computed there, or reused from its prefix cache
 drs_frontend_group_siblings_total{placed}       counter    new conversations placed by their opening: first (placed its
-                                                           group), with_group (its engine), apart (the pool changed
-                                                           since); co-location ratio = with_group / (with_group + apart)
+                                                           group on its first engine), moved (placed it further along
+                                                           by the load bound), found (where a lookup found it held),
+                                                           with_group (its engine), apart (the pool changed since);
+                                                           co-location ratio = with_group / (with_group + apart)
+drs_frontend_group_lookups_total{outcome}       counter    prefix-held lookups on a routing miss: found (an engine
+                                                           holds a prefix), none (nothing held), unanswered
 drs_frontend_group_holds_total{outcome}         counter    first turns held for their group's first context leg:
                                                            released (it ended), timed_out (groupHoldSeconds)
 drs_frontend_group_hold_seconds                 histogram  how long one such first turn was held
@@ -117,6 +121,9 @@ class FrontendMetrics:
         self.group_siblings = Counter(
             "drs_frontend_group_siblings", "New conversations placed by opening.", ["placed"], registry=r
         )
+        self.group_lookups = Counter(
+            "drs_frontend_group_lookups", "Prefix-held lookups on a routing miss.", ["outcome"], registry=r
+        )
         self.group_holds = Counter("drs_frontend_group_holds", "First turns held.", ["outcome"], registry=r)
         self.group_hold_seconds = Histogram(
             "drs_frontend_group_hold_seconds", "Hold of one first turn.", buckets=LATENCY_BUCKETS, registry=r
@@ -139,6 +146,7 @@ class FrontendMetrics:
         self.prefill_tokens_of = Children(self.prefill_tokens)  # (engine, kind)
         self.group_siblings_of = Children(self.group_siblings)  # (placed,)
         self.group_holds_of = Children(self.group_holds)  # (outcome,)
+        self.group_lookups_of = Children(self.group_lookups)  # (outcome,)
 
     def watch_in_flight(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
         """Export ``drs_frontend_engine_in_flight`` from ``read()`` -> (role, engine, count) at

@@ -9,8 +9,10 @@ are numbered here as in the code:
    spliced after the policy's own ids with ``tokenContinuity``);
 3. mint the snowflake ``disagg_request_id`` with this frontend's node id;
 4. a first turn whose group's first turn (the same opening) is in its context leg here waits for
-   it (:mod:`.bursts`); pick a prefill engine (ctx router) and send the context leg, retrying on
-   another prefill engine when one is unreachable;
+   it (:mod:`.bursts`); on a routing miss (neither the conversation nor its opening known here)
+   ask the engines the ctx router names what they hold of the opening (:mod:`.lookup`); pick a
+   prefill engine (ctx router) and send the context leg, retrying on another prefill engine when
+   one is unreachable;
 5. if the context leg finished the turn, answer with it (as SSE if the client streams);
 6. else pick a decode engine (gen router, never the prefill engine's address) and send the
    generation leg, streamed through when the client streams;
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -63,6 +66,7 @@ from drs_frontend.errors import (
     UpstreamUnavailable,
 )
 from drs_frontend.legs import LegAttempts, Refused
+from drs_frontend.lookup import PrefixLookup
 from drs_frontend.metrics import FrontendMetrics
 from drs_frontend.routing import Candidate, Decision, RouteRequest, build_ctx_router, build_gen_router
 from drs_frontend.routing.groups import is_first_turn, opening_of
@@ -180,6 +184,7 @@ class Relay:
         self.bursts = GroupBursts(metrics, max_bursts=config.max_sessions)
         self._rng = rng or random.Random()
         self.legs = LegAttempts(config, metrics)
+        self.lookup = PrefixLookup(upstream, metrics, timeout=config.timeouts.prefix_lookup)
 
     # -- the turn --------------------------------------------------------------------------------
 
@@ -260,7 +265,10 @@ class Relay:
     ) -> Reply:
         # 3. the request id (a fresh one for a re-run: the context state is keyed by it)
         request_id = self.minter.next_id()
-        # 4. the context leg
+        # 4. the context leg (asking the engines first where the ctx router does not know the group)
+        targets = self.ctx_router.lookup_targets(route, [c.url for c in self.prefill.candidates(frozenset())])
+        if targets:
+            route = dataclasses.replace(route, held=await self.lookup.ask(targets, route))
         ctx_body = build_context_request(
             body,
             disagg_request_id=request_id,

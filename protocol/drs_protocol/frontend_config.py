@@ -32,6 +32,7 @@ from drs_protocol.config import ConfigModel
 from drs_protocol.engine_config import SIM_DEFAULT_TOKENS_PER_BLOCK
 from drs_protocol.enums import CtxRouter, GenRouter
 from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, MIB, engine_max_request_bytes
+from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES, DEFAULT_LOOKUP_TIMEOUT_S
 from drs_protocol.snowflake import NODE_IDS, PROCESS_IDS
 
 UpstreamClientName = Literal["raw", "aiohttp", "httpx"]
@@ -65,6 +66,13 @@ class Timeouts(_Model):
     )
     health: float = Field(default=2.0, gt=0, description="one GET /health probe")
     models: float = Field(default=5.0, gt=0, description="one GET /v1/models asked of an engine for a client")
+    prefix_lookup: float = Field(
+        default=DEFAULT_LOOKUP_TIMEOUT_S,
+        gt=0,
+        le=10,
+        description="one prefix-held lookup asked of a prefill engine on a routing miss (drs_protocol.prefix_lookup); "
+        "an engine that has not answered by then is not followed",
+    )
 
 
 class Limits(_Model):
@@ -169,14 +177,24 @@ class FrontendConfig(_Model):
     affinity_load_factor: float = Field(
         default=DEFAULT_AFFINITY_LOAD_FACTOR,
         ge=1.0,
-        description="bounded-load c for new conversations without an opening (completions) and for following a "
-        "prefix without an id (a conversation with an opening goes to its opening's first engine, whatever the load)",
+        description="bounded-load c: a new group's recent prefill work (groupLookupEngines > 0), new conversations "
+        "without an opening (completions) and following a prefix without an id",
     )
     group_routing: bool = Field(
         default=True,
         description="place a new conversation by its opening (tools and messages before the first assistant "
         "message), so GRPO siblings share one engine and a restarted frontend finds later turns' engine; "
         "off: by rendezvous over the conversation id",
+    )
+    group_lookup_engines: int = Field(
+        default=DEFAULT_LOOKUP_ENGINES,
+        ge=0,
+        le=64,
+        description="a new group's first turn is placed on the first of this many engines in rendezvous order of "
+        "its opening whose recent prefill work is within affinityLoadFactor times the mean, and a turn whose "
+        "conversation and opening this frontend does not know (a restart, the replica's other frontend) asks the "
+        "same engines what their prefix caches hold of its opening and follows the longest (drs_protocol."
+        "prefix_lookup); 0 (the default): the opening's first engine whatever the load, no lookup",
     )
     group_hold_seconds: float = Field(
         default=DEFAULT_GROUP_HOLD_SECONDS,

@@ -50,6 +50,9 @@ MODELS: Final = "/v1/models"
 GANG: Final = "/v1/gang"
 #: Engine (sim): a prefill engine hands a context state to a decode engine and forgets it.
 KV_EXPORT: Final = "/v1/disagg/kv/{ctx_request_id}"
+#: Prefill engine: how many leading blocks of a prompt its prefix cache holds
+#: (``drs_protocol.prefix_lookup``; a frontend asks it on a routing miss).
+PREFIX_HELD: Final = "/v1/prefix_cache/held"
 
 
 def kv_export_path(ctx_request_id: int) -> str:

@@ -140,17 +140,18 @@ def test_a_group_whose_engine_left_the_pool_is_placed_on_its_next_engine_and_say
 def test_a_fresh_router_sends_every_later_turn_where_its_group_was_placed(
     groups: int, siblings: int, engines: int
 ) -> None:
-    """The property that survives a frontend restart: a router that never saw the conversation
-    computes the same opening and the same rendezvous order, and so the same engine."""
+    """With the lookup off (``groupLookupEngines: 0``): a router that never saw the conversation
+    computes the same opening and the same rendezvous order, and so the same engine. (With it on,
+    the bound moves groups and a fresh router finds them by asking: test_frontend_group_lookup.py.)"""
     pool = [f"http://e{i}" for i in range(engines)]
-    first = ConversationRouter()
+    first = ConversationRouter(lookup_engines=0)
     placed: dict[str, tuple[str, list[dict[str, Any]]]] = {}
     for g in range(groups):
         messages = first_turn(f"prompt {g}")
         for s in range(siblings):
             decision = first.pick(request(f"g{g}-s{s}", messages, TOOLS), idle(pool))
             placed[f"g{g}-s{s}"] = (decision.url, messages)
-    restarted = ConversationRouter()
+    restarted = ConversationRouter(lookup_engines=0)
     for cid, (url, messages) in placed.items():
         assert restarted.pick(request(cid, later_turn(messages, "x", "y"), TOOLS), idle(pool)).url == url
 
@@ -234,14 +235,15 @@ def test_a_restarted_router_sends_every_later_turn_where_the_first_router_placed
     under any pending work and in-flight counts the first router saw; a router that never saw them
     (a restarted frontend, or another frontend of the replica) is idle, and still sends every later
     turn to the engine its first turn went to. Before placement was load-independent this failed
-    wherever a bound had moved a group (bench/grpo.py, M = 4: affinity 0.953 across a restart)."""
+    wherever a bound had moved a group (bench/grpo.py, M = 4: affinity 0.953 across a restart).
+    The lookup off (``groupLookupEngines: 0``); with it on, test_frontend_group_lookup.py."""
     pool = POOL[:engines]
-    first = ConversationRouter()
+    first = ConversationRouter(lookup_engines=0)
     placed: list[tuple[str, str, list[dict[str, Any]]]] = []
     for i, (prompt, pending) in enumerate(placements):
         messages = first_turn(f"prompt {prompt}")
         loads = [Candidate(u, p // 1000, p) for u, p in zip(pool, pending, strict=False)]
         placed.append((f"c{i}", first.pick(request(f"c{i}", messages, TOOLS), loads).url, messages))
-    restarted = ConversationRouter()
+    restarted = ConversationRouter(lookup_engines=0)
     for cid, url, messages in placed:
         assert restarted.pick(request(cid, later_turn(messages, "r", "o"), TOOLS), idle(pool)).url == url

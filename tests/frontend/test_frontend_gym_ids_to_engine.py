@@ -36,13 +36,13 @@ HOP_BY_HOP = {"content-length", "transfer-encoding", "connection", "content-enco
 
 @contextlib.asynccontextmanager
 async def recording_proxy(target: str) -> AsyncIterator[tuple[str, list[dict[str, Any]]]]:
-    """``(url, bodies)``: every JSON request body relayed to ``target`` lands in ``bodies``."""
+    """``(url, bodies)``: every turn's JSON request body relayed to ``target`` lands in ``bodies``."""
     bodies: list[dict[str, Any]] = []
     async with aiohttp.ClientSession() as session:
 
         async def relay(request: web.Request) -> web.Response:
             raw = await request.read()
-            if raw:
+            if raw and request.path in set(Endpoint):  # the legs, not a routing miss's prefix lookup
                 bodies.append(json.loads(raw))
             headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP | {"host"}}
             async with session.request(request.method, target + request.path_qs, data=raw, headers=headers) as resp:

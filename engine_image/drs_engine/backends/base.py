@@ -11,11 +11,12 @@ op the backend does not offer).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
+from drs_protocol.prefix_lookup import PrefixHeld
 from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.errors import NotSupportedError
@@ -192,6 +193,11 @@ class EngineBackend(abc.ABC):
     async def export_context_frame(self, ctx_request_id: int, transport: str) -> BinaryExport:
         """Hand over (and forget) a context's KV as a binary frame over ``transport`` (torch backend)."""
         raise NotSupportedError(f"the {self.name} backend hands contexts over as JSON (GET without ?transport=)")
+
+    def prefix_held(self, prompt_ids: Sequence[int]) -> PrefixHeld:
+        """How many leading full blocks of ``prompt_ids`` the prefix cache holds now, under the
+        weights served now (``drs_protocol.prefix_lookup``); no LRU touch, no counter."""
+        raise NotSupportedError(f"the {self.name} backend cannot say which prompt blocks its cache holds")
 
     async def measure_digest(self) -> str | None:
         """The :mod:`drs_protocol.weights_digest` of the weights held now, computed from the

@@ -51,6 +51,7 @@ from drs_engine.gang.spec import GangSpec
 from drs_engine.metrics import CONTENT_TYPE_LATEST
 from drs_engine.server import control, peer_stream, serving
 from drs_engine.server.auth import EngineAuth
+from drs_engine.server.prefix_held import prefix_held
 from drs_engine.server.state import EngineState
 
 log = logging.getLogger("drs_engine")
@@ -102,7 +103,8 @@ def create_app(
 
 
 def _add_serving_routes(app: FastAPI, state: EngineState) -> None:
-    """The two turn routes and the KV hand-off a decode engine fetches from a prefill engine."""
+    """The two turn routes, the KV hand-off a decode engine fetches from a prefill engine and the
+    prefix-held lookup a frontend asks on a routing miss."""
 
     async def chat(request: Request) -> Response:
         return await serving.serve(state, request, chat=True)
@@ -130,7 +132,12 @@ def _add_serving_routes(app: FastAPI, state: EngineState) -> None:
 
     app.add_api_route(routes.Endpoint.CHAT, chat, methods=["POST"])
     app.add_api_route(routes.Endpoint.COMPLETIONS, completions, methods=["POST"])
+
+    async def held(request: Request) -> Response:
+        return await prefix_held(state, request)
+
     app.add_api_route(routes.KV_EXPORT, kv_export, methods=["GET"])
+    app.add_api_route(routes.PREFIX_HELD, held, methods=["POST"])
 
 
 def _add_info_routes(app: FastAPI, state: EngineState) -> None:

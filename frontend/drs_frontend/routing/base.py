@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from drs_protocol.prefix_lookup import PrefixHeld
+
 from drs_frontend.routing.groups import Opening
 
 
@@ -19,6 +21,7 @@ class Reason(StrEnum):
         "rendezvous"  #: a new conversation: first engine in HRW order (under the load bound without an opening)
     )
     GROUP = "group"  #: a new conversation whose opening this frontend placed already: the group's engine
+    LOOKUP = "lookup"  #: a conversation and opening unknown here: the engine a prefix-held lookup found holding it
     PREFIX = "prefix"  #: no conversation id; the engine that holds most of this prompt
     LEAST_LOADED = "least_loaded"
     ROUND_ROBIN = "round_robin"
@@ -29,6 +32,8 @@ class Sibling(StrEnum):
     ``drs_frontend_group_siblings_total``)."""
 
     FIRST = "first"  #: the first of its opening here: it placed the group (on its first engine)
+    MOVED = "moved"  #: the first of its opening here, placed past its first engine by the load bound
+    FOUND = "found"  #: the first of its opening here, sent where a lookup found the opening held
     WITH_GROUP = "with_group"  #: on the engine its group was placed on
     APART = "apart"  #: elsewhere: the pool changed since (the group's engine gone, or another one first now)
 
@@ -61,6 +66,8 @@ class RouteRequest:
     (chat) or ``prompt`` (completions) stand in for them as text. ``opening``
     (:func:`.groups.opening_of`, what the conversation's every turn starts with) when the relay
     computed it already (a first turn); else the router computes it from the messages if it needs it.
+    ``held``: the answers of a prefix-held lookup (engine URL -> what it holds of the opening),
+    when the router asked for one (:meth:`.ConversationRouter.lookup_targets`); None: not asked.
     """
 
     conversation_id: str | None = None
@@ -69,3 +76,4 @@ class RouteRequest:
     prompt: str | None = None
     tools: Any = None
     opening: Opening | None = None
+    held: Mapping[str, PrefixHeld] | None = None

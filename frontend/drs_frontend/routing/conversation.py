@@ -6,23 +6,28 @@ In order:
    engine is a candidate. The pin table is an LRU bounded by ``max_sessions``.
 2. An explicit id not seen before (or whose engine is gone: ``REPINNED``) is placed by its
    *opening* (:mod:`.groups`: the tools and the messages before the first assistant message), so
-   the siblings of a GRPO group, each its own session, land on one engine: it goes to the first engine in rendezvous order of the opening's key (:mod:`.rendezvous`),
-   whatever the load (``GROUP`` where this frontend placed the opening already, else
-   ``RENDEZVOUS``). A burst of siblings costs that engine one prefill of the prompt (the relay
-   holds siblings until the first one's context leg is done, then they read it from the cache),
-   so a hot prompt is one prompt's work wherever its siblings go; what differs between engines is
-   how many openings rendezvous gives each, which spreads as the openings do.
+   the siblings of a GRPO group, each its own session, land on one engine, and the relay holds
+   siblings until the first one's context leg is done, so they read the prompt from the cache:
 
-   Why later turns find their engine without shared state: every later turn starts with the
-   same opening, so a frontend that has no pin for the conversation (restarted, or another
-   frontend of the replica) computes the same key and the same rendezvous order and takes the
-   same first engine. The placement reads only the request and the replica's prefill pool, never
-   this frontend's load (pending work, in-flight counts, groups placed): a load bound would move
-   a group on one frontend and not on the next, and a restarted frontend would look for it where
-   it is not (bench/grpo.py, M = 4: later-turn affinity 0.953 across a restart with the work
-   bound, 1.000 without). Only a change of the pool (an engine gone or added) moves a group.
-   Without an opening (completions), rendezvous over the id, with the in-flight and pinned
-   sessions bounds of before.
+   * an opening this frontend placed (or found) already goes to that engine (``GROUP``);
+   * else, with ``lookup_engines`` > 0 (the default), the relay first asks the first
+     ``lookup_engines`` engines in rendezvous order of the opening's key what their prefix caches
+     hold of the opening (:meth:`lookup_targets`, ``drs_protocol.prefix_lookup``), and the turn
+     goes to the engine holding the longest prefix (``LOOKUP``; a first turn only to one holding
+     all of it: a sibling placed by the replica's other frontend, or before a restart);
+   * else a first turn (a new group) takes the first of those engines whose recent prefill work
+     is within ``c`` times the mean (:func:`.placement.bounded_walk`: ``RENDEZVOUS``), and a later
+     turn whose group no engine holds the first engine in the order (``RENDEZVOUS``);
+   * ``lookup_engines`` = 0: the first engine in rendezvous order, whatever the load (the rule
+     before the lookup, kept for comparison).
+
+   Why later turns find their engine without shared state: the walk reads this frontend's memory,
+   so another frontend may not place the group where this one did; but a frontend that knows
+   neither the conversation nor its opening (restarted, or the replica's other frontend) asks the
+   same engines the walk chooses from, and the one that holds the opening is where its
+   conversations' turns were computed. No answer (every engine asked timed out or refused):
+   the first engine in the order, the load-free rule. Without an opening (completions),
+   rendezvous over the id, with the in-flight and pinned sessions bounds of before.
 3. No id: the engine that saw the longest prefix of the prompt (block hashes, :mod:`.prefix`,
    tools included) if that prefix is at least ``match_ratio`` of the prompt or covers the
    opening (an earlier turn of this conversation, or a sibling's) and the engine is within the
@@ -45,14 +50,25 @@ from drs_protocol.frontend_config import (
     DEFAULT_PREFIX_BLOCK_TOKENS,
     DEFAULT_PREFIX_MATCH_RATIO,
 )
+from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES
 
 from drs_frontend.routing.balance import LeastLoadedRouter
 from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest, Sibling
 from drs_frontend.routing.groups import Opening, estimate_tokens, message_chars, opening_of
-from drs_frontend.routing.prefix import BlockChain, PrefixIndex, chain_from_ids, chain_from_messages, chain_from_text
+from drs_frontend.routing.placement import RecentWork, bounded_walk, found_engine
+from drs_frontend.routing.prefix import (
+    BlockChain,
+    PrefixIndex,
+    PrefixMatch,
+    chain_from_ids,
+    chain_from_messages,
+    chain_from_text,
+)
 from drs_frontend.routing.rendezvous import bounded_pick, hrw_order, load_bound, share_bound
 
 DEFAULT_PREFIX_BLOCKS = 262_144
+#: Openings whose prompt tokens make up an engine's recent work (the load the placement bounds).
+RECENT_OPENINGS = 256
 
 
 @dataclass(slots=True)
@@ -73,6 +89,7 @@ class ConversationRouter:
         block_tokens: int = DEFAULT_PREFIX_BLOCK_TOKENS,
         prefix_blocks: int = DEFAULT_PREFIX_BLOCKS,
         groups: bool = True,
+        lookup_engines: int = DEFAULT_LOOKUP_ENGINES,
     ) -> None:
         if max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
@@ -83,6 +100,10 @@ class ConversationRouter:
         self.match_ratio = match_ratio
         self.block_tokens = block_tokens
         self.groups = groups
+        if lookup_engines < 0:
+            raise ValueError("lookup_engines must be at least 0")
+        self.lookup_engines = lookup_engines if groups else 0
+        self._recent = RecentWork(RECENT_OPENINGS)
         self._pins: OrderedDict[str, _Pin] = OrderedDict()
         self._sessions: dict[str, int] = {}
         self._openings: OrderedDict[str, str] = OrderedDict()  # opening key -> engine (LRU, max_sessions)
@@ -99,6 +120,24 @@ class ConversationRouter:
         if cid is not None:
             return self._pick_for_conversation(cid, request, candidates)
         return self._pick_by_prefix(request, candidates)
+
+    def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]:
+        """The engines to ask what they hold of this turn's opening before :meth:`pick` (in
+        rendezvous order of its key): only on a routing miss, i.e. neither the conversation (or,
+        without an id, a prefix this router would follow) nor its opening is known here; else []."""
+        if self.lookup_engines == 0 or not urls:
+            return []
+        cid = request.conversation_id
+        if cid is not None:
+            pin = self._pins.get(cid)
+            if pin is not None and pin.url in urls:
+                return []
+        opening = self._opening(request)
+        if opening is None or self._openings.get(opening.key) in urls:
+            return []
+        if cid is None and self._follows_prefix(request, opening) is not None:
+            return []
+        return hrw_order(opening.key, urls)[: self.lookup_engines]
 
     def pinned(self, conversation_id: str) -> str | None:
         """The engine a conversation is pinned to (no LRU touch)."""
@@ -184,19 +223,32 @@ class ConversationRouter:
     def _place_by_opening(
         self, opening: Opening, request: RouteRequest, size: int, candidates: Sequence[Candidate], reason: Reason
     ) -> Decision:
-        """The first engine in rendezvous order of the opening's key, whatever the load: the one
-        rule a restarted frontend, or another frontend of the replica, applies to a later turn."""
+        """Where the opening's group is, else where a new group goes (the module's step 2)."""
         urls = [c.url for c in candidates]
         known = self._openings.get(opening.key)
-        url = hrw_order(opening.key, urls)[0]
-        held = size - 1 if opening.first_turn else min(size - 1, size * opening.chars // self._chars(request))
-        cost = max(1, size - held) if url == known else size
+        order = hrw_order(opening.key, urls)
+        tokens = size if opening.first_turn else max(1, size * opening.chars // self._chars(request))
+        placed = Sibling.FIRST
+        if self.lookup_engines == 0:  # the load-free rule
+            url = order[0]
+        elif known in urls:
+            url = known
+        elif (found := found_engine(order, request.held or {}, whole=opening.first_turn)) is not None:
+            url, reason, placed = found, Reason.LOOKUP, Sibling.FOUND
+        elif opening.first_turn:
+            url = bounded_walk(order, urls, self._recent, size, self.load_factor, self.lookup_engines)
+            placed = Sibling.FIRST if url == order[0] else Sibling.MOVED
+        else:  # a later turn that no engine asked holds (or none answered): the load-free rule
+            url = order[0]
+        held = tokens - 1 if opening.first_turn else min(size - 1, tokens)
+        cost = max(1, size - held) if url == known or reason is Reason.LOOKUP else size
         sibling = None
-        if opening.first_turn and reason in (Reason.RENDEZVOUS, Reason.GROUP):
+        if opening.first_turn and reason in (Reason.RENDEZVOUS, Reason.GROUP, Reason.LOOKUP):
             # apart: the pool changed since the group was placed (its engine gone, or one added first)
-            sibling = Sibling.FIRST if known is None else Sibling.WITH_GROUP if url == known else Sibling.APART
+            sibling = placed if known is None else Sibling.WITH_GROUP if url == known else Sibling.APART
         if url != known:
             self._record_opening(opening.key, url)
+            self._recent.add(url, tokens)
         else:
             reason = Reason.GROUP
         return Decision(url, reason, cost=cost, sibling=sibling)
@@ -229,14 +281,14 @@ class ConversationRouter:
         chain = self._chain(request)
         opening = self._opening(request)
         size = self._size(request)
-        if chain is not None:
-            match = self._prefixes.longest_match(chain)
-            if match is not None and (match.ratio >= self.match_ratio or self._covers(match.ratio, request, opening)):
-                loads = {c.url: c.in_flight for c in candidates}
-                load = loads.get(match.url)
-                if load is not None and load <= load_bound(sum(loads.values()), len(loads), self.load_factor):
+        match = self._follows_prefix(request, opening, chain)
+        if match is not None:
+            loads = {c.url: c.in_flight for c in candidates}
+            load = loads.get(match.url)
+            if load is not None and load <= load_bound(sum(loads.values()), len(loads), self.load_factor):
+                if chain is not None:
                     self._prefixes.record(chain, match.url)
-                    return Decision(match.url, Reason.PREFIX, cost=max(1, round(size * (1 - match.ratio))))
+                return Decision(match.url, Reason.PREFIX, cost=max(1, round(size * (1 - match.ratio))))
         if opening is not None:
             decision = self._place_by_opening(opening, request, size, candidates, Reason.RENDEZVOUS)
         else:
@@ -245,6 +297,19 @@ class ConversationRouter:
         if chain is not None:
             self._prefixes.record(chain, decision.url)
         return decision
+
+    def _follows_prefix(
+        self, request: RouteRequest, opening: Opening | None, chain: BlockChain | None = None
+    ) -> PrefixMatch | None:
+        """The engine that saw the longest prefix of the prompt, if that prefix is long enough to
+        follow (``match_ratio`` of the prompt, or the opening); the in-flight bound is the caller's."""
+        chain = chain if chain is not None else self._chain(request)
+        if chain is None:
+            return None
+        match = self._prefixes.longest_match(chain)
+        if match is not None and (match.ratio >= self.match_ratio or self._covers(match.ratio, request, opening)):
+            return match
+        return None
 
     def _covers(self, ratio: float, request: RouteRequest, opening: Opening | None) -> bool:
         """The matched prefix holds at least the opening (an earlier turn's, or a sibling's prompt)."""

@@ -16,6 +16,8 @@ from drs_frontend.routing.conversation import ConversationRouter
 class CtxRouter(Protocol):
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision: ...
 
+    def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]: ...
+
 
 class GenRouter(Protocol):
     def pick(self, candidates: Sequence[Candidate]) -> Decision: ...
@@ -30,6 +32,9 @@ class _Stateless:
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision:
         return self._inner.pick(candidates)
 
+    def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]:
+        return []
+
 
 def build_ctx_router(config: FrontendConfig) -> CtxRouter:
     name = config.ctx_router
@@ -40,6 +45,7 @@ def build_ctx_router(config: FrontendConfig) -> CtxRouter:
             match_ratio=config.prefix_match_ratio,
             block_tokens=config.prefix_block_tokens,
             groups=config.group_routing,
+            lookup_engines=config.group_lookup_engines,
         )
     round_robin = name == enums.CtxRouter.ROUND_ROBIN
     return _Stateless(build_gen_router(enums.GenRouter.ROUND_ROBIN if round_robin else enums.GenRouter.LOAD_BALANCING))

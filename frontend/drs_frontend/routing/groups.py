@@ -62,6 +62,14 @@ def opening_of(messages: Sequence[Any], tools: Any = None) -> Opening | None:
     return Opening(key=key, chars=message_chars(messages[:end], tools), first_turn=end == len(messages))
 
 
+def opening_messages(messages: Sequence[Any]) -> Sequence[Any]:
+    """The messages before the first assistant message (all of them on a first turn)."""
+    for i, message in enumerate(messages):
+        if isinstance(message, Mapping) and message.get("role") == "assistant":
+            return messages[:i]
+    return messages
+
+
 def is_first_turn(messages: Sequence[Any]) -> bool:
     """No assistant message yet (a scan that stops at the first one: a few messages on a later turn)."""
     return not any(isinstance(m, Mapping) and m.get("role") == "assistant" for m in messages)

@@ -25,11 +25,12 @@ generation leg on another engine with the same weights. The order of a leg's ste
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
+from drs_protocol.prefix_lookup import PrefixHeld
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
 from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_stream import WeightsStreamHeader
@@ -54,7 +55,7 @@ from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import NotSupportedError
 from drs_engine.latency import LatencyModel
 from drs_engine.prefill_batch import PrefillIterations
-from drs_engine.prefix_cache import PrefixCache
+from drs_engine.prefix_cache import PrefixCache, prefix_held
 from drs_engine.prefix_hash import block_hashes
 from drs_engine.weights.stream import WeightsExport
 from drs_engine.wire import RequestType
@@ -128,6 +129,10 @@ class SimBackend(EngineBackend):
             "prefix_cache_capacity_blocks": self._cache.capacity_blocks,
             "context_states_held": len(self._handoff),
         }
+
+    def prefix_held(self, prompt_ids: Sequence[int]) -> PrefixHeld:
+        """The blocks a prefill of ``prompt_ids`` would reuse now (stored when a context phase ended)."""
+        return prefix_held(self._cache, self._weights.seed, prompt_ids)
 
     # ---- serving: the steps of drs_engine.backends.leg.run_leg -------------------------------
 

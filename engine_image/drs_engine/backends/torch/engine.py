@@ -22,12 +22,13 @@ backend is chosen.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
+from drs_protocol.prefix_lookup import PrefixHeld
 from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_stream import WeightsStreamHeader
 
@@ -53,6 +54,7 @@ from drs_engine.backends.torch.weights.manager import WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError
+from drs_engine.prefix_cache import prefix_held
 from drs_engine.weights.stream import WeightsExport
 from drs_engine.wire import RequestType
 
@@ -306,6 +308,10 @@ class TorchBackend(EngineBackend):
         return {"aborted": self._weights.abort_group()}
 
     # ---- control: caches, memory, profile ---------------------------------------------------
+
+    def prefix_held(self, prompt_ids: Sequence[int]) -> PrefixHeld:
+        """The blocks of KV a prefill of ``prompt_ids`` would copy now instead of computing."""
+        return prefix_held(self._kv.cache, self._weights.seed, prompt_ids)
 
     async def reset_prefix_cache(self) -> dict[str, Any]:
         return {"prefix_cache_blocks_evicted": self._kv.reset()}

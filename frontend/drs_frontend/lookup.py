@@ -1,0 +1,87 @@
+"""Step 4's lookup on a routing miss: ask prefill engines what their prefix caches hold of an opening.
+
+The ctx router names the engines (:meth:`.routing.ConversationRouter.lookup_targets`: the first
+``groupLookupEngines`` in rendezvous order of the opening's key) only when it knows neither the
+conversation nor its opening; :meth:`PrefixLookup.ask` posts the opening's messages (and tools) to
+each at once (``drs_protocol.prefix_lookup``, the serving token as every leg) and returns the
+answers that came within ``timeouts.prefixLookup``. Concurrent misses of one opening (the later
+turns of a group reaching a restarted frontend together) share one lookup. An engine that is unreachable, slow, refuses
+(a backend that cannot say: 501) or answers something else is left out: no answer at all sends
+the turn by the load-free rule. ``drs_frontend_group_lookups_total{outcome}`` counts lookups:
+``found`` (an engine holds a prefix), ``none`` (answers, nothing held), ``unanswered``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from drs_protocol import routes
+from drs_protocol.prefix_lookup import PrefixHeld, PrefixHeldRequest
+from pydantic import ValidationError
+
+from drs_frontend import wire_json
+from drs_frontend.errors import UpstreamError
+from drs_frontend.metrics import FrontendMetrics
+from drs_frontend.routing import RouteRequest
+from drs_frontend.routing.groups import opening_messages
+from drs_frontend.upstream import UpstreamClient
+
+log = logging.getLogger(__name__)
+
+
+class PrefixLookup:
+    def __init__(self, upstream: UpstreamClient, metrics: FrontendMetrics, *, timeout: float) -> None:
+        self.upstream = upstream
+        self.metrics = metrics
+        self.timeout = timeout
+        self._in_flight: dict[tuple[bytes, tuple[str, ...]], asyncio.Future[dict[str, PrefixHeld]]] = {}
+
+    async def ask(self, urls: list[str], route: RouteRequest) -> dict[str, PrefixHeld]:
+        """What each of ``urls`` holds of the opening of ``route``'s messages (those that answered)."""
+        if route.messages is None:
+            return {}
+        messages = [dict(m) for m in opening_messages(route.messages)]
+        tools = route.tools if isinstance(route.tools, list) and route.tools else None
+        request = PrefixHeldRequest(messages=messages, tools=tools)  # fails here, not on the engine
+        body = wire_json.dumps({"messages": request.messages, **({"tools": tools} if tools else {})})
+        key = (body, tuple(urls))
+        shared = self._in_flight.get(key)
+        if shared is not None:
+            return await asyncio.shield(shared)
+        future: asyncio.Future[dict[str, PrefixHeld]] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        held: dict[str, PrefixHeld] = {}
+        try:
+            held = await self._ask_all(urls, body)
+        finally:  # an asker cancelled (its client left) leaves the others no answer: the load-free rule
+            del self._in_flight[key]
+            future.set_result(held)
+        return held
+
+    async def _ask_all(self, urls: list[str], body: bytes) -> dict[str, PrefixHeld]:
+        held: dict[str, PrefixHeld] = {}
+        answers = await asyncio.gather(*(self._ask_one(url, body) for url in urls))
+        for url, answer in zip(urls, answers, strict=True):
+            if answer is not None:
+                held[url] = answer
+        outcome = "unanswered" if not held else "found" if any(a.held_blocks for a in held.values()) else "none"
+        self.metrics.group_lookups_of(outcome).inc()
+        return held
+
+    async def _ask_one(self, url: str, body: bytes) -> PrefixHeld | None:
+        try:
+            response = await asyncio.wait_for(
+                self.upstream.post_json(url + routes.PREFIX_HELD, body, self.timeout), self.timeout
+            )
+        except (UpstreamError, TimeoutError) as exc:
+            log.debug("prefix lookup on %s: no answer (%s)", url, exc)
+            return None
+        if response.status != 200:
+            log.debug("prefix lookup on %s: %d", url, response.status)
+            return None
+        try:
+            return PrefixHeld.model_validate_json(response.body)
+        except ValidationError:
+            log.warning("prefix lookup on %s: an answer that is not a PrefixHeld", url)
+            return None

@@ -1,0 +1,87 @@
+"""Where a new group goes, and where a group this frontend does not know is: pure rules, no I/O.
+
+* :func:`bounded_walk`: a new opening's first turn walks the first ``width`` engines of the
+  rendezvous order of its key and takes the first whose recent prefill work, with this prompt
+  added, stays within ``c`` times the mean over the replica's engines (the mean counting this
+  prompt; the bound in whole prompts of this size, at least one); when none of them has room, the
+  one of least work. So no engine ends above ``c`` times the mean unless the least loaded one
+  would (a few prompts over many engines). Consistent hashing with bounded loads (Mirrokni,
+  Thorup and Zadimoghaddam), with the prompt's tokens as the unit of load.
+* :func:`found_engine`: the engine a lookup found holding the longest prefix of the opening
+  (``drs_protocol.prefix_lookup``); for a first turn only one that holds all of it (a partial hold,
+  e.g. a system prompt that every group shares, says nothing about where this group is).
+* :class:`RecentWork`: the prompt tokens of the last ``window`` openings this frontend placed or
+  found, per engine: the load the walk bounds. In-flight work alone does not balance GRPO
+  placement: a group costs its engine one prefill (~50 ms for 1k tokens on the sim), usually over
+  before the next group arrives, so the engines look idle at every placement.
+
+Since the walk reads this frontend's memory, a restarted frontend (or the replica's other one)
+may not place a group where the first one did; it does not need to: it finds the group with the
+lookup, which asks the same ``width`` engines the walk may choose from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+
+from drs_protocol.prefix_lookup import PrefixHeld
+
+
+def work_bound(total: int, size: int, n: int, factor: float) -> int:
+    """Most recent work an engine may hold after taking a prompt of ``size`` tokens: ``factor``
+    times the mean after placement, in whole prompts of ``size`` (rounded down, at least one)."""
+    if n <= 0:
+        raise ValueError("no engines")
+    unit = max(1, size)
+    return unit * max(1, math.floor(factor * (total + unit) / (n * unit)))
+
+
+def bounded_walk(
+    order: Sequence[str], urls: Sequence[str], work: Callable[[str], int], size: int, factor: float, width: int
+) -> str:
+    """The first of ``order[:width]`` whose ``work`` plus ``size`` is within :func:`work_bound` over
+    ``urls`` (every candidate engine); else the one of least work among them (ties: earlier in order)."""
+    if not order:
+        raise ValueError("no engines")
+    walk = order[: max(1, width)]
+    bound = work_bound(sum(work(u) for u in urls), size, len(urls), factor)
+    for url in walk:
+        if work(url) + max(1, size) <= bound:
+            return url
+    return min(walk, key=work)
+
+
+def found_engine(order: Sequence[str], held: Mapping[str, PrefixHeld], *, whole: bool) -> str | None:
+    """Of the engines in ``order`` that answered, the one holding the most leading blocks (ties:
+    earlier in order); None when none holds any (or, ``whole``, none holds every block)."""
+    best: str | None = None
+    most = 0
+    for url in order:
+        answer = held.get(url)
+        if answer is None or answer.held_blocks <= most or (whole and not answer.covers):
+            continue
+        best, most = url, answer.held_blocks
+    return best
+
+
+class RecentWork:
+    """Prompt tokens of the last ``window`` openings placed (or found) per engine."""
+
+    def __init__(self, window: int) -> None:
+        if window < 1:
+            raise ValueError("window must be at least 1")
+        self._placed: deque[tuple[str, int]] = deque()
+        self._window = window
+        self._work: dict[str, int] = {}
+
+    def __call__(self, url: str) -> int:
+        return self._work.get(url, 0)
+
+    def add(self, url: str, tokens: int) -> None:
+        self._placed.append((url, tokens))
+        self._work[url] = self._work.get(url, 0) + tokens
+        if len(self._placed) > self._window:
+            old, old_tokens = self._placed.popleft()
+            self._work[old] -= old_tokens
