@@ -105,6 +105,9 @@ def setup(net: Network, record: HostRecord, node_ips: list[str], cgroup_roots: l
     _run("ip", "link", "set", net.host_veth, "up")
     # Pods reach Services through the gateway: forwarding inside the namespace only.
     _run("nsenter", f"--net={net.netns_path}", "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+    # Pod-to-pod packets cross the bridge: iptables (kube-router's NetworkPolicy rules) sees them
+    # only with this on (the default of a new namespace; set so it never depends on that).
+    _run("nsenter", f"--net={net.netns_path}", "sh", "-c", "echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables")
     created: list[str] = []
     for root in cgroup_roots:
         for d in _cgroup_dirs(root):

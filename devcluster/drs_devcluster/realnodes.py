@@ -5,8 +5,8 @@ For each node, in the cluster's network namespace and a mount namespace of the n
 with the project's images imported (nothing is ever pulled), a kubelet registered under the
 node's name with GPU topology labels, and the fake GPU device plugin, which registers with the
 kubelet so ``nvidia.com/gpu`` capacity comes from a real device-plugin registration. Once per
-cluster, in its network namespace: kube-proxy (nftables) for Services and CoreDNS (on the bridge
-gateway) for their names.
+cluster, in its network namespace: kube-proxy (nftables) for Services, kube-router's firewall
+(iptables + ipset) for NetworkPolicies, and CoreDNS (on the bridge gateway) for their names.
 
 Stopping deletes the nodes' pods through the API first (so the kubelet tears down their
 sandboxes and CNI networking), stops every process by pid, kills containers that are left (and
@@ -234,6 +234,14 @@ def _start_services(layout: Layout, net: nodeconfig.Network, bins: Path, track: 
     livez = healthz.replace("/healthz", "/livez")
     took = _wait("kube-proxy", lambda: _http_ok(healthz) or _http_ok(livez), SERVICE_START_TIMEOUT_S, proxy)
     _say(f"kube-proxy (nftables) serving in {took:.1f}s")
+    router = track(
+        processes.start("kube-router", nodeconfig.kube_router_argv(layout, bins), layout.log("kube-router"),
+                        preexec=inside)
+    )  # fmt: skip
+    # /healthz answers 200 once the NetworkPolicy controller has synced its rules once.
+    router_health = f"http://{net.gateway}:{nodeconfig.port(layout, 'kube-router-health')}/healthz"
+    took = _wait("kube-router", lambda: _http_ok(router_health), SERVICE_START_TIMEOUT_S, router)
+    _say(f"kube-router (NetworkPolicies: iptables + ipset) serving in {took:.1f}s")
     corefile = layout.state_dir / "Corefile"
     corefile.write_text(nodeconfig.corefile(layout, net))
     dns = track(
