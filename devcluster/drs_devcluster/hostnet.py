@@ -2,9 +2,9 @@
 
 * the cluster's network namespace (``drs<net>``) with its bridge (gateway and node addresses),
   ``ip_forward`` on inside it, and the veth pair to the host (the host end holds the address the
-  apiserver listens on; created before the apiserver). Everything the kubelets and kube-proxy
-  add to the network stack (iptables chains, the ``kube-proxy`` nftables table) lives inside it
-  and goes with it;
+  apiserver listens on; created before the apiserver). Everything the kubelets, kube-proxy and
+  kube-router add to the network stack (iptables chains, the ``kube-proxy`` nftables table,
+  kube-router's ipsets) lives inside it and goes with it;
 * each node's cgroup root in every cgroup v1 hierarchy;
 * machine-wide (``hostshare``): the kernel settings the kubelet changes and the empty mount points
   of the nodes' bind mounts, restored by the last cluster with real nodes to leave.
