@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
+from drs_devcluster import build
 from drs_devcluster.testing import RunningCluster, namespace_for, wait_for
 from drs_operator.api.constants import LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE
 
@@ -160,12 +161,14 @@ def set_replica_policies(cluster: RunningCluster, ns: str, enabled: bool) -> Non
 def chart_policies(cluster: RunningCluster, ns: str, frontend_clients: list[dict[str, Any]]) -> str:
     """The chart's namespace policies for ``ns``, rendered by helm as an install would."""
     argv = [
-        str(cluster.cluster.layout.bin_dir / "helm"),
+        str(cluster.bin_dir / "helm"),
         "template",
         "drs",
         str(CHART),
         "--namespace",
         "drs-system",
+        "--kube-version",
+        build.KUBERNETES_VERSION,
         "--show-only",
         "templates/networkpolicy.yaml",
         "--set",
