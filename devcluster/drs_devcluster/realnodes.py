@@ -41,6 +41,8 @@ NODE_READY_TIMEOUT_S = 120.0
 SERVICE_START_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 60.0
 POLL_S = 0.25
+#: kube-router's chain for traffic no NetworkPolicy admits (made at its start, before the first sync).
+KUBE_ROUTER_DEFAULT_CHAIN = "KUBE-NWPLCY-DEFAULT"
 
 
 class RealNodeStartError(RuntimeError):
@@ -113,6 +115,7 @@ def start(layout: Layout, real: int, archive: Path) -> list[processes.Tracked]:
     _start_services(layout, net, bins, track)
     for i in range(real):
         _wait_node_ready(layout, nodeconfig.node_name(i))
+    _start_firewall(layout, net, bins, track)
     return started
 
 
@@ -234,14 +237,6 @@ def _start_services(layout: Layout, net: nodeconfig.Network, bins: Path, track: 
     livez = healthz.replace("/healthz", "/livez")
     took = _wait("kube-proxy", lambda: _http_ok(healthz) or _http_ok(livez), SERVICE_START_TIMEOUT_S, proxy)
     _say(f"kube-proxy (nftables) serving in {took:.1f}s")
-    router = track(
-        processes.start("kube-router", nodeconfig.kube_router_argv(layout, bins), layout.log("kube-router"),
-                        preexec=inside)
-    )  # fmt: skip
-    # /healthz answers 200 once the NetworkPolicy controller has synced its rules once.
-    router_health = f"http://{net.gateway}:{nodeconfig.port(layout, 'kube-router-health')}/healthz"
-    took = _wait("kube-router", lambda: _http_ok(router_health), SERVICE_START_TIMEOUT_S, router)
-    _say(f"kube-router (NetworkPolicies: iptables + ipset) serving in {took:.1f}s")
     corefile = layout.state_dir / "Corefile"
     corefile.write_text(nodeconfig.corefile(layout, net))
     dns = track(
@@ -251,6 +246,26 @@ def _start_services(layout: Layout, net: nodeconfig.Network, bins: Path, track: 
     ready = f"http://{net.gateway}:{nodeconfig.port(layout, 'coredns-ready')}/ready"
     took = _wait("coredns", lambda: _http_ok(ready), SERVICE_START_TIMEOUT_S, dns)
     _say(f"CoreDNS ready in {took:.1f}s on {net.gateway}:53")
+
+
+def _start_firewall(layout: Layout, net: nodeconfig.Network, bins: Path, track: Any) -> None:
+    """kube-router's NetworkPolicy controller, once its node is registered (it reads the Node at
+    start and exits without it)."""
+    router = track(
+        processes.start("kube-router", nodeconfig.kube_router_argv(layout, bins), layout.log("kube-router"),
+                        preexec=namespaces.entering(net.netns_path))
+    )  # fmt: skip
+    # /healthz answers as soon as it listens; the chain of the traffic no policy admits is made
+    # after its top-level chains (hooked into INPUT, FORWARD and OUTPUT), before the first sync.
+    health = f"http://{net.gateway}:{nodeconfig.port(layout, 'kube-router-health')}/healthz"
+    chain = ["nsenter", f"--net={net.netns_path}", "iptables", "-w", "5", "-S", KUBE_ROUTER_DEFAULT_CHAIN]
+
+    def ready() -> bool:
+        out = subprocess.run(chain, capture_output=True, timeout=30, check=False)
+        return _http_ok(health) and out.returncode == 0
+
+    took = _wait("kube-router", ready, SERVICE_START_TIMEOUT_S, router)
+    _say(f"kube-router (NetworkPolicies: iptables + ipset) serving in {took:.1f}s")
 
 
 def _core_api(layout: Layout) -> Any:
