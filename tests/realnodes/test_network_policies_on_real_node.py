@@ -42,6 +42,8 @@ POLICY_SYNC_S = 60.0
 REFUSALS_IN_A_ROW = 3
 PROBE_LABEL = "drs-test/probe"
 SIDECAR = "trainer-sidecar"
+#: The trainer-side client pod (``inpod.client_objects`` labels it ``app: <name>``).
+CLIENT = "client-under-policy"
 PROBE = """
 import socket, sys
 s = socket.socket()
@@ -66,6 +68,8 @@ def policy_fleet(ns: str, enabled: bool) -> dict[str, Any]:
         "enabled": enabled,
         "engineClients": [
             {"podSelector": {"matchLabels": {PROBE_LABEL: SIDECAR}}},
+            # the trainer-side client reads the prefill engines' /metrics (prefix-cache hits)
+            {"podSelector": {"matchLabels": {"app": CLIENT}}},
             # the operator asks every engine which weights it holds (docs/weights.md)
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "drs-system"}}},
         ],
@@ -217,7 +221,7 @@ def test_the_replica_policy_admits_its_own_frontend_engines_and_engine_clients_o
 
     # Turns through the frontends' Service URLs complete, each through a prefill and a decode
     # engine of one replica (the decode engine fetched the prefill engine's KV over the network).
-    out = run_client(realcluster, ns, name="client-under-policy")
+    out = run_client(realcluster, ns, name=CLIENT)
     turns = [line for line in out.splitlines() if " turn " in line and " via http://pod-sim-r" in line]
     assert len(turns) == 12, out
     assert all("prefill=" in t and "prefill=None" not in t and "decode=None" not in t for t in turns), out
