@@ -251,17 +251,19 @@ def test_the_chart_policies_admit_the_namespace_and_listed_clients_as_the_docs_s
     refused(realcluster, ns, "stranger", prefill1)
     admitted(realcluster, ns, frontend0, prefill1)
     admitted(realcluster, ns, "sidecar", prefill1)
-    # frontends: only frontendClients, on the pod's own address.
+    # frontends: only frontendClients, on the pod's own address …
     refused(realcluster, ns, "stranger", frontend1)
     admitted(realcluster, ns, "sidecar", frontend1)
-    # Through the frontend's Service the stranger still gets in: kube-proxy masquerades Service
-    # traffic on this cluster (masqueradeAll), so the frontend sees the gateway, an address of the
-    # node's own, and kube-router admits a node's own traffic to its pods (docs/isolation.md).
+    # Through the frontend's Service too: kube-proxy masquerades Service traffic here, but only
+    # after the filter hook (postrouting), so kube-router sees the client's own address.
     service_ip = realcluster.kubectl("get", "service", "pod-sim-r1-f0", "-n", ns, "-o", "jsonpath={.spec.clusterIP}")
-    admitted(realcluster, ns, "stranger", (service_ip.stdout.strip(), frontend1[1]))
+    frontend1_service = (service_ip.stdout.strip(), frontend1[1])
+    refused(realcluster, ns, "stranger", frontend1_service)
+    admitted(realcluster, ns, "sidecar", frontend1_service)
     # frontendClients empty: the frontends are open to anyone again; the engines stay closed.
     realcluster.kubectl("apply", "-n", ns, "-f", "-", input=chart_policies(realcluster, ns, []))
     admitted(realcluster, ns, "stranger", frontend1)
+    admitted(realcluster, ns, "stranger", frontend1_service)
     refused(realcluster, ns, "stranger", prefill1)
     realcluster.kubectl("delete", "networkpolicy", "-n", ns, "-l", "app.kubernetes.io/name=drs-operator")
     admitted(realcluster, ns, "stranger", prefill1)
