@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from drs_devcluster import build
+from drs_devcluster import build, nodeconfig
 from drs_devcluster.testing import RunningCluster, namespace_for, wait_for
 from drs_operator.api.constants import LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE
 
@@ -267,3 +267,25 @@ def test_the_chart_policies_admit_the_namespace_and_listed_clients_as_the_docs_s
     refused(realcluster, ns, "stranger", prefill1)
     realcluster.kubectl("delete", "networkpolicy", "-n", ns, "-l", "app.kubernetes.io/name=drs-operator")
     admitted(realcluster, ns, "stranger", prefill1)
+
+
+def test_a_pod_on_the_second_real_node_is_filtered_too(realcluster: RunningCluster, policy_ns: str) -> None:
+    """One kube-router filters every real node's pods (``nodebuild.KUBE_ROUTER_PATCH``): a server
+    pinned to ``real-001``, behind a deny-all ingress policy, refuses a pod's connection."""
+    ns = policy_ns
+    server = image_pod("server", ns, "exec python -m http.server 8080", nodeName=nodeconfig.node_name(1))
+    server["metadata"]["labels"] = {PROBE_LABEL: "server"}
+    server["spec"]["terminationGracePeriodSeconds"] = 0
+    apply(realcluster, server)
+    target = (wait_phase(realcluster, ns, "server", {"Running"})["status"]["podIP"], 8080)
+    admitted(realcluster, ns, "stranger", target)  # also waits for the server to listen
+    deny = {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": "deny-server", "namespace": ns},
+        "spec": {"podSelector": {"matchLabels": {PROBE_LABEL: "server"}}, "policyTypes": ["Ingress"]},
+    }
+    apply(realcluster, deny)
+    refused(realcluster, ns, "stranger", target)
+    realcluster.kubectl("delete", "networkpolicy", "deny-server", "-n", ns)
+    admitted(realcluster, ns, "stranger", target)
