@@ -2,9 +2,9 @@
 
 * the cluster's network namespace (``drs<net>``) with its bridge (gateway and node addresses),
   ``ip_forward`` on inside it, and the veth pair to the host (the host end holds the address the
-  apiserver listens on; created before the apiserver). Everything the kubelets and kube-proxy
-  add to the network stack (iptables chains, the ``kube-proxy`` nftables table) lives inside it
-  and goes with it;
+  apiserver listens on; created before the apiserver). Everything the kubelets, kube-proxy and
+  kube-router add to the network stack (iptables chains, the ``kube-proxy`` nftables table,
+  kube-router's ipsets) lives inside it and goes with it;
 * each node's cgroup root in every cgroup v1 hierarchy;
 * machine-wide (``hostshare``): the kernel settings the kubelet changes and the empty mount points
   of the nodes' bind mounts, restored by the last cluster with real nodes to leave.
@@ -105,6 +105,9 @@ def setup(net: Network, record: HostRecord, node_ips: list[str], cgroup_roots: l
     _run("ip", "link", "set", net.host_veth, "up")
     # Pods reach Services through the gateway: forwarding inside the namespace only.
     _run("nsenter", f"--net={net.netns_path}", "sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
+    # Pod-to-pod packets cross the bridge: iptables (kube-router's NetworkPolicy rules) sees them
+    # only with this on (the default of a new namespace; set so it never depends on that).
+    _run("nsenter", f"--net={net.netns_path}", "sh", "-c", "echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables")
     created: list[str] = []
     for root in cgroup_roots:
         for d in _cgroup_dirs(root):

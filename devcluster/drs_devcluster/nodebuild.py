@@ -5,7 +5,12 @@
 * ``drs-device-plugin`` (``devcluster/deviceplugin``): the fake GPU device plugin, against the
   kubelet's device-plugin API module ``k8s.io/kubelet``;
 * ``drs-coredns`` (``devcluster/coredns``): CoreDNS from ``github.com/coredns/coredns`` with only
-  the plugins cluster DNS needs.
+  the plugins cluster DNS needs;
+* ``kube-router`` from ``github.com/cloudnativelabs/kube-router/v2``, run with its firewall only
+  (the NetworkPolicy controller: iptables + ipset), built from a copy of the module with one local
+  change (``devcluster/kuberouter``): a pod is filtered when its node's address is an address of
+  the network namespace kube-router runs in, not only when it is kube-router's own node's, since
+  the real nodes of a cluster share one network namespace (``KUBE_ROUTER_PATCH``).
 
 Only missing binaries are built: the directory is keyed by versions and shared, and the control
 plane's binaries in it are never rebuilt here. A file lock keeps two builds from racing.
@@ -23,6 +28,15 @@ from pathlib import Path
 from . import build
 
 COREDNS_VERSION = "v1.14.7"
+KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
+KUBE_ROUTER_VERSION = "v2.1.0"
+#: The one line of kube-router's ``pkg/controllers/netpol/pod.go`` the build changes, and its
+#: replacement (``devcluster/kuberouter/drs_local_pods.go`` defines the function it calls).
+KUBE_ROUTER_PATCH = (
+    "if strings.Compare(pod.Status.HostIP, nodeIP) != 0 || !isNetPolActionable(pod) {",
+    "if !drsHostIPIsLocal(pod.Status.HostIP, nodeIP) || !isNetPolActionable(pod) {",
+)
+KUBE_ROUTER_PATCHED_FILE = "pkg/controllers/netpol/pod.go"
 NODE_COMMANDS = ("kubelet", "kube-proxy")
 LOCAL_SOURCES = Path(__file__).resolve().parents[1]
 #: binary -> (source directory in this repository, the module it is built against, its version)
@@ -30,7 +44,8 @@ LOCAL_TARGETS = {
     "drs-device-plugin": ("deviceplugin", "k8s.io/kubelet", "v0." + build.KUBERNETES_VERSION.removeprefix("v1.")),
     "drs-coredns": ("coredns", "github.com/coredns/coredns", COREDNS_VERSION),
 }
-NODE_BINARIES = (*NODE_COMMANDS, *LOCAL_TARGETS)
+KUBE_ROUTER = "kube-router"
+NODE_BINARIES = (*NODE_COMMANDS, *LOCAL_TARGETS, KUBE_ROUTER)
 
 
 def node_target() -> build.GoTarget:
@@ -78,6 +93,39 @@ def _build_local(name: str, bins: Path, go: str) -> None:
     build._log(f"{name}: done in {time.monotonic() - started:.0f}s")
 
 
+def _build_kube_router(bins: Path, go: str) -> None:
+    """kube-router from a writable copy of its module with ``KUBE_ROUTER_PATCH`` applied, built
+    against the module's own go.mod and go.sum."""
+    src = bins.parent / "wrappers" / KUBE_ROUTER
+    shutil.rmtree(src, ignore_errors=True)
+    build._log(f"{KUBE_ROUTER}: downloading {KUBE_ROUTER_MODULE}@{KUBE_ROUTER_VERSION}")
+    module_dir = build._module_dir(KUBE_ROUTER_MODULE, KUBE_ROUTER_VERSION, bins.parent)
+    # The module cache is read-only: copy the files, not their modes.
+    shutil.copytree(module_dir, src, copy_function=shutil.copyfile)
+    for d in [src, *(p for p in src.rglob("*") if p.is_dir())]:
+        d.chmod(0o755)
+    patched = src / KUBE_ROUTER_PATCHED_FILE
+    patched.chmod(0o644)
+    text = patched.read_text()
+    old, new = KUBE_ROUTER_PATCH
+    if text.count(old) != 1:
+        raise build.BuildError(
+            f"{KUBE_ROUTER}: {KUBE_ROUTER_PATCHED_FILE} of {KUBE_ROUTER_VERSION} does not contain the line "
+            f"KUBE_ROUTER_PATCH changes exactly once: {old!r}"
+        )
+    patched.write_text(text.replace(old, new))
+    shutil.copyfile(LOCAL_SOURCES / "kuberouter" / "drs_local_pods.go", patched.parent / "drs_local_pods.go")
+    started = time.monotonic()
+    build._log(f"{KUBE_ROUTER}: compiling (a cold Go build cache takes minutes)")
+    build._run_go(
+        ["build", "-trimpath", "-ldflags=-s -w", "-o", str(bins / KUBE_ROUTER), "./cmd/kube-router"],
+        src,
+        f"build {KUBE_ROUTER}",
+        build.GO_BUILD_TIMEOUT_S,
+    )
+    build._log(f"{KUBE_ROUTER}: done in {time.monotonic() - started:.0f}s")
+
+
 def ensure_node_built(bins: Path | None = None) -> Path:
     """Build every missing real-node binary into the control plane's directory; return it."""
     go = build.go_version()
@@ -91,5 +139,7 @@ def ensure_node_built(bins: Path | None = None) -> Path:
         for name in LOCAL_TARGETS:
             if not (bins / name).is_file():
                 _build_local(name, bins, go)
+        if not (bins / KUBE_ROUTER).is_file():
+            _build_kube_router(bins, go)
         shutil.rmtree(bins.parent / "build-tmp" / target.name, ignore_errors=True)
     return bins

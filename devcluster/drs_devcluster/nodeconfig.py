@@ -36,9 +36,17 @@ REAL_NODE_LABEL: Final = "disagg.dev/real-node"
 #: The taint ``drs dev down`` puts on real nodes before deleting their pods.
 STOPPING_TAINT: Final = "disagg.dev/stopping"
 #: Offsets from the port base (after the control plane's 0-6).
-PORT_OFFSETS: Final = {"coredns-health": 7, "coredns-ready": 8, "kube-proxy-healthz": 9, "kube-proxy-metrics": 10}
+#: kube-router's health port comes after the nodes' (11 + 2 * MAX_REAL_NODES).
+PORT_OFFSETS: Final = {
+    "coredns-health": 7,
+    "coredns-ready": 8,
+    "kube-proxy-healthz": 9,
+    "kube-proxy-metrics": 10,
+    "kube-router-health": 27,
+}
 NODE_PORT_OFFSET: Final = 11  # node i: kubelet 11 + 2i, its healthz 12 + 2i
 MAX_REAL_NODES: Final = 8
+assert PORT_OFFSETS["kube-router-health"] == NODE_PORT_OFFSET + 2 * MAX_REAL_NODES
 #: The kubelet's device-plugin directory is fixed (not under --root-dir): bind-mounted per node.
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 #: Machine-wide paths the kubelet, containerd 1.6 (shim sockets, runc state) and libcni (its
@@ -353,6 +361,25 @@ def kube_proxy_config(layout: Layout, net: Network) -> dict[str, Any]:
             "tcpCloseWaitTimeout": "0s",
         },
     }
+
+
+def kube_router_argv(layout: Layout, bins: Path) -> list[str]:
+    """kube-router with its firewall only (the NetworkPolicy controller): no routing (the bridge
+    is the pod network), no service proxy (kube-proxy's). One per cluster, in the cluster's network
+    namespace, named after the first node as kube-proxy is; it filters the pods of every real node
+    (``nodebuild.KUBE_ROUTER_PATCH``)."""
+    return [
+        str(bins / "kube-router"),
+        "--run-firewall=true",
+        "--run-router=false",
+        "--run-service-proxy=false",
+        f"--kubeconfig={layout.kubeconfig}",
+        f"--hostname-override={node_name(0)}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}",
+        f"--health-port={port(layout, 'kube-router-health')}",
+        "--metrics-port=0",
+        "--v=1",
+    ]
 
 
 def corefile(layout: Layout, net: Network) -> str:

@@ -23,6 +23,7 @@ APT_PACKAGES = (
     "containernetworking-plugins",
     "mmdebstrap",
     "iptables",
+    "ipset",
     "nftables",
     "iproute2",
 )
@@ -33,6 +34,7 @@ COMMANDS = {
     "runc": "runc",
     "mmdebstrap": "mmdebstrap",
     "iptables": "iptables",
+    "ipset": "ipset",
     "nftables": "nft",
     "iproute2": "ip",
 }

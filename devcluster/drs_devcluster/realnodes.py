@@ -5,8 +5,8 @@ For each node, in the cluster's network namespace and a mount namespace of the n
 with the project's images imported (nothing is ever pulled), a kubelet registered under the
 node's name with GPU topology labels, and the fake GPU device plugin, which registers with the
 kubelet so ``nvidia.com/gpu`` capacity comes from a real device-plugin registration. Once per
-cluster, in its network namespace: kube-proxy (nftables) for Services and CoreDNS (on the bridge
-gateway) for their names.
+cluster, in its network namespace: kube-proxy (nftables) for Services, kube-router's firewall
+(iptables + ipset) for NetworkPolicies, and CoreDNS (on the bridge gateway) for their names.
 
 Stopping deletes the nodes' pods through the API first (so the kubelet tears down their
 sandboxes and CNI networking), stops every process by pid, kills containers that are left (and
@@ -41,6 +41,8 @@ NODE_READY_TIMEOUT_S = 120.0
 SERVICE_START_TIMEOUT_S = 60.0
 DRAIN_TIMEOUT_S = 60.0
 POLL_S = 0.25
+#: kube-router's chain for traffic no NetworkPolicy admits (made at its start, before the first sync).
+KUBE_ROUTER_DEFAULT_CHAIN = "KUBE-NWPLCY-DEFAULT"
 
 
 class RealNodeStartError(RuntimeError):
@@ -113,6 +115,7 @@ def start(layout: Layout, real: int, archive: Path) -> list[processes.Tracked]:
     _start_services(layout, net, bins, track)
     for i in range(real):
         _wait_node_ready(layout, nodeconfig.node_name(i))
+    _start_firewall(layout, net, bins, track)
     return started
 
 
@@ -243,6 +246,26 @@ def _start_services(layout: Layout, net: nodeconfig.Network, bins: Path, track: 
     ready = f"http://{net.gateway}:{nodeconfig.port(layout, 'coredns-ready')}/ready"
     took = _wait("coredns", lambda: _http_ok(ready), SERVICE_START_TIMEOUT_S, dns)
     _say(f"CoreDNS ready in {took:.1f}s on {net.gateway}:53")
+
+
+def _start_firewall(layout: Layout, net: nodeconfig.Network, bins: Path, track: Any) -> None:
+    """kube-router's NetworkPolicy controller, once its node is registered (it reads the Node at
+    start and exits without it)."""
+    router = track(
+        processes.start("kube-router", nodeconfig.kube_router_argv(layout, bins), layout.log("kube-router"),
+                        preexec=namespaces.entering(net.netns_path))
+    )  # fmt: skip
+    # /healthz answers as soon as it listens; the chain of the traffic no policy admits is made
+    # after its top-level chains (hooked into INPUT, FORWARD and OUTPUT), before the first sync.
+    health = f"http://{net.gateway}:{nodeconfig.port(layout, 'kube-router-health')}/healthz"
+    chain = ["nsenter", f"--net={net.netns_path}", "iptables", "-w", "5", "-S", KUBE_ROUTER_DEFAULT_CHAIN]
+
+    def ready() -> bool:
+        out = subprocess.run(chain, capture_output=True, timeout=30, check=False)
+        return _http_ok(health) and out.returncode == 0
+
+    took = _wait("kube-router", ready, SERVICE_START_TIMEOUT_S, router)
+    _say(f"kube-router (NetworkPolicies: iptables + ipset) serving in {took:.1f}s")
 
 
 def _core_api(layout: Layout) -> Any:

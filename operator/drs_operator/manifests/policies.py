@@ -15,7 +15,7 @@ replica index, the role) and admits, on every port:
 A chart cannot write "same replica as me" (it does not know the fleets' names); the chart's own
 ``networkPolicy`` values keep the namespace-wide frontend policy. NetworkPolicies do not apply to
 ``hostNetwork`` pods (so the spec refuses both together: ``rules.MSG_POLICY_HOST_NETWORK``), and
-enforcing them is the CNI's job (the dev cluster's bridge CNI does not).
+enforcing them is the CNI's job (on the dev cluster's real nodes, kube-router's firewall's).
 """
 
 from __future__ import annotations
