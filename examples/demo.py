@@ -30,13 +30,14 @@ the host changes. `make demo-kwok` is the simulated-node demo (with the trainer 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
 
 import yaml
 from demo_steps import ROOT, kubectl, running, say, wait_ready
-from drs_devcluster import build, images, inpod, nodeconfig, realnodes
+from drs_devcluster import build, images, inpod, nodeconfig, profiles, realnodes
 from drs_devcluster.cluster import DevCluster
 from drs_operator.api.constants import DEFAULT_MODEL_MOUNT_PATH
 from drs_protocol.engine_config import SIM_DEFAULT_TOKENS_PER_BLOCK
@@ -63,6 +64,9 @@ def ensure_cluster() -> DevCluster:
     cluster.down()
     cluster = DevCluster.at()
     t0 = time.monotonic()
+    # The demo's fleet has no NetworkPolicies: without enforcement a cold machine does not compile
+    # kube-router (minutes). DRS_DEV_NETWORK_POLICIES=1 make demo enforces them all the same.
+    os.environ.setdefault(profiles.NETWORK_POLICIES_ENV, "0")
     cluster.up("hgx", 0, real_nodes=1)
     say(f"dev cluster with 1 real node up in {time.monotonic() - t0:.0f}s")
     return cluster

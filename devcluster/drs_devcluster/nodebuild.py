@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from . import build
+from . import build, profiles
 
 COREDNS_VERSION = "v1.14.7"
 KUBE_ROUTER_MODULE = "github.com/cloudnativelabs/kube-router/v2"
@@ -58,8 +58,14 @@ def node_target() -> build.GoTarget:
     )
 
 
+def node_binaries() -> tuple[str, ...]:
+    """The real nodes' binaries: kube-router only where NetworkPolicies are enforced
+    (:func:`drs_devcluster.profiles.network_policies`)."""
+    return NODE_BINARIES if profiles.network_policies() else tuple(b for b in NODE_BINARIES if b != KUBE_ROUTER)
+
+
 def is_built(bins: Path) -> bool:
-    return all((bins / b).is_file() for b in NODE_BINARIES)
+    return all((bins / b).is_file() for b in node_binaries())
 
 
 @contextlib.contextmanager
@@ -139,7 +145,7 @@ def ensure_node_built(bins: Path | None = None) -> Path:
         for name in LOCAL_TARGETS:
             if not (bins / name).is_file():
                 _build_local(name, bins, go)
-        if not (bins / KUBE_ROUTER).is_file():
+        if KUBE_ROUTER in node_binaries() and not (bins / KUBE_ROUTER).is_file():
             _build_kube_router(bins, go)
         shutil.rmtree(bins.parent / "build-tmp" / target.name, ignore_errors=True)
     return bins

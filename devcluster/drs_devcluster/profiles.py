@@ -35,10 +35,12 @@ __all__ = [
     "GPU_RESOURCE",
     "KWOK_NODE_ANNOTATION",
     "MAX_NODES",
+    "NETWORK_POLICIES_ENV",
     "NODE_NET_ENV",
     "PROFILES",
     "ProfileError",
     "build_nodes",
+    "network_policies",
     "node_ip",
     "node_net",
     "pod_cidr",
@@ -60,6 +62,20 @@ def node_net() -> int:
     if not raw.isdigit() or not 0 <= int(raw) <= 255:
         raise ProfileError(f"{NODE_NET_ENV} must be an integer between 0 and 255, got {raw!r}")
     return int(raw)
+
+
+#: ``0`` runs real nodes without NetworkPolicy enforcement: kube-router is neither built nor started
+#: (``make demo``, whose fleet has no NetworkPolicies, sets it so that a cold machine does not spend
+#: minutes compiling kube-router). Default ``1``: enforced.
+NETWORK_POLICIES_ENV: Final = "DRS_DEV_NETWORK_POLICIES"
+
+
+def network_policies() -> bool:
+    """Whether real nodes enforce NetworkPolicies (``DRS_DEV_NETWORK_POLICIES``: ``1``, the default, or ``0``)."""
+    raw = os.environ.get(NETWORK_POLICIES_ENV, "1")
+    if raw not in ("0", "1"):
+        raise ProfileError(f"{NETWORK_POLICIES_ENV} must be 0 or 1, got {raw!r}")
+    return raw == "1"
 
 
 def node_ip(index: int) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from . import hostnet, images, namespaces, nodebuild, nodeconfig, processes
+from . import hostnet, images, namespaces, nodebuild, nodeconfig, processes, profiles
 from .layout import Layout
 
 PIDS_FILE = "real-nodes-pids.json"
@@ -115,7 +115,10 @@ def start(layout: Layout, real: int, archive: Path) -> list[processes.Tracked]:
     _start_services(layout, net, bins, track)
     for i in range(real):
         _wait_node_ready(layout, nodeconfig.node_name(i))
-    _start_firewall(layout, net, bins, track)
+    if profiles.network_policies():
+        _start_firewall(layout, net, bins, track)
+    else:
+        _say(f"NetworkPolicies not enforced ({profiles.NETWORK_POLICIES_ENV}=0): kube-router not started")
     return started
 
 
