@@ -37,8 +37,9 @@ from drs_frontend.health import HealthProber
 from drs_frontend.httpserver import HttpServer, Request, Response, ServerLimits
 from drs_frontend.metrics import CONTENT_TYPE_LATEST, FrontendMetrics
 from drs_frontend.model_list import relay_model_list
-from drs_frontend.relay import JSON, Relay, Reply
+from drs_frontend.relay import JSON, Relay
 from drs_frontend.reload import watch_config
+from drs_frontend.reply import Reply
 from drs_frontend.routing.conversation import ConversationRouter
 from drs_frontend.tokenization import ChatTokenizer
 from drs_frontend.upstream import UpstreamClient, build_upstream

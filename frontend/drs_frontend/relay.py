@@ -68,6 +68,7 @@ from drs_frontend.errors import (
 from drs_frontend.legs import LegAttempts, Refused
 from drs_frontend.lookup import PrefixLookup
 from drs_frontend.metrics import FrontendMetrics
+from drs_frontend.reply import Reply
 from drs_frontend.routing import Candidate, Decision, RouteRequest, build_ctx_router, build_gen_router
 from drs_frontend.routing.groups import is_first_turn, opening_of
 from drs_frontend.shaping import (
@@ -93,41 +94,11 @@ log = logging.getLogger(__name__)
 
 JSON: Final = "application/json"
 SSE: Final = "text/event-stream"
-#: Header value when no engine of a role served the turn (an early return has no decode leg).
-NO_ENGINE: Final = "none"
 #: Chat-request fields that mean the engine must render the prompt itself.
 ENGINE_RENDERS: Final = ("prompt_token_ids", "prompt_token_ids_b64", "chat_template", "documents")
 #: Generation-leg answers that mean "the context state is gone" (404: expired or never there;
 #: 502: its prefill engine could not be reached): the turn re-runs its context leg.
 RERUN_STATUSES: Final = (404, 502)
-
-
-@dataclass(slots=True)
-class Reply:
-    """What the HTTP layer sends: a whole body, or chunks (``stream``) it must drain or close."""
-
-    status: int
-    content_type: str
-    body: bytes = b""
-    stream: AsyncIterator[bytes] | None = None
-    prefill: str | None = None
-    decode: str | None = None
-    routed: bool = False  #: engines were chosen for this turn: name them (or "none") in headers
-    weights_version: str | None = None  #: the weights version the engine says produced the answer
-    turn_started: str | None = None  #: the turn's stamp (``x-drs-turn-started``), as sent on its legs
-
-    def engine_headers(self) -> list[tuple[bytes, bytes]]:
-        if not self.routed:
-            return []
-        out = [
-            (fields.HEADER_PREFILL_ENGINE.encode(), (self.prefill or NO_ENGINE).encode()),
-            (fields.HEADER_DECODE_ENGINE.encode(), (self.decode or NO_ENGINE).encode()),
-        ]
-        if self.weights_version:
-            out.append((fields.HEADER_WEIGHTS_VERSION.encode(), self.weights_version.encode()))
-        if self.turn_started:
-            out.append((fields.HEADER_TURN_STARTED.encode(), self.turn_started.encode()))
-        return out
 
 
 @dataclass(slots=True)
