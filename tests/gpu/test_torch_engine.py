@@ -248,8 +248,12 @@ async def test_a_gloo_collective_refit_through_the_sidecar_serves_the_trainers_w
         for engine in (a, b):  # each measured its own bytes: the trainer's digest over what it sent
             held = (await client.get(engine.url + "/control/weights", headers=auth())).json()
             assert held["weights_digest"] == report["digest"]
+        # under the refit's own version: the collective refit announced step-9 as the fleet's target
+        # (drs_protocol.cutover), so a load naming another version would leave the engine refusing legs
         load = await client.post(
-            b.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path / "step-9"), "version": "disk"}
+            b.url + "/control/weights/load",
+            headers=auth(),
+            json={"path": str(tmp_path / "step-9"), "version": "step-9"},
         )
         assert load.status_code == 200 and await tokens(client, b.url, ids) == refit
         assert load.json()["weights_digest"] == report["digest"], "the same bytes from the checkpoint"

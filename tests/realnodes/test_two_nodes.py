@@ -182,11 +182,16 @@ def test_dev_status_lists_every_real_node_process_with_its_pid_and_state(realclu
     state = str(realcluster.cluster.layout.state_dir)
     info = json.loads(CliRunner().invoke(dev, ["status", "--state-dir", state, "-o", "json"]).output)
     real = info["realNodes"]
-    expected = {"kube-proxy", "coredns"} | {
-        f"{what} {nodeconfig.node_name(i)}"
-        for i in range(2)
-        for what in ("kubelet", "containerd", "device-plugin", "mount-namespace")
-    }
+    firewall = {"kube-router"} if profiles.network_policies() else set()  # NetworkPolicies enforced by default
+    expected = (
+        {"kube-proxy", "coredns"}
+        | firewall
+        | {
+            f"{what} {nodeconfig.node_name(i)}"
+            for i in range(2)
+            for what in ("kubelet", "containerd", "device-plugin", "mount-namespace")
+        }
+    )
     assert set(real) == expected
     for name, proc in real.items():
         assert proc["running"] and proc["state"] in {"sleeping", "running", "idle"}, (name, proc)
