@@ -88,15 +88,7 @@ def _build_local(name: str, bins: Path, go: str) -> None:
         shutil.copyfile(src, wrapper / src.name)
     build._log(f"{name}: resolving {module}@{version}")
     build._run_go(["mod", "tidy"], wrapper, f"resolve {name}", build.GO_DOWNLOAD_TIMEOUT_S)
-    started = time.monotonic()
-    build._log(f"{name}: compiling")
-    build._run_go(
-        ["build", "-trimpath", "-ldflags=-s -w", "-o", str(bins / name), "."],
-        wrapper,
-        f"build {name}",
-        build.GO_BUILD_TIMEOUT_S,
-    )
-    build._log(f"{name}: done in {time.monotonic() - started:.0f}s")
+    _go_build(name, bins, wrapper, ".", "compiling")
 
 
 def _build_kube_router(bins: Path, go: str) -> None:
@@ -121,15 +113,21 @@ def _build_kube_router(bins: Path, go: str) -> None:
         )
     patched.write_text(text.replace(old, new))
     shutil.copyfile(LOCAL_SOURCES / "kuberouter" / "drs_local_pods.go", patched.parent / "drs_local_pods.go")
+    _go_build(KUBE_ROUTER, bins, src, "./cmd/kube-router", "compiling (a cold Go build cache takes minutes)")
+
+
+def _go_build(name: str, bins: Path, module_dir: Path, package: str, what: str) -> None:
+    """``go build`` one program of ``module_dir`` into ``bins/name`` (stripped, reproducible paths), logged
+    with its duration."""
     started = time.monotonic()
-    build._log(f"{KUBE_ROUTER}: compiling (a cold Go build cache takes minutes)")
+    build._log(f"{name}: {what}")
     build._run_go(
-        ["build", "-trimpath", "-ldflags=-s -w", "-o", str(bins / KUBE_ROUTER), "./cmd/kube-router"],
-        src,
-        f"build {KUBE_ROUTER}",
+        ["build", "-trimpath", "-ldflags=-s -w", "-o", str(bins / name), package],
+        module_dir,
+        f"build {name}",
         build.GO_BUILD_TIMEOUT_S,
     )
-    build._log(f"{KUBE_ROUTER}: done in {time.monotonic() - started:.0f}s")
+    build._log(f"{name}: done in {time.monotonic() - started:.0f}s")
 
 
 def ensure_node_built(bins: Path | None = None) -> Path:
