@@ -98,7 +98,7 @@ def test_a_pod_on_one_node_reaches_a_pod_on_the_other_directly_and_through_a_ser
     # Each node hands out addresses from its own slice of the cluster's network.
     for ip, index in ((body["status"]["podIP"], 0), (web_ip, 1)):
         first, last = net.pod_range(index)
-        assert ipaddress.ip_address(first) <= ipaddress.ip_address(ip) <= ipaddress.ip_address(last), (ip, index)
+        assert ipaddress.IPv4Address(first) <= ipaddress.IPv4Address(ip) <= ipaddress.IPv4Address(last), (ip, index)
     assert f"resolved {cluster_ip}" in out, out
     assert f"service web on {nodeconfig.node_name(1)}" in out, out
     assert f"direct web on {nodeconfig.node_name(1)}" in out, out

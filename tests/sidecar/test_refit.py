@@ -234,7 +234,7 @@ async def test_the_desired_weights_are_stored_before_any_load_and_outlive_the_si
             typo = await refitter.refit(str(tmp_path / "step-1O1"), "step-101")
             assert not typo.complete
             assert fleet.desires[-2].version == "step-101"  # type: ignore[union-attr]
-            assert fleet.desires[-1] == refitter.desired and refitter.desired.version == "step-100"  # type: ignore[union-attr]
+            assert fleet.desires[-1] == refitter.desired and refitter.desired.version == "step-100"
         # a new sidecar (its trainer pod restarted) over the same resource, and an engine that came up at its start weights
         fleet.list.append(as_engine(late, 1))
         control = ControlClient(TOKEN, call_s=5.0, load_s=30.0)
