@@ -57,7 +57,7 @@ async def test_engines_that_cannot_reach_the_trainers_store_fail_the_init_and_fo
             sim_engine("decode") as b,
             refitter_over([as_engine(a), as_engine(b, 1)]) as (refitter, fleet),
         ):
-            refitter.steps = CollectiveSteps(refitter.control, 3.0)
+            refitter.steps = CollectiveSteps(refitter.control, 6.0)  # engines 4.8 s, the sidecar waits 5.4 s
             layout, report = await refitter.collective_init("127.0.0.1", port, train_world_size=8)
             assert layout.world_size == 10
             assert not report.complete

@@ -72,10 +72,14 @@ class SimCollective:
                 timeout=timedelta(seconds=params.timeout_s),
             )
         )
-        try:
-            group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s + BACKSTOP_S)
+        try:  # torch's store connect can outrun its own timeout by a retry delay: the answer may not
+            group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s)
         except TimeoutError:
-            raise CollectiveError(f"rank {rank}: joining the group did not end within {params.timeout_s:g}s") from None
+            joining.add_done_callback(_leave_late)
+            raise CollectiveError(
+                f"rank {rank}: joining the trainer's group at {params.ip}:{params.port} did not end within "
+                f"{params.timeout_s:g}s"
+            ) from None
         self._member = _Member(group)
         return {"rank": rank, "world_size": params.world_size, "backend": group.backend}
 
@@ -120,6 +124,12 @@ class SimCollective:
         if self._member is None:
             raise BadRequestError("no collective group: call init_collective first")
         return self._member
+
+
+def _leave_late(joining: asyncio.Future[Any]) -> None:
+    """A join that ended after its answer was given: leave the group it formed."""
+    if not joining.cancelled() and joining.exception() is None:
+        _refit_module().leave_group(joining.result())
 
 
 def _refit_module() -> Any:
