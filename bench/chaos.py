@@ -15,6 +15,14 @@ each with the load running before, during and after the event:
   new legs, the frontends hold them for an engine that holds the target: ``docs/weights.md``);
 * ``refit_unannounced`` — the same with the sidecar's announcing off (``--target-lease 0``): the
   refit as it was before the announce, the reference for ``off_policy`` in the same run;
+* ``refit_pathless`` — a path-less refit, as a broadcast leaves it: the example trainer
+  (``examples/trainer/trainer.py --backend gloo``, a random ``tiny`` model on the CPU) broadcasts
+  its packed weights over a real gloo group through the sidecar's collective steps, and every sim
+  engine receives them (``drs_engine/backends/sim/collective.py``); the desired weights then have a
+  digest and no checkpoint path;
+* ``decode_killed_pathless`` — after it, the decode engine pod of replica 0 deleted with grace 0:
+  its replacement has no path to load and must catch up from a serving peer (the weights
+  ConfigMap's peers); the scenario records where it got them (``catch_up.reached_from``);
 * ``prefill_killed`` / ``decode_killed`` — an engine pod of replica 0 deleted with grace 0 (a crash);
 * ``frontend_killed`` — frontend 0 of replica 0 deleted with grace 0 (its Deployment brings it back);
 * ``operator_killed`` — a roll, with the operator SIGKILLed once the roll has begun and restarted.
@@ -33,9 +41,9 @@ refit's start until every engine had been told the target; None when announcing 
 and ``off_policy_started_ms_after_cutover`` (each off-policy turn: how long after the cut-over
 its stamp is).
 
-No path-less refit scenario: the sim backend has no collective or CUDA IPC update (a broadcast
-needs the ``torch`` or ``trtllm`` backend; ``tests/gpu/test_collective_faults.py`` runs one over
-gloo on the CPU, outside a cluster).
+The path-less scenarios model the transfer with a real gloo broadcast of the trainer's bytes into
+the sim engines' host memory and a real HTTP weights stream between engines; not modelled: NCCL,
+GPU memory, CUDA IPC, and a real engine's time to apply the bytes (the sim's latency model only).
 
 ``bench/chaos_realnodes.py`` is the same experiment on the real-node cluster (pod networking, a
 client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
@@ -44,6 +52,7 @@ client pod retrying as the OpenAI SDK does, ``frontend.standby`` on).
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
 import os
@@ -67,8 +76,10 @@ sys.path.insert(0, str(ROOT))
 from drs_devcluster import build  # noqa: E402
 from drs_devcluster.cluster import DevCluster  # noqa: E402
 from drs_devcluster.testing import RunningCluster, pod_runner  # noqa: E402
+from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS  # noqa: E402
 from drs_protocol import routes  # noqa: E402
 from drs_protocol.weights_digest import digest_files  # noqa: E402
+from drs_protocol.weights_state import parse_desired_weights  # noqa: E402
 from drs_sidecar.targets import DEFAULT_LEASE_S as DEFAULT_TARGET_LEASE_S  # noqa: E402
 from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for  # noqa: E402
 
@@ -82,6 +93,8 @@ SCENARIOS = (
     "refit",
     "prefill_killed",
     "decode_killed",
+    "refit_pathless",
+    "decode_killed_pathless",
     "frontend_killed",
     "operator_killed",
 )
@@ -243,6 +256,39 @@ class Fleet:
         self.refits.append((report.get("effective_at") or called, version))
         return report
 
+    def refit_pathless(self, seed: int) -> dict[str, Any]:
+        """The example trainer's gloo broadcast through the sidecar (no checkpoint path); the
+        trainer's report, with the cut-over the sidecar stored in the desired weights."""
+        version = f"bcast-{seed}"
+        argv = [sys.executable, str(ROOT / "examples" / "trainer" / "trainer.py"), "--sidecar", self.sidecar_url]
+        argv += ["--backend", "gloo", "--model", "random:tiny", "--seed", str(seed), "--version", version]
+        argv += ["--device", "cpu", "--precision", "float32", "--ip", "127.0.0.1", "--collective-timeout", "60"]
+        called = time.time()
+        done = subprocess.run(argv, env=self.rc.env, capture_output=True, text=True, timeout=180, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the trainer failed ({done.returncode}): {done.stderr[-2000:]}")
+        report: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+        annotation = (self.body()["metadata"].get("annotations") or {}).get(ANNOTATION_DESIRED_WEIGHTS)
+        desired = parse_desired_weights(annotation)
+        if desired is None or desired.version != version or desired.path is not None:
+            raise RuntimeError(f"the desired weights after a path-less refit are {annotation!r}")
+        report["effective_at"] = desired.effective_at
+        self.last_report = report
+        self.refits.append((desired.effective_at or called, version))
+        return report
+
+    def engine_weights(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """What an engine pod answers ``GET /control/weights`` (the fleet's control token)."""
+        secret = get_json(self.rc, "secret", "-n", self.namespace, f"{NAME}-control")
+        token = base64.b64decode(secret["data"]["token"]).decode()
+        name = pod["metadata"]["name"]
+        replicas = (self.body().get("status") or {}).get("replicaStatuses") or []
+        url = next(e["url"] for r in replicas for e in r["engines"] if e["name"] == name)
+        request = urllib.request.Request(f"{url}{routes.CONTROL_WEIGHTS}", headers={"authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+        return answer
+
     def restart_operator(self) -> None:
         self.operator.kill(signal.SIGKILL)
         time.sleep(2.0)  # the operator stays down for a while, as a crashed pod would before its restart
@@ -282,6 +328,21 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
 
         return kill
 
+    def refit_pathless() -> None:
+        fleet_.start_sidecar(DEFAULT_TARGET_LEASE_S)
+        report = fleet_.refit_pathless(int(time.time()) % 100_000)
+        if report.get("engines_ok") != 4:
+            raise RuntimeError(f"path-less refit reached {report.get('engines_ok')} of 4 engines: {report}")
+
+    def decode_killed_pathless() -> None:
+        selector = f"{sel},disagg.dev/role=decode"
+        old_uid = fleet_.kill_pod(selector)
+        fleet_.wait_replaced(selector, old_uid)
+        fleet_.wait_ready()
+        pod = next(p for p in fleet_.pods(selector) if p["metadata"]["uid"] != old_uid)
+        held = fleet_.engine_weights(pod)
+        fleet_.last_report = {"replacement_weights": held}
+
     def operator_killed() -> None:
         fleet_.roll()
         wait_for("the roll to begin", fleet_.roll_started, 60)
@@ -297,6 +358,8 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
         "decode_killed": killed("decode"),
         "frontend_killed": killed("frontend", ",disagg.dev/frontend=0"),
         "operator_killed": operator_killed,
+        "refit_pathless": refit_pathless,
+        "decode_killed_pathless": decode_killed_pathless,
     }
     return events[name]
 
@@ -319,10 +382,24 @@ def run_scenarios(
         time.sleep(settle_s)
         turns = load.stop()
         results[name] = {**summarize(turns, fleet_.desired_at), "seconds": round(time.monotonic() - started, 1)}
-        if name.startswith("refit"):
+        if name == "refit_pathless":
+            for key in ("version", "digest", "effective_at", "backend", "bytes", "engines_ok"):
+                results[name][key] = fleet_.last_report.get(key)
+            results[name]["trainer_retried"] = fleet_.last_report.get("retried")  # its group re-formed once
+            results[name]["off_policy_started_ms_after_cutover"] = off_policy_delays(turns, fleet_.refits)
+        elif name.startswith("refit"):
             for key in ("target_announced_s", "cutover_margin_s", "announce_exceeded_margin", "late_legs"):
                 results[name][key] = fleet_.last_report.get(key)
             results[name]["off_policy_started_ms_after_cutover"] = off_policy_delays(turns, fleet_.refits)
+        elif name == "decode_killed_pathless":
+            held = fleet_.last_report.get("replacement_weights") or {}
+            catch_up = held.get("catch_up") or {}
+            results[name]["replacement"] = {
+                "weights_version": held.get("weights_version"),
+                "weights_digest": held.get("weights_digest"),
+                "catch_up_source": catch_up.get("source"),
+                "reached_from": catch_up.get("reached_from"),
+            }
         say(f"[chaos] {name}: {json.dumps(results[name])}")
     return results
 

@@ -15,6 +15,7 @@ import hashlib
 import statistics
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -167,6 +168,8 @@ def summarize(turns: list[Turn], desired_at: Callable[[float], str | None] = lam
     return {
         "turns": len(turns),
         "failed": sum(not t.ok for t in turns),
+        #: the failed turns by their last attempt's status ("none": no connection or no answer)
+        "failed_by_status": dict(sorted(Counter(str(t.status or "none") for t in turns if not t.ok).items())),
         "retried": sum(t.ok and t.attempts > 1 for t in turns),
         "off_policy": off_policy(turns, desired_at),
         "unstamped": sum(t.ok and t.stamp is None for t in turns),

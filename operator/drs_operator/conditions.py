@@ -37,6 +37,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from drs_protocol.cutover import MAX_STAMP, MIN_STAMP
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
 from drs_protocol.weights_state import DesiredWeights, HeldWeights
 
@@ -445,10 +446,25 @@ def weights_status(
     ):
         current = WeightsStatus(version=annotated, last_update_time=now, desired=previous.desired if previous else None)
     if desired is not None:
-        shown = DesiredWeightsStatus(version=desired.version, path=desired.path, digest=desired.digest)
+        shown = desired_weights_status(desired)
         if current is None or current.desired != shown:
             current = (current or WeightsStatus()).model_copy(update={"desired": shown})
     return current
+
+
+def desired_weights_status(desired: DesiredWeights) -> DesiredWeightsStatus:
+    """``status.weights.desired`` as the annotation holds it, its cut-over (epoch seconds) as a UTC
+    time; a cut-over outside the turn stamps' range (:mod:`drs_protocol.cutover`: a hand-edited
+    annotation) is left out rather than failing the status."""
+    at = desired.effective_at
+    effective_at = (
+        datetime.datetime.fromtimestamp(at, tz=datetime.UTC)
+        if at is not None and MIN_STAMP <= at <= MAX_STAMP
+        else None
+    )
+    return DesiredWeightsStatus(
+        version=desired.version, path=desired.path, digest=desired.digest, effective_at=effective_at
+    )
 
 
 def status_dict(status: DisaggReplicaSetStatus) -> dict[str, Any]:

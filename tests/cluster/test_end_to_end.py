@@ -5,6 +5,7 @@ frontend → prefill engine → decode engine."""
 from __future__ import annotations
 
 import base64
+import datetime
 import hashlib
 import json
 import signal
@@ -206,7 +207,12 @@ def test_the_trainer_sidecar_refits_every_engine_and_a_replaced_engine_catches_u
             ),
         )
         assert status["weights"]["lastUpdateTime"]
-        assert status["weights"]["desired"] == {"version": "step-1", "path": str(checkpoint), "digest": digest}
+        desired = dict(status["weights"]["desired"])
+        effective_at = datetime.datetime.fromisoformat(desired.pop("effectiveAt"))  # the refit's cut-over
+        assert desired == {"version": "step-1", "path": str(checkpoint), "digest": digest}
+        assert effective_at.tzinfo is not None and effective_at.timestamp() == pytest.approx(
+            report["effective_at"], abs=1e-6
+        ), (effective_at, report["effective_at"])
         shown = wait_for(
             "every engine's digest in status",
             lambda: (

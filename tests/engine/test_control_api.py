@@ -167,21 +167,33 @@ async def test_releasing_the_kv_cache_drops_cached_blocks(client: httpx.AsyncCli
 @pytest.mark.parametrize(
     ("path", "body"),
     [
-        pytest.param(
-            "/control/collective/init",
-            {"rank_prefix": 0, "ip": "10.0.0.1", "port": 29500, "world_size": 9, "train_world_size": 8},
-            id="collective-init",
-        ),
         pytest.param("/control/collective/prepare", {"state_dict_info": {}}, id="prepare-refit"),
         pytest.param("/control/collective/update", {"version": "v9"}, id="collective-update"),
     ],
 )
-async def test_nccl_refit_on_the_sim_is_a_501_naming_the_backend(
+async def test_a_collective_step_before_init_on_the_sim_is_a_400_naming_init(
     client: httpx.AsyncClient, prefill: RunningEngine, path: str, body: dict[str, Any]
 ) -> None:
     response = await client.post(prefill.url + path, headers=auth(), json=body)
-    assert response.status_code == 501
-    assert "sim backend" in response.json()["error"]["message"]
+    assert response.status_code == 400
+    assert "init_collective first" in response.json()["error"]["message"]
+
+
+async def test_a_sim_engine_that_cannot_reach_the_trainers_store_says_so_within_its_timeout(
+    client: httpx.AsyncClient, prefill: RunningEngine
+) -> None:
+    import socket
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        port = closed.getsockname()[1]
+        body = {"rank_prefix": 0, "ip": "127.0.0.1", "port": port, "world_size": 2, "train_world_size": 1}
+        response = await client.post(
+            prefill.url + "/control/collective/init", headers=auth(), json={**body, "timeout_s": 2}
+        )
+    # 400: the store refused within timeout_s; 502: torch's connect retries outran it
+    assert response.status_code in (400, 502), response.text
+    assert f"127.0.0.1:{port}" in response.json()["error"]["message"]
 
 
 async def test_profiling_starts_and_stops_once(client: httpx.AsyncClient, prefill: RunningEngine) -> None:

@@ -1,5 +1,5 @@
-"""Collective (NCCL) refit: the group's rank layout (pure), and the fan-out over real sim engines,
-which refuse the collective steps with 501 (the sim has no GPU or NCCL) after validating them."""
+"""Collective refit: the group's rank layout (pure), and the fan-out over real sim engines (which
+join a trainer's gloo group: ``test_sim_collective.py``)."""
 
 from __future__ import annotations
 
@@ -42,27 +42,32 @@ def test_a_group_needs_every_engine_ready_and_says_which_are_not() -> None:
         group_layout([], train_world_size=8)
 
 
-async def test_the_sim_engines_receive_valid_collective_calls_and_refuse_them_as_a_double_must() -> None:
-    async with (
-        sim_engine() as a,
-        sim_engine("decode") as b,
-        refitter_over([as_engine(a), as_engine(b, 1)]) as (
-            refitter,
-            fleet,
-        ),
-    ):
-        layout, report = await refitter.collective_init("10.0.0.1", 29500, train_world_size=8)
-        assert layout.world_size == 10
-        assert not report.complete
-        # 501 (not 400): the engine validated each body and then said it cannot do NCCL
-        assert [o.detail.split(":")[0] for o in report.outcomes] == ["501", "501"]
-        assert all("not supported by the sim backend" in o.detail for o in report.outcomes)
-        assert refitter.group is None
-        with pytest.raises(NoGroup):
-            await refitter.collective_update(TrainerCollectiveUpdate(version="step-5"))
-        with pytest.raises(NoGroup):
-            await refitter.collective_prepare({"w": ([2, 2], "bfloat16")})  # NeMo RL's [shape, dtype]
-        assert fleet.published == []
+async def test_engines_that_cannot_reach_the_trainers_store_fail_the_init_and_form_no_group() -> None:
+    """The sim engines join a real gloo group (``test_sim_collective.py``); a store nobody listens
+    on fails each engine's join, named, within the step's timeout, and the sidecar keeps no group."""
+    import socket
+
+    from drs_sidecar.group_abort import CollectiveSteps
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]  # bound, never listening: connections are refused
+        async with (
+            sim_engine() as a,
+            sim_engine("decode") as b,
+            refitter_over([as_engine(a), as_engine(b, 1)]) as (refitter, fleet),
+        ):
+            refitter.steps = CollectiveSteps(refitter.control, 6.0)  # engines 4.8 s, the sidecar waits 5.4 s
+            layout, report = await refitter.collective_init("127.0.0.1", port, train_world_size=8)
+            assert layout.world_size == 10
+            assert not report.complete
+            assert all(f"127.0.0.1:{port}" in o.detail for o in report.outcomes), report.as_dict()
+            assert refitter.group is None
+            with pytest.raises(NoGroup):
+                await refitter.collective_update(TrainerCollectiveUpdate(version="step-5"))
+            with pytest.raises(NoGroup):
+                await refitter.collective_prepare({"w": ([2, 2], "bfloat16")})  # NeMo RL's [shape, dtype]
+            assert fleet.published == []
 
 
 async def test_a_collective_step_checks_the_groups_members_first_and_names_what_changed() -> None:

@@ -91,7 +91,7 @@ async def silent_engine() -> AsyncIterator[str]:
 
 
 async def test_a_hung_member_is_named_within_the_budget_and_the_group_is_aborted_on_the_others() -> None:
-    """The sims refuse the update (501: no collective) at once; the silent member never answers:
+    """The sim refuses the update at once (400: it never joined a group); the silent member never answers:
     the step ends within the budget, names the silent one hung, and aborts the group everywhere."""
     from drs_sidecar.fleet import Engine
 
@@ -108,7 +108,7 @@ async def test_a_hung_member_is_named_within_the_budget_and_the_group_is_aborted
             # before the cut-over); the withdrawal to the hung member goes out after the answer
             assert time.monotonic() - started <= DEFAULT_CUTOVER_MARGIN_S + 2.0 + 1.0
             abort = report.group_abort.as_dict()
-            assert abort["culprits"] == ["e-hung", a.url]  # hung first; the sim's 501 is its own failure
+            assert abort["culprits"] == ["e-hung", a.url]  # hung first; the sim's 400 is its own failure
             assert abort["faults"]["e-hung"] == "hung" and abort["unanswered"] == ["e-hung"]
             assert abort["aborted"] == [a.url]
             assert refitter.group is None, "the next collective/init forms a new group"

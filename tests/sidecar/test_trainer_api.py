@@ -13,7 +13,7 @@ from drs_protocol.trainer_api import CollectiveInitReport, FanOutReport, FleetRe
 from pydantic import BaseModel, ValidationError
 
 from .conftest import sim_engine
-from .test_sidecar_cli import sidecar, token_file
+from .test_sidecar_cli import SHORT_COLLECTIVE, refused_port, sidecar, token_file
 
 __all__ = ["token_file"]  # the fixture, used by name
 
@@ -26,13 +26,14 @@ async def test_every_route_answers_exactly_its_model(checkpoint: Path, token_fil
     async with (
         sim_engine() as a,
         sim_engine("decode") as b,
-        sidecar(a.url, b.url, token_file=token_file) as url,
+        sidecar(a.url, b.url, token_file=token_file, extra=SHORT_COLLECTIVE) as url,
         httpx.AsyncClient(timeout=30) as client,
     ):
         # first: no weights are desired yet, so the sidecar's catch-up loop holds no lock
-        init = await client.post(
-            url + "/v1/collective/init", json={"ip": "10.0.0.1", "port": 29500, "train_world_size": 1}
-        )
+        with refused_port() as port:
+            init = await client.post(
+                url + "/v1/collective/init", json={"ip": "127.0.0.1", "port": port, "train_world_size": 1}
+            )
         exactly(CollectiveInitReport, init.json())
         refit = await client.post(url + "/v1/refit", json={"path": str(checkpoint), "version": "step-1"})
         exactly(FanOutReport, refit.json())

@@ -13,7 +13,7 @@ from drs_client.sidecar import AsyncSidecar, sidecar_url
 from drs_protocol.routes import ControlOp
 
 from .conftest import completion, served_version, sim_engine
-from .test_sidecar_cli import free_port, sidecar, token_file
+from .test_sidecar_cli import SHORT_COLLECTIVE, free_port, refused_port, sidecar, token_file
 
 __all__ = ["token_file"]
 
@@ -83,8 +83,12 @@ async def test_no_sidecar_and_a_sidecar_that_does_not_answer_are_told_apart(monk
 
 
 async def test_the_blocking_sidecar_serves_several_threads_at_once(checkpoint: Path, token_file: Path) -> None:
-    async with sim_engine() as a, sim_engine("decode") as b, sidecar(a.url, b.url, token_file=token_file) as url:
-        with Sidecar(url) as blocking:
+    async with (
+        sim_engine() as a,
+        sim_engine("decode") as b,
+        sidecar(a.url, b.url, token_file=token_file, extra=SHORT_COLLECTIVE) as url,
+    ):
+        with Sidecar(url) as blocking, refused_port() as port:
             # the engines run on this test's loop: the blocking calls go to other threads
             refit, fleet = await asyncio.gather(
                 asyncio.to_thread(blocking.refit, str(checkpoint), "step-11"),
@@ -94,7 +98,7 @@ async def test_the_blocking_sidecar_serves_several_threads_at_once(checkpoint: P
             assert len(fleet.engines) == 2
             after = await asyncio.to_thread(blocking.fleet)
             assert [e.weights_version for e in after.engines] == ["step-11", "step-11"]
-            with pytest.raises(EnginesFailed) as caught:  # the sim engines have no NCCL: each one says 501
-                await asyncio.to_thread(blocking.collective_init, "10.0.0.1", 29500, 1)
+            with pytest.raises(EnginesFailed) as caught:  # no trainer's store at that port: each engine says so
+                await asyncio.to_thread(blocking.collective_init, "127.0.0.1", port, 1)
             assert sorted(caught.value.engines) == sorted([a.url, b.url])
-            assert all(f.detail.startswith("501") for f in caught.value.failed)
+            assert all(f.detail[:3] in ("400", "502") and f"127.0.0.1:{port}" in f.detail for f in caught.value.failed)

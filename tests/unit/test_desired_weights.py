@@ -7,7 +7,8 @@ import datetime
 from typing import Any
 
 from drs_operator.api import names
-from drs_operator.conditions import weights_status
+from drs_operator.api.status import DisaggReplicaSetStatus
+from drs_operator.conditions import status_dict, weights_status
 from drs_operator.manifests import desired_children
 from drs_operator.rollout import compute_actions
 from drs_protocol import env
@@ -69,6 +70,28 @@ def test_status_shows_the_desired_weights_beside_the_served_version() -> None:
     assert served is not None and served.version == "step-7" and served.desired == shown.desired
     assert weights_status(served, "step-7", STEP, T0 + datetime.timedelta(seconds=9)) == served, "stable"
     assert weights_status(served, "step-7", None, T0) == served, "kept when the annotation is gone"
+
+
+def test_status_shows_the_refits_cut_over_as_a_utc_time_to_the_microsecond() -> None:
+    at = T0.timestamp() + 0.123456
+    cut_over = STEP.model_copy(update={"effective_at": at})
+    shown = weights_status(None, None, cut_over, T0)
+    assert shown is not None and shown.desired is not None
+    assert shown.desired.effective_at == datetime.datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=datetime.UTC)
+    stored = status_dict(DisaggReplicaSetStatus(weights=shown))["weights"]["desired"]
+    assert stored["effectiveAt"] == "2026-12-01T12:00:00.123456Z", stored
+    assert datetime.datetime.fromisoformat(stored["effectiveAt"]).timestamp() == at
+    assert (
+        "effectiveAt"
+        not in status_dict(DisaggReplicaSetStatus(weights=weights_status(None, None, STEP, T0)))["weights"]["desired"]
+    ), "an older sidecar's desired weights have no cut-over"
+    later = weights_status(shown, None, STEP.model_copy(update={"effective_at": at + 7}), T0)
+    assert later is not None and later.desired is not None
+    assert later.desired.effective_at == shown.desired.effective_at + datetime.timedelta(seconds=7), "a new refit's"
+    edited = weights_status(None, None, STEP.model_copy(update={"effective_at": 1e300}), T0)
+    assert edited is not None and edited.desired is not None and edited.desired.effective_at is None, (
+        "a cut-over no clock reaches (a hand-edited annotation) is left out, the status still written"
+    )
 
 
 def test_unreadable_desired_weights_are_none() -> None:

@@ -126,6 +126,13 @@ class DesiredWeightsStatus(StatusModel):
     version: str = Field(max_length=MAX_WEIGHTS_VERSION_CHARS)
     path: str | None = Field(None, max_length=4096, description="Checkpoint the engines load them from.")
     digest: str | None = Field(None, pattern=DIGEST_PATTERN, description="Digest of their bytes.")
+    effective_at: datetime | None = Field(
+        None,
+        description=(
+            "The refit's cut-over (UTC, microseconds): turns the fleet received from then on"
+            " (their x-drs-turn-started stamp) are answered at these weights; absent: desired at once."
+        ),
+    )
 
 
 class WeightsStatus(StatusModel):

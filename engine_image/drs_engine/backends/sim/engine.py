@@ -31,7 +31,6 @@ from typing import Any, ClassVar
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 from drs_protocol.prefix_lookup import PrefixHeld
-from drs_protocol.routes import CONTROL_ROUTES, ControlOp
 from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_stream import WeightsStreamHeader
 
@@ -48,11 +47,11 @@ from drs_engine.backends.base import (
 from drs_engine.backends.leg import Prefilled, run_leg
 from drs_engine.backends.profile import WallClockProfile
 from drs_engine.backends.sim import stream as sim_stream
+from drs_engine.backends.sim.collective import SimCollective
 from drs_engine.backends.sim.handoff import SimHandoff
 from drs_engine.backends.sim.model import PrefixState, TokenChoice, TokenFunction
 from drs_engine.backends.sim.weights import SimWeights, initial_weights, read_weights_path
 from drs_engine.config import BackendName, EngineConfig
-from drs_engine.errors import NotSupportedError
 from drs_engine.latency import LatencyModel
 from drs_engine.prefill_batch import PrefillIterations
 from drs_engine.prefix_cache import PrefixCache, prefix_held
@@ -94,6 +93,7 @@ class SimBackend(EngineBackend):
         self._prefill = PrefillIterations(self._cache, self._latency)
         self._decodes_in_flight = 0
         self._profile = WallClockProfile({})
+        self._collective = SimCollective()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -271,19 +271,23 @@ class SimBackend(EngineBackend):
         return self._weights.digest
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
-        raise self._no_collective("init_collective")
+        return await self._collective.init(params)
 
     async def prepare_refit_info(self, params: PrepareRefitInfo) -> dict[str, Any]:
-        raise self._no_collective("prepare_refit_info")
+        return self._collective.prepare(params)
 
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]:
-        raise self._no_collective("update_weights_from_collective")
+        received = await self._collective.update(params)  # all of it, or nothing changes
+        await self._latency.sleep(self._latency.weights_load())
+        previous, self._weights = self._weights, received
+        return {
+            **self._swapped(previous),
+            "bytes": sum(len(b) for _, b in received.parts or ()),
+            "source": received.source,
+        }
 
-    def _no_collective(self, op: str) -> NotSupportedError:
-        return NotSupportedError(
-            f"{op} is not supported by the sim backend (a test double with no GPU or NCCL); "
-            f"it needs the trtllm backend. Use POST {CONTROL_ROUTES[ControlOp.LOAD_WEIGHTS]} on sim engines."
-        )
+    async def abort_collective(self, reason: str) -> dict[str, Any]:
+        return {"aborted": self._collective.abort()}
 
     async def reset_prefix_cache(self) -> dict[str, Any]:
         return {"prefix_cache_blocks_evicted": self._cache.reset()}
