@@ -6,8 +6,9 @@
 #   decode SECONDS    bench/gpu_disagg.py --decode-only --anchor --rounds 2  -> gpu_decode.json
 #   disagg SECONDS    bench/gpu_disagg.py --no-decode                        -> gpu_disagg.json
 #   tests SECONDS [K] pytest tests/gpu [-k K]                                 -> gpu-tests.{log,xml}
+# SRC=DIR: run the parts in the checkout DIR instead of this one (e.g. main, for a same-run baseline).
 set -u
-cd "$(dirname "$0")/.."
+cd "${SRC:-$(dirname "$0")/..}"  # SRC: another checkout to measure (a same-run baseline)
 OUT=${OUT:-gpu-results}
 mkdir -p "$OUT" /tmp/deps
 python3 -m pip install --quiet --no-deps --no-index --target /tmp/deps "${WHEELS:-../gpu25-wheels}"/*.whl 2>&1 | tail -2
