@@ -4,6 +4,7 @@
 # for its Python 3.12) into /tmp/deps, the source roots on PYTHONPATH, then each part named in the
 # arguments under its own time limit, its output under $OUT (default gpu-results/):
 #   decode SECONDS    bench/gpu_disagg.py --decode-only --anchor --rounds 2  -> gpu_decode.json
+#   sweep SECONDS     bench/gpu_disagg.py --decode-only --rounds 2 (no anchor) -> gpu_sweep.json
 #   disagg SECONDS    bench/gpu_disagg.py --no-decode                        -> gpu_disagg.json
 #   tests SECONDS [K] pytest tests/gpu [-k K]                                 -> gpu-tests.{log,xml}
 # SRC=DIR: run the parts in the checkout DIR instead of this one (e.g. main, for a same-run baseline).
@@ -23,12 +24,13 @@ while [ $# -gt 0 ]; do
   case $part in
     decode) timeout "$limit" python3 bench/gpu_disagg.py --decode-only --anchor --rounds 2 \
               >"$OUT/gpu_decode.json" 2>"$OUT/gpu_decode.log" ;;
+    sweep)  timeout "$limit" python3 bench/gpu_disagg.py --decode-only --rounds 2 >"$OUT/gpu_sweep.json" 2>"$OUT/gpu_sweep.log" ;;
     disagg) timeout "$limit" python3 bench/gpu_disagg.py --no-decode >"$OUT/gpu_disagg.json" 2>"$OUT/gpu_disagg.log" ;;
-    tests)  k=(); if [ $# -gt 0 ] && [ "${1:0:1}" != "-" ] && ! [[ $1 =~ ^(decode|disagg|tests)$ ]]; then k=(-k "$1"); shift; fi
+    tests)  k=(); if [ $# -gt 0 ] && [ "${1:0:1}" != "-" ] && ! [[ $1 =~ ^(decode|sweep|disagg|tests)$ ]]; then k=(-k "$1"); shift; fi
             timeout "$limit" python3 -m pytest tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -rs -q \
               "${k[@]}" --junitxml="$OUT/gpu-tests.xml" >"$OUT/gpu-tests.log" 2>&1 ;;
   esac
   echo "$part rc=$? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"
 done
-tail -c 2500 "$OUT"/gpu_decode.json "$OUT"/gpu_disagg.json 2>/dev/null
+tail -c 2500 "$OUT"/gpu_sweep.json "$OUT"/gpu_decode.json "$OUT"/gpu_disagg.json 2>/dev/null
 tail -n 5 "$OUT"/gpu_decode.log "$OUT"/gpu_disagg.log "$OUT"/gpu-tests.log 2>/dev/null
