@@ -40,6 +40,25 @@ def prompt(n: int, salt: int) -> list[int]:
     return [1000 + (i * 7919 + salt * 104729) % 140000 for i in range(n)]
 
 
+class StreamError(RuntimeError):
+    """An engine's error event in a completion stream: which engine, the error's type and message."""
+
+
+def event_tokens(url: str, line: str) -> int:
+    """How many token ids one SSE line of ``url``'s completion stream carries (0: not a data chunk,
+    or a chunk without ids). An error event (``{"error": {...}}``, no ``choices``) raises
+    :class:`StreamError` naming the engine, the error's type and its message."""
+    if not line.startswith("data: {"):
+        return 0
+    event = json.loads(line[6:])
+    if "choices" not in event:
+        error = event.get("error")
+        if isinstance(error, dict):
+            raise StreamError(f"{url}: {error.get('type', 'error')}: {error.get('message', '')}"[:600])
+        raise StreamError(f"{url}: an event without choices: {line[:600]}")
+    return len(event["choices"][0].get("token_ids") or [])
+
+
 def spread(values: list[float], digits: int = 1) -> dict[str, float]:
     """Median, min and max of ``values`` (the rounds of one figure)."""
     return {
@@ -68,10 +87,7 @@ async def _timed_stream(
     async with client.stream("POST", url + COMPLETIONS, json=payload) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            got = len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
-            if got:
+            if got := event_tokens(url, line):
                 last = time.perf_counter()
                 first = first or last
                 count += got

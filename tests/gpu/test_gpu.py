@@ -100,10 +100,12 @@ async def _refit_through_sidecar(engines: list[str], backend: str, tmp_path: Pat
         if backend != "gloo":  # NCCL lands in the packed weights, IPC copies each batch in one piece
             assert refit["buckets_in_place"] == refit["buckets"], refit
     assert all(a != b for a, b in zip(after, before, strict=True))
+    # under the refit's own version: the refit announced step-77 as the fleet's target
+    # (drs_protocol.cutover), so a load naming another version would leave the engine refusing legs
     load = await client.post(
         engines[0] + "/control/weights/load",
         headers=procs.auth(),
-        json={"path": str(tmp_path / "step-77"), "version": "disk"},
+        json={"path": str(tmp_path / "step-77"), "version": "step-77"},
     )
     assert load.status_code == 200, load.text
     assert await tokens(client, engines[0], ids) == after[0]  # the broadcast weights are the checkpoint's

@@ -154,6 +154,9 @@ class EngineBackend(abc.ABC):
     name: ClassVar[str]
     #: True for the sim: it is a test and benchmark double, and says so everywhere.
     test_double: ClassVar[bool]
+    #: True: a stream's chunk carries every token that arrived since the last send
+    #: (:mod:`drs_engine.server.readahead`); False: one chunk per token.
+    stream_runs: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def start(self) -> None:

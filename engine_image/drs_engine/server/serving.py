@@ -42,6 +42,7 @@ from drs_engine.errors import BadRequestError, ContextLengthError, EngineError, 
 from drs_engine.server import responses
 from drs_engine.server.body import validate
 from drs_engine.server.detok import IncrementalDetokenizer
+from drs_engine.server.readahead import ReadAhead
 from drs_engine.server.state import EngineState
 from drs_engine.wire import ChatCompletionRequest, CompletionRequest, EngineRequest, RequestType
 
@@ -386,16 +387,25 @@ async def _stream(
     }
     admission = state.require_admission()
     generated = 0
+    # One chunk per token, or (a backend that opts in) every token that arrived since the last send.
+    ahead = ReadAhead(events) if state.require_backend().stream_runs else None
     try:
         if meta.chat:
             yield _sse(responses.stream_chunk(meta, text="", steps=[], role=True, **common))
-        event = first
-        while not isinstance(event, LegFinished):
-            generated += 1
-            text = detok.push([event.token_id])
-            yield _sse(responses.stream_chunk(meta, text=text, steps=[event], **common))
-            event = await anext(events)
-        finished = event
+        run: list[LegEvent] = [first]
+        while not isinstance(run[-1], LegFinished):
+            steps = [e for e in run if isinstance(e, TokenStep)]
+            generated += len(steps)
+            text = detok.push([s.token_id for s in steps])
+            yield _sse(responses.stream_chunk(meta, text=text, steps=steps, **common))
+            run = await ahead.next_run() if ahead is not None else [await anext(events)]
+        steps = [e for e in run if isinstance(e, TokenStep)]
+        if steps:
+            generated += len(steps)
+            yield _sse(
+                responses.stream_chunk(meta, text=detok.push([s.token_id for s in steps]), steps=steps, **common)
+            )
+        finished = run[-1]
         last = responses.stream_chunk(
             meta,
             text=detok.flush(),
@@ -418,5 +428,7 @@ async def _stream(
         yield _sse(exc.to_body())
         yield SSE_DONE
     finally:
+        if ahead is not None:
+            await ahead.close()
         await events.aclose()
         admission.release()

@@ -8,6 +8,11 @@ sequence that leaves is handed to the next step's job as *leaving* (the step giv
 pool slot back, its KV copied out: :class:`~drs_engine.backends.torch.decoder.BatchDecoder`),
 and its ``released`` event is set once that job ran, so the engine caches its KV only after.
 Choosing the token is :func:`~drs_engine.backends.torch.sampling.choose_tokens`.
+
+:class:`PrefillQueue` does the same for prompts: the prompts that arrive while the GPU thread is
+busy (a decode step, another prefill) wait together and go to it as one job, up to a token budget
+(the padded tokens of one batched forward pass), so 32 prompts sent at once prefill in a few
+batched passes between decode steps rather than one after another.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from drs_engine.backends.torch.sampling import Choice, Sampling, choose_tokens
 from drs_engine.backends.torch.worker import GpuWorker
@@ -137,3 +142,84 @@ class DecodeBatcher:
         banned = [s.banned(len(s.generated)) for s in batch]
         choices: list[Choice] = choose_tokens(logits, [s.sampling for s in batch], banned)
         return choices
+
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+
+@dataclass(eq=False)
+class _Pending(Generic[J, R]):
+    job: J
+    tokens: int
+    done: asyncio.Future[R]
+
+
+def take_within(tokens: list[int], budget: int) -> int:
+    """How many of the waiting jobs (``tokens``: each one's prompt tokens, in arrival order) go
+    into one batched pass: the longest prefix whose padded size (count x longest) stays within
+    ``budget``, and at least one (a prompt longer than the budget runs alone)."""
+    longest = 0
+    for count, n in enumerate(tokens):
+        longest = max(longest, n)
+        if count and (count + 1) * longest > budget:
+            return count
+    return len(tokens)
+
+
+class PrefillQueue(Generic[J, R]):
+    """Prefill jobs batched on the GPU worker: :meth:`submit` waits for its job's result; jobs that
+    arrive while one batch runs (or waits for the GPU thread) form the next, up to ``budget``
+    padded tokens (:func:`take_within`). ``run_many`` runs on the GPU thread and gives each job its
+    result or its exception (one job's failure fails only that job)."""
+
+    def __init__(
+        self,
+        worker: GpuWorker,
+        run_many: Callable[[list[J]], list[R | Exception]],
+        *,
+        budget: int,
+        tokens: Callable[[J], int],
+    ) -> None:
+        self._worker = worker
+        self._run_many = run_many
+        self.budget = budget
+        self._tokens = tokens
+        self._waiting: list[_Pending[J, R]] = []
+        self._task: asyncio.Task[None] | None = None
+        self.batches = 0
+        self.prompts = 0
+
+    async def submit(self, job: J) -> R:
+        done: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Pending(job, self._tokens(job), done))
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._drain(), name="drs-prefill-batcher")
+        return await done
+
+    async def _drain(self) -> None:
+        while self._waiting:
+            count = take_within([p.tokens for p in self._waiting], self.budget)
+            batch, self._waiting = self._waiting[:count], self._waiting[count:]
+            batch = [p for p in batch if not p.done.done()]  # a client that left before its turn
+            if not batch:
+                continue
+            results: list[R | Exception]
+            try:
+                results = await self._worker.run(self._run_many, [p.job for p in batch])
+            except Exception as exc:
+                results = [exc] * len(batch)
+            except BaseException:
+                for p in batch + self._waiting:
+                    p.done.cancel()
+                self._waiting.clear()
+                raise
+            self.batches += 1
+            self.prompts += len(batch)
+            for p, result in zip(batch, results, strict=True):
+                if p.done.done():
+                    continue
+                if isinstance(result, Exception):
+                    p.done.set_exception(result)
+                else:
+                    p.done.set_result(result)

@@ -78,6 +78,7 @@ class TorchBackend(EngineBackend):
 
     name: ClassVar[str] = BackendName.TORCH
     test_double: ClassVar[bool] = False
+    stream_runs: ClassVar[bool] = True  # 32 streams make 32 tokens a step: a stream behind catches up at once
 
     def __init__(
         self,
@@ -174,6 +175,11 @@ class TorchBackend(EngineBackend):
                 "tokens": b.tokens,
                 "mean_batch": round(b.tokens / b.steps, 3) if b.steps else None,
                 "pool": self._runner.decoder.info(),
+            },
+            "prefill_batching": {
+                "token_budget": self._runner.prefills.budget,
+                "batches": self._runner.prefills.batches,
+                "prompts": self._runner.prefills.prompts,
             },
             "refit_group": self._weights.group_info(),
             "last_refit": self._weights.last_refit,

@@ -335,6 +335,42 @@ def _prefill(params: dict[str, Any], shape: ModelShape, ids: Sequence[int], kv: 
     return (last @ _lm_head(params, shape).T)[0].to(torch.float32)
 
 
+def _prefill_batch(
+    params: dict[str, Any], shape: ModelShape, prompts: Sequence[Sequence[int]], kvs: Sequence[Any]
+) -> Any:
+    """Cold prefills of several prompts in one forward pass: prompt ``b``'s K/V into ``kvs[b]``
+    (positions ``0 … len-1``). The prompts are right-padded to the longest, ``L``, and run as one
+    ``[batch, L]`` pass: every matmul over all ``batch * L`` rows, attention one causal call per
+    layer (right padding keeps causal attention exact: a real token sees only earlier positions, all
+    real). Returns float32 logits ``[batch, vocab]`` of each prompt's last token."""
+    device = kvs[0].device
+    b, longest = len(prompts), max(len(ids) for ids in prompts)
+    group = shape.heads // shape.kv_heads
+    padded = torch.zeros((b, longest), dtype=torch.long)
+    for j, ids in enumerate(prompts):
+        padded[j, : len(ids)] = torch.tensor(list(ids), dtype=torch.long)
+    x = params["model.embed_tokens.weight"][padded.to(device).view(-1)]  # [b * L, hidden]
+    rope = rope_tables(torch.arange(longest, device=device).repeat(b), shape, x.dtype)
+    written = torch.empty((shape.layers, 2, b, shape.kv_heads, longest, shape.head_dim), device=device, dtype=x.dtype)
+    for i in range(shape.layers):
+        p = f"model.layers.{i}."
+        h = _rms(x, params[p + "input_layernorm.weight"], shape.rms_eps)
+        q, k, v = _qkv(params, i, h, rope, shape)  # [b * L, heads, d]
+        written[i, 0] = k.view(b, longest, shape.kv_heads, shape.head_dim).transpose(1, 2)
+        written[i, 1] = v.view(b, longest, shape.kv_heads, shape.head_dim).transpose(1, 2)
+        queries = q.view(b, longest, shape.heads, shape.head_dim).transpose(1, 2)
+        keys = written[i, 0].repeat_interleave(group, dim=1)
+        values = written[i, 1].repeat_interleave(group, dim=1)
+        attn = F.scaled_dot_product_attention(queries, keys, values, is_causal=True)  # [b, heads, L, d]
+        x = x + attn.transpose(1, 2).reshape(b * longest, -1) @ params[p + "self_attn.o_proj.weight"].T
+        x = x + _mlp(params, i, _rms(x, params[p + "post_attention_layernorm.weight"], shape.rms_eps))
+    for j, ids in enumerate(prompts):
+        kvs[j][:, :, :, : len(ids)] = written[:, :, j, :, : len(ids)]
+    lasts = torch.tensor([j * longest + len(ids) - 1 for j, ids in enumerate(prompts)], device=device)
+    last = _rms(x[lasts], params["model.norm.weight"], shape.rms_eps)
+    return (last @ _lm_head(params, shape).T).to(torch.float32)
+
+
 def _decode_step(
     params: dict[str, Any], shape: ModelShape, tokens: Sequence[int], kvs: Sequence[Any], positions: Sequence[int]
 ) -> Any:
@@ -391,6 +427,14 @@ def prefill(params: dict[str, Any], shape: ModelShape, ids: Sequence[int], kv: A
     """See :func:`_prefill` (run without autograd)."""
     with torch.inference_mode():
         return _prefill(params, shape, ids, kv, start)
+
+
+def prefill_batch(
+    params: dict[str, Any], shape: ModelShape, prompts: Sequence[Sequence[int]], kvs: Sequence[Any]
+) -> Any:
+    """See :func:`_prefill_batch` (run without autograd)."""
+    with torch.inference_mode():
+        return _prefill_batch(params, shape, prompts, kvs)
 
 
 def decode_step(

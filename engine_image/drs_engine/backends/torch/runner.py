@@ -1,7 +1,8 @@
 """The ``torch`` backend's model runner: the model's forward passes as jobs on the GPU thread.
 
 :class:`ModelRunner` runs a prompt's prefill (after the cached prefix blocks copied into the new
-sequence's KV; into a handoff-arena region when the context is to be handed over), and the
+sequence's KV; into a handoff-arena region when the context is to be handed over; cold prompts
+that arrive together in one batched pass, :class:`~drs_engine.backends.torch.batching.PrefillQueue`), and the
 batched decode steps of :class:`~drs_engine.backends.torch.batching.DecodeBatcher` through
 :class:`~drs_engine.backends.torch.decoder.BatchDecoder` (the decode pool and its CUDA graphs).
 Before each step a sequence outside the pool gets room for one more token, and KV computed under
@@ -18,15 +19,38 @@ import torch
 from drs_protocol.engine_config import TorchSpec
 
 from drs_engine.backends.base import LegRequest, finish_after, restate_after_refit
-from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq
+from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq, PrefillQueue
 from drs_engine.backends.torch.decoder import BatchDecoder
 from drs_engine.backends.torch.kv.arena import KvArena
 from drs_engine.backends.torch.kv.prefix import CopyRun
-from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv, prefill
+from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv, prefill, prefill_batch
 from drs_engine.backends.torch.sampling import BanMasks, Choice, Sampling, choose_tokens
 from drs_engine.backends.torch.weights.manager import WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import EngineError
+
+#: padded prompt tokens of one batched prefill pass (:class:`~.batching.PrefillQueue`'s budget)
+PREFILL_BATCH_TOKENS = 16384
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillJob:
+    """One prompt to prefill from ``start`` (after the cached ``runs`` copied in)."""
+
+    prompt: list[int]
+    start: int
+    runs: list[CopyRun]
+    capacity: int
+    sampling: Sampling
+    ban: Any
+    arena: KvArena | None
+    region: int | None
+    cache_keeps_nothing: bool
+
+    @property
+    def cold(self) -> bool:
+        """Nothing cached and its own KV (not an arena region): it can join a batched pass."""
+        return self.start == 0 and not self.runs and self.region is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +102,9 @@ class ModelRunner:
             dtype=dtype,
         )
         self.batcher = DecodeBatcher(worker, self._step, max_batch=spec.max_decode_batch)
+        self.prefills: PrefillQueue[PrefillJob, PrefillResult] = PrefillQueue(
+            worker, self._prefill_many, budget=PREFILL_BATCH_TOKENS, tokens=lambda job: len(job.prompt) - job.start
+        )
 
     async def start(self, tokens_per_block: int) -> None:
         """The banned-id masks, made on the device (by the GPU thread), then every path a request
@@ -105,6 +132,8 @@ class ModelRunner:
         hit = new_kv(self._shape, n + 1, device=self._device, dtype=self._dtype)
         hit[:, :, :, :cut].copy_(cold[:, :, :, :cut])
         logits = prefill(self._weights.params, self._shape, ids[cut:], hit, cut)
+        pair = [new_kv(self._shape, n + 1, device=self._device, dtype=self._dtype) for _ in range(2)]
+        prefill_batch(self._weights.params, self._shape, [ids, ids[: n // 2]], pair)  # arriving together
         greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=True, top_logprobs=1)
         mask = self._bans.mask(produced=1, min_tokens=0) if self._bans is not None else None
         if mask is not None:
@@ -151,25 +180,43 @@ class ModelRunner:
         *,
         cache_keeps_nothing: bool = False,
     ) -> PrefillResult:
-        return await self._worker.run(
-            self._prefill_job, prompt, start, runs, capacity, sampling, ban, arena, region, cache_keeps_nothing
-        )
+        job = PrefillJob(prompt, start, runs, capacity, sampling, ban, arena, region, cache_keeps_nothing)
+        return await self.prefills.submit(job)
 
-    def _prefill_job(
-        self,
-        prompt: list[int],
-        start: int,
-        runs: list[CopyRun],
-        capacity: int,
-        s: Sampling,
-        ban: Any,
-        arena: KvArena | None,
-        region: int | None,
-        cache_keeps_nothing: bool,
-    ) -> PrefillResult:
+    def _prefill_many(self, jobs: list[PrefillJob]) -> list[PrefillResult | Exception]:
+        """The jobs that waited together (on the GPU thread): the cold ones in one batched pass when
+        there are two or more, the others one by one; each job gets its result or its error."""
+        out: dict[int, PrefillResult | Exception] = {}
+        cold = [i for i, job in enumerate(jobs) if job.cold] if sum(job.cold for job in jobs) > 1 else []
+        if cold:
+            try:
+                for i, result in zip(cold, self._prefill_cold([jobs[i] for i in cold]), strict=True):
+                    out[i] = result
+            except Exception as exc:
+                out.update(dict.fromkeys(cold, exc))
+        for i, job in enumerate(jobs):
+            if i not in out:
+                try:
+                    out[i] = self._prefill_job(job)
+                except Exception as exc:
+                    out[i] = exc
+        return [out[i] for i in range(len(jobs))]
+
+    def _prefill_cold(self, jobs: list[PrefillJob]) -> list[PrefillResult]:
+        """Cold prompts in one forward pass (:func:`~.model.prefill_batch`), first tokens in one pick."""
+        self._weights.check_complete()
+        kvs = [new_kv(self._shape, job.capacity, device=self._device, dtype=self._dtype) for job in jobs]
+        logits = prefill_batch(self._weights.params, self._shape, [job.prompt for job in jobs], kvs)
+        firsts = choose_tokens(logits, [job.sampling for job in jobs], [job.ban for job in jobs])
+        gen = self._weights.gen
+        return [PrefillResult(kv, kv, first, gen, None) for kv, first in zip(kvs, firsts, strict=True)]
+
+    def _prefill_job(self, job: PrefillJob) -> PrefillResult:
         """Prefill ``prompt`` from ``start``. With an arena ``region`` the context's KV lies there:
         computed in place when the prefix cache keeps nothing, else copied there (the cache's blocks
         must outlive the region)."""
+        prompt, start, runs, capacity, s, ban = job.prompt, job.start, job.runs, job.capacity, job.sampling, job.ban
+        arena, region, cache_keeps_nothing = job.arena, job.region, job.cache_keeps_nothing
         self._weights.check_complete()
         shape = (self._shape.layers, 2, self._shape.kv_heads, capacity, self._shape.head_dim)
         arena = arena if region is not None else None
