@@ -10,7 +10,9 @@
 5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
    frontend updates after their engines); ask every serving engine what weights it holds
    (``GET /control/weights``, ``kube/engines.py``: within ``OBSERVE_BUDGET_S`` in all, while step
-   6 writes; an engine that does not answer is unknown);
+   6 writes; an engine that does not answer is unknown); with ``spec.networkPolicy`` enabled, ask
+   the API whether each ``engineClients`` peer selects a pod (``kube/policy_peers.py``, at most
+   every ``policy_peers.RECHECK_S``; the ``PolicyPeersMatch`` condition);
 6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
    phases: configs, Services, the Secret and NetworkPolicies, then engine pods, then frontends;
 7. compute the status (pure) and write it only if it changed, also when a write of step 6
@@ -47,6 +49,7 @@ from drs_operator.api.constants import (
     Reason,
 )
 from drs_operator.api.objects import Manifest
+from drs_operator.api.spec import NetworkPolicySpec
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status, status_dict
 from drs_operator.decide import Decision, decide
@@ -55,12 +58,14 @@ from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
+from drs_operator.kube.policy_peers import PeerChecker
 from drs_operator.manifests import Owner
 from drs_operator.manifests.rotation import rotation_request, rotation_step, rotation_window
 from drs_operator.manifests.secrets import missing_secrets, secret_notes
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import Placement
+from drs_operator.policy_peers import RECHECK_S, PeerReport
 from drs_operator.rollout import Action, ActionReason
 from drs_operator.status_events import EventNote
 from drs_operator.validation import Problem, validate_name, validate_spec_data
@@ -89,6 +94,7 @@ class Context:
     metrics: OperatorMetrics
     cache: ClusterCache
     engines: EngineClient = dataclasses.field(default_factory=EngineClient)
+    peers: PeerChecker = dataclasses.field(default_factory=PeerChecker)
 
 
 async def reconcile(ctx: Context, namespace: str, name: str) -> float | None:
@@ -161,6 +167,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     placement, rollout, moved = decision.placement, decision.rollout, decision.moved
     # 5b. ask the serving engines what they hold, while step 6 writes (bounded by the budget)
     observing = asyncio.create_task(_observe_engines(ctx, decision, live_by_kind, name))
+    checking = asyncio.create_task(_check_peers(ctx, spec.network_policy, namespace, name))
 
     # 6. apply; 7. status and events, written even when a write of step 6 failed: the status
     # records the placement those writes acted on (it is the memory the next pass starts from)
@@ -172,10 +179,22 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         await _apply_all(ctx.applier, namespace, rollout.actions)
         action_notes += _action_notes(rollout.actions, moved, placement)
     finally:
-        status, notes = compute_status(name, previous, await observing, now)
+        peers = await checking
+        observed = dataclasses.replace(await observing, policy_peers=peers)
+        status, notes = compute_status(name, previous, observed, now)
         await _write_status(ctx, body, status, notes + action_notes)
     _export(ctx, namespace, name, status, placement)
-    return min((d for d in (_next_look(decision, status, now), rotation_due) if d is not None), default=None)
+    peers_due = RECHECK_S if peers is not None and peers.empty else None  # look again until they select
+    delays = (_next_look(decision, status, now), rotation_due, peers_due)
+    return min((d for d in delays if d is not None), default=None)
+
+
+async def _check_peers(ctx: Context, policy: NetworkPolicySpec, namespace: str, name: str) -> PeerReport | None:
+    """Whether each ``engineClients`` peer selects a pod; None when the policies are off or have no peers."""
+    if not policy.enabled or not policy.engine_clients:
+        ctx.peers.forget(namespace, name)
+        return None
+    return await ctx.peers.report(ctx.api, namespace, name, policy.engine_clients)
 
 
 async def _sync_secrets(
@@ -238,6 +257,7 @@ def _next_look(decision: Decision, status: DisaggReplicaSetStatus, now: datetime
 
 
 def _forget(ctx: Context, namespace: str, name: str) -> None:
+    ctx.peers.forget(namespace, name)
     for gauge in (ctx.metrics.replicas_desired, ctx.metrics.replicas_ready):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)

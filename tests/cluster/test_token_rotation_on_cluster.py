@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,46 +27,16 @@ from typing import Any
 import pytest
 from drs_devcluster.testing import RunningCluster
 from drs_operator.manifests.rotation import secret_keys
-from drs_protocol import auth
-from operator_harness import OperatorProcess, apply, get_json, wait_for, wait_ready
+from operator_harness import CHAT_BODY, OperatorProcess, auth_fleet, get_json, http_call, serving_fleet, wait_for
 
 pytestmark = pytest.mark.cluster
 
 NAME = "rotor"
-BODY = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 PHASE = "disagg.dev/token-rotation-phase"
 
 
-def fleet() -> dict[str, Any]:
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggReplicaSet",
-        "metadata": {"name": NAME, "annotations": {"disagg.dev/token-rotation-window-seconds": "3"}},
-        "spec": {
-            "replicas": 1,
-            "model": {"path": "sim-qwen3"},
-            "engine": {"backend": "sim", "sim": {"speed": 0}},
-            "prefill": {"engines": 1, "tensorParallelSize": 1},
-            "decode": {"engines": 1, "tensorParallelSize": 1},
-            "frontend": {"workers": 1, "basePort": 18600},
-            "trtllm": {"enginePort": 18200},
-            "network": {"hostNetwork": True},
-            "topology": {"gpusPerNode": 8},
-            "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
-        },
-    }
-
-
 def call(url: str, body: dict[str, Any] | None = None, token: str | None = None) -> int:
-    headers = {"content-type": "application/json", **(auth.bearer(token) if token else {})}
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            resp.read()
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
+    return http_call(url, body, token)[0]
 
 
 @dataclass
@@ -81,7 +49,7 @@ class Load:
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                code = call(f"{self.url}/v1/chat/completions", BODY)
+                code = call(f"{self.url}/v1/chat/completions", CHAT_BODY)
             except OSError as exc:
                 self.failed.append(repr(exc))
                 continue
@@ -123,10 +91,10 @@ def pod_identity(devcluster: RunningCluster, namespace: str) -> dict[str, tuple[
 def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
     devcluster: RunningCluster, namespace: str, stack: OperatorProcess
 ) -> None:
-    apply(devcluster, namespace, fleet())
-    status = wait_ready(devcluster, namespace, NAME, 1, timeout=180)
-    (url,) = status["urls"]
-    wait_for("the frontend to serve", lambda: call(f"{url}/ready") == 200, timeout=60)
+    window = {"disagg.dev/token-rotation-window-seconds": "3"}
+    _, url = serving_fleet(
+        devcluster, namespace, auth_fleet(NAME, base_port=18600, engine_port=18200, annotations=window)
+    )
     first = {n: secret_keys(s)["token"] for n, s in secrets_of(devcluster, namespace).items()}
     pods_before = pod_identity(devcluster, namespace)
 

@@ -125,13 +125,30 @@ def _time(text: str | None) -> datetime.datetime | None:
         return None
 
 
+def _phase(
+    live: Manifest,
+    keys: Mapping[str, str],
+    annotations: Mapping[str, str],
+    phase: str,
+    now: datetime.datetime,
+    window_s: float,
+    reason: EventReason,
+    message: str,
+) -> Step:
+    """The step into ``phase`` (``next`` or ``previous``): ``live`` with ``keys``, the phase and
+    its start marked, a Normal Event ``reason`` (``message`` after the Secret's name), due in the window."""
+    name = (live.get("metadata") or {}).get("name", "")
+    marks = {**annotations, ANNOTATION_ROTATION_PHASE: phase, ANNOTATION_ROTATION_SINCE: now.isoformat()}
+    note = EventNote(EventType.NORMAL, reason, f"Secret {name}: {message}")
+    return Step(_written(live, keys, marks), note, window_s)
+
+
 def rotation_step(live: Manifest, request: str | None, window_s: float, now: datetime.datetime) -> Step:
     """The next step of ``live``'s rotation (module docstring) at ``now``."""
     name = (live.get("metadata") or {}).get("name", "")
     annotations = dict((live.get("metadata") or {}).get("annotations") or {})
     keys = secret_keys(live)
     phase = annotations.get(ANNOTATION_ROTATION_PHASE)
-    stamp = now.isoformat()
     if phase is None:
         if not request or request == annotations.get(ANNOTATION_ROTATION_REQUEST):
             return Step()
@@ -144,34 +161,18 @@ def rotation_step(live: Manifest, request: str | None, window_s: float, now: dat
                     f"Secret {name} has no key {KEY_TOKEN!r}: not rotated",
                 )
             )
-        marks = {
-            **annotations,
-            ANNOTATION_ROTATION_PHASE: KEY_NEXT,
-            ANNOTATION_ROTATION_SINCE: stamp,
-            ANNOTATION_ROTATION_REQUEST: request,
-        }
-        message = (
-            f"Secret {name}: rotation begun; the new token is accepted from now on and presented in {window_s:.0f}s"
-        )
-        return Step(
-            _written(live, new, marks),
-            EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_STARTED, message),
-            window_s,
-        )
+        message = f"rotation begun; the new token is accepted from now on and presented in {window_s:.0f}s"
+        marks = {**annotations, ANNOTATION_ROTATION_REQUEST: request}
+        return _phase(live, new, marks, KEY_NEXT, now, window_s, EventReason.TOKEN_ROTATION_STARTED, message)
     since = _time(annotations.get(ANNOTATION_ROTATION_SINCE)) or now
     left = (since - now).total_seconds() + window_s
     if left > 0:
         return Step(due_in_s=left)
     if phase == KEY_NEXT and KEY_NEXT in keys:
         switched = {KEY_TOKEN: keys[KEY_NEXT], **({KEY_PREVIOUS: keys[KEY_TOKEN]} if KEY_TOKEN in keys else {})}
-        marks = {**annotations, ANNOTATION_ROTATION_PHASE: KEY_PREVIOUS, ANNOTATION_ROTATION_SINCE: stamp}
-        message = (
-            f"Secret {name}: the new token is presented from now on; the old one stays accepted for {window_s:.0f}s"
-        )
-        return Step(
-            _written(live, switched, marks),
-            EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_SWITCHED, message),
-            window_s,
+        message = f"the new token is presented from now on; the old one stays accepted for {window_s:.0f}s"
+        return _phase(
+            live, switched, annotations, KEY_PREVIOUS, now, window_s, EventReason.TOKEN_ROTATION_SWITCHED, message
         )
     done = {KEY_TOKEN: keys.get(KEY_TOKEN) or keys.get(KEY_NEXT, "")}
     marks = {k: v for k, v in annotations.items() if k not in (ANNOTATION_ROTATION_PHASE, ANNOTATION_ROTATION_SINCE)}
