@@ -36,14 +36,17 @@ import logging
 import time
 from typing import Any, Final
 
+from drs_protocol.auth import Realm
 from drs_protocol.weights_state import parse_desired_weights
 from kubernetes_asyncio import client
 
 from drs_operator.api import names
 from drs_operator.api.constants import (
     ANNOTATION_DESIRED_WEIGHTS,
+    ANNOTATION_ROTATION_PHASE,
     ANNOTATION_WEIGHTS_VERSION,
     CHILD_KINDS,
+    FRONTEND_PODS,
     EventReason,
     EventType,
     Reason,
@@ -60,8 +63,9 @@ from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
 from drs_operator.kube.policy_peers import PeerChecker
 from drs_operator.manifests import Owner
+from drs_operator.manifests.rotation import generation as secret_generation
 from drs_operator.manifests.rotation import rotation_request, rotation_step, rotation_window
-from drs_operator.manifests.secrets import missing_secrets, secret_notes
+from drs_operator.manifests.secrets import missing_secrets, reader_urls, secret_notes
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import Placement
@@ -210,11 +214,18 @@ async def _sync_secrets(
     notes = secret_notes(created, live.of("Pod"))
     window, problem = rotation_window(annotations)
     due: list[float] = []
-    for secret_name in (names.control_secret_name(owner.name), names.serving_secret_name(owner.name)):
+    pods = {**live.of("Pod"), **live.of(FRONTEND_PODS)}
+    realms = (
+        (names.control_secret_name(owner.name), Realm.CONTROL),
+        (names.serving_secret_name(owner.name), Realm.SERVING),
+    )
+    for secret_name, realm in realms:
         current = live.of("Secret").get(secret_name)
         if current is None:
             continue
-        step = rotation_step(current, request, window, now)
+        under_way = ANNOTATION_ROTATION_PHASE in ((current.get("metadata") or {}).get("annotations") or {})
+        lagging = await _lagging(ctx, current, pods, realm) if under_way else None
+        step = rotation_step(current, request, window, now, lagging)
         if step.secret is not None:
             await ctx.applier.replace(step.secret, current)
         notes += [step.note] if step.note is not None else []
@@ -222,6 +233,15 @@ async def _sync_secrets(
     if problem is not None and any(n.reason == EventReason.TOKEN_ROTATION_STARTED for n in notes):
         notes.append(EventNote(EventType.WARNING, EventReason.TOKEN_ROTATION_INVALID, problem))
     return notes, min(due, default=None)
+
+
+async def _lagging(ctx: Context, secret: Manifest, pods: dict[str, Manifest], realm: Realm) -> list[str]:
+    """The pods that mount ``secret`` and did not report reading its current generation in their
+    ``/health`` answer (no answer, no address yet, another generation)."""
+    urls = reader_urls(pods, secret["metadata"]["name"])
+    reports = await ctx.engines.token_generations({n: u for n, u in urls.items() if u})
+    want = secret_generation(secret)
+    return sorted(n for n in urls if want is None or reports.get(n, {}).get(str(realm)) != want)
 
 
 async def _observe_engines(

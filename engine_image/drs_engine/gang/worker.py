@@ -31,8 +31,9 @@ from typing import Any, Final
 import httpx
 import uvicorn
 from drs_protocol import routes
+from drs_protocol.auth import Realm
 from drs_protocol.gang import GangReport, parse_gang_report
-from drs_protocol.token_source import TokenSource, run_sources
+from drs_protocol.token_source import GENERATIONS_HEADER, TokenSource, format_generations, run_sources
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -122,10 +123,14 @@ class GangMember:
             return None
 
 
-def worker_app(member: GangMember) -> Starlette:
+def worker_app(member: GangMember, serving_token: TokenSource | None = None) -> Starlette:
+    """``/health`` (with the serving token Secret's generation this rank read, never the token) and ``/v1/gang``."""
+
     async def health(_: Request) -> Response:
         body = member.view()
-        return JSONResponse(body, status_code=200 if member.joined else 503)
+        held = format_generations({str(Realm.SERVING): serving_token}) if serving_token is not None else ""
+        headers = {GENERATIONS_HEADER: held} if held else None
+        return JSONResponse(body, status_code=200 if member.joined else 503, headers=headers)
 
     async def gang(_: Request) -> Response:
         return JSONResponse(member.view())
@@ -152,10 +157,10 @@ async def serve_worker(
     current token, re-read while it runs."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll of the leader otherwise
     member = GangMember(spec, host, leader_url)
-    config = uvicorn.Config(worker_app(member), log_level=log_level, access_log=False, lifespan="off")
+    source = TokenSource.of(serving_token)
+    config = uvicorn.Config(worker_app(member, source), log_level=log_level, access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    source = TokenSource.of(serving_token)
     refreshing = asyncio.create_task(run_sources(source), name="tokens")
     async with leader_client(source) as client:
         membership = asyncio.create_task(member.run(client))
