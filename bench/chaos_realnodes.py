@@ -10,6 +10,9 @@ each a fresh client pod running through the event:
 * ``baseline`` — nothing happens;
 * ``frontend_killed`` — per URL, the frontend pod the client is talking to (its affinity chose one
   of the URL's two processes; read from the pods' own request counters) deleted with grace 0;
+* ``frontend_process_killed`` — per URL, the same pod's frontend *process* killed (SIGKILL from the
+  host to the container's first process, found by its container id in ``/proc/*/cgroup``): the pod
+  stays and the kubelet restarts the container in place;
 * ``prefill_killed`` / ``decode_killed`` — replica 0's engine pod deleted with grace 0;
 * ``operator_killed`` — a roll, with the operator pod deleted (grace 0) once the roll has begun;
 * ``roll`` — a spec change that replaces every engine pod, replica by replica.
@@ -18,7 +21,7 @@ Prints one JSON line: per scenario the load client's ``turns``, ``lost``, ``retr
 latency. Needs root and the real-node build (``drs dev up --real-nodes``); wrap it in
 ``flock /tmp/drs-realnodes.lock`` where other real-node work may run.
 
-    python bench/chaos_realnodes.py [--seconds 40] [--scenarios frontend_killed,roll]
+    python bench/chaos_realnodes.py [--seconds 40] [--scenarios frontend_killed,roll] [--no-standby]
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import argparse
 import json
 import os
 import platform
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -42,7 +47,16 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = "pod-sim"
 NS = "chaos"
 LOAD = (ROOT / "examples" / "load_client.py").read_text()
-SCENARIOS = ("baseline", "prefill_killed", "decode_killed", "roll", "operator_killed", "frontend_killed")
+SCENARIOS = (
+    "baseline",
+    "prefill_killed",
+    "decode_killed",
+    "roll",
+    "operator_killed",
+    "frontend_killed",
+    "frontend_process_killed",
+)
+STANDBY = [True]
 READY_S = 300.0
 
 
@@ -52,7 +66,7 @@ def say(msg: str) -> None:
 
 def fleet() -> dict[str, Any]:
     body: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "pod-network-sim.yaml").read_text())
-    body["spec"]["frontend"]["standby"] = True
+    body["spec"]["frontend"]["standby"] = STANDBY[0]
     return body
 
 
@@ -74,7 +88,7 @@ def converged(cluster: RunningCluster) -> bool:
         st.get("phase") == "Ready"
         and st.get("observedGeneration") == body["metadata"]["generation"]
         and fronts
-        and all(f["ready"] and f.get("standbyReady") for f in fronts)
+        and all(f["ready"] and (f.get("standbyReady") or not STANDBY[0]) for f in fronts)
     )
 
 
@@ -106,12 +120,43 @@ def served(cluster: RunningCluster, pod: dict[str, Any]) -> float:
     return float(cluster.kubectl("exec", pod["metadata"]["name"], "-n", NS, "--", "python", "-c", METRICS, url).stdout)
 
 
-def kill_frontends(cluster: RunningCluster) -> None:
+def busy_frontends(cluster: RunningCluster) -> list[dict[str, Any]]:
     """Per URL, the pod the client's ClientIP affinity chose (the one that served its requests)."""
     by_url: dict[str, list[tuple[float, dict[str, Any]]]] = {}
     for pod in pods(cluster, f"disagg.dev/replicaset={NAME},disagg.dev/role=frontend"):
         by_url.setdefault(pod["metadata"]["labels"]["disagg.dev/replica"], []).append((served(cluster, pod), pod))
-    kill(cluster, NS, [max(candidates, key=lambda sp: sp[0])[1] for candidates in by_url.values()])
+    return [max(candidates, key=lambda sp: sp[0])[1] for candidates in by_url.values()]
+
+
+def kill_frontends(cluster: RunningCluster) -> None:
+    kill(cluster, NS, busy_frontends(cluster))
+
+
+def container_init(container_id: str) -> int:
+    """The host pid of a container's first process: the process in the container's cgroup whose
+    pid in its own namespace is 1 (``NSpid`` of ``/proc/<pid>/status``)."""
+    cid = container_id.split("://", 1)[-1]
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if cid not in (proc / "cgroup").read_text():
+                continue
+            nspid = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("NSpid:"))
+        except (OSError, StopIteration):
+            continue
+        if nspid.split()[-1] == "1":
+            return int(proc.name)
+    raise SystemExit(f"no process of container {cid} found in /proc")
+
+
+def kill_frontend_processes(cluster: RunningCluster) -> None:
+    """Per URL, the busy pod's frontend process killed (SIGKILL); the pod stays, its container restarts."""
+    for pod in busy_frontends(cluster):
+        [status] = pod["status"]["containerStatuses"]
+        pid = container_init(status["containerID"])
+        say(f"SIGKILL to {pod['metadata']['name']}'s frontend (host pid {pid}, restarts {status['restartCount']})")
+        os.kill(pid, signal.SIGKILL)
 
 
 def kill_engine(role: str) -> Callable[[RunningCluster], None]:
@@ -140,6 +185,7 @@ def roll_and_kill_operator(cluster: RunningCluster) -> None:
 EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "baseline": lambda cluster: None,
     "frontend_killed": kill_frontends,
+    "frontend_process_killed": kill_frontend_processes,
     "prefill_killed": kill_engine("prefill"),
     "decode_killed": kill_engine("decode"),
     "operator_killed": roll_and_kill_operator,
@@ -175,12 +221,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=40.0, help="load per scenario (the roll scenarios double it)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--no-standby", action="store_true", help="spec.frontend.standby off (one process per URL)")
     args = parser.parse_args()
+    STANDBY[0] = not args.no_standby
     scenarios = [s for s in args.scenarios.split(",") if s]
     unknown = [s for s in scenarios if s not in EVENTS]
     if unknown:
         raise SystemExit(f"--scenarios: unknown {unknown}; known: {list(EVENTS)}")
     results: dict[str, Any] = {}
+    load_start = list(os.getloadavg())
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # beside the test session's real-node cluster: its own state dir, ports and pod network
     state_dir = REAL_STATE_DIR.with_name(REAL_STATE_DIR.name + "-chaos")
@@ -192,12 +241,17 @@ def main() -> int:
         for scenario in scenarios:
             rolls = scenario in ("roll", "operator_killed")
             results[scenario] = run_scenario(cluster, scenario, args.seconds * (2 if rolls else 1))
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     line = {
         "bench": "chaos_realnodes",
         "started_utc": started,
+        "commit": commit.stdout.strip(),
+        "load_avg": {"start": load_start, "end": list(os.getloadavg())},
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
-        "fleet": "examples/pod-network-sim.yaml + frontend.standby: 2 replicas x (1 prefill + 1 decode), "
-        "1 frontend URL each (2 processes), sim speed 0.1, pod networking, 1 real node",
+        "fleet": f"examples/pod-network-sim.yaml, frontend.standby {STANDBY[0]}: 2 replicas x (1 prefill + "
+        f"1 decode), 1 frontend URL each ({2 if STANDBY[0] else 1} process(es)), sim speed 0.1, pod networking, "
+        "1 real node",
+        "standby": STANDBY[0],
         "client": "examples/load_client.py in a pod: 8 sessions, max_retries=2 (the OpenAI SDK default)",
         "scenarios": results,
         "lost_total": sum(r["lost"] for r in results.values()),

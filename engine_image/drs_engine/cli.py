@@ -146,7 +146,7 @@ def engine(
         sys.exit(EXIT_BIND_FAILED)
     config = config.model_copy(update={"port": sock.getsockname()[1]})
     if gang is not None and not gang.is_leader:
-        sys.exit(_run_rank(gang, config.host, config.port, sock, log_level, serving_token.current))
+        sys.exit(_run_rank(gang, config.host, config.port, sock, log_level, serving_token))
     _say_how_it_serves(config, token, serving_token, gang)
     server = uvicorn_server(config, token, serving_token=serving_token, log_level=log_level, gang=gang, **weights)
     try:
@@ -190,7 +190,7 @@ def _say_how_it_serves(
 
 
 def _run_rank(
-    gang: GangSpec, host: str, port: int, sock: socket.socket, log_level: str, serving_token: str | None
+    gang: GangSpec, host: str, port: int, sock: socket.socket, log_level: str, serving_token: TokenSource
 ) -> int:
     """A rank above 0: join the leader's Ray cluster and serve ``/health`` (its exit code)."""
     import asyncio

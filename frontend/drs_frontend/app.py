@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from drs_protocol import fields, routes
+from drs_protocol.auth import Realm
 from drs_protocol.errors import error_body
 from drs_protocol.routes import Endpoint
-from drs_protocol.token_source import TokenSource
+from drs_protocol.token_source import GENERATIONS_HEADER, TokenSource, format_generations
 
 from drs_frontend import wire_json
 from drs_frontend.config import FrontendConfig
@@ -164,7 +165,9 @@ class FrontendApp:
                 return error_response(405, f"{path} takes POST")
             return await self._turn(endpoint, request)
         if path == routes.HEALTH and method in ("GET", "HEAD"):
-            return json_response(200, {"status": "ok"})
+            held = format_generations({str(Realm.SERVING): self.serving_tokens})  # no token, its generation
+            headers = [(GENERATIONS_HEADER.encode(), held.encode())] if held else []
+            return Response(200, wire_json.dumps({"status": "ok"}), headers=headers)
         if path == routes.READY and method in ("GET", "HEAD"):
             ready = self.prober.ready()
             status = {

@@ -62,6 +62,7 @@ from drs_operator.api.status import (
     WeightsStatus,
 )
 from drs_operator.manifests.children import Children
+from drs_operator.policy_peers import PeerReport, condition_message
 from drs_operator.readiness import Problem as PodProblem
 from drs_operator.readiness import (
     deployment_serving,
@@ -100,6 +101,9 @@ class Observed:
     #: engine name -> why it is not at the desired weights it started under yet, as it said
     #: (``engine_observation.catch_up_reasons``; named in ``WeightsPending``)
     engine_catch_up: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: whether each ``spec.networkPolicy.engineClients`` peer selects a pod (None: not checked,
+    #: no ``PolicyPeersMatch`` condition)
+    policy_peers: PeerReport | None = None
 
 
 def _cond(
@@ -266,6 +270,11 @@ def compute_status(
     ]
     if weights is not None and weights.desired is not None:
         conditions.append(_weights_pending_condition(make, replicas, weights.desired, observed.engine_catch_up))
+    if observed.policy_peers is not None:
+        empty = bool(observed.policy_peers.empty)
+        reason = Reason.POLICY_PEER_SELECTS_NOTHING if empty else Reason.POLICY_PEERS_MATCH
+        message = condition_message(observed.policy_peers)
+        conditions.append(make(ConditionType.POLICY_PEERS_MATCH, not empty, reason, message))
     status = DisaggReplicaSetStatus(
         observed_generation=observed.generation,
         replicas=counts.n,

@@ -10,7 +10,9 @@
 5. build the desired children (pure) and decide the actions (pure: creates, roll-out deletes,
    frontend updates after their engines); ask every serving engine what weights it holds
    (``GET /control/weights``, ``kube/engines.py``: within ``OBSERVE_BUDGET_S`` in all, while step
-   6 writes; an engine that does not answer is unknown);
+   6 writes; an engine that does not answer is unknown); with ``spec.networkPolicy`` enabled, ask
+   the API whether each ``engineClients`` peer selects a pod (``kube/policy_peers.py``, at most
+   every ``policy_peers.RECHECK_S``; the ``PolicyPeersMatch`` condition);
 6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
    phases: configs, Services, the Secret and NetworkPolicies, then engine pods, then frontends;
 7. compute the status (pure) and write it only if it changed, also when a write of step 6
@@ -34,19 +36,23 @@ import logging
 import time
 from typing import Any, Final
 
+from drs_protocol.auth import Realm
 from drs_protocol.weights_state import parse_desired_weights
 from kubernetes_asyncio import client
 
 from drs_operator.api import names
 from drs_operator.api.constants import (
     ANNOTATION_DESIRED_WEIGHTS,
+    ANNOTATION_ROTATION_PHASE,
     ANNOTATION_WEIGHTS_VERSION,
     CHILD_KINDS,
+    FRONTEND_PODS,
     EventReason,
     EventType,
     Reason,
 )
 from drs_operator.api.objects import Manifest
+from drs_operator.api.spec import NetworkPolicySpec
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status, status_dict
 from drs_operator.decide import Decision, decide
@@ -55,12 +61,15 @@ from drs_operator.kube.apply import Applier
 from drs_operator.kube.cache import ClusterCache
 from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
+from drs_operator.kube.policy_peers import PeerChecker
 from drs_operator.manifests import Owner
+from drs_operator.manifests.rotation import generation as secret_generation
 from drs_operator.manifests.rotation import rotation_request, rotation_step, rotation_window
-from drs_operator.manifests.secrets import missing_secrets, secret_notes
+from drs_operator.manifests.secrets import missing_secrets, reader_urls, secret_notes
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
 from drs_operator.placement import Placement
+from drs_operator.policy_peers import RECHECK_S, PeerReport
 from drs_operator.rollout import Action, ActionReason
 from drs_operator.status_events import EventNote
 from drs_operator.validation import Problem, validate_name, validate_spec_data
@@ -89,6 +98,7 @@ class Context:
     metrics: OperatorMetrics
     cache: ClusterCache
     engines: EngineClient = dataclasses.field(default_factory=EngineClient)
+    peers: PeerChecker = dataclasses.field(default_factory=PeerChecker)
 
 
 async def reconcile(ctx: Context, namespace: str, name: str) -> float | None:
@@ -161,6 +171,7 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     placement, rollout, moved = decision.placement, decision.rollout, decision.moved
     # 5b. ask the serving engines what they hold, while step 6 writes (bounded by the budget)
     observing = asyncio.create_task(_observe_engines(ctx, decision, live_by_kind, name))
+    checking = asyncio.create_task(_check_peers(ctx, spec.network_policy, namespace, name))
 
     # 6. apply; 7. status and events, written even when a write of step 6 failed: the status
     # records the placement those writes acted on (it is the memory the next pass starts from)
@@ -172,10 +183,22 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         await _apply_all(ctx.applier, namespace, rollout.actions)
         action_notes += _action_notes(rollout.actions, moved, placement)
     finally:
-        status, notes = compute_status(name, previous, await observing, now)
+        peers = await checking
+        observed = dataclasses.replace(await observing, policy_peers=peers)
+        status, notes = compute_status(name, previous, observed, now)
         await _write_status(ctx, body, status, notes + action_notes)
     _export(ctx, namespace, name, status, placement)
-    return min((d for d in (_next_look(decision, status, now), rotation_due) if d is not None), default=None)
+    peers_due = RECHECK_S if peers is not None and peers.empty else None  # look again until they select
+    delays = (_next_look(decision, status, now), rotation_due, peers_due)
+    return min((d for d in delays if d is not None), default=None)
+
+
+async def _check_peers(ctx: Context, policy: NetworkPolicySpec, namespace: str, name: str) -> PeerReport | None:
+    """Whether each ``engineClients`` peer selects a pod; None when the policies are off or have no peers."""
+    if not policy.enabled or not policy.engine_clients:
+        ctx.peers.forget(namespace, name)
+        return None
+    return await ctx.peers.report(ctx.api, namespace, name, policy.engine_clients)
 
 
 async def _sync_secrets(
@@ -191,11 +214,18 @@ async def _sync_secrets(
     notes = secret_notes(created, live.of("Pod"))
     window, problem = rotation_window(annotations)
     due: list[float] = []
-    for secret_name in (names.control_secret_name(owner.name), names.serving_secret_name(owner.name)):
+    pods = {**live.of("Pod"), **live.of(FRONTEND_PODS)}
+    realms = (
+        (names.control_secret_name(owner.name), Realm.CONTROL),
+        (names.serving_secret_name(owner.name), Realm.SERVING),
+    )
+    for secret_name, realm in realms:
         current = live.of("Secret").get(secret_name)
         if current is None:
             continue
-        step = rotation_step(current, request, window, now)
+        under_way = ANNOTATION_ROTATION_PHASE in ((current.get("metadata") or {}).get("annotations") or {})
+        lagging = await _lagging(ctx, current, pods, realm) if under_way else None
+        step = rotation_step(current, request, window, now, lagging)
         if step.secret is not None:
             await ctx.applier.replace(step.secret, current)
         notes += [step.note] if step.note is not None else []
@@ -203,6 +233,15 @@ async def _sync_secrets(
     if problem is not None and any(n.reason == EventReason.TOKEN_ROTATION_STARTED for n in notes):
         notes.append(EventNote(EventType.WARNING, EventReason.TOKEN_ROTATION_INVALID, problem))
     return notes, min(due, default=None)
+
+
+async def _lagging(ctx: Context, secret: Manifest, pods: dict[str, Manifest], realm: Realm) -> list[str]:
+    """The pods that mount ``secret`` and did not report reading its current generation in their
+    ``/health`` answer (no answer, no address yet, another generation)."""
+    urls = reader_urls(pods, secret["metadata"]["name"])
+    reports = await ctx.engines.token_generations({n: u for n, u in urls.items() if u})
+    want = secret_generation(secret)
+    return sorted(n for n in urls if want is None or reports.get(n, {}).get(str(realm)) != want)
 
 
 async def _observe_engines(
@@ -238,6 +277,7 @@ def _next_look(decision: Decision, status: DisaggReplicaSetStatus, now: datetime
 
 
 def _forget(ctx: Context, namespace: str, name: str) -> None:
+    ctx.peers.forget(namespace, name)
     for gauge in (ctx.metrics.replicas_desired, ctx.metrics.replicas_ready):
         with contextlib.suppress(KeyError):
             gauge.remove(namespace, name)

@@ -71,6 +71,7 @@ def transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> 
         ConditionType.PLACED: ConditionStatus.FALSE,
         ConditionType.DEGRADED: ConditionStatus.TRUE,
         ConditionType.WEIGHTS_PENDING: ConditionStatus.TRUE,
+        ConditionType.POLICY_PEERS_MATCH: ConditionStatus.FALSE,
     }
     notes = []
     for c in current:
@@ -82,6 +83,8 @@ def transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> 
             and c.type in (ConditionType.PROGRESSING, ConditionType.DEGRADED, ConditionType.WEIGHTS_PENDING)
             and c.status == ConditionStatus.FALSE
         ):
+            continue
+        if old is None and c.type == ConditionType.POLICY_PEERS_MATCH and c.status == ConditionStatus.TRUE:
             continue
         warn = bad.get(ConditionType(c.type)) == c.status
         notes.append(

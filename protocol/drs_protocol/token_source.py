@@ -31,6 +31,12 @@ Rules (unit- and property-tested, ``tests/unit/test_token_source.py``):
   the kubelet keeps the last files; the process keeps the tokens it holds) and is logged once.
 * without a directory the source is static: the token given (``--…-token-file`` or the
   environment variable), for hand-started processes and tests.
+
+The operator also writes a key ``generation`` (:data:`KEY_GENERATION`, a decimal counter it
+bumps on every write of the Secret, never a token) and the source keeps the one it read with
+the keys (:attr:`TokenSource.secret_generation`). A process reports it (never the token) in
+the :data:`GENERATIONS_HEADER` of its ``/health`` answer, so the operator can tell which pods
+have read the current phase of a rotation (``drs_operator.manifests.rotation``).
 """
 
 from __future__ import annotations
@@ -52,6 +58,11 @@ KEY_TOKEN: Final = "token"
 KEY_NEXT: Final = "next"
 KEY_PREVIOUS: Final = "previous"
 KEYS: Final = (KEY_TOKEN, KEY_NEXT, KEY_PREVIOUS)
+#: The Secret key the operator counts its writes in (not a token; read with the tokens).
+KEY_GENERATION: Final = "generation"
+#: The ``/health`` answer's header naming the Secret generation each realm's source holds:
+#: ``serving=3,control=2`` (:func:`format_generations`, :func:`parse_generations`).
+GENERATIONS_HEADER: Final = "x-drs-token-generations"
 #: The kubelet's link to the current version of a mounted Secret's files.
 DATA_LINK: Final = "..data"
 #: How often :meth:`TokenSource.run` re-reads the directory.
@@ -60,6 +71,25 @@ REFRESH_S: Final = 1.0
 HELD_GRACE_S: Final = 60.0
 #: A token longer than this is not one the operator mints (64 hex chars); a file over it is ignored.
 MAX_TOKEN_CHARS: Final = 4096
+
+
+def format_generations(sources: Mapping[str, TokenSource]) -> str:
+    """The :data:`GENERATIONS_HEADER` value: ``realm=generation`` for each source that read one."""
+    return ",".join(f"{realm}={s.secret_generation}" for realm, s in sources.items() if s.secret_generation is not None)
+
+
+def parse_generations(value: str | None) -> dict[str, int]:
+    """A :data:`GENERATIONS_HEADER` value as ``{realm: generation}`` (None or empty: none); a
+    ValueError naming the header and the part that is not ``name=number``."""
+    found: dict[str, int] = {}
+    for part in (value or "").split(","):
+        if not part.strip():
+            continue
+        realm, sep, number = part.strip().partition("=")
+        if not sep or not realm or not number.isdigit():
+            raise ValueError(f"{GENERATIONS_HEADER}: {part.strip()!r} is not realm=generation")
+        found[realm] = int(number)
+    return found
 
 
 def _read_key(directory: Path, key: str) -> str | None:
@@ -80,7 +110,7 @@ def read_keys(directory: Path) -> dict[str, str] | None:
     link = directory / DATA_LINK
     try:
         resolved = (link if link.exists() else directory).resolve(strict=True)
-        keys = {key: value for key in KEYS if (value := _read_key(resolved, key)) is not None}
+        keys = {key: value for key in (*KEYS, KEY_GENERATION) if (value := _read_key(resolved, key)) is not None}
     except (OSError, UnicodeDecodeError):
         return None
     return keys if resolved.is_dir() else None
@@ -111,6 +141,8 @@ class TokenSource:
         #: Counts the directory's reads (a caller that wrote it waits for two: one surely began after).
         self.reads = 0
         self.current: str | None = None
+        #: the Secret's ``generation`` read with the tokens now held (None: not written, or static)
+        self.secret_generation: int | None = None
         self.accepted: tuple[bytes, ...] = ()
         self.headers: Mapping[str, str] = {}
         self._derive()
@@ -159,7 +191,9 @@ class TokenSource:
                 old = self._keys.get(KEY_TOKEN) or self.current
                 if new and old and new != old:
                     self._held, self._held_until = old, self.clock() + self.grace_s
-                self._keys = keys
+                self._keys = {k: v for k, v in keys.items() if k != KEY_GENERATION}
+                number = keys.get(KEY_GENERATION, "")
+                self.secret_generation = int(number) if number.isdigit() else None
             self.reads += 1
         self._derive()
         if self.generation != before:

@@ -12,6 +12,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -228,3 +230,57 @@ def models_volume(cluster: RunningCluster, namespace: str) -> None:
             },
         },
     )
+
+
+#: A turn the sim engines answer quickly.
+CHAT_BODY = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+
+def auth_fleet(
+    name: str, base_port: int, engine_port: int, annotations: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """One replica of 1 prefill + 1 decode sim engine (TP1) and one frontend on the host network
+    of a kwok node, for the engine-auth and token-rotation tests."""
+    return {
+        "apiVersion": "disagg.dev/v1alpha1",
+        "kind": "DisaggReplicaSet",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "replicas": 1,
+            "model": {"path": "sim-qwen3"},
+            "engine": {"backend": "sim", "sim": {"speed": 0}},
+            "prefill": {"engines": 1, "tensorParallelSize": 1},
+            "decode": {"engines": 1, "tensorParallelSize": 1},
+            "frontend": {"workers": 1, "basePort": base_port},
+            "trtllm": {"enginePort": engine_port},
+            "network": {"hostNetwork": True},
+            "topology": {"gpusPerNode": 8},
+            "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
+        },
+    }
+
+
+def http_call(
+    url: str, body: dict[str, Any] | None = None, token: str | None = None
+) -> tuple[int, dict[str, str], str]:
+    """``(status, headers, body)`` of a GET (no body) or POST, never raising for an HTTP status."""
+    from drs_protocol import auth
+
+    headers = {"content-type": "application/json", **(auth.bearer(token) if token else {})}
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, dict(resp.headers), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def serving_fleet(cluster: RunningCluster, namespace: str, fleet: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """Apply a one-replica, one-URL ``fleet``, wait until it is Ready and its frontend serves;
+    its status and its URL."""
+    apply(cluster, namespace, fleet)
+    status = wait_ready(cluster, namespace, fleet["metadata"]["name"], 1, timeout=180)
+    (url,) = status["urls"]
+    wait_for("the frontend to serve", lambda: http_call(f"{url}/ready")[0] == 200, timeout=60)
+    return status, url

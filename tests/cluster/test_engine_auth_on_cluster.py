@@ -12,53 +12,27 @@ naming the refused credential, the second serves.
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 from drs_devcluster.testing import RunningCluster
 from drs_operator.kube.engines import secret_token
-from drs_protocol import auth
-from operator_harness import OperatorProcess, apply, free_port, get_json, wait_for, wait_ready
+from operator_harness import (
+    CHAT_BODY,
+    OperatorProcess,
+    apply,
+    auth_fleet,
+    free_port,
+    get_json,
+    serving_fleet,
+    wait_for,
+)
+from operator_harness import http_call as call
 
 pytestmark = pytest.mark.cluster
 
 NAME = "authd"
 NODE = "hgx-001"
-BODY = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
-
-
-def fleet() -> dict[str, Any]:
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggReplicaSet",
-        "metadata": {"name": NAME},
-        "spec": {
-            "replicas": 1,
-            "model": {"path": "sim-qwen3"},
-            "engine": {"backend": "sim", "sim": {"speed": 0}},
-            "prefill": {"engines": 1, "tensorParallelSize": 1},
-            "decode": {"engines": 1, "tensorParallelSize": 1},
-            "frontend": {"workers": 1, "basePort": 18500},
-            "trtllm": {"enginePort": 18100},
-            "network": {"hostNetwork": True},
-            "topology": {"gpusPerNode": 8},
-            "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
-        },
-    }
-
-
-def call(url: str, body: dict[str, Any] | None = None, token: str | None = None) -> tuple[int, dict[str, str], str]:
-    """``(status, headers, body)`` of a GET (no body) or POST, never raising for an HTTP status."""
-    headers = {"content-type": "application/json", **(auth.bearer(token) if token else {})}
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            return resp.status, dict(resp.headers), resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read().decode()
 
 
 def hand_made_frontend(name: str, port: int, prefill: str, decode: str, with_token: bool) -> dict[str, Any]:
@@ -108,8 +82,7 @@ def ready_url(devcluster: RunningCluster, namespace: str, pod: str, port: int) -
 def test_a_fleet_serves_with_engine_auth_on_and_a_pod_without_the_token_is_refused(
     devcluster: RunningCluster, namespace: str, stack: OperatorProcess
 ) -> None:
-    apply(devcluster, namespace, fleet())
-    status = wait_ready(devcluster, namespace, NAME, 1, timeout=180)
+    status, url = serving_fleet(devcluster, namespace, auth_fleet(NAME, base_port=18500, engine_port=18100))
 
     secrets = {s["metadata"]["name"]: s for s in get_json(devcluster, "secrets", "-n", namespace)["items"]}
     serving, control = secret_token(secrets, f"{NAME}-serving"), secret_token(secrets, f"{NAME}-control")
@@ -120,18 +93,16 @@ def test_a_fleet_serves_with_engine_auth_on_and_a_pod_without_the_token_is_refus
     assert serving not in json.dumps(get_json(devcluster, "configmaps", "-n", namespace))
     assert serving not in json.dumps(status)
 
-    (url,) = status["urls"]
-    wait_for("the frontend to serve", lambda: call(f"{url}/ready")[0] == 200, timeout=60)
-    code, _, text = call(f"{url}/v1/chat/completions", BODY)
+    code, _, text = call(f"{url}/v1/chat/completions", CHAT_BODY)
     assert code == 200, text
 
     engines = {e["role"]: e["url"] for e in status["replicaStatuses"][0]["engines"]}
     prefill, decode = engines["prefill"], engines["decode"]
-    code, headers, text = call(f"{prefill}/v1/chat/completions", BODY)
+    code, headers, text = call(f"{prefill}/v1/chat/completions", CHAT_BODY)
     assert code == 401, text
     assert headers.get("www-authenticate") == 'Bearer realm="drs-serving"'
-    assert call(f"{prefill}/v1/chat/completions", BODY, token=control)[0] == 401
-    assert call(f"{prefill}/v1/chat/completions", BODY, token=serving)[0] == 200
+    assert call(f"{prefill}/v1/chat/completions", CHAT_BODY, token=control)[0] == 401
+    assert call(f"{prefill}/v1/chat/completions", CHAT_BODY, token=serving)[0] == 200
     assert call(f"{decode}/health")[0] == 200
 
     bare_port, token_port = free_port(), free_port()
@@ -139,7 +110,7 @@ def test_a_fleet_serves_with_engine_auth_on_and_a_pod_without_the_token_is_refus
     apply(devcluster, namespace, hand_made_frontend("holder", token_port, prefill, decode, with_token=True))
     bare = ready_url(devcluster, namespace, "bare", bare_port)  # ready: /health is open
     holder = ready_url(devcluster, namespace, "holder", token_port)
-    code, _, text = call(f"{bare}/v1/chat/completions", BODY)
+    code, _, text = call(f"{bare}/v1/chat/completions", CHAT_BODY)
     assert code == 502 and "refused this frontend's serving token (401)" in text, text
-    code, _, text = call(f"{holder}/v1/chat/completions", BODY)
+    code, _, text = call(f"{holder}/v1/chat/completions", CHAT_BODY)
     assert code == 200, text

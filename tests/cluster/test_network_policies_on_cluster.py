@@ -3,7 +3,8 @@
 The apiserver stores and serves them; nothing here enforces them (kwok runs no CNI, and the dev
 cluster's bridge CNI enforces no NetworkPolicy): what is tested is that the operator creates one
 per replica, owned by the DisaggReplicaSet, selecting exactly that replica's engine pods, and
-prunes them when the flag is turned off or the fleet scales down.
+prunes them when the flag is turned off or the fleet scales down; and that a peer of
+``engineClients`` that selects no pod is reported (``PolicyPeersMatch``) while the fleet serves.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 from drs_devcluster.testing import RunningCluster
-from operator_harness import OperatorProcess, apply, get_json, pods, wait_for, wait_ready
+from operator_harness import OperatorProcess, apply, condition, drs_status, get_json, pods, wait_for, wait_ready
 
 pytestmark = pytest.mark.cluster
 
@@ -85,3 +86,56 @@ def test_one_policy_per_replica_selects_its_engines_and_goes_when_scaled_down_or
     assert [p["metadata"]["name"] for p in prefill if not p["metadata"].get("deletionTimestamp")] == [
         "netpol-r0-prefill-0"
     ]  # turning the policies off left the engines alone
+
+
+def pending_pod(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A pod no node takes (its nodeSelector matches none): it exists, so a selector selects it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeSelector": {"disagg.dev/no-such-node": "true"}, "containers": [{"name": "c", "image": "none"}]},
+    }
+
+
+def test_a_peer_that_selects_nothing_is_a_condition_and_a_warning_naming_it_until_a_pod_matches(
+    devcluster: RunningCluster, namespace: str, operator: OperatorProcess
+) -> None:
+    elsewhere = f"{namespace}-trainer"
+    lonely = {"podSelector": {"matchLabels": {"app": "trainer-sidecar"}}}
+    gone = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": elsewhere}}}
+    apply(
+        devcluster, namespace, fleet(1, enabled=True, engineClients=[lonely, {"ipBlock": {"cidr": "10.0.0.0/8"}}, gone])
+    )
+    wait_ready(devcluster, namespace, "netpol", 1)
+
+    def peers(status: str) -> dict[str, Any] | None:
+        found = condition(drs_status(devcluster, namespace, "netpol"), "PolicyPeersMatch")
+        return found if found.get("status") == status else None
+
+    cond = wait_for("PolicyPeersMatch=False", lambda: peers("False"))
+    first = f"spec.networkPolicy.engineClients[0]: podSelector 'app=trainer-sidecar' selects no pod in namespace {namespace}"
+    third = (
+        f"spec.networkPolicy.engineClients[2]: namespaceSelector 'kubernetes.io/metadata.name={elsewhere}' "
+        "selects no namespace"
+    )
+    assert cond["reason"] == "PolicyPeerSelectsNothing" and first in cond["message"] and third in cond["message"]
+    assert "engineClients[1]" not in cond["message"], "an ipBlock is not checked"
+    warnings = [
+        e for e in get_json(devcluster, "events", "-n", namespace)["items"] if e["reason"] == "PolicyPeerSelectsNothing"
+    ]
+    assert warnings and warnings[0]["type"] == "Warning" and first in warnings[0]["message"]
+    status = drs_status(devcluster, namespace, "netpol")
+    assert status["readyReplicas"] == 1 and condition(status, "Ready")["status"] == "True"  # still serving
+    assert len(policies(devcluster, namespace)["netpol-r0-engines"]["spec"]["ingress"][0]["from"]) == 4
+
+    devcluster.kubectl("create", "namespace", elsewhere)
+    try:
+        apply(devcluster, namespace, pending_pod("sidecar", {"app": "trainer-sidecar"}))
+        apply(devcluster, elsewhere, pending_pod("trainer", {"app": "trainer"}))
+        cond = wait_for("PolicyPeersMatch=True once both select a pod", lambda: peers("True"), timeout=90)
+        assert cond["reason"] == "PolicyPeersMatchPods" and "(2 checked)" in cond["message"]
+        reasons = {e["reason"] for e in get_json(devcluster, "events", "-n", namespace)["items"]}
+        assert "PolicyPeersMatchPods" in reasons
+    finally:
+        devcluster.kubectl("delete", "namespace", elsewhere, "--wait=false")

@@ -2,14 +2,16 @@
 
 The operator mounts the fleet's two token Secrets into its pods (the pod runner projects Secret
 volumes into each pod's directory and re-reads them every second, as a kubelet does on its sync).
-With ``disagg.dev/token-rotation-window-seconds: "3"``, the test, while two client threads send
-turns through the fleet's status URL without pause:
+With ``disagg.dev/token-rotation-window-seconds: "90"`` (:data:`WINDOW_S`), the test, while two
+client threads send turns through the fleet's status URL without pause:
 
 1. rotates twice (``kubectl annotate drs … disagg.dev/rotate-tokens=…``): each Secret goes through
    ``next`` and ``previous`` and ends with a new token alone;
 2. deletes the serving Secret under the running fleet: the operator re-creates it as the first
    phase of a rotation (a Warning Event naming the pods) and finishes that rotation.
 
+Each rotation must end within :data:`ROTATION_S` (less than its two windows): the operator ends a
+phase once every pod reported reading it in its ``/health`` answer, and says so in the Events.
 Then: no turn failed; no pod was replaced or restarted; the engines refuse the serving and
 control tokens of two rotations ago (401) and take the current ones; the Events name each
 phase; and no token ever written appears in an Event, a ConfigMap, the status, the operator's
@@ -20,8 +22,6 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,46 +29,20 @@ from typing import Any
 import pytest
 from drs_devcluster.testing import RunningCluster
 from drs_operator.manifests.rotation import secret_keys
-from drs_protocol import auth
-from operator_harness import OperatorProcess, apply, get_json, wait_for, wait_ready
+from operator_harness import CHAT_BODY, OperatorProcess, auth_fleet, get_json, http_call, serving_fleet, wait_for
 
 pytestmark = pytest.mark.cluster
 
 NAME = "rotor"
-BODY = {"model": "sim-qwen3", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 PHASE = "disagg.dev/token-rotation-phase"
-
-
-def fleet() -> dict[str, Any]:
-    return {
-        "apiVersion": "disagg.dev/v1alpha1",
-        "kind": "DisaggReplicaSet",
-        "metadata": {"name": NAME, "annotations": {"disagg.dev/token-rotation-window-seconds": "3"}},
-        "spec": {
-            "replicas": 1,
-            "model": {"path": "sim-qwen3"},
-            "engine": {"backend": "sim", "sim": {"speed": 0}},
-            "prefill": {"engines": 1, "tensorParallelSize": 1},
-            "decode": {"engines": 1, "tensorParallelSize": 1},
-            "frontend": {"workers": 1, "basePort": 18600},
-            "trtllm": {"enginePort": 18200},
-            "network": {"hostNetwork": True},
-            "topology": {"gpusPerNode": 8},
-            "images": {"engine": "drs:dev", "frontend": "drs:dev", "pullPolicy": "Never"},
-        },
-    }
+#: Each phase's window: a rotation that waited for it would take 2 windows; the pods report what
+#: they read, so each rotation must end well before (:data:`ROTATION_S`).
+WINDOW_S = 90
+ROTATION_S = 60
 
 
 def call(url: str, body: dict[str, Any] | None = None, token: str | None = None) -> int:
-    headers = {"content-type": "application/json", **(auth.bearer(token) if token else {})}
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as resp:
-            resp.read()
-            return int(resp.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
+    return http_call(url, body, token)[0]
 
 
 @dataclass
@@ -81,7 +55,7 @@ class Load:
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                code = call(f"{self.url}/v1/chat/completions", BODY)
+                code = call(f"{self.url}/v1/chat/completions", CHAT_BODY)
             except OSError as exc:
                 self.failed.append(repr(exc))
                 continue
@@ -102,7 +76,7 @@ def rotated(devcluster: RunningCluster, namespace: str, before: dict[str, str]) 
     tokens = {}
     for name, secret in found.items():
         keys = secret_keys(secret)
-        if PHASE in (secret["metadata"].get("annotations") or {}) or set(keys) != {"token"}:
+        if PHASE in (secret["metadata"].get("annotations") or {}) or set(keys) - {"generation"} != {"token"}:
             return None
         tokens[name] = keys["token"]
     changed = len(tokens) == 2 and all(tokens[n] != before.get(n) for n in tokens if n in before)
@@ -123,10 +97,10 @@ def pod_identity(devcluster: RunningCluster, namespace: str) -> dict[str, tuple[
 def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
     devcluster: RunningCluster, namespace: str, stack: OperatorProcess
 ) -> None:
-    apply(devcluster, namespace, fleet())
-    status = wait_ready(devcluster, namespace, NAME, 1, timeout=180)
-    (url,) = status["urls"]
-    wait_for("the frontend to serve", lambda: call(f"{url}/ready") == 200, timeout=60)
+    window = {"disagg.dev/token-rotation-window-seconds": str(WINDOW_S)}
+    _, url = serving_fleet(
+        devcluster, namespace, auth_fleet(NAME, base_port=18600, engine_port=18200, annotations=window)
+    )
     first = {n: secret_keys(s)["token"] for n, s in secrets_of(devcluster, namespace).items()}
     pods_before = pod_identity(devcluster, namespace)
 
@@ -142,7 +116,9 @@ def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
             )
             history.append(
                 wait_for(
-                    f"rotation {request} to finish", lambda: rotated(devcluster, namespace, history[-1]), timeout=120
+                    f"rotation {request} to finish",
+                    lambda: rotated(devcluster, namespace, history[-1]),
+                    timeout=ROTATION_S,
                 )
             )
         turns_after_rotations = load.ok
@@ -150,7 +126,7 @@ def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
         recreated = wait_for(
             "the serving Secret re-created and switched",
             lambda: rotated(devcluster, namespace, {f"{NAME}-serving": history[-1][f"{NAME}-serving"]}),
-            timeout=120,
+            timeout=ROTATION_S,
         )
         history.append(recreated)
         wait_for("turns after the re-creation", lambda: load.ok > turns_after_rotations + 20, timeout=60)
@@ -176,6 +152,8 @@ def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
     events = get_json(devcluster, "events", "-n", namespace)["items"]
     reasons = {e["reason"] for e in events}
     assert {"TokenRotationStarted", "TokenRotationSwitched", "TokenRotationDone", "TokenSecretRecreated"} <= reasons
+    early = [e for e in events if e["reason"] in ("TokenRotationSwitched", "TokenRotationDone")]
+    assert early and all("every pod that mounts it read the phase" in e["message"] for e in early), early
 
     every_token = {t for tokens in history for t in tokens.values()}
     public = json.dumps([events, get_json(devcluster, "configmaps", "-n", namespace), status])

@@ -15,6 +15,7 @@ import httpx
 from drs_engine.server.runner import RunningEngine, start_engine
 from drs_protocol.lifecycle import WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.routes import CONTROL_WEIGHTS, CONTROL_WEIGHTS_STREAM
+from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_digest import digest_files
 from drs_protocol.weights_state import DesiredWeights
 
@@ -227,3 +228,22 @@ async def test_a_peer_holding_other_weights_or_refusing_the_token_is_skipped(tmp
         assert f"{stale.url}: holds" in error and "not the desired digest" in error, error
         assert f"{foreign.url}: answered 401" in error, error
         assert peer.url not in error
+
+
+async def test_a_catch_up_presents_the_control_token_of_its_moment(tmp_path: Path) -> None:
+    """The engine's control token is rotated while it catches up: its next attempt presents the
+    new one (the token source re-read from the mounted directory), not the one it started with."""
+    tokens = tmp_path / "control-token"
+    tokens.mkdir()
+    (tokens / "token").write_text("a-token-the-peer-refuses")
+    source = TokenSource(tokens, what="control token")
+    async with (
+        peer_at(tmp_path) as (peer, desired),
+        start_engine(sim_config(), control_token=source, desired_weights=desired, weights_peers=[peer.url]) as late,
+    ):
+        await failed_once(late)  # the peer refused the stale token (401)
+        catch_up = late.server.state.catch_up
+        assert catch_up is not None and catch_up.pending
+        (tokens / "token").write_text(CONTROL_TOKEN)
+        await caught_up(late)
+        assert catch_up.reached_from == peer.url

@@ -11,7 +11,15 @@ from typing import Any
 import pytest
 from drs_operator.api.constants import EventReason
 from drs_operator.kube.engines import secret_token
-from drs_operator.manifests.rotation import WINDOW_S, recreated_secret, rotation_step, rotation_window, secret_keys
+from drs_operator.manifests.rotation import (
+    CONFIRM_POLL_S,
+    WINDOW_S,
+    generation,
+    recreated_secret,
+    rotation_step,
+    rotation_window,
+    secret_keys,
+)
 from drs_operator.manifests.secrets import build_serving_secret
 from operator_fixtures import OWNER
 
@@ -48,13 +56,14 @@ def test_a_request_walks_the_secret_through_both_phases_one_window_each() -> Non
     waiting = rotation_step(secret, "r1", 10, at(4))
     assert waiting.secret is None and waiting.due_in_s == pytest.approx(6)
     switched = rotation_step(secret, "r1", 10, at(10))
-    assert switched.secret is not None and secret_keys(switched.secret) == {"token": keys["next"], "previous": "A"}
+    assert switched.secret is not None
+    assert secret_keys(switched.secret) == {"token": keys["next"], "previous": "A", "generation": "2"}
     assert switched.note is not None and switched.note.reason is EventReason.TOKEN_ROTATION_SWITCHED
     secret = live(switched.secret)
     assert secret["metadata"]["annotations"][PHASE] == "previous"
     assert rotation_step(secret, "r1", 10, at(15)).secret is None
     done = rotation_step(secret, "r1", 10, at(20))
-    assert done.secret is not None and secret_keys(done.secret) == {"token": keys["next"]}
+    assert done.secret is not None and secret_keys(done.secret) == {"token": keys["next"], "generation": "3"}
     assert PHASE not in done.secret["metadata"]["annotations"] and done.due_in_s is None
     secret = live(done.secret)
     assert rotation_step(secret, "r1", 10, at(100)).secret is None  # the same request is not redone
@@ -68,9 +77,10 @@ def test_a_request_walks_the_secret_through_both_phases_one_window_each() -> Non
 def test_a_recreated_secret_switches_to_its_token_after_one_window() -> None:
     built = recreated_secret(build_serving_secret(OWNER, "N"), "r0", T0)
     secret = live(built)
-    assert secret_keys(secret) == {"next": "N"} and secret_token({"s": secret}, "s") == "N"
+    fresh = int(T0.timestamp() * 1000)  # no pod holds it: theirs counted writes of the deleted Secret
+    assert secret_keys(secret) == {"next": "N", "generation": str(fresh)} and secret_token({"s": secret}, "s") == "N"
     switched = rotation_step(secret, "r0", WINDOW_S, at(WINDOW_S))
-    assert switched.secret is not None and secret_keys(switched.secret) == {"token": "N"}
+    assert switched.secret is not None and secret_keys(switched.secret) == {"token": "N", "generation": str(fresh + 1)}
 
 
 @pytest.mark.parametrize(
@@ -96,3 +106,24 @@ def test_the_window_annotation_is_checked(value: str | None, window: int, proble
     assert got == window and (why is not None) == problem
     if why is not None:
         assert "disagg.dev/token-rotation-window-seconds" in why
+
+
+def test_a_phase_ends_once_every_pod_reported_reading_it_and_the_window_stays_the_bound() -> None:
+    secret = live(rotation_step(live(build_serving_secret(OWNER, "A")), "r1", 60, T0).secret or {})
+    assert generation(secret) == 1
+    polling = rotation_step(secret, "r1", 60, at(3), lagging=["fleet-r0-f0-abc"])
+    assert polling.secret is None and polling.due_in_s == CONFIRM_POLL_S  # asked again soon
+    near_end = rotation_step(secret, "r1", 60, at(59), lagging=["fleet-r0-f0-abc"])
+    assert near_end.secret is None and near_end.due_in_s == pytest.approx(1)
+    early = rotation_step(secret, "r1", 60, at(5), lagging=[])
+    assert early.secret is not None and early.secret["metadata"]["annotations"][PHASE] == "previous"
+    assert early.note is not None and "every pod that mounts it read the phase, after 5s" in early.note.message
+    switched = live(early.secret)
+    assert generation(switched) == 2
+    late = rotation_step(switched, "r1", 60, at(65), lagging=[f"pod-{i}" for i in range(7)])
+    assert late.secret is not None and late.note is not None and late.note.reason is EventReason.TOKEN_ROTATION_DONE
+    assert "window ended before these pods reported reading the phase: pod-0, pod-1" in late.note.message
+    assert "pod-4 and 2 more" in late.note.message
+    assert rotation_step(switched, "r1", 60, at(10), lagging=None).due_in_s == pytest.approx(
+        55
+    )  # not asked: the window

@@ -16,7 +16,7 @@ from typing import Any
 from drs_operator.api import names
 from drs_operator.api.constants import EventReason, EventType
 from drs_operator.kube.engines import control_token, secret_token, serving_token
-from drs_operator.manifests.secrets import build_serving_secret, missing_secrets, secret_notes
+from drs_operator.manifests.secrets import build_serving_secret, missing_secrets, reader_urls, secret_notes
 from drs_protocol import auth, env
 from operator_fixtures import OWNER, build, spec
 
@@ -120,7 +120,25 @@ def test_a_secret_created_first_is_a_normal_event_and_one_deleted_under_running_
 def test_a_secret_deleted_under_running_pods_is_recreated_as_the_first_phase_of_a_rotation() -> None:
     _, _, children = build(spec())
     (serving,) = missing({"fleet-control": {}}, children.all_of("Pod"))
-    assert set(serving["stringData"]) == {"next"}  # the pods keep presenting the token they hold
+    assert set(serving["stringData"]) == {"next", "generation"}  # the pods keep presenting the token they hold
     assert serving["metadata"]["annotations"]["disagg.dev/token-rotation-phase"] == "next"
     (fresh,) = missing({"fleet-control": {}})
     assert set(fresh["stringData"]) == {"token"} and "annotations" not in fresh["metadata"]
+
+
+def test_the_readers_of_a_secret_are_asked_at_their_health_probe_address() -> None:
+    _, _, children = build(spec())
+    pods = {name: {**pod, "status": {"podIP": "10.1.0.7"}} for name, pod in children.all_of("Pod").items()}
+    pods["no-address-yet"] = {**next(iter(children.all_of("Pod").values())), "status": {}}
+    for name, dep in children.all_of("Deployment").items():  # a frontend pod as its ReplicaSet makes it
+        pods[f"{name}-abc12"] = {"spec": dep["spec"]["template"]["spec"], "status": {"podIP": "10.1.0.9"}}
+    serving = reader_urls(pods, names.serving_secret_name(OWNER.name))
+    control = reader_urls(pods, names.control_secret_name(OWNER.name))
+    frontends = {n for n in serving if n.endswith("-abc12")}
+    assert frontends and not frontends & set(control), "frontends read the serving token only"
+    assert set(serving) - frontends == set(control) == set(pods) - {f"{n}-abc12" for n in children.all_of("Deployment")}
+    assert serving["no-address-yet"] is None
+    engine = next(n for n in control if n != "no-address-yet")
+    probe = pods[engine]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
+    assert serving[engine] == control[engine] == f"http://10.1.0.7:{probe['port']}"
+    assert all(serving[n] is not None and serving[n].startswith("http://10.1.0.9:") for n in frontends)

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 from drs_devcluster.runner_volumes import current_files, localize, secret_mounts, write_files
-from drs_protocol.token_source import HELD_GRACE_S, TokenSource, read_keys, token_source
+from drs_protocol.token_source import (
+    HELD_GRACE_S,
+    TokenSource,
+    format_generations,
+    parse_generations,
+    read_keys,
+    token_source,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -215,3 +222,20 @@ def test_a_malformed_authorization_header_presents_no_token(header: str) -> None
     from drs_protocol import auth
 
     assert auth.presented_token(header) is None
+
+
+def test_the_secret_generation_is_read_with_the_tokens_and_not_a_token(tmp_path: Path) -> None:
+    write_files(tmp_path, {"token": b"t-one", "generation": b"7"})
+    source = TokenSource(tmp_path)
+    assert source.secret_generation == 7 and source.accepted == (b"t-one",)
+    assert format_generations({"serving": source, "control": TokenSource(static="x")}) == "serving=7"
+    write_files(tmp_path, {"token": b"t-one", "generation": b"not-a-number"})
+    source.refresh()
+    assert source.secret_generation is None and not source.matches("not-a-number")
+
+
+def test_the_generations_header_is_parsed_and_a_bad_part_is_named() -> None:
+    assert parse_generations("serving=3,control=12") == {"serving": 3, "control": 12}
+    assert parse_generations(None) == {} and parse_generations("") == {}
+    with pytest.raises(ValueError, match=r"x-drs-token-generations: 'serving=three' is not realm=generation"):
+        parse_generations("serving=three")

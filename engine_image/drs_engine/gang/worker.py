@@ -12,6 +12,10 @@ the reason before. Sequence:
 When any of that fails the process exits with :data:`EXIT_GANG_LOST` (its Ray node with it): the
 kubelet restarts it with back-off and an Event, and it joins the leader's next session. A rank
 therefore never sits in a cluster whose engine is gone.
+
+The leader's ``/v1/gang`` is in the serving realm: the rank presents the serving token of the
+moment (:func:`leader_client` over a :class:`~drs_protocol.token_source.TokenSource` that re-reads
+the mounted Secret), so a token rotation does not cut a rank off its leader.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ from typing import Any, Final
 
 import httpx
 import uvicorn
-from drs_protocol import auth, routes
+from drs_protocol import routes
+from drs_protocol.auth import Realm
 from drs_protocol.gang import GangReport, parse_gang_report
+from drs_protocol.token_source import GENERATIONS_HEADER, TokenSource, format_generations, run_sources
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -35,6 +41,7 @@ from starlette.routing import Route
 
 from drs_engine.gang.leader import stop_process
 from drs_engine.gang.spec import EXIT_GANG_LOST, GangSpec, ray_env, worker_argv
+from drs_engine.peer_auth import peer_auth
 
 log = logging.getLogger("drs_engine.gang")
 
@@ -116,10 +123,14 @@ class GangMember:
             return None
 
 
-def worker_app(member: GangMember) -> Starlette:
+def worker_app(member: GangMember, serving_token: TokenSource | None = None) -> Starlette:
+    """``/health`` (with the serving token Secret's generation this rank read, never the token) and ``/v1/gang``."""
+
     async def health(_: Request) -> Response:
         body = member.view()
-        return JSONResponse(body, status_code=200 if member.joined else 503)
+        held = format_generations({str(Realm.SERVING): serving_token}) if serving_token is not None else ""
+        headers = {GENERATIONS_HEADER: held} if held else None
+        return JSONResponse(body, status_code=200 if member.joined else 503, headers=headers)
 
     async def gang(_: Request) -> Response:
         return JSONResponse(member.view())
@@ -127,24 +138,40 @@ def worker_app(member: GangMember) -> Starlette:
     return Starlette(routes=[Route(routes.HEALTH, health), Route(routes.GANG, gang)])
 
 
+def leader_client(serving_token: str | TokenSource | None) -> httpx.AsyncClient:
+    """The client a rank polls its leader with: every request presents the source's token of the moment."""
+    auth, headers = peer_auth(TokenSource.of(serving_token))
+    return httpx.AsyncClient(trust_env=False, auth=auth, headers=headers)
+
+
 async def serve_worker(
-    spec: GangSpec, host: str, leader_url: str, sock: socket.socket, log_level: str, serving_token: str | None = None
+    spec: GangSpec,
+    host: str,
+    leader_url: str,
+    sock: socket.socket,
+    log_level: str,
+    serving_token: str | TokenSource | None = None,
 ) -> int:
     """Serve ``/health`` on ``sock`` while the rank stays in its gang; the process's exit code.
-    The leader's ``/v1/gang`` is in the serving realm: the rank presents ``serving_token``."""
+    The leader's ``/v1/gang`` is in the serving realm: the rank presents ``serving_token``'s
+    current token, re-read while it runs."""
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll of the leader otherwise
     member = GangMember(spec, host, leader_url)
-    config = uvicorn.Config(worker_app(member), log_level=log_level, access_log=False, lifespan="off")
+    source = TokenSource.of(serving_token)
+    config = uvicorn.Config(worker_app(member, source), log_level=log_level, access_log=False, lifespan="off")
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    headers = auth.bearer(serving_token) if serving_token else {}
-    async with httpx.AsyncClient(trust_env=False, headers=headers) as client:
+    refreshing = asyncio.create_task(run_sources(source), name="tokens")
+    async with leader_client(source) as client:
         membership = asyncio.create_task(member.run(client))
         done, _ = await asyncio.wait({serving, membership}, return_when=asyncio.FIRST_COMPLETED)
         if membership not in done:  # SIGTERM: uvicorn stopped serving; stop the Ray node too
             membership.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await membership
+    refreshing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await refreshing
     server.should_exit = True
     await stop_process(member.node)
     with contextlib.suppress(asyncio.CancelledError):

@@ -34,11 +34,12 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from drs_protocol import fields, routes
+from drs_protocol.auth import Realm
 from drs_protocol.errors import error_body
 from drs_protocol.fastapi_errors import install_error_handlers
 from drs_protocol.lifecycle import DRAINING_ERROR_TYPE, WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.model_list import model_list
-from drs_protocol.token_source import TokenSource
+from drs_protocol.token_source import GENERATIONS_HEADER, TokenSource, format_generations
 from drs_protocol.weights_state import DesiredWeights
 from fastapi import FastAPI
 from starlette.requests import Request
@@ -145,6 +146,14 @@ def _add_info_routes(app: FastAPI, state: EngineState) -> None:
     config = state.config
 
     async def health() -> Response:
+        """:func:`health_answer` with the token Secret generations this engine holds (no token)."""
+        answer = health_answer()
+        sources = {str(Realm.SERVING): state.serving_tokens, str(Realm.CONTROL): state.control_tokens}
+        if held := format_generations(sources):
+            answer.headers[GENERATIONS_HEADER] = held
+        return answer
+
+    def health_answer() -> Response:
         if state.catch_up is not None and state.catch_up.pending:
             body = error_body(503, state.catch_up.reason(), type_=WEIGHTS_PENDING_ERROR_TYPE)
             return JSONResponse(body, status_code=503)

@@ -183,7 +183,7 @@ class EngineState:
         if wanted is not None and not desired.holds(backend.weights_version, self.weights_digest, wanted):
             own = self.config.resolved_advertise_url().rstrip("/")
             peers = [url for url in self.weights_peers if url.rstrip("/") != own]  # never itself
-            self.catch_up = CatchUp(wanted, peers, self.control_token)
+            self.catch_up = CatchUp(wanted, peers, self.control_tokens)
             self._catch_up_task = asyncio.create_task(
                 self.catch_up.run(backend, self.control_lock, self._caught_up), name="weights-catch-up"
             )

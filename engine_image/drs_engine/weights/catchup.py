@@ -9,7 +9,9 @@ back-off that starts at :data:`CATCH_UP_FIRST_RETRY_S` and doubles up to
 :data:`CATCH_UP_MAX_RETRY_S` (a path that appears later, or a peer that comes up, is picked up
 then). It ends when an attempt reaches the desired weights, or when a weights operation of the
 control API (the sidecar's load or refit) succeeds: the sidecar's word is newer than what the pod
-was started with (:meth:`CatchUp.superseded`).
+was started with (:meth:`CatchUp.superseded`). Each attempt presents the control token of its
+moment (a :class:`~drs_protocol.token_source.TokenSource`, re-read from the mounted Secret), so a
+catch-up that spans a token rotation is not refused by its peers.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from drs_protocol.control import CatchUpPhase, CatchUpStatus
+from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_state import DesiredWeights
 
 from drs_engine.backends.base import EngineBackend
@@ -42,10 +45,10 @@ PEERS_SOURCE: Final = "peers"
 class CatchUp:
     """The way of one engine to the desired weights it started under (see the module docstring)."""
 
-    def __init__(self, desired: DesiredWeights, peers: Sequence[str], token: str | None) -> None:
+    def __init__(self, desired: DesiredWeights, peers: Sequence[str], token: str | TokenSource | None) -> None:
         self.desired = desired
         self.peers = tuple(peers)
-        self.token = token
+        self.tokens = TokenSource.of(token)
         self.attempts = 0
         self.last_error: str | None = None
         self.reached_from: str | None = None
@@ -106,7 +109,7 @@ class CatchUp:
                 self.attempts += 1
                 self._next_at = None
                 try:
-                    digest, source = await desired_weights.reach(backend, self.desired, self.peers, self.token)
+                    digest, source = await desired_weights.reach(backend, self.desired, self.peers, self.tokens.current)
                 except EngineError as exc:
                     self.last_error = exc.message
                     log.error(

@@ -117,6 +117,9 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"
     #: engines do not (yet) hold ``status.weights.desired``; independent of ``Ready`` (serving capacity)
     WEIGHTS_PENDING = "WeightsPending"
+    #: every ``spec.networkPolicy.engineClients`` peer with a selector selects a pod (only while
+    #: the policies are enabled with peers; ``drs_operator.policy_peers``)
+    POLICY_PEERS_MATCH = "PolicyPeersMatch"
 
 
 class ConditionStatus(StrEnum):
@@ -152,6 +155,9 @@ class Reason(StrEnum):
     # WeightsPending (only once the fleet has desired weights)
     WEIGHTS_PENDING = "WeightsPending"
     WEIGHTS_CURRENT = "AllEnginesHoldDesiredWeights"
+    # PolicyPeersMatch (only with spec.networkPolicy.enabled and engineClients)
+    POLICY_PEERS_MATCH = "PolicyPeersMatchPods"
+    POLICY_PEER_SELECTS_NOTHING = "PolicyPeerSelectsNothing"
 
 
 class EventType(StrEnum):

@@ -20,10 +20,10 @@ from collections.abc import Mapping, Sequence
 from typing import Final
 
 import httpx
-from drs_protocol import fields
+from drs_protocol import fields, routes
 from drs_protocol.control import CatchUpPhase, WeightsInfo
 from drs_protocol.routes import CONTROL_WEIGHTS
-from drs_protocol.token_source import KEY_NEXT, KEY_TOKEN
+from drs_protocol.token_source import GENERATIONS_HEADER, KEY_NEXT, KEY_TOKEN, parse_generations
 from drs_protocol.weights_state import HeldWeights
 from pydantic import ValidationError
 
@@ -143,6 +143,31 @@ class EngineClient:
             else:
                 out.append(task.result())
         return out
+
+    async def token_generations(self, urls: Mapping[str, str]) -> dict[str, dict[str, int]]:
+        """Pod name -> the token Secret generations its ``/health`` answer says it holds
+        (``token_source.GENERATIONS_HEADER``; an open route: no credential is sent). Pods that do
+        not answer within :attr:`budget_s`, or answer without a readable header, are left out."""
+        if not urls:
+            return {}
+        gate = asyncio.Semaphore(self.concurrency)
+
+        async def one(url: str) -> dict[str, int] | None:
+            async with gate:
+                try:
+                    response = await self._http().get(url + routes.HEALTH, timeout=self.call_s)
+                    return parse_generations(response.headers.get(GENERATIONS_HEADER))
+                except (httpx.HTTPError, ValueError) as exc:
+                    log.info("%s: no token generations: %s", url, exc)
+                    return None
+
+        names = list(urls)
+        tasks = [asyncio.create_task(one(urls[n])) for n in names]
+        done, late = await asyncio.wait(tasks, timeout=self.budget_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        return {n: r for n, t in zip(names, tasks, strict=True) if t in done and (r := t.result()) is not None}
 
 
 #: The longest catch-up reason kept from an engine's answer (a condition message stays readable).

@@ -20,8 +20,12 @@ mounted Secret on its own sync, within about a minute by default, then the token
 second). A presenter must never switch to B before every acceptor accepts B, and an acceptor must
 not drop A before every presenter has switched: phase 1 makes B accepted everywhere before anyone
 presents it; phase 2 keeps A accepted while presenters switch. Each phase lasts the window, which
-must exceed the time a Secret change takes to reach every pod (the guarantee is that bound; the
-operator does not ask the pods). A token two rotations old is refused (401).
+may end early: every write of the Secret bumps its key ``generation`` (not a token), each process
+reports the generation it read in its ``/health`` answer (``token_source.GENERATIONS_HEADER``),
+and once every pod that mounts the Secret reports the current one the phase is done
+(``lagging`` of :func:`rotation_step` empty). The window stays the upper bound: a pod that does
+not answer, or lags, holds the phase until the window ends, and the Event then names it. A token
+two rotations old is refused (401).
 
 The state lives on the Secret itself (annotations :data:`ANNOTATION_ROTATION_PHASE`, ``-since``,
 ``-request``), so an operator restarted mid-rotation resumes it. A request that arrives during a
@@ -40,11 +44,11 @@ import base64
 import binascii
 import datetime
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from drs_protocol.token_source import KEY_NEXT, KEY_PREVIOUS, KEY_TOKEN
+from drs_protocol.token_source import KEY_GENERATION, KEY_NEXT, KEY_PREVIOUS, KEY_TOKEN
 
 from drs_operator.api.constants import (
     ANNOTATION_ROTATE_TOKENS,
@@ -64,6 +68,10 @@ WINDOW_S: Final = 120
 MIN_WINDOW_S: Final = 2
 MAX_WINDOW_S: Final = 86_400
 TOKEN_BYTES: Final = 32
+#: How often a phase under way asks the pods which generation they read (the window stays the bound).
+CONFIRM_POLL_S: Final = 2.0
+#: Pods named in an Event at most (the rest counted).
+NAMED_PODS: Final = 5
 
 
 @dataclass(frozen=True)
@@ -105,8 +113,16 @@ def secret_keys(secret: Manifest) -> dict[str, str]:
     return found
 
 
+def generation(secret: Manifest) -> int | None:
+    """The Secret's ``generation`` key (None: not written, or not a number)."""
+    number = secret_keys(secret).get(KEY_GENERATION, "")
+    return int(number) if number.isdigit() else None
+
+
 def _written(live: Manifest, keys: Mapping[str, str], annotations: Mapping[str, str]) -> Manifest:
-    """``live`` with exactly ``keys`` (base64 ``data``) and ``annotations`` (for a replace)."""
+    """``live`` with exactly ``keys`` (base64 ``data``), its ``generation`` bumped, and
+    ``annotations`` (for a replace)."""
+    keys = {**keys, KEY_GENERATION: str((generation(live) or 0) + 1)}
     meta = live.get("metadata") or {}
     kept = {k: meta[k] for k in ("name", "namespace", "labels", "ownerReferences") if k in meta}
     return {
@@ -125,13 +141,43 @@ def _time(text: str | None) -> datetime.datetime | None:
         return None
 
 
-def rotation_step(live: Manifest, request: str | None, window_s: float, now: datetime.datetime) -> Step:
-    """The next step of ``live``'s rotation (module docstring) at ``now``."""
+def _phase(
+    live: Manifest,
+    keys: Mapping[str, str],
+    annotations: Mapping[str, str],
+    phase: str,
+    now: datetime.datetime,
+    window_s: float,
+    reason: EventReason,
+    message: str,
+) -> Step:
+    """The step into ``phase`` (``next`` or ``previous``): ``live`` with ``keys``, the phase and
+    its start marked, a Normal Event ``reason`` (``message`` after the Secret's name), due in the window."""
+    name = (live.get("metadata") or {}).get("name", "")
+    marks = {**annotations, ANNOTATION_ROTATION_PHASE: phase, ANNOTATION_ROTATION_SINCE: now.isoformat()}
+    note = EventNote(EventType.NORMAL, reason, f"Secret {name}: {message}")
+    return Step(_written(live, keys, marks), note, window_s)
+
+
+def _pods(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:NAMED_PODS])
+    return shown + (f" and {len(names) - NAMED_PODS} more" if len(names) > NAMED_PODS else "")
+
+
+def rotation_step(
+    live: Manifest,
+    request: str | None,
+    window_s: float,
+    now: datetime.datetime,
+    lagging: Sequence[str] | None = None,
+) -> Step:
+    """The next step of ``live``'s rotation (module docstring) at ``now``. ``lagging``: the pods
+    that mount the Secret and have not reported its current generation (None: not asked; the
+    phase then lasts the window)."""
     name = (live.get("metadata") or {}).get("name", "")
     annotations = dict((live.get("metadata") or {}).get("annotations") or {})
     keys = secret_keys(live)
     phase = annotations.get(ANNOTATION_ROTATION_PHASE)
-    stamp = now.isoformat()
     if phase is None:
         if not request or request == annotations.get(ANNOTATION_ROTATION_REQUEST):
             return Step()
@@ -144,38 +190,29 @@ def rotation_step(live: Manifest, request: str | None, window_s: float, now: dat
                     f"Secret {name} has no key {KEY_TOKEN!r}: not rotated",
                 )
             )
-        marks = {
-            **annotations,
-            ANNOTATION_ROTATION_PHASE: KEY_NEXT,
-            ANNOTATION_ROTATION_SINCE: stamp,
-            ANNOTATION_ROTATION_REQUEST: request,
-        }
-        message = (
-            f"Secret {name}: rotation begun; the new token is accepted from now on and presented in {window_s:.0f}s"
-        )
-        return Step(
-            _written(live, new, marks),
-            EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_STARTED, message),
-            window_s,
-        )
+        message = f"rotation begun; the new token is accepted from now on and presented in {window_s:.0f}s"
+        marks = {**annotations, ANNOTATION_ROTATION_REQUEST: request}
+        return _phase(live, new, marks, KEY_NEXT, now, window_s, EventReason.TOKEN_ROTATION_STARTED, message)
     since = _time(annotations.get(ANNOTATION_ROTATION_SINCE)) or now
-    left = (since - now).total_seconds() + window_s
+    took = (now - since).total_seconds()
+    left = window_s - took
+    if left > 0 and (lagging is None or lagging):
+        return Step(due_in_s=left if lagging is None else min(left, CONFIRM_POLL_S))
     if left > 0:
-        return Step(due_in_s=left)
+        why = f"; every pod that mounts it read the phase, after {took:.0f}s"
+    elif lagging:
+        why = f"; the {window_s:.0f}s window ended before these pods reported reading the phase: {_pods(lagging)}"
+    else:
+        why = ""
     if phase == KEY_NEXT and KEY_NEXT in keys:
         switched = {KEY_TOKEN: keys[KEY_NEXT], **({KEY_PREVIOUS: keys[KEY_TOKEN]} if KEY_TOKEN in keys else {})}
-        marks = {**annotations, ANNOTATION_ROTATION_PHASE: KEY_PREVIOUS, ANNOTATION_ROTATION_SINCE: stamp}
-        message = (
-            f"Secret {name}: the new token is presented from now on; the old one stays accepted for {window_s:.0f}s"
-        )
-        return Step(
-            _written(live, switched, marks),
-            EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_SWITCHED, message),
-            window_s,
+        message = f"the new token is presented from now on; the old one stays accepted for {window_s:.0f}s at most{why}"
+        return _phase(
+            live, switched, annotations, KEY_PREVIOUS, now, window_s, EventReason.TOKEN_ROTATION_SWITCHED, message
         )
     done = {KEY_TOKEN: keys.get(KEY_TOKEN) or keys.get(KEY_NEXT, "")}
     marks = {k: v for k, v in annotations.items() if k not in (ANNOTATION_ROTATION_PHASE, ANNOTATION_ROTATION_SINCE)}
-    message = f"Secret {name}: rotation done; the old token is refused from now on"
+    message = f"Secret {name}: rotation done; the old token is refused from now on{why}"
     return Step(_written(live, done, marks), EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_DONE, message))
 
 
@@ -187,7 +224,9 @@ def recreated_secret(built: Manifest, request: str | None, now: datetime.datetim
     if request:
         marks[ANNOTATION_ROTATION_REQUEST] = request
     meta = {**built["metadata"], "annotations": {**(built["metadata"].get("annotations") or {}), **marks}}
-    return {**built, "metadata": meta, "stringData": {KEY_NEXT: token}}
+    # a generation no pod holds: the pods still hold the deleted Secret's files, whose counter may be any
+    fresh = str(int(now.timestamp() * 1000))
+    return {**built, "metadata": meta, "stringData": {KEY_NEXT: token, KEY_GENERATION: fresh}}
 
 
 def rotation_request(annotations: Mapping[str, str]) -> str | None:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from drs_protocol import auth, env
+from drs_protocol import auth, env, routes
 
 from drs_operator.api import names
 from drs_operator.api.constants import EventReason, EventType
@@ -144,3 +144,20 @@ def control_token_mount(drs: str) -> TokenMount:
 def serving_token_mount(drs: str) -> TokenMount:
     """``<drs>-serving`` at ``/etc/drs/tokens/serving`` (``DRS_SERVING_TOKEN_DIR``)."""
     return token_mount(SERVING_VOLUME, names.serving_secret_name(drs), auth.SERVING_TOKEN_DIR, env.SERVING_TOKEN_DIR)
+
+
+def health_url(pod: Manifest) -> str | None:
+    """``http://<pod IP>:<port>`` of the pod's ``/health`` probe (None: no address or no such probe)."""
+    ip = str(((pod.get("status") or {}).get("podIP")) or "")
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            get = (container.get(probe) or {}).get("httpGet") or {}
+            if ip and get.get("path") == routes.HEALTH and isinstance(get.get("port"), int):
+                return names.url(ip, get["port"])
+    return None
+
+
+def reader_urls(pods: Mapping[str, Manifest], secret_name: str) -> dict[str, str | None]:
+    """The live pods that read ``secret_name`` (:func:`_readers`), each with its ``/health`` URL
+    (None: not reachable yet), for asking which generation of the Secret they read."""
+    return {name: health_url(pods[name]) for name in _readers(pods, secret_name)}
