@@ -29,6 +29,9 @@ DEFAULT_CUTOVER_MARGIN_S: Final = 0.3
 CUTOVER_MARGIN_ROUNDS: Final = 2.0
 #: The margin never exceeds this (a slow round is a sick engine, not a reason to stall every refit).
 MAX_CUTOVER_MARGIN_S: Final = 5.0
+#: The furthest ahead of an engine's clock a load's ``effective_at`` may be (the margin's maximum
+#: plus 5 s of clock skew): the engine holds the load that long at most (400 beyond it).
+MAX_SWITCH_AHEAD_S: Final = MAX_CUTOVER_MARGIN_S + 5.0
 #: A stamp is accepted within these epoch seconds (2001 .. 2286): anything else is a unit mistake.
 MIN_STAMP: Final = 1e9
 MAX_STAMP: Final = 1e10

@@ -240,9 +240,19 @@ class Lease:
         return done
 
     async def cut_over(self) -> bool:
-        """Wait until the target's ``effective_at`` (no load starts before it); True when the
-        announce round (:meth:`cover`) ended after it: engines told late may have answered turns
-        stamped after the cut-over at the old weights (they count them: :attr:`late_legs`)."""
+        """Wait until the target's ``effective_at`` (no update starts before it); :meth:`outran`."""
+        late = self.outran()
+        effective_at = self._target.effective_at
+        if effective_at is None:
+            return False
+        # waiting for the scheduled instant itself (the cut-over), not standing in for an event
+        await asyncio.sleep(max(0.0, effective_at - time.time()))
+        return late
+
+    def outran(self) -> bool:
+        """True (and logged) when the announce round (:meth:`cover`) ended after the target's
+        ``effective_at``: engines told late may have answered turns stamped after the cut-over at
+        the old weights (they count them: :attr:`late_legs`)."""
         effective_at = self._target.effective_at
         if effective_at is None:
             return False
@@ -254,8 +264,6 @@ class Lease:
                 self._target.version,
                 (self.told_at or effective_at) - effective_at,
             )
-        # waiting for the scheduled instant itself (the cut-over), not standing in for an event
-        await asyncio.sleep(max(0.0, effective_at - time.time()))
         return late
 
     async def _renew(self) -> None:
