@@ -42,9 +42,10 @@ PEERS_SOURCE: Final = "peers"
 class CatchUp:
     """The way of one engine to the desired weights it started under (see the module docstring)."""
 
-    def __init__(self, desired: DesiredWeights, peers: Sequence[str], token: str | None) -> None:
+    def __init__(self, desired: DesiredWeights, peers: Callable[[], Sequence[str]], token: str | None) -> None:
         self.desired = desired
-        self.peers = tuple(peers)
+        #: the peers to ask, read again on every attempt (``drs_engine.weights.desired.Peers``)
+        self.peers = peers
         self.token = token
         self.attempts = 0
         self.last_error: str | None = None
@@ -106,7 +107,8 @@ class CatchUp:
                 self.attempts += 1
                 self._next_at = None
                 try:
-                    digest, source = await desired_weights.reach(backend, self.desired, self.peers, self.token)
+                    peers = () if self.desired.path is not None else self.peers()
+                    digest, source = await desired_weights.reach(backend, self.desired, peers, self.token)
                 except EngineError as exc:
                     self.last_error = exc.message
                     log.error(
