@@ -10,7 +10,8 @@ on its own as ``warmup``), median, min and max of each refit's wall time as the 
 (target <= 0.5 s at 256 engines), the sidecar's own ``elapsed_s`` and announce time, and the CPU
 seconds per refit of this process (``sidecar_cpu_s``: the sidecar's fan-out, parsing and digest
 checks, plus the trainer's one call) and of the engines' process (``engines_cpu_s``, from
-``/proc``). Both processes share this machine's cores with other work, so on a small or busy
+``/proc``; ``engines_idle_cpu_per_s``: that process's CPU per second with nothing asked of it,
+a cost of putting N servers in one process that a refit's wall time pays too). Both processes share this machine's cores with other work, so on a small or busy
 machine the wall time is mostly waiting for a core; the CPU seconds are the orchestration's own
 cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load.
 
@@ -38,6 +39,8 @@ from drs_protocol import env
 
 #: Seconds the child may take to start its engines.
 START_TIMEOUT_S = 900.0
+#: Seconds over which the engines' idle CPU is measured, before the first refit.
+IDLE_WINDOW_S = 2.0
 
 
 async def serve(count: int, profile: str | None) -> None:
@@ -102,6 +105,9 @@ async def drive(
     while not server.started:  # the sidecar's first fleet read and reconcile pass: first contact
         await asyncio.sleep(0.01)
     startup = {"wall": time.perf_counter() - startup_wall, "cpu": time.process_time() - startup_cpu}
+    idle_from = cpu_seconds(engines_pid)
+    await asyncio.sleep(IDLE_WINDOW_S)  # the engines' own CPU while nothing is asked of them
+    idle_cpu_per_s = (cpu_seconds(engines_pid) - idle_from) / IDLE_WINDOW_S
     profiler = cProfile.Profile() if profile else None
     sidecar = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     rounds: list[dict[str, Any]] = []
@@ -148,6 +154,9 @@ async def drive(
         "sidecar_cpu_s": spread([r["cpu"] for r in counted]),
         #: the engines' process's CPU (all N engines answering the announce and the load)
         "engines_cpu_s": spread([r["engines_cpu"] for r in counted]),
+        #: the engines' process's CPU seconds per second while idle: N uvicorn servers in one
+        #: process each wake 10 times a second (their main loop), which a refit's seconds also pay
+        "engines_idle_cpu_per_s": round(idle_cpu_per_s, 3),
         "warmup": {k: round(v, 3) for k, v in warm.items()},
         #: from the app's start until it serves: its first fleet read and reconcile pass (first contact)
         "sidecar_startup_s": {k: round(v, 3) for k, v in startup.items()},
