@@ -3,7 +3,9 @@
 A refit's desired weights take effect at ``effective_at`` (wall clock, epoch seconds), an instant
 the sidecar picks slightly in the future (:func:`cutover_margin`: more than its announce round),
 announces to every engine (:class:`drs_protocol.control.WeightsTarget`) and stores with the desired
-weights (:class:`drs_protocol.weights_state.DesiredWeights`); no engine loads them before it.
+weights (:class:`drs_protocol.weights_state.DesiredWeights`); no engine serves them before it (a
+checkpoint load, :class:`drs_protocol.control.LoadWeights`, may be sent and read earlier, once every
+engine has been told, and is swapped in at ``effective_at`` by the engine's clock).
 
 Every turn carries the instant the fleet received it (:data:`~drs_protocol.fields.HEADER_TURN_STARTED`,
 stamped once by the frontend and sent on both legs; an engine called directly uses its own receipt

@@ -28,7 +28,8 @@ The cut-over (:mod:`drs_protocol.cutover`): a target takes effect at ``effective
 (``max(floor, 2 x the last round)``, at most :data:`~drs_protocol.cutover.MAX_CUTOVER_MARGIN_S`,
 :meth:`TargetAnnouncer.desired`),
 sent with every announce and stored with the desired weights. :meth:`Lease.cut_over` waits for that
-instant before the first load (no load starts before it) and says whether the round outran it: an
+instant before a collective or CUDA IPC update (a checkpoint load is sent at once instead, carrying
+``effective_at``: the engine swaps at that instant) and :meth:`Lease.outran` says whether the round outran it: an
 engine told after its cut-over may have answered turns stamped after it at the old weights, which
 it counts (``late_legs`` of its answer, summed in the report).
 """
