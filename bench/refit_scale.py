@@ -7,10 +7,12 @@ URLs (``--concurrency`` loads at once, 256 by default), and a trainer client pos
 loopback HTTP. Every refit carries the checkpoint's digest, so each of the N answers is checked.
 Reports, over the refits after a first one (the warm-up: first contact with every engine, reported
 on its own as ``warmup``), median, min and max of each refit's wall time as the trainer saw it
-(target <= 0.5 s at 256 engines), the sidecar's own ``elapsed_s`` and announce time, and the CPU
+(target <= 0.5 s at 256 engines), the sidecar's own ``elapsed_s``, announce time and cut-over
+margin (and the call less its margin, ``after_cutover_s``), and the CPU
 seconds per refit of this process (``sidecar_cpu_s``: the sidecar's fan-out, parsing and digest
 checks, plus the trainer's one call) and of the engines' process (``engines_cpu_s``, from
-``/proc``). Both processes share this machine's cores with other work, so on a small or busy
+``/proc``; ``engines_idle_cpu_per_s``: that process's CPU per second with nothing asked of it,
+a cost of putting N servers in one process that a refit's wall time pays too). Both processes share this machine's cores with other work, so on a small or busy
 machine the wall time is mostly waiting for a core; the CPU seconds are the orchestration's own
 cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load.
 
@@ -38,6 +40,8 @@ from drs_protocol import env
 
 #: Seconds the child may take to start its engines.
 START_TIMEOUT_S = 900.0
+#: Seconds over which the engines' idle CPU is measured, before the first refit.
+IDLE_WINDOW_S = 2.0
 
 
 async def serve(count: int, profile: str | None) -> None:
@@ -80,6 +84,13 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
+async def idle_cpu(pid: int) -> float:
+    """CPU seconds per second process ``pid`` uses over :data:`IDLE_WINDOW_S` while nothing is asked of it."""
+    before = cpu_seconds(pid)
+    await asyncio.sleep(IDLE_WINDOW_S)  # a measuring window, not a wait for an event
+    return (cpu_seconds(pid) - before) / IDLE_WINDOW_S
+
+
 async def drive(
     urls: list[str], token: str, refits: int, concurrency: int, engines_pid: int, profile: str | None
 ) -> dict[str, Any]:
@@ -102,6 +113,7 @@ async def drive(
     while not server.started:  # the sidecar's first fleet read and reconcile pass: first contact
         await asyncio.sleep(0.01)
     startup = {"wall": time.perf_counter() - startup_wall, "cpu": time.process_time() - startup_cpu}
+    idle_cpu_per_s = await idle_cpu(engines_pid)
     profiler = cProfile.Profile() if profile else None
     sidecar = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     rounds: list[dict[str, Any]] = []
@@ -127,6 +139,7 @@ async def drive(
                         "wall": wall,
                         "inside": report["elapsed_s"],
                         "announce": report.get("target_announced_s") or 0.0,
+                        "margin": report.get("cutover_margin_s") or 0.0,
                         "cpu": cpu,
                         "engines_cpu": engines_cpu,
                     }
@@ -138,16 +151,31 @@ async def drive(
         profiler.dump_stats(profile)
     server.should_exit = True
     await serving
+    return summary(rounds, engine_s, idle_cpu_per_s, startup)
+
+
+def summary(
+    rounds: list[dict[str, Any]], engine_s: list[float], idle_cpu_per_s: float, startup: dict[str, float]
+) -> dict[str, Any]:
+    """The figures of :func:`drive`'s refits (the first, a warm-up, on its own)."""
     warm, counted = rounds[0], rounds[1:]
     return {
         "trainer_call_s": spread([r["wall"] for r in counted]),
         "sidecar_elapsed_s": spread([r["inside"] for r in counted]),
         "target_announced_s": spread([r["announce"] for r in counted]),
+        #: the cut-over margin each refit got (max(--cutover-margin, 2 x the last announce round))
+        "cutover_margin_s": spread([r["margin"] for r in counted]),
+        #: the trainer's call less its margin: what the refit costs after its cut-over (the swaps,
+        #: the answers and their digests; for main's code, the whole load round) plus its request
+        "after_cutover_s": spread([r["wall"] - r["margin"] for r in counted]),
         "engine_call_s": spread(engine_s),
         #: the sidecar's own CPU (its fan-out, parsing, digest checks, plus the trainer's one call)
         "sidecar_cpu_s": spread([r["cpu"] for r in counted]),
         #: the engines' process's CPU (all N engines answering the announce and the load)
         "engines_cpu_s": spread([r["engines_cpu"] for r in counted]),
+        #: the engines' process's CPU seconds per second while idle: N uvicorn servers in one
+        #: process each wake 10 times a second (their main loop), which a refit's seconds also pay
+        "engines_idle_cpu_per_s": round(idle_cpu_per_s, 3),
         "warmup": {k: round(v, 3) for k, v in warm.items()},
         #: from the app's start until it serves: its first fleet read and reconcile pass (first contact)
         "sidecar_startup_s": {k: round(v, 3) for k, v in startup.items()},

@@ -346,7 +346,7 @@ class PodRunner:
         resolved = resolve(pp.pod, secrets, config_maps, extra_env={NODE_IP_ENV: host_ip})
         mounts = secret_mounts(pp.pod, pp.workdir)
         if not await self._project_secrets(pp, mounts, starting=True):
-            missing = [f"volume {m.volume!r}: Secret {m.secret!r} not found" for m in mounts if not m.optional]
+            missing = [f"volume {m.volume!r}: {m.kind} {m.secret!r} not found" for m in mounts if not m.optional]
             raise EnvResolutionError(missing)
         base = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env = {**base, "PYTHONUNBUFFERED": "1", **{k: localize(v, mounts) for k, v in resolved.env.items()}}
@@ -355,7 +355,7 @@ class PodRunner:
 
     async def _project_secrets(self, pp: PodProcess, mounts: list[SecretMount], starting: bool = False) -> bool:
         """``runner_volumes.project`` with this pod's Secrets read from the API."""
-        changed = await project(mounts, lambda name: self._read_object("secret", pp.namespace, name), starting)
+        changed = await project(mounts, lambda kind, name: self._read_object(kind, pp.namespace, name), starting)
         for volume in changed or []:
             log.info("%s: its Secret volume %s changed: files updated", pp.label, volume)
         return changed is not None

@@ -1,6 +1,6 @@
-"""Secret volumes for the pod runner's local processes, as a kubelet projects them.
+"""Secret and ConfigMap volumes for the pod runner's local processes, as a kubelet projects them.
 
-A pod's process runs on the host, so a ``volumeMount`` of a ``secret`` volume at ``mountPath``
+A pod's process runs on the host, so a ``volumeMount`` of a ``secret`` or ``configMap`` volume at ``mountPath``
 becomes a directory under the pod's work directory (``<workdir>/volumes/<volume>``), and every
 env value and argument that starts with ``mountPath`` is rewritten to that directory (the
 processes of two pods never share a path). The files are written the kubelet's way: each
@@ -8,11 +8,12 @@ version in a directory of its own, an atomically swapped ``..data`` link to it, 
 key (``token -> ..data/token``), so a reader that goes through ``..data`` sees one version's keys
 together (``drs_protocol.token_source``).
 
-While the process runs the runner re-reads the Secrets every :data:`SYNC_S` seconds and writes a
-changed one (a kubelet does this on its sync period, about a minute by default). A Secret that
+While the process runs the runner re-reads the objects every :data:`SYNC_S` seconds and writes a
+changed one (a kubelet does this on its sync period, about a minute by default). An object that
 is deleted leaves the files as they were (as the kubelet does); one that is missing when the
-process would start keeps it from starting, unless the volume is ``optional``. Other volume
-kinds are not projected (the process sees no files for them, as before).
+process would start keeps it from starting, unless the volume is ``optional``. A ConfigMap's
+files are its ``data`` (UTF-8) and ``binaryData`` (base64) keys. Other volume kinds are not
+projected (the process sees no files for them, as before).
 """
 
 from __future__ import annotations
@@ -35,33 +36,38 @@ DATA_LINK: Final = "..data"
 
 @dataclass(frozen=True)
 class SecretMount:
-    """One ``secret`` volume mounted by the first container."""
+    """One ``secret`` or ``configMap`` volume mounted by the first container (``secret``: the
+    object's name; ``kind``: ``secret`` or ``configmap``)."""
 
     volume: str
     secret: str
     mount_path: str
     local: Path
     optional: bool
+    kind: str = "secret"
 
 
 def secret_mounts(pod: Mapping[str, Any], workdir: Path) -> list[SecretMount]:
-    """The first container's mounts of ``secret`` volumes, each with its local directory."""
+    """The first container's mounts of ``secret`` and ``configMap`` volumes, each with its local directory."""
     spec = pod.get("spec") or {}
     volumes = {str(v.get("name", "")): v for v in spec.get("volumes") or []}
     containers = spec.get("containers") or [{}]
     found = []
     for mount in containers[0].get("volumeMounts") or []:
         volume = volumes.get(str(mount.get("name", ""))) or {}
-        source = volume.get("secret")
+        kind, source = (
+            ("secret", volume.get("secret")) if volume.get("secret") else ("configmap", volume.get("configMap"))
+        )
         if not source:
             continue
         found.append(
             SecretMount(
                 volume=str(volume["name"]),
-                secret=str(source.get("secretName", "")),
+                secret=str(source.get("secretName" if kind == "secret" else "name", "")),
                 mount_path=str(mount.get("mountPath", "")).rstrip("/"),
                 local=workdir / "volumes" / str(volume["name"]),
                 optional=bool(source.get("optional", False)),
+                kind=kind,
             )
         )
     return found
@@ -75,10 +81,13 @@ def localize(text: str, mounts: Sequence[SecretMount]) -> str:
     return text
 
 
-def secret_files(secret: Mapping[str, Any]) -> dict[str, bytes]:
-    """A Secret's keys and decoded values (``data`` base64, as the API returns it)."""
+def secret_files(secret: Mapping[str, Any], kind: str = "secret") -> dict[str, bytes]:
+    """A Secret's keys and decoded values (``data`` base64, as the API returns it); a ConfigMap's
+    (``data`` as text, ``binaryData`` base64)."""
     files = {}
-    for key, raw in (secret.get("data") or {}).items():
+    if kind == "configmap":
+        files = {str(key): str(value).encode() for key, value in (secret.get("data") or {}).items()}
+    for key, raw in (secret.get("data" if kind == "secret" else "binaryData") or {}).items():
         try:
             files[str(key)] = base64.b64decode(str(raw), validate=True)
         except binascii.Error:
@@ -123,18 +132,18 @@ def write_files(local: Path, files: Mapping[str, bytes]) -> bool:
 
 
 async def project(
-    mounts: Sequence[SecretMount], read: Callable[[str], Awaitable[Mapping[str, Any] | None]], starting: bool
+    mounts: Sequence[SecretMount], read: Callable[[str, str], Awaitable[Mapping[str, Any] | None]], starting: bool
 ) -> list[str] | None:
-    """Write each mounted Secret's files (``read``: a Secret by name, None when it does not
-    exist); a deleted Secret leaves them. The volumes whose files changed (none on the start), or
-    None when ``starting`` and a required Secret is missing (the process must not start)."""
+    """Write each mounted object's files (``read``: an object by kind and name, None when it does
+    not exist); a deleted one leaves them. The volumes whose files changed (none on the start), or
+    None when ``starting`` and a required object is missing (the process must not start)."""
     changed = []
     for mount in mounts:
-        secret = await read(mount.secret)
+        secret = await read(mount.kind, mount.secret)
         if secret is None:
             if starting and not mount.optional and current_files(mount.local) is None:
                 return None
             continue
-        if await asyncio.to_thread(write_files, mount.local, secret_files(secret)) and not starting:
+        if await asyncio.to_thread(write_files, mount.local, secret_files(secret, mount.kind)) and not starting:
             changed.append(mount.volume)
     return changed

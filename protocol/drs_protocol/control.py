@@ -56,14 +56,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class LoadWeights(_Strict):
-    """Load weights from a path (a checkpoint directory or file) and serve them as ``version``."""
-
+class _LoadPath(_Strict):
     path: str = Field(min_length=1)
     version: Version
 
 
-class Refit(LoadWeights):
+class LoadWeights(_LoadPath):
+    """Load weights from a path (a checkpoint directory or file) and serve them as ``version``.
+    ``effective_at``: the refit's cut-over (wall clock, epoch seconds, :mod:`drs_protocol.cutover`):
+    the engine may read and check the new weights before it, into a copy that serves nothing, and
+    serves them from that instant on its own clock (None: at once). The sidecar sends it only after
+    every engine has been told the target, so the read overlaps the margin instead of following it;
+    at most :data:`~drs_protocol.cutover.MAX_SWITCH_AHEAD_S` ahead of the engine's clock."""
+
+    effective_at: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="serve the new weights from this instant, epoch seconds"
+    )
+
+
+class Refit(_LoadPath):
     """The trainer's ``POST /v1/refit`` to the sidecar: every engine loads ``path`` as ``version``."""
 
     digest: Digest | None = Field(

@@ -3,7 +3,9 @@
 A refit's desired weights take effect at ``effective_at`` (wall clock, epoch seconds), an instant
 the sidecar picks slightly in the future (:func:`cutover_margin`: more than its announce round),
 announces to every engine (:class:`drs_protocol.control.WeightsTarget`) and stores with the desired
-weights (:class:`drs_protocol.weights_state.DesiredWeights`); no engine loads them before it.
+weights (:class:`drs_protocol.weights_state.DesiredWeights`); no engine serves them before it (a
+checkpoint load, :class:`drs_protocol.control.LoadWeights`, may be sent and read earlier, once every
+engine has been told, and is swapped in at ``effective_at`` by the engine's clock).
 
 Every turn carries the instant the fleet received it (:data:`~drs_protocol.fields.HEADER_TURN_STARTED`,
 stamped once by the frontend and sent on both legs; an engine called directly uses its own receipt
@@ -29,6 +31,9 @@ DEFAULT_CUTOVER_MARGIN_S: Final = 0.3
 CUTOVER_MARGIN_ROUNDS: Final = 2.0
 #: The margin never exceeds this (a slow round is a sick engine, not a reason to stall every refit).
 MAX_CUTOVER_MARGIN_S: Final = 5.0
+#: The furthest ahead of an engine's clock a load's ``effective_at`` may be (the margin's maximum
+#: plus 5 s of clock skew): the engine holds the load that long at most (400 beyond it).
+MAX_SWITCH_AHEAD_S: Final = MAX_CUTOVER_MARGIN_S + 5.0
 #: A stamp is accepted within these epoch seconds (2001 .. 2286): anything else is a unit mistake.
 MIN_STAMP: Final = 1e9
 MAX_STAMP: Final = 1e10

@@ -29,6 +29,12 @@ DESIRED_WEIGHTS_JSON: Final = "DRS_DESIRED_WEIGHTS_JSON"
 #: empty: none), from the fleet's weights ConfigMap: where an engine catches up when the desired
 #: weights have no path (read once, at the engine's start).
 WEIGHTS_PEERS_JSON: Final = "DRS_WEIGHTS_PEERS_JSON"
+#: The directory where the fleet's weights ConfigMap is mounted (each key a file:
+#: :data:`DESIRED_WEIGHTS_KEY`, :data:`WEIGHTS_PEERS_KEY`; the operator mounts it at
+#: :data:`drs_protocol.weights_stream.WEIGHTS_MOUNT_PATH`): an engine catching up from peers reads
+#: the peers' file again on every attempt (the kubelet updates it), :data:`WEIGHTS_PEERS_JSON` when
+#: the file is not there.
+WEIGHTS_DIR: Final = "DRS_WEIGHTS_DIR"
 #: The pod's own address (downward API ``status.podIP``); the pods' ``--host $(POD_IP)``.
 POD_IP: Final = "POD_IP"
 #: The pod's name (downward API ``metadata.name``).

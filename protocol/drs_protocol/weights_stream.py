@@ -6,8 +6,10 @@ engine says while it is not at the fleet's desired weights yet.
 what they hold: ``GET`` :data:`drs_protocol.routes.CONTROL_WEIGHTS_STREAM` with the fleet's
 control token. The peers are the engines the operator observed holding the desired digest; it
 puts their base URLs in the fleet's weights ConfigMap (key :data:`drs_protocol.env.WEIGHTS_PEERS_KEY`),
-which every engine pod reads at its start through :data:`drs_protocol.env.WEIGHTS_PEERS_JSON`
-(:class:`WeightsPeers`).
+which every engine pod mounts at :data:`WEIGHTS_MOUNT_PATH` (:data:`drs_protocol.env.WEIGHTS_DIR`)
+and reads again on every catch-up attempt, so peers placed after the engine started are asked too;
+:data:`drs_protocol.env.WEIGHTS_PEERS_JSON` (read at its start) is the fallback where no file is
+mounted (:class:`WeightsPeers`, the same JSON in both).
 
 **The stream** (``application/vnd.drs.weights-stream``, with a ``content-length``):
 :data:`STREAM_MAGIC`, the header's length as 4 big-endian bytes, the header
@@ -43,6 +45,8 @@ MAX_STREAM_HEADER_BYTES: Final = 16 * 1024 * 1024
 STREAM_MEDIA_TYPE: Final = "application/vnd.drs.weights-stream"
 #: The most peers an engine is given (it tries them in order).
 MAX_WEIGHTS_PEERS: Final = 64
+#: Where engine pods mount the fleet's weights ConfigMap (its keys as files).
+WEIGHTS_MOUNT_PATH: Final = "/etc/drs/weights"
 
 
 class StreamTensor(BaseModel):

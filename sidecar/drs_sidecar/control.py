@@ -116,9 +116,11 @@ class ControlClient:
         """``GET /health`` (why an engine is not ready: its 503's ``error_type``)."""
         return await self._call("GET", url, HEALTH, None, timeout, _Health)
 
-    async def load_checkpoint(self, url: str, path: str, version: str) -> CallResult:
-        """The engine loads the checkpoint at ``path`` and serves it as ``version`` (its ``load_weights``)."""
-        return await self.op(url, ControlOp.LOAD_WEIGHTS, LoadWeights(path=path, version=version), timeout=self.load_s)
+    async def load_checkpoint(self, url: str, path: str, version: str, effective_at: float | None = None) -> CallResult:
+        """The engine loads the checkpoint at ``path`` and serves it as ``version`` (its
+        ``load_weights``), from ``effective_at`` on (a refit's cut-over; None: at once)."""
+        body = LoadWeights(path=path, version=version, effective_at=effective_at)
+        return await self.op(url, ControlOp.LOAD_WEIGHTS, body, timeout=self.load_s)
 
     async def op(
         self, url: str, op: ControlOp, body: BaseModel | None = None, *, timeout: float | None = None

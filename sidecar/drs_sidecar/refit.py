@@ -162,11 +162,12 @@ class Refitter:
                 engines = self.known = await self.fleet.engines()
                 previous = await self._start(target)
                 await lease.cover(engines, again=passing)  # every engine has been told before the first load
-                late = await lease.cut_over()  # no load before the cut-over
+                late = lease.outran()
+                # sent now, each engine reads and checks them at once and swaps them in at the cut-over
                 report = await self._fan_out(
                     ControlOp.LOAD_WEIGHTS,
                     engines,
-                    lambda url: self.control.load_checkpoint(url, request.path, request.version),
+                    lambda url: self.control.load_checkpoint(url, request.path, request.version, lease.effective_at),
                     desired_digest=request.digest,
                 )
                 await lease.stop()  # no renewal after this: a rollback's announce comes last

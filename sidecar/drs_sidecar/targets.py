@@ -28,7 +28,8 @@ The cut-over (:mod:`drs_protocol.cutover`): a target takes effect at ``effective
 (``max(floor, 2 x the last round)``, at most :data:`~drs_protocol.cutover.MAX_CUTOVER_MARGIN_S`,
 :meth:`TargetAnnouncer.desired`),
 sent with every announce and stored with the desired weights. :meth:`Lease.cut_over` waits for that
-instant before the first load (no load starts before it) and says whether the round outran it: an
+instant before a collective or CUDA IPC update (a checkpoint load is sent at once instead, carrying
+``effective_at``: the engine swaps at that instant) and :meth:`Lease.outran` says whether the round outran it: an
 engine told after its cut-over may have answered turns stamped after it at the old weights, which
 it counts (``late_legs`` of its answer, summed in the report).
 """
@@ -240,9 +241,19 @@ class Lease:
         return done
 
     async def cut_over(self) -> bool:
-        """Wait until the target's ``effective_at`` (no load starts before it); True when the
-        announce round (:meth:`cover`) ended after it: engines told late may have answered turns
-        stamped after the cut-over at the old weights (they count them: :attr:`late_legs`)."""
+        """Wait until the target's ``effective_at`` (no update starts before it); :meth:`outran`."""
+        late = self.outran()
+        effective_at = self._target.effective_at
+        if effective_at is None:
+            return False
+        # waiting for the scheduled instant itself (the cut-over), not standing in for an event
+        await asyncio.sleep(max(0.0, effective_at - time.time()))
+        return late
+
+    def outran(self) -> bool:
+        """True (and logged) when the announce round (:meth:`cover`) ended after the target's
+        ``effective_at``: engines told late may have answered turns stamped after the cut-over at
+        the old weights (they count them: :attr:`late_legs`)."""
         effective_at = self._target.effective_at
         if effective_at is None:
             return False
@@ -254,8 +265,6 @@ class Lease:
                 self._target.version,
                 (self.told_at or effective_at) - effective_at,
             )
-        # waiting for the scheduled instant itself (the cut-over), not standing in for an event
-        await asyncio.sleep(max(0.0, effective_at - time.time()))
         return late
 
     async def _renew(self) -> None:

@@ -5,6 +5,7 @@ old weights; a bad stamp is a 400 naming the header."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -14,10 +15,10 @@ import pytest
 from drs_engine.errors import WeightsPendingError
 from drs_engine.weights.target import TargetGate
 from drs_protocol.control import WeightsTarget
-from drs_protocol.cutover import BadTurnStamp, cutover_margin, format_stamp, parse_stamp
+from drs_protocol.cutover import MAX_SWITCH_AHEAD_S, BadTurnStamp, cutover_margin, format_stamp, parse_stamp
 from drs_protocol.fields import HEADER_TURN_STARTED, HEADER_WEIGHTS_VERSION
 from drs_protocol.lifecycle import FIELD_WEIGHTS_BOUNDARY, FIELD_WEIGHTS_VERSION, WEIGHTS_PENDING_ERROR_TYPE
-from drs_protocol.routes import Endpoint
+from drs_protocol.routes import CONTROL_WEIGHTS, Endpoint
 from pydantic import ValidationError
 
 from .conftest import EngineFactory, auth, metric_value
@@ -208,3 +209,51 @@ async def test_a_late_announce_counts_the_legs_answered_at_the_old_weights(
     assert [a.status_code for a in answered] == [200, 200, 200]
     assert answer["result"]["late_legs"] == 2
     assert metric_value(metrics, "drs_engine_late_target_legs_total") == 2
+
+
+async def held(client: httpx.AsyncClient, url: str) -> str:
+    version: str = (await client.get(url + CONTROL_WEIGHTS, headers=auth())).json()["weights_version"]
+    return version
+
+
+async def test_a_load_at_a_cut_over_reads_first_and_serves_the_new_weights_only_from_it(
+    client: httpx.AsyncClient, engine_factory: EngineFactory, tmp_path: Path
+) -> None:
+    step = checkpoint(tmp_path, "step-1")
+    async with engine_factory("prefill", sim={"weightsLoadSeconds": 0.0}) as engine:
+        cut = time.time() + 1.5
+        await announce_at(client, engine.url, "step-1", cut)
+        load = asyncio.create_task(
+            client.post(
+                engine.url + LOAD, headers=auth(), json={"path": str(step), "version": "step-1", "effective_at": cut}
+            )
+        )
+        seen = []  # what the engine holds and serves while the load waits for its cut-over
+        while time.time() < cut - 0.2:
+            seen.append((await held(client, engine.url), (await chat(client, engine.url, cut - 1)).json()))
+            await asyncio.sleep(0.05)
+        answer = await load
+        answered_at = time.time()
+        after = await chat(client, engine.url, cut + 1)
+    assert seen and {version for version, _ in seen} == {"0"}, seen
+    assert all(turn[FIELD_WEIGHTS_VERSION] == "0" and FIELD_WEIGHTS_BOUNDARY not in turn for _, turn in seen)
+    assert answer.status_code == 200, answer.text
+    assert answered_at >= cut
+    assert answer.json()["weights_version"] == "step-1"
+    assert after.status_code == 200 and after.headers[HEADER_WEIGHTS_VERSION] == "step-1"
+
+
+async def test_a_load_whose_cut_over_is_too_far_ahead_is_refused_naming_the_field(
+    client: httpx.AsyncClient, engine_factory: EngineFactory, tmp_path: Path
+) -> None:
+    step = checkpoint(tmp_path, "step-1")
+    async with engine_factory("prefill") as engine:
+        at = time.time() + MAX_SWITCH_AHEAD_S + 30
+        refused = await client.post(
+            engine.url + LOAD, headers=auth(), json={"path": str(step), "version": "step-1", "effective_at": at}
+        )
+        version = await held(client, engine.url)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "effective_at"
+    assert "ahead of this engine's clock" in refused.json()["error"]["message"]
+    assert version == "0"

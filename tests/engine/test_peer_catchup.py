@@ -12,12 +12,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import pytest
+from drs_engine.errors import WeightsLoadError
 from drs_engine.server.runner import RunningEngine, start_engine
+from drs_engine.weights.desired import Peers, weights_from_env
+from drs_protocol import env
 from drs_protocol.lifecycle import WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.routes import CONTROL_WEIGHTS, CONTROL_WEIGHTS_STREAM
 from drs_protocol.token_source import TokenSource
 from drs_protocol.weights_digest import digest_files
 from drs_protocol.weights_state import DesiredWeights
+from drs_protocol.weights_stream import WeightsPeers
 
 from .conftest import CONTROL_TOKEN, auth, sim_config
 
@@ -247,3 +252,43 @@ async def test_a_catch_up_presents_the_control_token_of_its_moment(tmp_path: Pat
         (tokens / "token").write_text(CONTROL_TOKEN)
         await caught_up(late)
         assert catch_up.reached_from == peer.url
+
+
+async def test_a_peer_placed_after_the_engine_started_is_asked_from_the_mounted_peers_file(tmp_path: Path) -> None:
+    """The env list (read at the start) names no peer that holds them; the mounted ConfigMap's
+    ``peers`` file, written after the start, does: the next attempt reads it and catches up."""
+    mounted = tmp_path / "weights"
+    mounted.mkdir()
+    peers_file = mounted / env.WEIGHTS_PEERS_KEY
+    peers_file.write_text("[]")  # the operator knew of no serving peer when the pod started
+    given = weights_from_env({env.WEIGHTS_DIR: str(mounted), env.WEIGHTS_PEERS_JSON: '["http://127.0.0.1:9"]'})
+    async with (
+        peer_at(tmp_path) as (peer, desired),
+        httpx.AsyncClient(timeout=30) as client,
+        start_engine(
+            sim_config(), control_token=CONTROL_TOKEN, desired_weights=desired, weights_peers=given["weights_peers"]
+        ) as late,
+    ):
+        await failed_once(late)
+        first_error = (await client.get(late.url + CONTROL_WEIGHTS, headers=auth())).json()["catch_up"]
+        peers_file.write_text(WeightsPeers((peer.url,)).dump())  # the kubelet updates the mounted file
+        await caught_up(late)
+        held = (await client.get(late.url + CONTROL_WEIGHTS, headers=auth())).json()
+    assert "no serving peer holds them" in first_error["last_error"], first_error  # the file's [], not the env's
+    assert held["weights_digest"] == desired.digest
+    assert held["catch_up"]["reached_from"] == peer.url
+
+
+def test_the_peers_file_wins_over_the_env_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    given = ("http://10.0.0.1:8000",)
+    file = tmp_path / env.WEIGHTS_PEERS_KEY
+    assert Peers(given, file).current() == given  # not mounted (or no peers key): the env's list
+    file.write_text('["http://10.0.0.2:8000"]')
+    assert Peers(given, file).current() == ("http://10.0.0.2:8000",)
+    file.write_text("")
+    assert Peers(given, file).current() == ()
+    file.write_text('"http://10.0.0.2:8000"')
+    with pytest.raises(WeightsLoadError, match=r"peers file .*not a JSON list") as caught:
+        Peers(given, file).current()
+    assert caught.value.param == "peers"
+    assert weights_from_env({})["weights_peers"] == Peers((), None)

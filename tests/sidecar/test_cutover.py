@@ -60,6 +60,33 @@ async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_b
     assert final == "step-100"
 
 
+async def test_the_engines_read_the_weights_during_the_margin_and_serve_them_only_from_the_cut_over(
+    checkpoint: Path,
+) -> None:
+    load_s, margin_s = 1.5, 2.0  # sent after the announce, the load's read overlaps the margin
+    async with sim_engine(weightsLoadSeconds=load_s, speed=1.0) as a:
+        fleet = ListFleet([as_engine(a)])
+        async with refitter(fleet, cutover_margin_s=margin_s) as r:
+            await r.reconcile_once()
+            called = time.monotonic()
+            refit = asyncio.create_task(r.refit(str(checkpoint), "step-100", digest_files(checkpoint)))
+            deadline = time.monotonic() + WAIT_S
+            while (target := await target_of(a)) is None:
+                assert time.monotonic() < deadline, "the target was never announced"
+                await asyncio.sleep(0.01)
+            cut = float(target["effective_at"])
+            held_before = []
+            while time.time() < cut - 0.2:  # read by then (1.5 s), not swapped in: the old weights serve
+                held_before.append(await held_version(a.url))
+                await asyncio.sleep(0.05)
+            report = await asyncio.wait_for(refit, WAIT_S)
+            took = time.monotonic() - called
+    assert held_before and set(held_before) == {"0"}, held_before
+    assert report.complete, report.as_dict()
+    assert report.announce_exceeded_margin is False
+    assert took < margin_s + load_s - 0.3, f"the load followed the margin ({took:.2f}s): it did not overlap it"
+
+
 async def test_a_restarted_sidecar_restores_the_cut_over_with_the_desired_weights(checkpoint: Path) -> None:
     async with sim_engine(weightsLoadSeconds=0.0) as a:
         fleet = ListFleet([as_engine(a)])

@@ -10,11 +10,12 @@ from drs_operator.api import names
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import status_dict, weights_status
 from drs_operator.manifests import desired_children
+from drs_operator.manifests.engines import WEIGHTS_VOLUME
 from drs_operator.rollout import compute_actions
 from drs_protocol import env
 from drs_protocol.weights_digest import digest_bytes
 from drs_protocol.weights_state import DesiredWeights, parse_desired_weights
-from drs_protocol.weights_stream import WeightsPeers
+from drs_protocol.weights_stream import WEIGHTS_MOUNT_PATH, WeightsPeers
 from operator_fixtures import OWNER, as_live, build, spec
 
 T0 = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
@@ -130,3 +131,21 @@ def test_pathless_desired_weights_give_the_engines_the_fleets_engines_to_catch_u
         "key": env.WEIGHTS_PEERS_KEY,
         "optional": True,
     }
+
+
+def test_every_engine_pod_mounts_the_weights_configmap_where_its_env_says() -> None:
+    """The peers' file is re-read on every catch-up attempt (peers placed after the pod started)."""
+    _, _, children = build(spec())
+    pods = children.all_of("Pod")
+    assert pods
+    for pod in pods.values():
+        container = pod["spec"]["containers"][0]
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        mounts = {m["name"]: m for m in container["volumeMounts"]}
+        values = {e["name"]: e.get("value") for e in container["env"]}
+        assert volumes[WEIGHTS_VOLUME] == {
+            "name": WEIGHTS_VOLUME,
+            "configMap": {"name": names.weights_config_name(OWNER.name), "optional": True},
+        }
+        assert mounts[WEIGHTS_VOLUME] == {"name": WEIGHTS_VOLUME, "mountPath": WEIGHTS_MOUNT_PATH, "readOnly": True}
+        assert values[env.WEIGHTS_DIR] == WEIGHTS_MOUNT_PATH

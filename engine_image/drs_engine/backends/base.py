@@ -11,7 +11,7 @@ op the backend does not offer).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final, Protocol
 
@@ -211,6 +211,14 @@ class EngineBackend(abc.ABC):
     @abc.abstractmethod
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
         """Read the checkpoint at ``path`` into the weights and serve them as ``version``."""
+
+    async def load_weights_at(self, path: str, version: str, cut_over: Callable[[], Awaitable[None]]) -> dict[str, Any]:
+        """:meth:`load_weights` at a refit's cut-over: ``cut_over()`` returns at that instant, and
+        nothing of the new weights may serve before it. A backend that can read and check them
+        into a copy that serves nothing (``sim``) does that first and only swaps after it; this
+        default waits, then loads (``torch``, ``trtllm``: their loads change the served weights)."""
+        await cut_over()
+        return await self.load_weights(path, version)
 
     async def export_weights(self) -> WeightsExport:
         """The weights held now, as a peer catching up receives them (``GET /control/weights/stream``):

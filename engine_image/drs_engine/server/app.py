@@ -54,6 +54,7 @@ from drs_engine.server import control, peer_stream, serving
 from drs_engine.server.auth import EngineAuth
 from drs_engine.server.prefix_held import prefix_held
 from drs_engine.server.state import EngineState
+from drs_engine.weights.desired import Peers
 
 log = logging.getLogger("drs_engine")
 
@@ -65,7 +66,7 @@ def create_app(
     serving_token: str | TokenSource | None = None,
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
-    weights_peers: Sequence[str] = (),
+    weights_peers: Sequence[str] | Peers = (),
 ) -> FastAPI:
     """The app of one engine; the model loads in the app's lifespan (startup), or, for the leader
     of an engine wider than a node, in the background once every rank joined."""

@@ -14,7 +14,8 @@ route                                       body                                
 ==========================================  ==================================================  =====
 ``GET  /control/weights``                   —                                                   version, digest, catch-up
 ``GET  /control/weights/stream``            —                                                   the weights, to a peer
-``POST /control/weights/load``              ``{"path": str, "version": str}``                   sim: path must be a readable file/dir
+``POST /control/weights/load``              ``{"path": str, "version": str,                     sim: path must be a readable file/dir;
+                                            "effective_at": float | null}``                     at the cut-over: read first, swap then
 ``POST /control/collective/init``           ``{"rank_prefix", "ip", "port", "world_size",       trtllm, torch (sim: 501)
                                             "train_world_size"}``
 ``POST /control/collective/prepare``        ``{"state_dict_info": {...}}``                      trtllm, torch (sim: 501)
@@ -48,6 +49,7 @@ would come after it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -72,6 +74,7 @@ from drs_protocol.control import (
     answer_json,
     result_of,
 )
+from drs_protocol.cutover import MAX_SWITCH_AHEAD_S
 from drs_protocol.limits import MAX_CONTROL_BODY_BYTES
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, ControlOp
 from pydantic import BaseModel, ValidationError
@@ -79,7 +82,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from drs_engine.backends.base import EngineBackend
-from drs_engine.errors import EngineError, UnauthorizedError
+from drs_engine.errors import EngineError, UnauthorizedError, WeightsLoadError
 from drs_engine.server.auth import check_control
 from drs_engine.server.body import validate
 from drs_engine.server.state import EngineState
@@ -175,6 +178,25 @@ def _error(exc: EngineError) -> Response:
     return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
 
 
+def cut_over(effective_at: float, wall: Callable[[], float] = time.time) -> Callable[[], Awaitable[None]]:
+    """A load's wait for its cut-over (``LoadWeights.effective_at``), on this engine's clock:
+    :class:`WeightsLoadError` naming the field, before anything is read, when it is more than
+    :data:`~drs_protocol.cutover.MAX_SWITCH_AHEAD_S` ahead."""
+    ahead = effective_at - wall()
+    if ahead > MAX_SWITCH_AHEAD_S:
+        raise WeightsLoadError(
+            f"effective_at: must be at most {MAX_SWITCH_AHEAD_S:g}s ahead of this engine's clock "
+            f"(a refit's cut-over margin plus clock skew), got {ahead:.1f}s ahead",
+            param="effective_at",
+        )
+
+    async def wait() -> None:
+        # waiting for the scheduled instant itself (the cut-over), not standing in for an event
+        await asyncio.sleep(max(0.0, effective_at - wall()))
+
+    return wait
+
+
 def weights_info(state: EngineState) -> WeightsInfo:
     backend = state.require_backend()
     return WeightsInfo(
@@ -191,7 +213,11 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
     """The op -> handler table (every :class:`ControlOp` with a route has one)."""
 
     async def load(params: LoadWeights) -> dict[str, Any]:
-        result = await state.require_backend().load_weights(params.path, params.version)
+        backend = state.require_backend()
+        if params.effective_at is None:
+            result = await backend.load_weights(params.path, params.version)
+        else:
+            result = await backend.load_weights_at(params.path, params.version, cut_over(params.effective_at))
         state.require_metrics().set_weights_version(params.version, loaded=True)
         return result
 

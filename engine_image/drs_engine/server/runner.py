@@ -27,6 +27,7 @@ from drs_engine.config import EngineConfig
 from drs_engine.gang.spec import GangSpec
 from drs_engine.server.app import create_app
 from drs_engine.server.state import EngineState
+from drs_engine.weights.desired import Peers
 
 log = logging.getLogger("drs_engine")
 
@@ -87,7 +88,7 @@ def uvicorn_server(
     log_level: str = "info",
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
-    weights_peers: Sequence[str] = (),
+    weights_peers: Sequence[str] | Peers = (),
 ) -> DrainingServer:
     app = create_app(
         config,
@@ -132,7 +133,7 @@ async def start_engine(
     serving_token: str | TokenSource | None = None,
     log_level: str = "warning",
     desired_weights: DesiredWeights | None = None,
-    weights_peers: Sequence[str] = (),
+    weights_peers: Sequence[str] | Peers = (),
 ) -> AsyncIterator[RunningEngine]:
     """Serve ``config`` (``port`` 0 picks a free port) until the block exits."""
     sock = bind_socket(config.host, config.port)

@@ -75,7 +75,7 @@ class EngineState:
         serving_token: str | TokenSource | None = None,
         gang: GangSpec | None = None,
         desired_weights: DesiredWeights | None = None,
-        weights_peers: Sequence[str] = (),
+        weights_peers: Sequence[str] | desired.Peers = (),
     ) -> None:
         self.config = config
         #: The fleet's control and serving tokens (``drs_protocol.auth``, ``token_source``): callers
@@ -86,8 +86,10 @@ class EngineState:
         self._token_task: asyncio.Task[None] | None = None
         #: The fleet's desired weights when the engine started (reached before it serves).
         self.desired_weights = desired_weights
-        #: The engines that held them when the pod started (a catch-up without a path asks them).
-        self.weights_peers = tuple(weights_peers)
+        #: The engines that hold them (a catch-up without a path asks them; re-read on every attempt).
+        self.weights_peers = (
+            weights_peers if isinstance(weights_peers, desired.Peers) else desired.Peers(tuple(weights_peers))
+        )
         #: The way to the desired weights while the engine does not hold them (None: it did at start).
         self.catch_up: CatchUp | None = None
         self._catch_up_task: asyncio.Task[None] | None = None
@@ -182,7 +184,11 @@ class EngineState:
         wanted = self.desired_weights
         if wanted is not None and not desired.holds(backend.weights_version, self.weights_digest, wanted):
             own = self.config.resolved_advertise_url().rstrip("/")
-            peers = [url for url in self.weights_peers if url.rstrip("/") != own]  # never itself
+            given = self.weights_peers
+
+            def peers() -> list[str]:  # read again on every attempt; never itself
+                return [url for url in given.current() if url.rstrip("/") != own]
+
             self.catch_up = CatchUp(wanted, peers, self.control_tokens)
             self._catch_up_task = asyncio.create_task(
                 self.catch_up.run(backend, self.control_lock, self._caught_up), name="weights-catch-up"

@@ -45,9 +45,12 @@ PEERS_SOURCE: Final = "peers"
 class CatchUp:
     """The way of one engine to the desired weights it started under (see the module docstring)."""
 
-    def __init__(self, desired: DesiredWeights, peers: Sequence[str], token: str | TokenSource | None) -> None:
+    def __init__(
+        self, desired: DesiredWeights, peers: Callable[[], Sequence[str]], token: str | TokenSource | None
+    ) -> None:
         self.desired = desired
-        self.peers = tuple(peers)
+        #: the peers to ask, read again on every attempt (``drs_engine.weights.desired.Peers``)
+        self.peers = peers
         self.tokens = TokenSource.of(token)
         self.attempts = 0
         self.last_error: str | None = None
@@ -109,7 +112,8 @@ class CatchUp:
                 self.attempts += 1
                 self._next_at = None
                 try:
-                    digest, source = await desired_weights.reach(backend, self.desired, self.peers, self.tokens.current)
+                    peers = () if self.desired.path is not None else self.peers()
+                    digest, source = await desired_weights.reach(backend, self.desired, peers, self.tokens.current)
                 except EngineError as exc:
                     self.last_error = exc.message
                     log.error(

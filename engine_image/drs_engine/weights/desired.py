@@ -2,7 +2,8 @@
 
 The operator gives every engine pod the desired weights (``drs_protocol.weights_state.DesiredWeights``,
 stored by the trainer's sidecar as a refit starts) through :data:`drs_protocol.env.DESIRED_WEIGHTS_JSON`,
-and the engines that held them when the pod started through :data:`drs_protocol.env.WEIGHTS_PEERS_JSON`.
+and the engines that hold them in the mounted weights ConfigMap (:class:`Peers`: read again on every
+attempt; :data:`drs_protocol.env.WEIGHTS_PEERS_JSON`, as the pod started, where none is mounted).
 At its start, after the backend has loaded what it starts with, the engine compares: when it
 holds other weights (another version, or another digest) it is not ready (``/health`` and turns
 answer 503 ``weights_pending``) until it reached them (:mod:`.catchup`): from their checkpoint
@@ -15,6 +16,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import TypedDict
 
 from drs_protocol import env
@@ -56,16 +59,56 @@ def peers_from_env(environ: Mapping[str, str]) -> tuple[str, ...]:
         ) from exc
 
 
+@dataclass(frozen=True, slots=True)
+class Peers:
+    """The peers a catch-up asks, read again on every attempt (:meth:`current`): the file of the
+    mounted weights ConfigMap (``file``, :data:`drs_protocol.env.WEIGHTS_DIR`) while it is there
+    (the kubelet keeps it up to date, so peers placed after the start are asked), else ``given``
+    (:data:`drs_protocol.env.WEIGHTS_PEERS_JSON` at the start: an engine started by hand)."""
+
+    given: tuple[str, ...] = ()
+    file: Path | None = None
+
+    def current(self) -> tuple[str, ...]:
+        """The peers now; :class:`WeightsLoadError` naming the file when it cannot be read or parsed."""
+        if self.file is None:
+            return self.given
+        try:
+            text = self.file.read_text().strip()
+        except FileNotFoundError:  # not mounted, or the ConfigMap has no peers key
+            return self.given
+        except OSError as exc:
+            raise WeightsLoadError(f"the peers file {str(self.file)!r} cannot be read: {exc}", param="peers") from exc
+        if not text:
+            return ()
+        try:
+            return WeightsPeers.model_validate_json(text).root
+        except ValueError as exc:
+            raise WeightsLoadError(
+                f"the peers file {str(self.file)!r}: not a JSON list of engine base URLs (http://host:port): {exc}",
+                param="peers",
+            ) from exc
+
+
+def peers_file_from_env(environ: Mapping[str, str]) -> Path | None:
+    """The peers' file in the mounted weights ConfigMap (None: no directory given)."""
+    directory = environ.get(env.WEIGHTS_DIR, "").strip()
+    return Path(directory) / env.WEIGHTS_PEERS_KEY if directory else None
+
+
 class StartWeights(TypedDict):
     """What an engine is started with about the fleet's weights (``uvicorn_server``'s keywords)."""
 
     desired_weights: DesiredWeights | None
-    weights_peers: tuple[str, ...]
+    weights_peers: Peers
 
 
 def weights_from_env(environ: Mapping[str, str]) -> StartWeights:
     """The desired weights and the peers the pod was given (:class:`DesiredWeightsError` naming the variable)."""
-    return StartWeights(desired_weights=desired_from_env(environ), weights_peers=peers_from_env(environ))
+    return StartWeights(
+        desired_weights=desired_from_env(environ),
+        weights_peers=Peers(peers_from_env(environ), peers_file_from_env(environ)),
+    )
 
 
 def holds(version: str, digest: str | None, desired: DesiredWeights) -> bool:

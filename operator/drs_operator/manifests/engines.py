@@ -15,7 +15,9 @@ and, for a gang, ``DRS_RAY_PORT``. Every pod:
   ``DRS_SERVING_TOKEN`` (``drs_protocol.auth``), and the fleet's desired weights from the
   weights ConfigMap through ``DRS_DESIRED_WEIGHTS_JSON`` and the engines to catch up from when they
   have no path through ``DRS_WEIGHTS_PEERS_JSON`` (both optional; a new value rolls nothing: only
-  the reference is in the pod, and the engine reads the value once, at its start);
+  the reference is in the pod, and the engine reads the value once, at its start), and the same
+  ConfigMap mounted at ``/etc/drs/weights`` (``DRS_WEIGHTS_DIR``; optional), whose ``peers`` file
+  a catching-up engine reads again on every attempt (the kubelet updates it: peers placed later);
 * drains when stopped: the engine turns SIGTERM into a drain of ``spec.engine.drainSeconds`` (503 to
   probes and new legs, legs in flight finish) and ``terminationGracePeriodSeconds`` is that plus a
   margin; no preStop hook is needed because the engine itself flips its readiness first;
@@ -36,7 +38,7 @@ from drs_protocol.engine_config import CacheTransceiverSpec, EngineConfig, Model
 from drs_protocol.lifecycle import TERMINATION_MARGIN_SECONDS
 from drs_protocol.limits import DEFAULT_MAX_MODEL_LEN, FRONTEND_MAX_REQUEST_BYTES, engine_max_request_bytes
 from drs_protocol.weights_state import DesiredWeights
-from drs_protocol.weights_stream import MAX_WEIGHTS_PEERS, WeightsPeers
+from drs_protocol.weights_stream import MAX_WEIGHTS_PEERS, WEIGHTS_MOUNT_PATH, WeightsPeers
 
 from drs_operator.api import names
 from drs_operator.api.constants import GPU_RESOURCE, LABEL_ORDINAL, LABEL_RANK, LABEL_REPLICASET, Role
@@ -62,6 +64,8 @@ from drs_operator.plan import EngineSlot, Plan
 
 ENGINE_CONTAINER: Final = "engine"
 SHM_VOLUME: Final = "dshm"
+#: The fleet's weights ConfigMap, mounted (optional) at ``drs_protocol.weights_stream.WEIGHTS_MOUNT_PATH``.
+WEIGHTS_VOLUME: Final = "weights"
 MODEL_VOLUME: Final = "model"
 #: Engines probe often: a draining engine (503) should leave the Service and the status within a second or two.
 READINESS_PERIOD_S: Final = 1
@@ -265,6 +269,7 @@ def _engine_env(
                 }
             },
         },
+        {"name": env.WEIGHTS_DIR, "value": WEIGHTS_MOUNT_PATH},
         {"name": env.RANK, "value": str(rank)},
         {"name": env.WORLD_SIZE, "value": str(world)},
         {"name": env.LEADER_ADDRESS, "value": leader},
@@ -277,13 +282,18 @@ def _engine_env(
 
 def _engine_volumes(owner: Owner, spec: DisaggReplicaSetSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """``(volumes, mounts)``: a memory-backed ``/dev/shm`` (NCCL), the two token Secrets (re-read
-    while the engine runs: rotation) and the model volume if named."""
+    while the engine runs: rotation), the fleet's weights ConfigMap (its peers re-read on every
+    catch-up attempt) and the model volume if named."""
     scratch_volume, scratch_mount = scratch()
     tokens = (control_token_mount(owner.name), serving_token_mount(owner.name))
     mounts: list[dict[str, Any]] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}, scratch_mount]
     volumes: list[dict[str, Any]] = [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}, scratch_volume]
     mounts += [t.mount for t in tokens]
     volumes += [t.volume for t in tokens]
+    mounts.append({"name": WEIGHTS_VOLUME, "mountPath": WEIGHTS_MOUNT_PATH, "readOnly": True})
+    volumes.append(
+        {"name": WEIGHTS_VOLUME, "configMap": {"name": names.weights_config_name(owner.name), "optional": True}}
+    )
     if spec.model.volume:
         volumes.append({"name": MODEL_VOLUME, **dict(spec.model.volume)})
         mounts.append({"name": MODEL_VOLUME, "mountPath": spec.model.mount_path, "readOnly": True})

@@ -25,7 +25,7 @@ generation leg on another engine with the same weights. The order of a leg's ste
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -239,8 +239,14 @@ class SimBackend(EngineBackend):
     # ---- control ---------------------------------------------------------------------------
 
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
+        return await self.load_weights_at(path, version, _at_once)
+
+    async def load_weights_at(self, path: str, version: str, cut_over: Callable[[], Awaitable[None]]) -> dict[str, Any]:
+        """Read and check the weights first (a copy in this call's locals, serving nothing), swap
+        them in only once ``cut_over()`` returned."""
         content_hash, digest = await asyncio.to_thread(read_weights_path, path)  # each file read once
         await self._latency.sleep(self._latency.weights_load())
+        await cut_over()
         previous = self._weights
         if self._config.sim.fault_load_moves_nothing:  # the injected fault: "success", same bytes
             content_hash, digest = previous.content_hash, previous.digest
@@ -312,3 +318,7 @@ class SimBackend(EngineBackend):
 
     async def stop_profile(self) -> dict[str, Any]:
         return self._profile.stop()
+
+
+async def _at_once() -> None:
+    """A cut-over that is now (a load without one)."""
