@@ -10,8 +10,11 @@
 * :func:`found_engine`: the engine a lookup found holding the longest prefix of the opening
   (``drs_protocol.prefix_lookup``); for a first turn only one that holds all of it (a partial hold,
   e.g. a system prompt that every group shares, says nothing about where this group is).
+* :func:`reported_work`: the engines' own recent prefill work, as they answered the lookup: what
+  the walk reads when every engine asked said it, so the replica's frontends, asking the same
+  engines, walk with the same loads and place a group alike;
 * :class:`RecentWork`: the prompt tokens of the last ``window`` openings this frontend placed or
-  found, per engine: the load the walk bounds. In-flight work alone does not balance GRPO
+  found, per engine: the load the walk bounds when an engine did not report its own. In-flight work alone does not balance GRPO
   placement: a group costs its engine one prefill (~50 ms for 1k tokens on the sim), usually over
   before the next group arrives, so the engines look idle at every placement.
 
@@ -54,16 +57,29 @@ def bounded_walk(
 
 
 def found_engine(order: Sequence[str], held: Mapping[str, PrefixHeld], *, whole: bool) -> str | None:
-    """Of the engines in ``order`` that answered, the one holding the most leading blocks (ties:
-    earlier in order); None when none holds any (or, ``whole``, none holds every block)."""
+    """Of the engines in ``order`` that answered, the one holding the most leading blocks, now or
+    once its legs in flight end (``pending_blocks``: a sibling another frontend sent there a moment
+    ago; ties: earlier in order); None when none holds any (or, ``whole``, none holds every block)."""
     best: str | None = None
     most = 0
     for url in order:
         answer = held.get(url)
-        if answer is None or answer.held_blocks <= most or (whole and not answer.covers):
+        if answer is None or answer.will_hold <= most or (whole and not answer.will_cover):
             continue
-        best, most = url, answer.held_blocks
+        best, most = url, answer.will_hold
     return best
+
+
+def reported_work(order: Sequence[str], held: Mapping[str, PrefixHeld]) -> dict[str, int] | None:
+    """The engines' own recent prefill work (``recent_work``), when every engine in ``order``
+    answered with it; else None (the frontend's own memory stands in)."""
+    work: dict[str, int] = {}
+    for url in order:
+        answer = held.get(url)
+        if answer is None or answer.recent_work is None:
+            return None
+        work[url] = answer.recent_work
+    return work
 
 
 class RecentWork:
