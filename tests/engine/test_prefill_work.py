@@ -103,3 +103,19 @@ def test_every_ask_about_one_prompt_within_the_quote_time_reads_the_first_asks_f
     clock.now += 5
     assert work.quote(group, ttl_s=5) == 100  # the quote is over
     work.finish(other, 100)
+
+
+async def test_a_sibling_arriving_with_the_first_waits_for_it_and_reads_the_prompt(
+    engine_factory: EngineFactory,
+) -> None:
+    """Two identical context legs reach an idle engine together (siblings from a replica's two
+    frontends, which hold only their own): the second waits for the first one's end and reads
+    every full block from the cache, so the prompt is computed once, not twice in one iteration."""
+    ids = list(range(2000, 2300))  # 300 tokens: 9 full blocks of 32
+    async with engine_factory("prefill", sim={"speed": 20}) as engine, httpx.AsyncClient(timeout=60) as client:
+        turn = {"model": "sim", "prompt": ids, "max_tokens": 2}
+        legs = await asyncio.gather(
+            *(client.post(engine.url + "/v1/completions", json=context_leg(turn, n)) for n in (1, 2))
+        )
+        cached = sorted(leg.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for leg in legs)
+        assert cached == [0, 9 * 32]

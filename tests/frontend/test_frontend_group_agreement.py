@@ -164,3 +164,16 @@ def test_an_engine_that_reports_no_work_leaves_the_walk_to_the_frontends_memory(
         == first
     )
     assert ConversationRouter(lookup_engines=0).looks_up is False and ConversationRouter(lookup_engines=2).looks_up
+
+
+def test_groups_placed_from_one_snapshot_spread_over_engines_a_few_tokens_apart() -> None:
+    """Every engine at its bound, their work a few tokens apart (what siblings' cache hits leave):
+    new groups placed from that one snapshot (concurrently) spread by their rendezvous order, not
+    all onto the engine a few tokens below the others."""
+    urls = pool(4)
+    held = {u: answer(SIZE + 7 * i) for i, u in enumerate(urls)}
+    picked = set()
+    for g in range(16):
+        router = ConversationRouter(lookup_engines=4)
+        picked.add(router.pick(request(f"g{g}", first_turn(f"prompt {g}"), held), [Candidate(u) for u in urls]).url)
+    assert len(picked) >= 3

@@ -96,10 +96,11 @@ def test_the_walk_takes_the_first_engine_within_c_times_the_mean_and_never_ends_
     chosen = bounded_walk(order, urls, loads.__getitem__, size, factor, width=len(urls))
     bound = work_bound(sum(work), size, len(urls), factor)
     within = [u for u in order if loads[u] + size <= bound]
-    assert chosen == (within[0] if within else min(order, key=loads.__getitem__))
+    least = [u for u in order if 2 * (loads[u] - min(work)) <= size]  # within half a prompt: a tie
+    assert chosen == (within[0] if within else least[0])
     mean_after = (sum(work) + size) / len(urls)
-    # no engine ends above c x mean unless even the least loaded one would
-    assert loads[chosen] + size <= max(factor * mean_after, min(work) + size) + 1e-9
+    # no engine ends above c x mean unless even the least loaded one would (within half a prompt)
+    assert loads[chosen] + size <= max(factor * mean_after, min(work) + 1.5 * size) + 1e-9
 
 
 @settings(max_examples=60, deadline=None)

@@ -45,7 +45,9 @@ def bounded_walk(
     order: Sequence[str], urls: Sequence[str], work: Callable[[str], int], size: int, factor: float, width: int
 ) -> str:
     """The first of ``order[:width]`` whose ``work`` plus ``size`` is within :func:`work_bound` over
-    ``urls`` (every candidate engine); else the one of least work among them (ties: earlier in order)."""
+    ``urls`` (every candidate engine); else the first of them whose work is within half a prompt of
+    the least (work that differs by less is a tie: else every group placed from one snapshot of the
+    loads, as concurrent placements are, would go to the one engine a few tokens below the others)."""
     if not order:
         raise ValueError("no engines")
     walk = order[: max(1, width)]
@@ -53,7 +55,8 @@ def bounded_walk(
     for url in walk:
         if work(url) + max(1, size) <= bound:
             return url
-    return min(walk, key=work)
+    least = min(work(u) for u in walk)
+    return next(u for u in walk if 2 * (work(u) - least) <= max(1, size))
 
 
 def found_engine(order: Sequence[str], held: Mapping[str, PrefixHeld], *, whole: bool) -> str | None:
