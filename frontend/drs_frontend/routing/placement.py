@@ -31,6 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from drs_protocol.prefix_lookup import PrefixHeld
 
+#: Work within ``size / TIE_PARTS`` of the least loaded engine's is a tie (:func:`bounded_walk`).
+TIE_PARTS = 8
+
 
 def work_bound(total: int, size: int, n: int, factor: float) -> int:
     """Most recent work an engine may hold after taking a prompt of ``size`` tokens: ``factor``
@@ -45,9 +48,10 @@ def bounded_walk(
     order: Sequence[str], urls: Sequence[str], work: Callable[[str], int], size: int, factor: float, width: int
 ) -> str:
     """The first of ``order[:width]`` whose ``work`` plus ``size`` is within :func:`work_bound` over
-    ``urls`` (every candidate engine); else the first of them whose work is within half a prompt of
-    the least (work that differs by less is a tie: else every group placed from one snapshot of the
-    loads, as concurrent placements are, would go to the one engine a few tokens below the others)."""
+    ``urls`` (every candidate engine); else the first of them whose work is within an eighth of a
+    prompt of the least (work that differs by less, such as siblings' last partial blocks, is a
+    tie: else every group placed from one snapshot of the loads, as concurrent placements are,
+    would go to the one engine a few tokens below the others)."""
     if not order:
         raise ValueError("no engines")
     walk = order[: max(1, width)]
@@ -56,7 +60,7 @@ def bounded_walk(
         if work(url) + max(1, size) <= bound:
             return url
     least = min(work(u) for u in walk)
-    return next(u for u in walk if 2 * (work(u) - least) <= max(1, size))
+    return next(u for u in walk if TIE_PARTS * (work(u) - least) <= max(1, size))
 
 
 def found_engine(order: Sequence[str], held: Mapping[str, PrefixHeld], *, whole: bool) -> str | None:
