@@ -9,11 +9,13 @@ siblings of one prompt start within ``--spread-ms`` (100 ms) of each other, the 
 ``--gap-ms`` apart. Before turn 1 every frontend is restarted (``--no-restart`` to keep them): later
 turns must find their engine without the frontends' memory.
 
-Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved: ``bounded`` (the
-default routing: by opening, a new group on the first of its rendezvous engines within the load
-bound, a turn unknown to its frontend placed where a prefix-held lookup finds its opening; siblings
-held for the first one's context leg), ``groups`` (``groupLookupEngines: 0``: by opening, the first
-rendezvous engine whatever the load, no lookup: the rule before the bound) and ``today``
+Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved: ``bounded``
+(``groupLookupEngines: 4``: by opening, a new group on the first of its rendezvous engines within
+the load bound over the recent prefill work the engines report in the prefix-held answer, a turn
+unknown to its frontend placed where that lookup finds its opening held or in flight; siblings
+held for the first one's context leg by the frontend, and by the engine for a sibling another
+frontend sent), ``groups`` (``groupLookupEngines: 0``, the default: by opening, the first
+rendezvous engine whatever the load, no lookup) and ``today``
 (``groupRouting: false``: rendezvous over the conversation id). Figures per mode and M, each the median over ``--rounds``
 (after ``--warmup`` rounds not counted), with the spread (min..max):
 

@@ -2,10 +2,12 @@
 
 The ctx router names the engines (:meth:`.routing.ConversationRouter.lookup_targets`: the first
 ``groupLookupEngines`` in rendezvous order of the opening's key) only when it knows neither the
-conversation nor its opening; :meth:`PrefixLookup.ask` posts the opening's messages (and tools) to
-each at once (``drs_protocol.prefix_lookup``, the serving token as every leg) and returns the
-answers that came within ``timeouts.prefixLookup``. Concurrent misses of one opening (the later
-turns of a group reaching a restarted frontend together) share one lookup. An engine that is unreachable, slow, refuses
+conversation nor its opening; :meth:`PrefixLookup.ask` posts the turn's token ids where this
+frontend tokenized (they start with the opening's; the engine renders nothing), else the opening's
+messages (and tools), to each at once (``drs_protocol.prefix_lookup``, the serving token as every
+leg) and returns the answers that came within ``timeouts.prefixLookup``: what each holds, will hold
+once its legs in flight end, and its own recent prefill work. Concurrent misses of one prompt (the
+siblings of a new group reaching this frontend together) share one lookup. An engine that is unreachable, slow, refuses
 (a backend that cannot say: 501) or answers something else is left out: no answer at all sends
 the turn by the load-free rule. ``drs_frontend_group_lookups_total{outcome}`` counts lookups:
 ``found`` (an engine holds a prefix), ``none`` (answers, nothing held), ``unanswered``.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from drs_protocol import routes
 from drs_protocol.prefix_lookup import PrefixHeld, PrefixHeldRequest
@@ -41,10 +45,7 @@ class PrefixLookup:
         """What each of ``urls`` holds of the opening of ``route``'s messages (those that answered)."""
         if route.messages is None:
             return {}
-        messages = [dict(m) for m in opening_messages(route.messages)]
-        tools = route.tools if isinstance(route.tools, list) and route.tools else None
-        request = PrefixHeldRequest(messages=messages, tools=tools)  # fails here, not on the engine
-        body = wire_json.dumps({"messages": request.messages, **({"tools": tools} if tools else {})})
+        body = self._body(route, route.messages)
         key = (body, tuple(urls))
         shared = self._in_flight.get(key)
         if shared is not None:
@@ -58,6 +59,21 @@ class PrefixLookup:
             del self._in_flight[key]
             future.set_result(held)
         return held
+
+    @staticmethod
+    def _body(route: RouteRequest, messages: Sequence[Mapping[str, Any]]) -> bytes:
+        """A turn this frontend tokenized: its ids, which start with the opening's (the engine
+        renders nothing; a first turn's lookup is on a new group's critical path, and its siblings'
+        identical ids share one lookup); else the opening's messages and tools, which the engine
+        renders."""
+        if route.prompt_ids:
+            ids = list(route.prompt_ids)
+            PrefixHeldRequest(prompt_token_ids=ids)  # fails here, not on the engine
+            return wire_json.dumps({"prompt_token_ids": ids})
+        opening_ = [dict(m) for m in opening_messages(messages)]
+        tools = route.tools if isinstance(route.tools, list) and route.tools else None
+        request = PrefixHeldRequest(messages=opening_, tools=tools)  # fails here, not on the engine
+        return wire_json.dumps({"messages": request.messages, **({"tools": tools} if tools else {})})
 
     async def _ask_all(self, urls: list[str], body: bytes) -> dict[str, PrefixHeld]:
         held: dict[str, PrefixHeld] = {}

@@ -237,9 +237,10 @@ class Relay:
         # 3. the request id (a fresh one for a re-run: the context state is keyed by it)
         request_id = self.minter.next_id()
         # 4. the context leg (asking the engines first where the ctx router does not know the group)
-        targets = self.ctx_router.lookup_targets(route, [c.url for c in self.prefill.candidates(frozenset())])
-        if targets:
-            route = dataclasses.replace(route, held=await self.lookup.ask(targets, route))
+        if self.ctx_router.looks_up:  # off (the default before 2026-12-05): nothing built, nobody asked
+            targets = self.ctx_router.lookup_targets(route, [c.url for c in self.prefill.candidates(frozenset())])
+            if targets:
+                route = dataclasses.replace(route, held=await self.lookup.ask(targets, route))
         ctx_body = build_context_request(
             body,
             disagg_request_id=request_id,

@@ -29,6 +29,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DEFAULT_LOOKUP_ENGINES: Final = 0
 #: Engines asked, first in rendezvous order of the opening's key, when turned on (the benchmark's setting).
 SUGGESTED_LOOKUP_ENGINES: Final = 4
+#: Seconds of an engine's recent prefill work (:attr:`PrefixHeld.recent_work`): the prompt tokens it
+#: computed in this window, plus those its context legs in flight are expected to compute.
+RECENT_WORK_WINDOW_S: Final = 60.0
+#: Seconds an engine answers every ask about one prompt with the ``recent_work`` it gave the first:
+#: the siblings of a group reach a replica's frontends within this, and each frontend asks about
+#: the group when it first sees it, so all of them walk with the same figures and place it alike.
+WORK_QUOTE_S: Final = 5.0
 #: Seconds one engine has to answer (``timeouts.prefixLookup``' default): a miss costs a turn at most this.
 DEFAULT_LOOKUP_TIMEOUT_S: Final = 0.5
 
@@ -53,7 +60,15 @@ class PrefixHeldRequest(BaseModel):
 
 class PrefixHeld(BaseModel):
     """What the engine's prefix cache holds of the prompt: ``held_blocks`` of its ``blocks`` full
-    blocks of ``tokens_per_block`` ids (``tokens``: the prompt's length)."""
+    blocks of ``tokens_per_block`` ids (``tokens``: the prompt's length); ``pending_blocks``: the
+    leading full blocks a context leg in flight here will store when its context phase ends (a
+    sibling placed by another frontend a moment ago; 0 from an engine that does not say);
+    ``recent_work``: the engine's own recent prefill work, the prompt tokens it computed in the last
+    :data:`RECENT_WORK_WINDOW_S` seconds plus those its context legs in flight are expected to
+    compute, as it stood when the engine was first asked about this prompt within the last
+    :data:`WORK_QUOTE_S` seconds (None from an engine that does not say). So every frontend that
+    asks about a group reads the same figures, and a replica's frontends place it alike
+    (docs/grpo-routing.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -61,11 +76,15 @@ class PrefixHeld(BaseModel):
     blocks: int = Field(ge=0)
     held_blocks: int = Field(ge=0)
     tokens_per_block: int = Field(ge=1)
+    pending_blocks: int = Field(default=0, ge=0)
+    recent_work: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _held_within(self) -> PrefixHeld:
         if self.held_blocks > self.blocks:
             raise ValueError("held_blocks must not exceed blocks")
+        if self.pending_blocks > self.blocks:
+            raise ValueError("pending_blocks must not exceed blocks")
         return self
 
     @property
@@ -76,3 +95,13 @@ class PrefixHeld(BaseModel):
     def covers(self) -> bool:
         """Every full block of the prompt is held (and it has one)."""
         return 0 < self.blocks == self.held_blocks
+
+    @property
+    def will_hold(self) -> int:
+        """Leading full blocks held now or once the context legs in flight here end."""
+        return max(self.held_blocks, self.pending_blocks)
+
+    @property
+    def will_cover(self) -> bool:
+        """Every full block of the prompt is held, or will be when a leg in flight here ends."""
+        return 0 < self.blocks == self.will_hold

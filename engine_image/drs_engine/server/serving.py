@@ -39,9 +39,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from drs_engine.backends.base import LegEvent, LegFinished, LegRequest, TokenStep
 from drs_engine.errors import BadRequestError, ContextLengthError, EngineError, retry_headers
+from drs_engine.prefill_work import InFlight
 from drs_engine.server import responses
 from drs_engine.server.body import validate
 from drs_engine.server.detok import IncrementalDetokenizer
+from drs_engine.server.prefix_held import follow, leg_ended, leg_started
 from drs_engine.server.readahead import ReadAhead
 from drs_engine.server.state import EngineState
 from drs_engine.wire import ChatCompletionRequest, CompletionRequest, EngineRequest, RequestType
@@ -65,14 +67,21 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
         check_supported(req)
         prompt = await resolve_prompt_ids(state, req)
         leg = build_leg(state, req, prompt, data, request)
+        prefill = None if leg.request_type is RequestType.GENERATION_ONLY else leg_started(state, backend, prompt)
         admission = state.require_admission()
-        await admission.acquire()
+        try:
+            await follow(prefill)
+            await admission.acquire()
+        except BaseException:
+            leg_ended(state, prefill, None)
+            raise
         try:
             weights_version = backend.weights_version  # the generator snapshots the same weights
             events = backend.generate(leg)
             first = await anext(events)
         except BaseException:
             admission.release()
+            leg_ended(state, prefill, None)
             raise
     except EngineError as exc:
         if state.metrics is not None:
@@ -85,12 +94,14 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     headers = {fields.HEADER_WEIGHTS_VERSION: weights_version, fields.HEADER_TURN_STARTED: format_stamp(stamp)}
     if leg.streaming:
         return StreamingResponse(
-            _stream(state, leg, meta, first, events, Started(weights_version, stamp, straddles)),
+            _stream(state, leg, meta, first, events, Started(weights_version, stamp, straddles, prefill)),
             media_type="text/event-stream",
             headers={"cache-control": "no-cache", **headers},
         )
+    ended: LegFinished | None = None
     try:
         steps, finished = await _unless_client_leaves(request, _collect(first, events))
+        ended = finished
     except EngineError as exc:
         state.require_metrics().requests.labels(leg=leg_label, status="error").inc()
         return JSONResponse(exc.to_body(), status_code=exc.status, headers=headers)
@@ -100,6 +111,7 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
     finally:
         await events.aclose()
         admission.release()
+        leg_ended(state, prefill, ended)
     _record(state, leg, finished, len(steps))
     text = decode_token_ids(state.tokenizer, [s.token_id for s in steps], skip_special_tokens=req.skip_special_tokens)
     answer = _full_body(state, leg, meta, text, steps, finished)
@@ -119,6 +131,7 @@ class Started:
     weights_version: str
     stamp: float
     straddles: bool
+    prefill: InFlight | None = None  #: the leg's place among those prefilling here (not generation-only)
 
 
 def turn_stamp(state: EngineState, request: Request) -> float:
@@ -387,6 +400,7 @@ async def _stream(
     }
     admission = state.require_admission()
     generated = 0
+    ended: LegFinished | None = None
     # One chunk per token, or (a backend that opts in) every token that arrived since the last send.
     ahead = ReadAhead(events) if state.require_backend().stream_runs else None
     try:
@@ -406,6 +420,7 @@ async def _stream(
                 responses.stream_chunk(meta, text=detok.push([s.token_id for s in steps]), steps=steps, **common)
             )
         finished = run[-1]
+        ended = finished if isinstance(finished, LegFinished) else None
         last = responses.stream_chunk(
             meta,
             text=detok.flush(),
@@ -432,3 +447,4 @@ async def _stream(
             await ahead.close()
         await events.aclose()
         admission.release()
+        leg_ended(state, started.prefill, ended)

@@ -24,6 +24,7 @@ from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import DrainingError, UnavailableError, WeightsIncompleteError, WeightsPendingError
 from drs_engine.gang.spec import GangSpec, GangSpecError
 from drs_engine.metrics import EngineMetrics
+from drs_engine.prefill_work import PrefillWork
 from drs_engine.weights import desired
 from drs_engine.weights.catchup import CatchUp
 from drs_engine.weights.target import TargetGate
@@ -114,6 +115,8 @@ class EngineState:
         self._local_ids = itertools.count(1)
         self.metrics: EngineMetrics | None = None
         self.admission: Admission | None = None
+        #: The legs prefilling here and the prompt tokens computed lately (the prefix-held answer's).
+        self.prefill_work = PrefillWork()
         self.draining = False
 
     @property

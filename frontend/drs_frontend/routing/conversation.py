@@ -10,14 +10,17 @@ In order:
    siblings until the first one's context leg is done, so they read the prompt from the cache:
 
    * an opening this frontend placed (or found) already goes to that engine (``GROUP``);
-   * else, with ``lookup_engines`` > 0 (the default), the relay first asks the first
-     ``lookup_engines`` engines in rendezvous order of the opening's key what their prefix caches
-     hold of the opening (:meth:`lookup_targets`, ``drs_protocol.prefix_lookup``), and the turn
-     goes to the engine holding the longest prefix (``LOOKUP``; a first turn only to one holding
-     all of it: a sibling placed by the replica's other frontend, or before a restart);
+   * else, with ``lookup_engines`` > 0, the relay first asks the first ``lookup_engines`` engines
+     in rendezvous order of the opening's key what their prefix caches hold of the opening, or
+     will hold once their legs in flight end (:meth:`lookup_targets`,
+     ``drs_protocol.prefix_lookup``), and the turn goes to the engine holding the longest prefix
+     (``LOOKUP``; a first turn only to one holding all of it: a sibling placed by the replica's
+     other frontend a moment ago, or before a restart);
    * else a first turn (a new group) takes the first of those engines whose recent prefill work
-     is within ``c`` times the mean (:func:`.placement.bounded_walk`: ``RENDEZVOUS``), and a later
-     turn whose group no engine holds the first engine in the order (``RENDEZVOUS``);
+     is within ``c`` times the mean (:func:`.placement.bounded_walk`: ``RENDEZVOUS``), the work
+     each engine reported in its answer (so every frontend that asks walks with the same loads),
+     else this frontend's memory; a later turn whose group no engine holds the first engine in
+     the order (``RENDEZVOUS``);
    * ``lookup_engines`` = 0: the first engine in rendezvous order, whatever the load (the rule
      before the lookup, kept for comparison).
 
@@ -55,7 +58,7 @@ from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES
 from drs_frontend.routing.balance import LeastLoadedRouter
 from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest, Sibling
 from drs_frontend.routing.groups import Opening, estimate_tokens, message_chars, opening_of
-from drs_frontend.routing.placement import RecentWork, bounded_walk, found_engine
+from drs_frontend.routing.placement import RecentWork, bounded_walk, found_engine, reported_work
 from drs_frontend.routing.prefix import (
     BlockChain,
     PrefixIndex,
@@ -120,6 +123,11 @@ class ConversationRouter:
         if cid is not None:
             return self._pick_for_conversation(cid, request, candidates)
         return self._pick_by_prefix(request, candidates)
+
+    @property
+    def looks_up(self) -> bool:
+        """Whether :meth:`lookup_targets` can name any engine (``lookup_engines`` > 0)."""
+        return self.lookup_engines > 0
 
     def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]:
         """The engines to ask what they hold of this turn's opening before :meth:`pick` (in
@@ -236,7 +244,7 @@ class ConversationRouter:
         elif (found := found_engine(order, request.held or {}, whole=opening.first_turn)) is not None:
             url, reason, placed = found, Reason.LOOKUP, Sibling.FOUND
         elif opening.first_turn:
-            url = bounded_walk(order, urls, self._recent, size, self.load_factor, self.lookup_engines)
+            url = self._walk(order, urls, request, size)
             placed = Sibling.FIRST if url == order[0] else Sibling.MOVED
         else:  # a later turn that no engine asked holds (or none answered): the load-free rule
             url = order[0]
@@ -252,6 +260,16 @@ class ConversationRouter:
         else:
             reason = Reason.GROUP
         return Decision(url, reason, cost=cost, sibling=sibling)
+
+    def _walk(self, order: Sequence[str], urls: Sequence[str], request: RouteRequest, size: int) -> str:
+        """A new group's engine: the bounded walk over the engines' own recent work when every
+        engine asked reported it (the replica's frontends then read the same loads), else over
+        this frontend's memory of what it placed."""
+        asked = order[: self.lookup_engines]
+        reported = reported_work(asked, request.held or {})
+        if reported is not None:
+            return bounded_walk(asked, asked, lambda u: reported[u], size, self.load_factor, len(asked))
+        return bounded_walk(order, urls, self._recent, size, self.load_factor, self.lookup_engines)
 
     def _record_opening(self, key: str, url: str) -> None:
         old = self._openings.pop(key, None)

@@ -16,6 +16,9 @@ from drs_frontend.routing.conversation import ConversationRouter
 class CtxRouter(Protocol):
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision: ...
 
+    @property
+    def looks_up(self) -> bool: ...
+
     def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]: ...
 
 
@@ -31,6 +34,10 @@ class _Stateless:
 
     def pick(self, request: RouteRequest, candidates: Sequence[Candidate]) -> Decision:
         return self._inner.pick(candidates)
+
+    @property
+    def looks_up(self) -> bool:
+        return False
 
     def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]:
         return []

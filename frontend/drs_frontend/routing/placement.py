@@ -10,8 +10,11 @@
 * :func:`found_engine`: the engine a lookup found holding the longest prefix of the opening
   (``drs_protocol.prefix_lookup``); for a first turn only one that holds all of it (a partial hold,
   e.g. a system prompt that every group shares, says nothing about where this group is).
+* :func:`reported_work`: the engines' own recent prefill work, as they answered the lookup: what
+  the walk reads when every engine asked said it, so the replica's frontends, asking the same
+  engines, walk with the same loads and place a group alike;
 * :class:`RecentWork`: the prompt tokens of the last ``window`` openings this frontend placed or
-  found, per engine: the load the walk bounds. In-flight work alone does not balance GRPO
+  found, per engine: the load the walk bounds when an engine did not report its own. In-flight work alone does not balance GRPO
   placement: a group costs its engine one prefill (~50 ms for 1k tokens on the sim), usually over
   before the next group arrives, so the engines look idle at every placement.
 
@@ -28,6 +31,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from drs_protocol.prefix_lookup import PrefixHeld
 
+#: Work within ``size / TIE_PARTS`` of the least loaded engine's is a tie (:func:`bounded_walk`).
+TIE_PARTS = 8
+
 
 def work_bound(total: int, size: int, n: int, factor: float) -> int:
     """Most recent work an engine may hold after taking a prompt of ``size`` tokens: ``factor``
@@ -42,7 +48,10 @@ def bounded_walk(
     order: Sequence[str], urls: Sequence[str], work: Callable[[str], int], size: int, factor: float, width: int
 ) -> str:
     """The first of ``order[:width]`` whose ``work`` plus ``size`` is within :func:`work_bound` over
-    ``urls`` (every candidate engine); else the one of least work among them (ties: earlier in order)."""
+    ``urls`` (every candidate engine); else the first of them whose work is within an eighth of a
+    prompt of the least (work that differs by less, such as siblings' last partial blocks, is a
+    tie: else every group placed from one snapshot of the loads, as concurrent placements are,
+    would go to the one engine a few tokens below the others)."""
     if not order:
         raise ValueError("no engines")
     walk = order[: max(1, width)]
@@ -50,20 +59,34 @@ def bounded_walk(
     for url in walk:
         if work(url) + max(1, size) <= bound:
             return url
-    return min(walk, key=work)
+    least = min(work(u) for u in walk)
+    return next(u for u in walk if TIE_PARTS * (work(u) - least) <= max(1, size))
 
 
 def found_engine(order: Sequence[str], held: Mapping[str, PrefixHeld], *, whole: bool) -> str | None:
-    """Of the engines in ``order`` that answered, the one holding the most leading blocks (ties:
-    earlier in order); None when none holds any (or, ``whole``, none holds every block)."""
+    """Of the engines in ``order`` that answered, the one holding the most leading blocks, now or
+    once its legs in flight end (``pending_blocks``: a sibling another frontend sent there a moment
+    ago; ties: earlier in order); None when none holds any (or, ``whole``, none holds every block)."""
     best: str | None = None
     most = 0
     for url in order:
         answer = held.get(url)
-        if answer is None or answer.held_blocks <= most or (whole and not answer.covers):
+        if answer is None or answer.will_hold <= most or (whole and not answer.will_cover):
             continue
-        best, most = url, answer.held_blocks
+        best, most = url, answer.will_hold
     return best
+
+
+def reported_work(order: Sequence[str], held: Mapping[str, PrefixHeld]) -> dict[str, int] | None:
+    """The engines' own recent prefill work (``recent_work``), when every engine in ``order``
+    answered with it; else None (the frontend's own memory stands in)."""
+    work: dict[str, int] = {}
+    for url in order:
+        answer = held.get(url)
+        if answer is None or answer.recent_work is None:
+            return None
+        work[url] = answer.recent_work
+    return work
 
 
 class RecentWork:

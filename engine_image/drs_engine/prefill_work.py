@@ -1,0 +1,142 @@
+"""This engine's own prefill work and the prompts it is computing now: what the prefix-held lookup adds.
+
+The frontends of a replica place a new GRPO group by the load of its engines
+(``drs_frontend.routing.placement``); when each read only its own memory of what it placed, two
+frontends placed one group apart (each saw other siblings, in another order). So the engine
+reports its own figures in every lookup answer (``drs_protocol.prefix_lookup.PrefixHeld``), and
+every frontend that asks reads the same facts:
+
+* ``recent_work``: the prompt tokens its legs computed in the last
+  :data:`~drs_protocol.prefix_lookup.RECENT_WORK_WINDOW_S` seconds, plus what the legs in flight
+  are expected to compute (their prompt less what was held, or pending, when they arrived), so a
+  group placed a moment ago counts at once and its end changes the figure only by the difference;
+  *quoted*: every ask about one prompt within :data:`~drs_protocol.prefix_lookup.WORK_QUOTE_S`
+  seconds gets the figure the first ask got (:meth:`PrefillWork.quote`), so two frontends that ask
+  about one group while other groups' legs arrive still read the same loads;
+* ``pending_blocks``: the leading full blocks of the asked prompt that a leg in flight here, under
+  the weights served now, will store when its context phase ends: a sibling that another frontend
+  sent here a moment ago, which the cache does not hold yet.
+
+And one decision of its own: a leg whose every full block a leg in flight here will store (a
+sibling that the replica's other frontend sent a moment ago: frontends hold only their own
+siblings) waits for that leg's end, at most :data:`FOLLOW_SECONDS`, and then reads the prompt from
+the cache; an engine shares no block still being computed (TensorRT-LLM neither), so both would
+compute it otherwise. It waits at most one prefill of the prompt longer than it would have alone.
+
+Kept by the server for every leg that prefills (not generation-only legs), whatever the backend:
+bookkeeping only, no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from array import array
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from drs_protocol.prefix_lookup import RECENT_WORK_WINDOW_S, WORK_QUOTE_S
+
+#: Prompts whose quote is kept (the oldest forgotten first).
+MAX_QUOTES = 4096
+#: Longest a leg waits for the leg in flight whose blocks it would read (the frontends' hold's default).
+FOLLOW_SECONDS = 30.0
+
+
+@dataclass(slots=True, eq=False)
+class InFlight:
+    """One leg between its arrival and its end."""
+
+    prompt_ids: Sequence[int]
+    weights: str
+    expected: int  #: prompt tokens it is expected to compute
+    #: the leg in flight that will store every full block of this prompt (this one waits for it)
+    follows: InFlight | None = None
+    done: bool = False
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def common_blocks(a: Sequence[int], b: Sequence[int], tokens_per_block: int) -> int:
+    """Leading full blocks of ``tokens_per_block`` ids that ``a`` and ``b`` share."""
+    blocks = min(len(a), len(b)) // tokens_per_block
+    for i in range(blocks):
+        lo = i * tokens_per_block
+        if a[lo : lo + tokens_per_block] != b[lo : lo + tokens_per_block]:
+            return i
+    return blocks
+
+
+class PrefillWork:
+    def __init__(self, *, window_s: float = RECENT_WORK_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be above 0")
+        self._window = window_s
+        self._clock = clock
+        self._done: deque[tuple[float, int]] = deque()
+        self._done_tokens = 0
+        self._in_flight: list[InFlight] = []
+        self._quotes: OrderedDict[bytes, tuple[float, int]] = OrderedDict()
+
+    def start(self, prompt_ids: Sequence[int], weights: str, *, held_tokens: int, tokens_per_block: int) -> InFlight:
+        """A leg arrived: it is expected to compute its prompt less what the cache holds
+        (``held_tokens``) or a leg in flight will store."""
+        blocks = len(prompt_ids) // tokens_per_block
+        follows, most = None, 0
+        for other in self._in_flight:
+            if other.weights == weights:
+                shared = common_blocks(prompt_ids, other.prompt_ids, tokens_per_block)
+                if shared > most:
+                    most = shared
+                    follows = other if shared == blocks and shared * tokens_per_block > held_tokens else None
+        pending = most * tokens_per_block
+        leg = InFlight(prompt_ids, weights, max(0, len(prompt_ids) - max(held_tokens, pending)), follows)
+        self._in_flight.append(leg)
+        return leg
+
+    def finish(self, leg: InFlight, computed: int) -> None:
+        """The leg ended having computed ``computed`` prompt tokens (idempotent)."""
+        if leg.done:
+            return
+        leg.done = True
+        leg.ended.set()
+        self._in_flight.remove(leg)
+        if computed > 0:
+            self._done.append((self._clock(), computed))
+            self._done_tokens += computed
+
+    def recent_work(self) -> int:
+        """Prompt tokens computed within the window, plus those the legs in flight are expected to."""
+        horizon = self._clock() - self._window
+        while self._done and self._done[0][0] < horizon:
+            self._done_tokens -= self._done.popleft()[1]
+        return self._done_tokens + sum(leg.expected for leg in self._in_flight)
+
+    def quote(self, prompt_ids: Sequence[int], *, ttl_s: float = WORK_QUOTE_S) -> int:
+        """:meth:`recent_work` as it stood at the first ask about ``prompt_ids`` within ``ttl_s``."""
+        now = self._clock()
+        while self._quotes and next(iter(self._quotes.values()))[0] + ttl_s < now:
+            self._quotes.popitem(last=False)
+        key = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
+        quoted = self._quotes.get(key)
+        if quoted is not None:
+            return quoted[1]
+        work = self.recent_work()
+        self._quotes[key] = (now, work)
+        if len(self._quotes) > MAX_QUOTES:
+            self._quotes.popitem(last=False)
+        return work
+
+    def pending_blocks(self, prompt_ids: Sequence[int], weights: str, tokens_per_block: int) -> int:
+        """Leading full blocks of ``prompt_ids`` that a leg in flight under ``weights`` will store."""
+        if tokens_per_block < 1:
+            raise ValueError("tokens_per_block must be at least 1")
+        most = 0
+        for leg in self._in_flight:
+            if leg.weights == weights:
+                most = max(most, common_blocks(prompt_ids, leg.prompt_ids, tokens_per_block))
+        return most
+
+    def __len__(self) -> int:
+        return len(self._in_flight)
