@@ -17,11 +17,13 @@ every frontend that asks reads the same facts:
   the weights served now, will store when its context phase ends: a sibling that another frontend
   sent here a moment ago, which the cache does not hold yet.
 
-And one decision of its own: a leg whose every full block a leg in flight here will store (a
-sibling that the replica's other frontend sent a moment ago: frontends hold only their own
-siblings) waits for that leg's end, at most :data:`FOLLOW_SECONDS`, and then reads the prompt from
-the cache; an engine shares no block still being computed (TensorRT-LLM neither), so both would
-compute it otherwise. It waits at most one prefill of the prompt longer than it would have alone.
+And one decision of its own: a leg whose every full block a *context-only* leg in flight here
+will store (a sibling that the replica's other frontend sent a moment ago: frontends hold only
+their own siblings) waits for that leg's end, at most :data:`FOLLOW_SECONDS`, and then reads the
+prompt from the cache; an engine shares no block still being computed (TensorRT-LLM neither), so
+both would compute it otherwise. It waits at most one prefill of the prompt longer than it would
+have alone. A leg that also generates (context and generation on one engine) is never followed:
+its end is its last token, not its prefill, so a sibling would wait out a whole generation.
 
 Kept by the server for every leg that prefills (not generation-only legs), whatever the backend:
 bookkeeping only, no I/O.
@@ -52,6 +54,8 @@ class InFlight:
     prompt_ids: Sequence[int]
     weights: str
     expected: int  #: prompt tokens it is expected to compute
+    #: a context-only leg: its end is its prefill's, so a sibling may wait for it
+    followable: bool = True
     #: the leg in flight that will store every full block of this prompt (this one waits for it)
     follows: InFlight | None = None
     done: bool = False
@@ -79,19 +83,30 @@ class PrefillWork:
         self._in_flight: list[InFlight] = []
         self._quotes: OrderedDict[bytes, tuple[float, int]] = OrderedDict()
 
-    def start(self, prompt_ids: Sequence[int], weights: str, *, held_tokens: int, tokens_per_block: int) -> InFlight:
+    def start(
+        self,
+        prompt_ids: Sequence[int],
+        weights: str,
+        *,
+        held_tokens: int,
+        tokens_per_block: int,
+        followable: bool = True,
+    ) -> InFlight:
         """A leg arrived: it is expected to compute its prompt less what the cache holds
-        (``held_tokens``) or a leg in flight will store."""
+        (``held_tokens``) or a leg in flight will store. It follows (waits for) only a
+        ``followable`` leg: one that ends when its prefill does."""
         blocks = len(prompt_ids) // tokens_per_block
         follows, most = None, 0
         for other in self._in_flight:
             if other.weights == weights:
                 shared = common_blocks(prompt_ids, other.prompt_ids, tokens_per_block)
-                if shared > most:
-                    most = shared
-                    follows = other if shared == blocks and shared * tokens_per_block > held_tokens else None
+                most = max(most, shared)
+                whole = shared == blocks and shared * tokens_per_block > held_tokens
+                if follows is None and whole and other.followable:
+                    follows = other
         pending = most * tokens_per_block
-        leg = InFlight(prompt_ids, weights, max(0, len(prompt_ids) - max(held_tokens, pending)), follows)
+        expected = max(0, len(prompt_ids) - max(held_tokens, pending))
+        leg = InFlight(prompt_ids, weights, expected, followable, follows)
         self._in_flight.append(leg)
         return leg
 

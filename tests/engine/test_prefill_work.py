@@ -119,3 +119,32 @@ async def test_a_sibling_arriving_with_the_first_waits_for_it_and_reads_the_prom
         )
         cached = sorted(leg.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for leg in legs)
         assert cached == [0, 9 * 32]
+
+
+def test_a_leg_that_also_generates_is_never_followed() -> None:
+    """Its end is its last token, not its prefill: a sibling waiting for it would wait out a whole
+    generation (context and generation on one engine), so the sibling computes its prompt."""
+    work = PrefillWork()
+    ids = list(range(100))
+    full = work.start(ids, "v1", held_tokens=0, tokens_per_block=32, followable=False)
+    sibling = work.start(ids, "v1", held_tokens=0, tokens_per_block=32)
+    assert sibling.follows is None
+    assert work.pending_blocks(ids, "v1", 32) == 3  # still reported: its blocks will be stored
+    context = work.start(ids, "v1", held_tokens=0, tokens_per_block=32)
+    assert context.follows is sibling  # a context-only leg is followed
+    for leg in (full, sibling, context):
+        work.finish(leg, 0)
+
+
+async def test_siblings_that_also_generate_on_one_engine_do_not_wait_for_each_other(
+    engine_factory: EngineFactory,
+) -> None:
+    """Two identical turns sent whole to one engine (no disaggregation) run side by side: the
+    second does not wait for the first one's last token to read the prompt from the cache."""
+    ids = list(range(3000, 3300))
+    async with engine_factory("prefill", sim={"speed": 20}) as engine, httpx.AsyncClient(timeout=60) as client:
+        turn = {"model": "sim", "prompt": ids, "max_tokens": 8}
+        legs = await asyncio.gather(*(client.post(engine.url + "/v1/completions", json=turn) for _ in range(2)))
+        assert [leg.status_code for leg in legs] == [200, 200], [leg.text for leg in legs]
+        cached = [leg.json()["usage"]["prompt_tokens_details"]["cached_tokens"] for leg in legs]
+        assert cached == [0, 0]  # neither waited to read the other's blocks

@@ -56,15 +56,22 @@ async def prefix_held(state: EngineState, request: Request) -> Response:
     return JSONResponse(answer.model_dump(mode="json"))
 
 
-def leg_started(state: EngineState, backend: EngineBackend, prompt_ids: Sequence[int]) -> InFlight:
-    """Count a leg that prefills here from its arrival (its expected work, its pending blocks)."""
+def leg_started(
+    state: EngineState, backend: EngineBackend, prompt_ids: Sequence[int], *, context_only: bool
+) -> InFlight:
+    """Count a leg that prefills here from its arrival (its expected work, its pending blocks);
+    only a ``context_only`` leg may be followed (:mod:`drs_engine.prefill_work`)."""
     try:
         held = backend.prefix_held(prompt_ids)
         held_tokens, per_block = held.held_tokens, held.tokens_per_block
     except NotSupportedError:
         held_tokens, per_block = 0, UNKNOWN_BLOCK_TOKENS
     return state.prefill_work.start(
-        prompt_ids, backend.weights_version, held_tokens=held_tokens, tokens_per_block=per_block
+        prompt_ids,
+        backend.weights_version,
+        held_tokens=held_tokens,
+        tokens_per_block=per_block,
+        followable=context_only,
     )
 
 

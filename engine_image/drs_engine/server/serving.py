@@ -67,7 +67,11 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
         check_supported(req)
         prompt = await resolve_prompt_ids(state, req)
         leg = build_leg(state, req, prompt, data, request)
-        prefill = None if leg.request_type is RequestType.GENERATION_ONLY else leg_started(state, backend, prompt)
+        prefill = (
+            None
+            if leg.request_type is RequestType.GENERATION_ONLY
+            else leg_started(state, backend, prompt, context_only=leg.request_type is RequestType.CONTEXT_ONLY)
+        )
         admission = state.require_admission()
         try:
             await follow(prefill)
