@@ -35,6 +35,11 @@ WEIGHTS_PEERS_JSON: Final = "DRS_WEIGHTS_PEERS_JSON"
 #: the peers' file again on every attempt (the kubelet updates it), :data:`WEIGHTS_PEERS_JSON` when
 #: the file is not there.
 WEIGHTS_DIR: Final = "DRS_WEIGHTS_DIR"
+#: Where a ``trtllm`` engine keeps the bytes of its last collective update or peer load, so it can
+#: stream them to a peer catching up (TensorRT-LLM's own parameters are fused and re-laid out: they
+#: are not the trainer's layout). Unset: ``<TMPDIR>/drs-weights`` (engine pods: the scratch emptyDir,
+#: which a pod-template overlay may point at a larger local disk).
+WEIGHTS_RETAIN_DIR: Final = "DRS_WEIGHTS_RETAIN_DIR"
 #: The pod's own address (downward API ``status.podIP``); the pods' ``--host $(POD_IP)``.
 POD_IP: Final = "POD_IP"
 #: The pod's name (downward API ``metadata.name``).

@@ -12,6 +12,12 @@ IPC, ``reset_prefix_cache``, ``start_profile``/``stop_profile``) with:
 * NeMo RL's collective refit, by the same names and arguments as NeMo RL's ``NcclExtension``
   (``init_collective``, ``prepare_refit_info``, ``update_weights_from_collective``), receiving
   NeMo RL's packed broadcast (layout in :mod:`drs_protocol.nemo_rl_refit`) without importing ``nemo_rl``;
+* ``load_weights_from_packed(path, state_dict_info)``: the same packed layout read from a file (a
+  peer's weights stream, written there by the engine: the peer catch-up), batch by batch;
+* keeping what a collective update received (``retain_to``): the first worker writes each batch it
+  received, as it received it, to ``retain_to`` (``.part`` until whole, then renamed), so the
+  engine can stream the weights it holds to a peer that catches up; a failure to write is logged
+  and leaves no file, never fails the update;
 * ``weights_digest()``: the :mod:`drs_protocol.weights_digest` of the bytes this worker handed to
   the engine's weight-update API in its last completed update, in the order it handed them (a
   collective update: the trainer's packed layout, so it equals the trainer's digest; a path: each
@@ -125,14 +131,18 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
             log.exception("prepare_refit_info failed")
             return False
 
-    def update_weights_from_collective(self, drain: bool = True, recompute_kv: bool = False) -> bool:
+    def update_weights_from_collective(
+        self, drain: bool = True, recompute_kv: bool = False, retain_to: str | None = None
+    ) -> bool:
         """Receive NeMo RL's packed broadcast and load it (``recompute_kv`` is accepted as NeMo RL's
-        signature has it; the prefix cache is reset after every update either way)."""
+        signature has it; the prefix cache is reset after every update either way); the first
+        worker keeps the bytes at ``retain_to`` when given (see the module)."""
         specs: list[TensorSpec] | None = getattr(self, "_drs_specs", None)
         group = getattr(self, "_drs_group", None)
         if specs is None or group is None:
             log.error("update_weights_from_collective before init_collective/prepare_refit_info")
             return False
+        keep: _Retained | None = None
         with self.engine.control_action(drain=drain):
             try:
                 import torch
@@ -140,15 +150,53 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
                 torch.cuda.synchronize()
                 self._begin_update()
                 total = torch.cuda.get_device_properties(self.device_id).total_memory
+                if retain_to and torch.distributed.get_rank() == 0:
+                    keep = _Retained.open(retain_to)
                 for batch in packed_batches(specs, target_packed_bytes(total)):
-                    self._reload(dict(self._receive(group, batch)))
+                    buffer = self._receive(group, batch)
+                    if keep is not None:
+                        keep.write(buffer)
+                    self._reload(dict(self._tensors(buffer, batch)))
                 self._finish_update()
                 torch.cuda.current_stream().synchronize()
+                if keep is not None:
+                    keep.commit()
                 return True
             except Exception:
                 log.exception("update_weights_from_collective failed")
                 self._abort_update()
+                if keep is not None:
+                    keep.drop()
                 return False
+
+    # -- a peer's weights, from a file ------------------------------------------------------------
+
+    def load_weights_from_packed(self, path: str, state_dict_info: dict[str, Any]) -> bool:
+        """Load the packed layout ``state_dict_info`` from the file at ``path`` (exactly its bytes)."""
+        try:
+            import torch
+
+            specs = parse_state_dict_info(state_dict_info)
+            self._drs_dtypes = {s.dtype: getattr(torch, s.dtype) for s in specs}
+            total = torch.cuda.get_device_properties(self.device_id).total_memory
+            self._begin_update()
+            with open(path, "rb") as fh:
+                for batch in packed_batches(specs, target_packed_bytes(total)):
+                    size = batch_bytes(batch)
+                    raw = bytearray(fh.read(size))
+                    if len(raw) != size:
+                        raise ValueError(f"{path}: {len(raw)} bytes where the layout needs {size}")
+                    buffer = torch.frombuffer(raw, dtype=torch.uint8).to(f"cuda:{self.device_id}")
+                    self._drs_digester.update(buffer)
+                    self._reload(dict(self._tensors(buffer, batch)))
+                if fh.read(1):
+                    raise ValueError(f"{path}: longer than the layout")
+            self._finish_update()
+            return True
+        except Exception:
+            log.exception("load_weights_from_packed(%r) failed on device %s", path, self.device_id)
+            self._abort_update()
+            return False
 
     # -- shared steps ----------------------------------------------------------------------------
 
@@ -156,13 +204,18 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
         """The digest of what the last completed update handed to the engine (see the module)."""
         return getattr(self, "_drs_digest", None)
 
-    def _receive(self, group: Any, batch: list[Slot]) -> Iterator[tuple[str, Any]]:
+    def _receive(self, group: Any, batch: list[Slot]) -> Any:
+        """One packed batch of the broadcast, on this GPU (counted into the digest)."""
         import torch
 
         buffer = torch.empty(batch_bytes(batch), dtype=torch.uint8, device=f"cuda:{self.device_id}")
         stream = torch.cuda.current_stream()
         group.broadcast(sendbuf=buffer, recvbuf=buffer, root=0, stream=int(stream.cuda_stream))
         self._drs_digester.update(buffer)
+        return buffer
+
+    def _tensors(self, buffer: Any, batch: list[Slot]) -> Iterator[tuple[str, Any]]:
+        """The batch's tensors, as views of ``buffer`` (its packed bytes)."""
         for slot in batch:
             dtype = self._drs_dtypes[slot.spec.dtype]
             piece = buffer[slot.offset : slot.offset + slot.spec.nbytes]
@@ -213,6 +266,56 @@ class DrsWorkerExtension(WorkerExtension):  # type: ignore[misc]
                 loader.abort_update_weights()
             except Exception:
                 log.exception("abort_update_weights failed")
+
+
+class _Retained:
+    """The file a collective update's bytes are kept in, written batch by batch."""
+
+    def __init__(self, path: str, fh: Any) -> None:
+        self.path = path
+        self._fh: Any = fh
+
+    @classmethod
+    def open(cls, path: str) -> _Retained | None:
+        try:
+            return cls(path, open(path + ".part", "wb"))
+        except OSError:
+            log.exception("cannot keep the update's weights at %s: peers cannot catch up from this engine", path)
+            return None
+
+    def write(self, buffer: Any) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.write(buffer.cpu().numpy().tobytes())
+        except OSError:
+            log.exception(
+                "keeping the update's weights at %s failed: peers cannot catch up from this engine", self.path
+            )
+            self.drop()
+
+    def commit(self) -> None:
+        if self._fh is None:
+            return
+        try:
+            self._fh.close()
+            os.replace(self.path + ".part", self.path)
+        except OSError:
+            log.exception(
+                "keeping the update's weights at %s failed: peers cannot catch up from this engine", self.path
+            )
+            self.drop()
+
+    def drop(self) -> None:
+        """Leave no file (the update failed, or writing it did)."""
+        fh, self._fh = self._fh, None
+        if fh is None:
+            return
+        try:
+            fh.close()
+            os.unlink(self.path + ".part")
+        except OSError:
+            pass
 
 
 def _timeout() -> Any:

@@ -20,9 +20,11 @@ from typing import Any, ClassVar
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
 from drs_protocol.nemo_rl_refit import RefitSpecError, checkpoint_files, parse_state_dict_info
 from drs_protocol.trtllm_kwargs import tokens_per_block_of
+from drs_protocol.weights_stream import WeightsStreamHeader
 
 from drs_engine.backends.base import EngineBackend, LegEvent, LegFinished, LegRequest
 from drs_engine.backends.trtllm.features import Features, detect_features
+from drs_engine.backends.trtllm.retained import Retained, retain_dir
 from drs_engine.backends.trtllm.surface import release
 from drs_engine.backends.trtllm.switch import WeightsSwitch
 from drs_engine.backends.trtllm.translate import (
@@ -39,6 +41,7 @@ from drs_engine.backends.trtllm.translate import (
 )
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError, NotSupportedError, UnavailableError, WeightsLoadError
+from drs_engine.weights.stream import WeightsExport
 from drs_engine.wire import RequestType
 
 log = logging.getLogger("drs_engine.trtllm")
@@ -66,6 +69,10 @@ class TrtllmBackend(EngineBackend):
         self._features: Features | None = None
         #: the decoding legs, re-prefilled across a weights update (refit safety)
         self._switch = WeightsSwitch()
+        #: the trainer-layout copy of the weights held, for peers that catch up (:mod:`.retained`)
+        self._retained = Retained(retain_dir())
+        #: the layout of the collective update to come (``prepare_refit_info``)
+        self._refit_info: dict[str, Any] | None = None
 
     async def start(self) -> None:
         module_name, class_name = LLM_CLASS.rsplit(".", 1)
@@ -279,7 +286,36 @@ class TrtllmBackend(EngineBackend):
             await self._rpc("load_weights", {"path": path}, error=WeightsLoadError)
             await self._rpc("reset_prefix_cache")
             previous, self._version = self._version, version
+        self._retained.after_path_load()
         return {"version": version, "previous_version": previous}
+
+    async def export_weights(self) -> WeightsExport:
+        """The kept copy of the last collective update or peer load (:mod:`.retained`)."""
+        return self._retained.export(await self.measure_digest())
+
+    async def load_weights_from_stream(
+        self, header: WeightsStreamHeader, pieces: AsyncIterator[bytes], version: str
+    ) -> dict[str, Any]:
+        """Write the peer's stream to a file (its digest checked as it arrives: other bytes touch
+        nothing), then have the workers load that file in the stream's layout."""
+        info = await self._retained.receive(header, pieces)
+        path = str(self._retained.incoming)
+        try:
+            async with self._switch.update("load_weights_from_stream"):
+                self._retained.prepare()
+                await self._rpc(
+                    "load_weights_from_stream", {"path": path, "state_dict_info": info}, error=WeightsLoadError
+                )
+                await self._rpc("reset_prefix_cache")
+                previous, self._version = self._version, version
+        except EngineError:
+            self._retained.incoming.unlink(missing_ok=True)
+            raise
+        held = await self.measure_digest()
+        if held != header.digest:
+            raise WeightsLoadError(f"the workers hold digest {held} after loading the peer's {header.digest}")
+        self._retained.adopt_incoming(header)
+        return {"version": version, "previous_version": previous, "source": "peer stream", "bytes": header.nbytes}
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
         await self._rpc("init_collective", params.model_dump(exclude={"timeout_s"}))
@@ -291,17 +327,21 @@ class TrtllmBackend(EngineBackend):
         except RefitSpecError as exc:
             raise BadRequestError(str(exc), param="state_dict_info") from exc
         await self._rpc("prepare_refit_info", {"state_dict_info": params.state_dict_info})
+        self._refit_info = dict(params.state_dict_info)
         return {"prepared": True, "tensors": len(params.state_dict_info)}
 
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]:
         async with self._switch.update("update_weights_from_collective"):
+            retain_to = self._retained.prepare()
             await self._rpc(
                 "update_weights_from_collective",
-                {"drain": params.drain, "recompute_kv": params.recompute_kv},
+                {"drain": params.drain, "recompute_kv": params.recompute_kv, "retain_to": retain_to},
                 error=WeightsLoadError,
             )
             await self._rpc("reset_prefix_cache")
             previous, self._version = self._version, params.version
+        if self._refit_info is not None:
+            self._retained.kept(self._refit_info, await self.measure_digest())
         return {"version": params.version, "previous_version": previous}
 
     async def abort_collective(self, reason: str) -> dict[str, Any]:

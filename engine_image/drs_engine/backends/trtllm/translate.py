@@ -285,6 +285,7 @@ def finished_from_output(output: Any, *, prompt_tokens: int, prefix_lookup: bool
 #: whose collective methods have NeMo RL's names and arguments.
 RPC_METHODS: Final = {
     "load_weights": "load_weights_from_path",  # DrsWorkerExtension (trtllm_worker/extension.py)
+    "load_weights_from_stream": "load_weights_from_packed",  # a peer's stream, written to a file first
     "init_collective": "init_collective",
     "prepare_refit_info": "prepare_refit_info",
     "update_weights_from_collective": "update_weights_from_collective",

@@ -258,10 +258,37 @@ class AsyncLLM:
         self.refit["info"] = state_dict_info
         return True
 
-    def _rpc_update_weights_from_collective(self, drain: bool = True, recompute_kv: bool = False) -> bool:
+    def _rpc_update_weights_from_collective(
+        self, drain: bool = True, recompute_kv: bool = False, retain_to: str | None = None
+    ) -> bool:
         if "info" not in self.refit:
             return False
-        self.weights = _digest("collective", self.weights, sorted(self.refit["info"]))
-        self.handed = repr(sorted(self.refit["info"])).encode()  # stands for the broadcast bytes
+        # stands for the broadcast: bytes of the layout's size, other at every update
+        self.handed = _fill(
+            _digest("collective", self.weights, sorted(self.refit["info"])), _nbytes(self.refit["info"])
+        )
+        self.weights = _digest("load", self.handed)
+        self.seen_blocks.clear()
+        if retain_to is not None:  # the first worker keeps what it received (one file per engine)
+            Path(retain_to + ".part").write_bytes(self.handed)
+            Path(retain_to + ".part").replace(retain_to)
+        return True
+
+    def _rpc_load_weights_from_packed(self, path: str, state_dict_info: dict[str, Any]) -> bool:
+        data = Path(path).read_bytes()
+        if len(data) != _nbytes(state_dict_info):
+            return False  # the real extension refuses a file that is not the layout's size
+        self.handed = data
+        self.weights = _digest("load", self.handed)
         self.seen_blocks.clear()
         return True
+
+
+def _nbytes(state_dict_info: dict[str, Any]) -> int:
+    from drs_protocol.nemo_rl_refit import parse_state_dict_info
+
+    return sum(spec.nbytes for spec in parse_state_dict_info(state_dict_info))
+
+
+def _fill(seed: bytes, size: int) -> bytes:
+    return (seed * (size // len(seed) + 1))[:size]
