@@ -55,6 +55,7 @@ lint: install
 
 typecheck: install
 	$(BIN)/mypy cli/drs_cli operator/drs_operator frontend/drs_frontend engine_image/drs_engine protocol/drs_protocol devcluster/drs_devcluster sidecar/drs_sidecar client/drs_client bench examples
+	$(BIN)/mypy tests
 
 test: install gym-install controlplane lint typecheck
 	$(BIN)/pytest $(PYTEST_ARGS)

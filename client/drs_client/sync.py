@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Awaitable, Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Coroutine, Generator, Sequence
 from typing import Any, Final, TypeVar
 
 from drs_protocol.control import IpcBuffer
@@ -119,7 +119,7 @@ class Fleet:
     ) -> FleetView:
         return self._run(self._fleet.wait_weights(version, timeout_s=timeout_s, progress=progress))
 
-    def watch(self) -> Iterator[FleetView]:
+    def watch(self) -> Generator[FleetView, None, None]:
         """The view now, then every change; blocks between changes. Close it (or leave the loop) to stop."""
         stream = self._fleet.watch()
         try:

@@ -18,9 +18,9 @@ import pytest
 from drs_devcluster.testing import RunningCluster, namespace_for
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT))
 
-from chaos import NAME, Fleet, deployed, run_scenarios  # noqa: E402
+from bench.chaos import NAME, Fleet, deployed, run_scenarios  # noqa: E402
 
 pytestmark = pytest.mark.cluster
 

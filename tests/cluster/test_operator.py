@@ -118,15 +118,12 @@ def test_a_deleted_engine_pod_comes_back_with_its_name_on_its_node_and_urls_do_n
         pod = engine_pods(devcluster, namespace).get(victim["name"])
         return pod if pod and pod["metadata"]["uid"] != old_uid else None
 
+    def bound() -> dict[str, Any] | None:
+        pod = recreated()
+        return pod if pod and pod["spec"].get("nodeName") else None
+
     pod = wait_for("the engine pod to be recreated", recreated)
-    assert (
-        node_of(
-            wait_for(
-                "it to be bound", lambda: recreated() if recreated() and recreated()["spec"].get("nodeName") else None
-            )
-        )
-        == victim["node"]
-    )
+    assert node_of(wait_for("it to be bound", bound)) == victim["node"]
     after = wait_ready(devcluster, namespace, "heal", 2)
     assert after["urls"] == before["urls"]
     assert pod["metadata"]["name"] == victim["name"]

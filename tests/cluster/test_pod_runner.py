@@ -95,9 +95,10 @@ def eventually(check: Callable[[], T | None], timeout_s: float, what: str) -> T:
     last: Any = None
     while True:
         try:
-            last = check()
-            if last is not None and last is not False:
-                return last
+            result = check()
+            last = result
+            if result is not None and result is not False:
+                return result
         except (httpx.HTTPError, OSError) as exc:
             last = exc
         if time.monotonic() > deadline:

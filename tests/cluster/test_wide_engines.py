@@ -94,7 +94,7 @@ def chat_turn(url: str, session: str) -> httpx.Headers:
     )
     reply: Any = raw.parse()
     assert reply.choices[0].message.generation_token_ids, "the turn generated tokens"
-    return raw.headers
+    return httpx.Headers(list(raw.headers.items()))
 
 
 def frontend_serves(url: str) -> bool:

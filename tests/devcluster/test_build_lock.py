@@ -20,14 +20,15 @@ def test_concurrent_ensure_built_builds_each_target_once(tmp_path: Path, monkeyp
     monkeypatch.setattr(build, "go_version", lambda: "go1.26.8")
     monkeypatch.setattr(build, "_copy_kwok_stages", lambda bins: None)
     monkeypatch.setattr(build, "is_built", lambda bins: all((bins / b).is_file() for b in build.ALL_BINARIES))
-    state = {"active": 0, "max_active": 0, "built": []}
+    state = {"active": 0, "max_active": 0}
+    built: list[str] = []
     guard = threading.Lock()
 
     def fake_build(target: build.GoTarget, bins: Path, go: str) -> None:
         with guard:
             state["active"] += 1
             state["max_active"] = max(state["max_active"], state["active"])
-            state["built"].append(target.name)
+            built.append(target.name)
         time.sleep(0.05)  # a build takes time: the other thread must be inside ensure_built meanwhile
         for out in target.outputs:
             (bins / out).write_text("built")
@@ -43,4 +44,4 @@ def test_concurrent_ensure_built_builds_each_target_once(tmp_path: Path, monkeyp
         t.join(timeout=30)
     assert len(results) == 2 and results[0] == results[1]
     assert state["max_active"] == 1
-    assert sorted(state["built"]) == sorted(t.name for t in build._targets())
+    assert sorted(built) == sorted(t.name for t in build._targets())

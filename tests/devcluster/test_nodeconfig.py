@@ -23,16 +23,16 @@ def test_addresses_stay_inside_the_clusters_own_network(net: int, index: int) ->
     cidr = ipaddress.ip_network(network.cidr)
     first, last = network.pod_range(index)
     for ip in (network.gateway, network.node_ip(index), first, last):
-        assert ipaddress.ip_address(ip) in cidr
+        assert ipaddress.IPv4Address(ip) in cidr
     assert not cidr.overlaps(ipaddress.ip_network(nodeconfig.service_cidr()))
-    pods = {ipaddress.ip_address(first), ipaddress.ip_address(last)}
-    assert ipaddress.ip_address(network.gateway) not in pods
-    assert ipaddress.ip_address(network.node_ip(index)) < ipaddress.ip_address(first)
+    pods = {ipaddress.IPv4Address(first), ipaddress.IPv4Address(last)}
+    assert ipaddress.IPv4Address(network.gateway) not in pods
+    assert ipaddress.IPv4Address(network.node_ip(index)) < ipaddress.IPv4Address(first)
     for name in (network.bridge, network.host_veth, network.peer_veth):
         assert len(name) <= 15  # IFNAMSIZ - 1
-    host = ipaddress.ip_address(network.host_ip)
-    assert host in cidr and host != ipaddress.ip_address(network.gateway)
-    assert host < ipaddress.ip_address(network.node_ip(0))
+    host = ipaddress.IPv4Address(network.host_ip)
+    assert host in cidr and host != ipaddress.IPv4Address(network.gateway)
+    assert host < ipaddress.IPv4Address(network.node_ip(0))
 
 
 @given(st.integers(0, 255), st.integers(0, 255))

@@ -133,6 +133,6 @@ def test_gym_token_id_fields_on_earlier_turns_do_not_change_the_rendering() -> N
         {"role": "assistant", "content": "hello"},
         {"role": "user", "content": "more"},
     ]
-    gym = [dict(m) for m in plain]
+    gym: list[dict[str, Any]] = [dict(m) for m in plain]
     gym[1].update(prompt_token_ids=list(range(5000)), generation_token_ids=[1, 2, 3], generation_log_probs=[-0.1] * 3)
     assert render_prompt_ids(tok, gym) == render_prompt_ids(tok, plain)

@@ -80,7 +80,7 @@ def state(ctx_request_id: int) -> ContextState:
 
 
 def test_a_context_state_is_taken_once() -> None:
-    store = ContextStore(capacity=10, ttl_seconds=60)
+    store: ContextStore[ContextState] = ContextStore(capacity=10, ttl_seconds=60)
     store.put(state(1))
     assert store.take(1) == state(1)
     assert store.take(1) is None
@@ -88,7 +88,7 @@ def test_a_context_state_is_taken_once() -> None:
 
 def test_context_states_expire_and_the_oldest_goes_first_when_full() -> None:
     now = [0.0]
-    store = ContextStore(capacity=2, ttl_seconds=10, clock=lambda: now[0])
+    store: ContextStore[ContextState] = ContextStore(capacity=2, ttl_seconds=10, clock=lambda: now[0])
     store.put(state(1))
     now[0] = 5
     store.put(state(2))
@@ -103,7 +103,7 @@ def test_context_states_expire_and_the_oldest_goes_first_when_full() -> None:
 def test_states_leaving_unfetched_are_handed_to_on_drop_and_taken_ones_are_not() -> None:
     now = [0.0]
     dropped: list[int] = []
-    store = ContextStore(
+    store: ContextStore[ContextState] = ContextStore(
         capacity=2, ttl_seconds=10, clock=lambda: now[0], on_drop=lambda s: dropped.append(s.ctx_request_id)
     )
     store.put(state(1))

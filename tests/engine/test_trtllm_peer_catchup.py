@@ -70,7 +70,9 @@ def test_a_peer_without_a_kept_copy_of_the_weights_it_holds_refuses_to_stream_na
     with trtllm_engine(tmp_path, "a", env=retain(tmp_path, "a")) as url:
         collective_refit(url, "v3")
         assert httpx.get(url + CONTROL_WEIGHTS_STREAM, headers=AUTH).status_code == 200
-        loaded = httpx.post(url + "/control/weights/load", json={"path": str(checkpoint), "version": "v4"}, headers=AUTH)
+        loaded = httpx.post(
+            url + "/control/weights/load", json={"path": str(checkpoint), "version": "v4"}, headers=AUTH
+        )
         assert loaded.status_code == 200, loaded.text
         refused = httpx.get(url + CONTROL_WEIGHTS_STREAM, headers=AUTH)
         assert refused.status_code == 501 and "came from a checkpoint path" in refused.text

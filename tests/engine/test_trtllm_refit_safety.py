@@ -77,6 +77,7 @@ def test_a_generation_leg_decoding_across_an_update_resumes_only_with_the_new_we
     checkpoint.mkdir()
     (checkpoint / "model-00001.safetensors").write_bytes(b"weights-v2")
     with trtllm_engine(tmp_path, "e", env={"TRTLLM_DOUBLE_STEP_S": STEP_S}) as url:
+        payload: dict[str, Any]
         if how == "load":
             route, payload = "/control/weights/load", {"path": str(checkpoint), "version": "v2"}
         else:

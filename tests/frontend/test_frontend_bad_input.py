@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import httpx
 import pytest
 
@@ -62,7 +64,7 @@ async def test_a_twenty_megabyte_body_is_refused_with_413(replica: Replica, clie
 async def test_a_body_larger_than_announced_is_cut_off_at_the_limit(
     replica: Replica, client: httpx.AsyncClient
 ) -> None:
-    async def chunks():  # type: ignore[no-untyped-def]
+    async def chunks() -> AsyncIterator[bytes]:
         for _ in range(20):
             yield b"x" * (1024 * 1024)
 

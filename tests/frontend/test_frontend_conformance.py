@@ -3,16 +3,23 @@ NeMo-Gym-shaped multi-turn requests with their extra fields."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import pytest
 from drs_protocol.chat import load_tokenizer, render_prompt_ids
 from drs_protocol.token_prefix import find_prefix, render_spliced_ids
+from openai.types.chat import ChatCompletionMessageParam
 
 from .conftest import Replica, ReplicaFactory, chat_body, metric_value
 
 GENERATION_OK = '{leg="generation_only",status="ok"}'
-GYM_FIELDS = {"return_tokens_as_token_ids": True, "return_token_ids": True, "required_prefix_token_ids": [1, 2]}
+GYM_FIELDS: dict[str, Any] = {
+    "return_tokens_as_token_ids": True,
+    "return_token_ids": True,
+    "required_prefix_token_ids": [1, 2],
+}
 
 
 def openai_client(replica: Replica) -> openai.AsyncOpenAI:
@@ -38,11 +45,11 @@ async def test_the_openai_client_gets_a_chat_completion_with_the_engines_named(r
 
 async def test_the_openai_client_streams_the_same_text_it_gets_without_streaming(replica: Replica) -> None:
     client = openai_client(replica)
-    messages = [{"role": "user", "content": "Stream me a reply"}]
-    whole = await client.chat.completions.create(model="sim-qwen3", messages=messages, max_tokens=10)  # type: ignore[arg-type]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Stream me a reply"}]
+    whole = await client.chat.completions.create(model="sim-qwen3", messages=messages, max_tokens=10)
     stream = await client.chat.completions.create(
         model="sim-qwen3",
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=10,
         stream=True,
         stream_options={"include_usage": True},

@@ -27,7 +27,7 @@ WRITERS: dict[str, Callable[[Any], bytes]] = {
     "orjson": orjson.dumps,
 }
 
-TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=20) | st.sampled_from(
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=20) | st.sampled_from(
     ['"prompt_token_ids": [1, 2]', "]", '\\"generation_token_ids\\": [', "[[", "数学 😀", "\\u005f"]
 )
 IDS = st.lists(st.integers(0, 200_000), max_size=30)

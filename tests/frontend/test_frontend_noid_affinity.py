@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 POOL = [f"http://127.0.0.1:{8100 + i}" for i in range(4)]
 
-_text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=300)
+_text = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=300)
 _tools = st.one_of(
     st.none(),
     st.lists(

@@ -93,7 +93,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     try:
         for role in ("prefill", "decode"):
             port = free_port()
-            config = {
+            config: dict[str, Any] = {
                 "backend": "sim",
                 "role": role,
                 "host": "127.0.0.1",
@@ -104,7 +104,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             start(role, [DRS, "engine", "--config-json", json.dumps(config), "--log-level", "warning"])
             urls[role] = f"http://127.0.0.1:{port}"
             _wait_ready(urls[role], procs[-1], "/health")
-        variants = {
+        variants: dict[str, dict[str, Any]] = {
             "incremental": {"tokenize": True},
             "shadowed": {"tokenize": True, "tokenize_shadow_rate": 1.0},
             "engine": {"tokenize": False},

@@ -154,7 +154,7 @@ def test_switching_the_generation_prompt_off_and_on_stays_exact(chat: ChatTokeni
 EDGE_PIECES = ["<|im_end|>", "<|im_start|>", "<think>", "</think>", "<tool_call>", " ", "\n", "\r\n", "\t"]
 EDGE_PIECES += ["\u0338", "\u00a0", "\u200b", "\u3000", "'s", "<", ">", "e\u0301", "\ufeff", "  \n\n  "]
 EDGE_TEXT = st.lists(
-    st.one_of(st.characters(blacklist_categories=("Cs",)), st.sampled_from(EDGE_PIECES)), max_size=30
+    st.one_of(st.characters(exclude_categories=["Cs"]), st.sampled_from(EDGE_PIECES)), max_size=30
 ).map("".join)
 
 

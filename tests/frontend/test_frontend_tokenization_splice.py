@@ -16,7 +16,7 @@ from drs_protocol.token_prefix import PrefixOutcome, TokenPrefixError, render_sp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=30) | st.sampled_from(
+TEXT = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=30) | st.sampled_from(
     ["<think>\nx\n</think>\n\n", " spaced  ", "数学 😀", "<tool_call>\n{}\n</tool_call>"]
 )
 REPLY = st.sampled_from(["plain", "reasoning", "inline_think", "tool_call"])
@@ -94,7 +94,12 @@ def test_the_splice_point_comes_from_the_cache_in_a_gym_conversation(chat: ChatT
     prefix = chat.find_prefix(None, messages)
     calls: list[int] = []
     original = chat._history_eos
-    chat._history_eos = lambda *a: calls.append(1) or original(*a)  # type: ignore[method-assign]
+
+    def counted(messages: Any, tools: Any, kwargs: Any) -> int:
+        calls.append(1)
+        return original(messages, tools, kwargs)
+
+    chat._history_eos = counted  # type: ignore[method-assign]
     try:
         second = chat.prompt_ids("cached-k", messages, prefix=prefix, shadow=True)
     finally:

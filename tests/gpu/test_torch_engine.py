@@ -307,7 +307,8 @@ def test_a_batched_decode_step_equals_each_sequence_stepped_alone() -> None:
     shape = SIZES["tiny"]
     params = random_state_dict(shape, seed=3, device="cpu", dtype=torch.float32)
     prompts = [prompt_ids(n, offset=100 * n) for n in (5, 33, 17)]
-    alone, together = [], []
+    alone: list[Any] = []  # KV tensors
+    together: list[Any] = []
     for ids in prompts:
         for out in (alone, together):
             kv = new_kv(shape, 40, device="cpu", dtype=torch.float32)

@@ -10,7 +10,12 @@ import httpx
 from drs_engine.server.runner import start_engine
 from drs_protocol.routes import CONTROL_WEIGHTS, CONTROL_WEIGHTS_STREAM
 from drs_protocol.weights_state import DesiredWeights
-from engine.test_peer_catchup import caught_up, failed_once, flip_last_byte, replaying
+from engine.test_peer_catchup import (  # type: ignore[import-not-found]  # tests/ is on sys.path here
+    caught_up,
+    failed_once,
+    flip_last_byte,
+    replaying,
+)
 
 from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
 

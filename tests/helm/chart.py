@@ -37,4 +37,5 @@ def only(objects: list[Manifest], kind: str, name: str | None = None) -> Manifes
 def container(objects: list[Manifest]) -> Manifest:
     """The operator container of the chart's Deployment."""
     (c,) = only(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return c
+    container: Manifest = c
+    return container

@@ -56,9 +56,10 @@ def exported() -> dict[str, set[str]]:
             if isinstance(collector, MetricWrapperBase):
                 entries = [(collector._name, collector._type, set(collector._labelnames))]
             else:
-                entries = [(f.name, f.type, set(getattr(f, "_labelnames", ()))) for f in collector.describe()]
+                described = collector.describe()  # type: ignore[attr-defined]  # custom collectors define it
+                entries = [(f.name, f.type, set(getattr(f, "_labelnames", ()))) for f in described]
             for name, type_, labels in entries:
-                for suffix in SAMPLE_SUFFIXES.get(type_, ("",)):
+                for suffix in SAMPLE_SUFFIXES.get(type_ or "", ("",)):
                     names[name + suffix] = labels | ({"le"} if suffix == "_bucket" else set())
     return names
 

@@ -22,7 +22,8 @@ def test_engines_take_the_ranks_after_the_trainers_in_status_order() -> None:
     layout = group_layout([engine("r0-p0", 4), engine("r0-d0", 2), engine("r1-p0", 4)], train_world_size=8)
     assert layout.world_size == 8 + 10
     assert [(m.engine.name, m.rank_prefix) for m in layout.members] == [("r0-p0", 0), ("r0-d0", 4), ("r1-p0", 6)]
-    assert layout.as_dict()["engines"][1]["ranks"] == [12, 13]  # train_world_size + rank_prefix + local rank
+    engines = layout.as_dict()["engines"]
+    assert isinstance(engines, list) and engines[1]["ranks"] == [12, 13]  # train_world_size + rank_prefix + local rank
 
 
 @given(widths=st.lists(st.integers(min_value=1, max_value=16), min_size=1, max_size=40), train=st.integers(1, 64))

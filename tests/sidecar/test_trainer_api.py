@@ -38,7 +38,12 @@ async def test_every_route_answers_exactly_its_model(checkpoint: Path, token_fil
         refit = await client.post(url + "/v1/refit", json={"path": str(checkpoint), "version": "step-1"})
         exactly(FanOutReport, refit.json())
         exactly(FleetReport, (await client.get(url + "/v1/fleet")).json())
-        for route, body in (("/v1/prefix_cache/reset", {}), ("/v1/sleep", {"tags": []}), ("/v1/wake", {"tags": []})):
+        bodies: list[tuple[str, dict[str, Any]]] = [
+            ("/v1/prefix_cache/reset", {}),
+            ("/v1/sleep", {"tags": []}),
+            ("/v1/wake", {"tags": []}),
+        ]
+        for route, body in bodies:
             exactly(FanOutReport, (await client.post(url + route, json=body)).json())
         missing = await client.post(url + "/v1/refit", json={"path": str(checkpoint / "none"), "version": "step-2"})
         assert missing.status_code == 502
@@ -47,7 +52,14 @@ async def test_every_route_answers_exactly_its_model(checkpoint: Path, token_fil
 
 
 def test_the_round_trip_check_catches_a_field_without_a_model_field() -> None:
-    answer = {"desired": None, "published": None, "refitting": False, "collective_group": None, "engines": [], "new": 1}
+    answer: dict[str, Any] = {
+        "desired": None,
+        "published": None,
+        "refitting": False,
+        "collective_group": None,
+        "engines": [],
+        "new": 1,
+    }
     with pytest.raises(AssertionError):
         exactly(FleetReport, answer)
 

@@ -113,7 +113,9 @@ def test_a_secret_created_first_is_a_normal_event_and_one_deleted_under_running_
     assert again.type is EventType.WARNING and again.reason is EventReason.TOKEN_SECRET_RECREATED
     assert f"while {len(pods)} pod(s) that read it run" in again.message and "and " in again.message
     assert serving["stringData"]["token"] not in again.message
-    older = {name: {"spec": {"containers": [{"env": []}]}} for name in pods}  # pods from before the Secret
+    older: dict[str, Any] = {
+        name: {"spec": {"containers": [{"env": []}]}} for name in pods
+    }  # pods from before the Secret
     assert secret_notes([serving], older)[0].type is EventType.NORMAL
 
 
@@ -141,4 +143,4 @@ def test_the_readers_of_a_secret_are_asked_at_their_health_probe_address() -> No
     engine = next(n for n in control if n != "no-address-yet")
     probe = pods[engine]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
     assert serving[engine] == control[engine] == f"http://10.1.0.7:{probe['port']}"
-    assert all(serving[n] is not None and serving[n].startswith("http://10.1.0.9:") for n in frontends)
+    assert all((serving[n] or "").startswith("http://10.1.0.9:") for n in frontends)

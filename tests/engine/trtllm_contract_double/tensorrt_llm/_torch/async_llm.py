@@ -130,14 +130,14 @@ class AsyncLLM:
 
     else:
 
-        def generate_async(
+        def generate_async(  # type: ignore[misc]  # the newer release's signature
             self,
             inputs: list[int],
             sampling_params: Any = None,
             streaming: bool = False,
             disaggregated_params: Any = None,
             conversation_params: Any = None,
-        ) -> GenerationResult:  # type: ignore[misc]
+        ) -> GenerationResult:
             if conversation_params is not None and type(conversation_params).__name__ != "ConversationParams":
                 raise TypeError("conversation_params must be a ConversationParams")
             extra = {} if conversation_params is None else {"conversation_params": conversation_params}
