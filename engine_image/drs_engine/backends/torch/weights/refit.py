@@ -7,7 +7,8 @@ TCPStore the trainer hosts at ``ip:port``, reads the group's backend and batch t
 broadcast from rank 0, straight into the engine's packed weights when the batch is one range of
 them (:mod:`.packed`). The group is a process group object of its own (never the default
 group), so a later ``init`` replaces it cleanly. Nothing waits for the other ranks unbounded: the
-store, the group's creation and each batch's broadcast get the control call's ``timeout_s``
+store and the group's creation share the control call's ``timeout_s`` (the caller stops waiting
+at it, :class:`JoinProgress`), each batch's broadcast gets the update's ``timeout_s``
 (:func:`broadcast_within` sets the group's timeout to the time left before every batch; gloo
 fails the operation then), and a failure raises :class:`CollectiveError` naming the rank, the batch
 and whether bytes had already landed.
