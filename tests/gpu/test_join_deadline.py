@@ -70,3 +70,15 @@ def test_a_group_whose_trainer_never_joins_is_named_hung_within_the_timeout() ->
     assert took <= TIMEOUT_S + SLACK_S, f"answered after {took:.2f}s for timeout_s {TIMEOUT_S}: {why}"
     assert "group of 2 ranks did not form within" in why and why.startswith("rank 1:"), why
     del store
+
+
+def test_a_store_whose_trainer_publishes_no_group_is_named_within_the_timeout() -> None:
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    took, why = asyncio.run(join(port))  # the trainer's store answers; its backend is never set
+    assert took <= TIMEOUT_S + SLACK_S, f"answered after {took:.2f}s for timeout_s {TIMEOUT_S}: {why}"
+    assert f"connected to the trainer's store at 127.0.0.1:{port}" in why and "hung" in why, why
+    assert "cannot reach" not in why, why  # it was reached
+    del store

@@ -95,12 +95,19 @@ def join_group(
     started = time.monotonic()
     try:
         store = dist.TCPStore(ip, port, is_master=False, timeout=timeout)
-        progress.connected = True
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise WeightsLoadError(f"cannot reach the trainer's refit store at {ip}:{port}: {exc}") from exc
+    progress.connected = True
+    try:  # the trainer publishes its group's backend and batch target; wait for them only the time left
+        store.set_timeout(timedelta(seconds=max(timeout.total_seconds() - (time.monotonic() - started), 0.001)))
         store.set(STORE_KEY_WORLD_SIZE, str(world_size))
         backend = store.get(STORE_KEY_BACKEND).decode()
         target_bytes = int(store.get(STORE_KEY_TARGET_BYTES).decode())
     except (RuntimeError, ValueError, OSError) as exc:
-        raise WeightsLoadError(f"cannot reach the trainer's refit store at {ip}:{port}: {exc}") from exc
+        raise CollectiveError(
+            f"rank {rank}: connected to the trainer's store at {ip}:{port}, but it published no group within "
+            f"{timeout.total_seconds():g}s (the trainer did not set up its group: hung): {exc}"
+        ) from exc
     if backend not in REFIT_BACKENDS:
         raise WeightsLoadError(f"the trainer's refit group uses backend {backend!r}; this engine speaks nccl or gloo")
     if backend == "nccl" and device.type != "cuda":
