@@ -25,6 +25,9 @@ each with the load running before, during and after the event:
   ConfigMap's peers); the scenario records where it got them (``catch_up.reached_from``);
 * ``prefill_killed`` / ``decode_killed`` — an engine pod of replica 0 deleted with grace 0 (a crash);
 * ``frontend_killed`` — frontend 0 of replica 0 deleted with grace 0 (its Deployment brings it back);
+  this and the engine kills add ``replacement``: when the replacement pod was created, its
+  container started and it was Ready, in seconds after the kill (the API's whole-second stamps),
+  and when this bench saw it Ready;
 * ``operator_killed`` — a roll, with the operator SIGKILLed once the roll has begun and restarted.
 
 Prints one JSON line: per scenario the turns attempted and failed, turns that needed a retry,
@@ -66,6 +69,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -323,7 +327,12 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
     def killed(role: str, extra: str = "") -> Callable[[], None]:
         def kill() -> None:
             selector = f"{sel},disagg.dev/role={role}{extra}"
-            fleet_.wait_replaced(selector, fleet_.kill_pod(selector))
+            killed_at, began = time.time(), time.monotonic()
+            old_uid = fleet_.kill_pod(selector)
+            fleet_.wait_replaced(selector, old_uid)
+            replaced_s = time.monotonic() - began
+            pod = next(p for p in fleet_.pods(selector) if p["metadata"]["uid"] != old_uid)
+            fleet_.last_report = {"replacement": replacement_timeline(pod, killed_at, replaced_s)}
             fleet_.wait_ready()
 
         return kill
@@ -364,6 +373,26 @@ def scenario_event(fleet_: Fleet, name: str) -> Callable[[], None]:
     return events[name]
 
 
+def replacement_timeline(pod: dict[str, Any], killed_at: float, replaced_s: float) -> dict[str, Any]:
+    """When a killed pod's replacement was created, started and Ready, in seconds after the kill
+    (the API's timestamps: whole seconds), and when this bench saw it Ready (``replaced_s``)."""
+
+    def after(stamp: str | None) -> float | None:
+        if not stamp:
+            return None
+        return round(datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() - killed_at, 1)
+
+    status = pod.get("status") or {}
+    ready: dict[str, Any] = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    running = ((status.get("containerStatuses") or [{}])[0].get("state") or {}).get("running") or {}
+    return {
+        "created_s": after(pod["metadata"].get("creationTimestamp")),
+        "started_s": after(running.get("startedAt")),
+        "ready_s": after(ready.get("lastTransitionTime")),
+        "seen_ready_s": round(replaced_s, 1),
+    }
+
+
 def run_scenarios(
     fleet_: Fleet, names: tuple[str, ...], clients: int, settle_s: float, say: Callable[[str], None] = print
 ) -> dict[str, dict[str, Any]]:
@@ -377,6 +406,7 @@ def run_scenarios(
         load = Load(urls, clients).start()
         started = time.monotonic()
         time.sleep(settle_s)
+        fleet_.last_report = {}  # what this scenario's event reports, nothing of the one before
         scenario_event(fleet_, name)()
         fleet_.wait_serving(urls)
         time.sleep(settle_s)
@@ -391,6 +421,8 @@ def run_scenarios(
             for key in ("target_announced_s", "cutover_margin_s", "announce_exceeded_margin", "late_legs"):
                 results[name][key] = fleet_.last_report.get(key)
             results[name]["off_policy_started_ms_after_cutover"] = off_policy_delays(turns, fleet_.refits)
+        elif name.endswith("_killed") and "replacement" in fleet_.last_report:
+            results[name]["replacement"] = fleet_.last_report["replacement"]
         elif name == "decode_killed_pathless":
             held = fleet_.last_report.get("replacement_weights") or {}
             catch_up = held.get("catch_up") or {}

@@ -15,13 +15,34 @@ each a fresh client pod running through the event:
   stays and the kubelet restarts the container in place;
 * ``prefill_killed`` / ``decode_killed`` — replica 0's engine pod deleted with grace 0;
 * ``operator_killed`` — a roll, with the operator pod deleted (grace 0) once the roll has begun;
-* ``roll`` — a spec change that replaces every engine pod, replica by replica.
+* ``roll`` — a spec change that replaces every engine pod, replica by replica;
+* ``refit`` — the trainer's refit step as a pod (``examples/trainer/refit_in_pod.py`` beside its
+  ``drs sidecar`` container) writes new weights into the checkpoint volume the engines mount and
+  refits every engine by path; the pod, and with it its sidecar, then ends, so nothing but the
+  desired weights stored on the resource catches a later engine up. Put it before the kill
+  scenarios (``--scenarios refit,decode_killed,prefill_killed``): an engine pod deleted after it
+  is replaced under desired weights.
+
+Every scenario's turns are also judged for their weights: the load client returns, per answered
+turn, the fleet's stamp and the version that answered it, and a turn is ``off_policy`` when it was
+answered at another version than the one desired at its stamp (the last refit whose cut-over,
+``status.weights.desired.effectiveAt``, is not after it; ``weights_boundary`` turns excepted; none
+before the first refit). While the load runs the DisaggReplicaSet's status is sampled every
+second: ``stale_ready_samples`` counts samples in which an engine shown ``ready`` reports another
+``weightsVersion`` than the desired one, ``untrue_samples`` those of them with no
+``WeightsPending=True`` saying so, ``weights_pending_samples`` those where ``WeightsPending`` was
+True. After the scenario, once the fleet is Ready again, ``engines_at_desired`` counts the engines
+whose status digest is the desired one. ``forgotten_decode_killed`` is the control that shows the
+bar can fail (run it last, after a refit): ``decode_killed`` with the fleet's desired-weights
+annotation removed first, so the operator empties the weights ConfigMap's ``desired`` key and the
+replacement starts at the base weights, as one that ignored the desired weights would.
 
 Prints one JSON line: per scenario the load client's ``turns``, ``lost``, ``retried``, errors and
-latency. Needs root and the real-node build (``drs dev up --real-nodes``); wrap it in
-``flock /tmp/drs-realnodes.lock`` where other real-node work may run.
+latency, and the weights figures above. Needs root and the real-node build (``drs dev up
+--real-nodes``); wrap it in ``flock /tmp/drs-realnodes.lock`` where other real-node work may run.
 
     python bench/chaos_realnodes.py [--seconds 40] [--scenarios frontend_killed,roll] [--no-standby]
+    python bench/chaos_realnodes.py --scenarios refit,decode_killed,prefill_killed,forgotten_decode_killed
 """
 
 from __future__ import annotations
@@ -30,23 +51,30 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import REAL_PORT_BASE, REAL_STATE_DIR, RunningCluster, real_node_cluster
+from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS, DEFAULT_MODEL_MOUNT_PATH
 from drs_protocol import routes
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "pod-sim"
 NS = "chaos"
 LOAD = (ROOT / "examples" / "load_client.py").read_text()
+TRAINER = (ROOT / "examples" / "trainer" / "refit_in_pod.py").read_text()
+CLAIM = "checkpoints"
 SCENARIOS = (
     "baseline",
     "prefill_killed",
@@ -55,19 +83,100 @@ SCENARIOS = (
     "operator_killed",
     "frontend_killed",
     "frontend_process_killed",
+    "refit",
+    "forgotten_decode_killed",
 )
 STANDBY = [True]
 READY_S = 300.0
+TRAINER_S = 240.0
+STATUS_POLL_S = 1.0
+#: (cut-over as wall-clock seconds, version) of every refit so far, in order
+REFITS: list[tuple[float, str]] = []
+#: the failing control: a kill with the desired weights removed from the resource first
+FORGOTTEN = "forgotten_decode_killed"
 
 
 def say(msg: str) -> None:
     print(f"[chaos-real] {msg}", file=sys.stderr, flush=True)
 
 
-def fleet() -> dict[str, Any]:
+def fleet(checkpoints: bool) -> dict[str, Any]:
     body: dict[str, Any] = yaml.safe_load((ROOT / "examples" / "pod-network-sim.yaml").read_text())
     body["spec"]["frontend"]["standby"] = STANDBY[0]
+    if checkpoints:  # the volume the trainer writes checkpoints into, mounted by every engine
+        body["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
     return body
+
+
+def desired_at(when: float) -> str | None:
+    """The version desired at ``when`` (wall clock): the last refit whose cut-over is not after it."""
+    return next((version for at, version in reversed(REFITS) if at <= when), None)
+
+
+def weights_figures(answers: list[list[Any]]) -> dict[str, int]:
+    """Off-policy turns among the load client's answers (``[stamp, version, boundary]``)."""
+    off = unstamped = 0
+    for stamp, version, boundary in answers:
+        if stamp is None:
+            unstamped += 1
+            continue
+        want = desired_at(stamp)
+        off += int(not boundary and want is not None and version != want)
+    return {"off_policy": off, "unstamped": unstamped}
+
+
+class StatusWatch:
+    """Samples the DisaggReplicaSet's status every second while a scenario runs (see the module doc)."""
+
+    def __init__(self, cluster: RunningCluster) -> None:
+        self.cluster = cluster
+        self.samples = self.stale = self.untrue = self.pending = 0
+        self.first_untrue: dict[str, Any] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StatusWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(STATUS_POLL_S):
+            got = self.cluster.kubectl("get", "drs", NAME, "-n", NS, "-o", "json", check=False)
+            if got.returncode != 0:
+                continue
+            self.look(json.loads(got.stdout).get("status") or {}, desired_at(time.time()))
+
+    def look(self, st: dict[str, Any], want: str | None) -> None:
+        self.samples += 1
+        conditions = {c["type"]: c["status"] for c in st.get("conditions") or []}
+        pending = conditions.get("WeightsPending") == "True"
+        self.pending += pending
+        engines = [e for r in st.get("replicaStatuses") or [] for e in r.get("engines") or []]
+        stale = [
+            (e["name"], e.get("weightsVersion"))
+            for e in engines
+            if want is not None and e.get("ready") and e.get("weightsVersion") not in (None, want)
+        ]
+        if stale:
+            self.stale += 1
+            if not pending:
+                self.untrue += 1
+                self.first_untrue = self.first_untrue or {"desired": want, "ready_at_other_weights": stale}
+
+    def figures(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "status_samples": self.samples,
+            "stale_ready_samples": self.stale,
+            "untrue_samples": self.untrue,
+            "weights_pending_samples": self.pending,
+        }
+        if self.first_untrue:
+            out["first_untrue"] = self.first_untrue
+        return out
 
 
 def get_json(cluster: RunningCluster, *args: str) -> dict[str, Any]:
@@ -159,8 +268,23 @@ def kill_frontend_processes(cluster: RunningCluster) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def kill_engine(role: str) -> Callable[[RunningCluster], None]:
+def forget_desired(cluster: RunningCluster) -> None:
+    """The failing control: the desired weights removed from the resource, and the weights
+    ConfigMap's ``desired`` key emptied by the operator before the kill."""
+    cluster.kubectl("annotate", "drs", NAME, "-n", NS, f"{ANNOTATION_DESIRED_WEIGHTS}-", check=False)
+
+    def emptied() -> bool:
+        data = get_json(cluster, "configmap", f"{NAME}-weights", "-n", NS).get("data") or {}
+        return not data.get("desired")
+
+    wait("the weights ConfigMap without desired weights", emptied, timeout=60)
+    say("desired weights removed: the replacement is told none")
+
+
+def kill_engine(role: str, forget: bool = False) -> Callable[[RunningCluster], None]:
     def event(cluster: RunningCluster) -> None:
+        if forget:
+            forget_desired(cluster)
         kill(cluster, NS, pods(cluster, f"disagg.dev/replicaset={NAME},disagg.dev/role={role},disagg.dev/replica=0"))
 
     return event
@@ -182,6 +306,38 @@ def roll_and_kill_operator(cluster: RunningCluster) -> None:
     kill(cluster, "drs-system", get_json(cluster, "pods", "-n", "drs-system")["items"])
 
 
+def refit(cluster: RunningCluster) -> None:
+    """The trainer's refit step as a pod, by checkpoint path; returns once the pod has ended and
+    the desired weights (with their cut-over) are in the status."""
+    name = f"trainer-{len(REFITS) + 1}"
+    objs = inpod.trainer_objects(name, NS, NAME, TRAINER, CLAIM, DEFAULT_MODEL_MOUNT_PATH)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+    say(f"{name}: refitting every engine by path")
+    wait(
+        f"{name} to end",
+        lambda: get_json(cluster, "pod", name, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed"),
+        timeout=TRAINER_S,
+    )
+    out = cluster.kubectl("logs", name, "-n", NS, "-c", "trainer").stdout
+    if get_json(cluster, "pod", name, "-n", NS)["status"]["phase"] != "Succeeded":
+        raise SystemExit(f"{name} failed:\n{out}")
+    desired = get_json(cluster, "drs", NAME, "-n", NS)["status"]["weights"]["desired"]
+    at = datetime.fromisoformat(desired["effectiveAt"].replace("Z", "+00:00")).timestamp()
+    REFITS.append((at, desired["version"]))
+    say(f"{name}: desired {desired['version']} ({desired['digest'][:20]}…) from {desired['effectiveAt']}")
+
+
+def engines_at_desired(cluster: RunningCluster) -> str | None:
+    """``n/m``: the engines whose status digest is the desired one (None before any refit)."""
+    st = get_json(cluster, "drs", NAME, "-n", NS)["status"]
+    if not REFITS:
+        return None
+    digest = ((st.get("weights") or {}).get("desired") or {}).get("digest")
+    engines = [e for r in st.get("replicaStatuses") or [] for e in r.get("engines") or []]
+    held = sum(1 for e in engines if digest is not None and e.get("weightsDigest") == digest)
+    return f"{held}/{len(engines)}"
+
+
 EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "baseline": lambda cluster: None,
     "frontend_killed": kill_frontends,
@@ -190,6 +346,8 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "decode_killed": kill_engine("decode"),
     "operator_killed": roll_and_kill_operator,
     "roll": roll,
+    "refit": refit,
+    FORGOTTEN: kill_engine("decode", forget=True),
 }
 
 
@@ -197,6 +355,7 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     wait("the fleet Ready with a standby per URL", lambda: converged(cluster))
     pod = f"load-{scenario.replace('_', '-')}"
     args = ["--name", NAME, "--namespace", NS, "--seconds", str(seconds), "--sessions", "8", "--max-retries", "2"]
+    args.append("--answers")
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(inpod.client_objects(pod, NS, LOAD, args)))
     wait(
         "the load client's first turn",
@@ -204,17 +363,52 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     )
     time.sleep(5)
     began = time.monotonic()
-    EVENTS[scenario](cluster)
-    wait(
-        "the load client to finish",
-        lambda: get_json(cluster, "pod", pod, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed"),
-        timeout=seconds + 180,
-    )
+    with StatusWatch(cluster) as watch:
+        EVENTS[scenario](cluster)
+        wait(
+            "the load client to finish",
+            lambda: get_json(cluster, "pod", pod, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed"),
+            timeout=seconds + 180,
+        )
     out = cluster.kubectl("logs", pod, "-n", NS).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])["load"]
     result["event_s"] = round(time.monotonic() - began, 1)
+    result.update(weights_figures(result.pop("answers")), **watch.figures())
+    result["desired"] = REFITS[-1][1] if REFITS else None
+    wait("the fleet Ready again", lambda: converged(cluster))
+    if scenario == FORGOTTEN or not REFITS:
+        result["engines_at_desired"] = engines_at_desired(cluster)
+    else:  # the replacement reaches them before it is Ready; the operator looks every 5 s
+        wait("every engine's status digest the desired one", lambda: _all_at_desired(cluster), timeout=60)
+        result["engines_at_desired"] = engines_at_desired(cluster)
     say(f"{scenario}: {json.dumps(result)}")
     return result
+
+
+def run_all(
+    state_dir: Path, scenarios: list[str], seconds: float, results: dict[str, Any], cleanup: list[Path]
+) -> None:
+    """The cluster up, the chart and the fleet in it, every scenario in turn, the cluster down."""
+    for cluster in real_node_cluster(state_dir, REAL_PORT_BASE + 20, nodes=1, net_offset=1):
+        inpod.helm_install(cluster.cluster, release="drs", namespace="drs-system")
+        cluster.kubectl("create", "namespace", NS)
+        cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", NS, "--timeout=60s")
+        checkpoints = "refit" in scenarios
+        if checkpoints:  # on this machine (every real node is): written by the trainer's non-root user
+            host_dir = Path(tempfile.mkdtemp(prefix="drs-chaos-checkpoints-"))
+            cleanup.append(host_dir)
+            host_dir.chmod(0o777)
+            objs = inpod.checkpoint_volume_objects(CLAIM, NS, host_dir)
+            cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+        cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(fleet(checkpoints)))
+        for scenario in scenarios:
+            rolls = scenario in ("roll", "operator_killed")
+            results[scenario] = run_scenario(cluster, scenario, seconds * (2 if rolls else 1))
+
+
+def _all_at_desired(cluster: RunningCluster) -> bool:
+    held = engines_at_desired(cluster)
+    return held is not None and held.split("/")[0] == held.split("/")[1]
 
 
 def main() -> int:
@@ -233,14 +427,12 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # beside the test session's real-node cluster: its own state dir, ports and pod network
     state_dir = REAL_STATE_DIR.with_name(REAL_STATE_DIR.name + "-chaos")
-    for cluster in real_node_cluster(state_dir, REAL_PORT_BASE + 20, nodes=1, net_offset=1):
-        inpod.helm_install(cluster.cluster, release="drs", namespace="drs-system")
-        cluster.kubectl("create", "namespace", NS)
-        cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", NS, "--timeout=60s")
-        cluster.kubectl("apply", "-n", NS, "-f", "-", input=yaml.safe_dump(fleet()))
-        for scenario in scenarios:
-            rolls = scenario in ("roll", "operator_killed")
-            results[scenario] = run_scenario(cluster, scenario, args.seconds * (2 if rolls else 1))
+    cleanup: list[Path] = []
+    try:
+        run_all(state_dir, scenarios, args.seconds, results, cleanup)
+    finally:
+        for path in cleanup:
+            shutil.rmtree(path, ignore_errors=True)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     line = {
         "bench": "chaos_realnodes",
@@ -255,6 +447,7 @@ def main() -> int:
         "client": "examples/load_client.py in a pod: 8 sessions, max_retries=2 (the OpenAI SDK default)",
         "scenarios": results,
         "lost_total": sum(r["lost"] for r in results.values()),
+        "off_policy_total": sum(r["off_policy"] for r in results.values()),
     }
     print(json.dumps(line), flush=True)
     return 0

@@ -9,7 +9,12 @@ on a connection error, a timeout (connect 5 s, as the SDK's default) or an answe
 the policy is spelled out here rather than imported.
 
 Prints ``[load] started`` once the first turn is answered, and at the end one JSON line: ``turns``
-(answered), ``lost``, ``retried`` (turns that needed a retry), their errors, p50/p99/max latency.
+(answered), ``lost``, ``retried`` (turns that needed a retry), their errors, p50/p99/max latency,
+``versions`` (answered turns per weights version, ``x-drs-weights-version``) and ``boundary`` (turns
+marked ``weights_boundary``). With ``--answers``, also ``answers``: per answered turn ``[stamp,
+version, boundary]``, the stamp the fleet put on it when it received it (``x-drs-turn-started``,
+wall-clock seconds; null without one), so off-policy turns can be judged against the desired
+weights at that instant (``bench/chaos_realnodes.py``).
 
     python load_client.py --name pod-sim --namespace default --seconds 40 --sessions 8
 """
@@ -27,6 +32,8 @@ import time
 from typing import Any
 
 import httpx
+from drs_protocol import fields, lifecycle
+from drs_protocol.cutover import BadTurnStamp, parse_stamp
 from kubernetes import client, config
 
 TURNS_PER_SESSION = 6
@@ -56,10 +63,22 @@ class Stats:
         self.lost = 0
         self.retried = 0
         self.errors: dict[str, int] = {}
+        #: per answered turn: the fleet's stamp (None without one), its weights version, boundary-marked
+        self.answers: list[tuple[float | None, str | None, bool]] = []
         self.started = asyncio.Event()
 
     def error(self, what: str) -> None:
         self.errors[what] = self.errors.get(what, 0) + 1
+
+    def answer(self, headers: httpx.Headers, data: dict[str, Any]) -> None:
+        """Record the weights an answered turn was served at, and when the fleet received it."""
+        version = headers.get(fields.HEADER_WEIGHTS_VERSION) or data.get(lifecycle.FIELD_WEIGHTS_VERSION)
+        raw = headers.get(fields.HEADER_TURN_STARTED)
+        try:
+            stamp = None if raw is None else parse_stamp(raw)
+        except BadTurnStamp:
+            stamp = None
+        self.answers.append((stamp, version, data.get(lifecycle.FIELD_WEIGHTS_BOUNDARY) is not None))
 
 
 def retry_delay(retry: int) -> float:
@@ -80,7 +99,9 @@ async def turn(http: httpx.AsyncClient, url: str, body: dict[str, Any], stats: S
         if resp.status_code == 200:
             if attempt:
                 stats.retried += 1
-            text: str = resp.json()["choices"][0]["message"]["content"] or ""
+            data = resp.json()
+            stats.answer(resp.headers, data)
+            text: str = data["choices"][0]["message"]["content"] or ""
             return text
         stats.error(f"HTTP {resp.status_code}")
         if resp.status_code not in RETRY_STATUSES and resp.status_code < 500:
@@ -117,7 +138,7 @@ async def session(
         conversation += 1
 
 
-async def run(urls: list[str], seconds: float, sessions: int, max_retries: int) -> dict[str, Any]:
+async def run(urls: list[str], seconds: float, sessions: int, max_retries: int, answers: bool) -> dict[str, Any]:
     stats = Stats()
     timeout = httpx.Timeout(TURN_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     limits = httpx.Limits(max_connections=sessions * 2, max_keepalive_connections=sessions * 2)
@@ -128,6 +149,9 @@ async def run(urls: list[str], seconds: float, sessions: int, max_retries: int) 
         print("[load] started", flush=True)
         await asyncio.gather(*tasks)
     lat = sorted(stats.latencies) or [0.0]
+    versions: dict[str, int] = {}
+    for _, version, _ in stats.answers:
+        versions[str(version)] = versions.get(str(version), 0) + 1
     return {
         "turns": len(stats.latencies),
         "lost": stats.lost,
@@ -138,6 +162,9 @@ async def run(urls: list[str], seconds: float, sessions: int, max_retries: int) 
         "max_ms": round(lat[-1] * 1000, 1),
         "sessions": sessions,
         "max_retries": max_retries,
+        "versions": versions,
+        "boundary": sum(b for _, _, b in stats.answers),
+        **({"answers": [list(a) for a in stats.answers]} if answers else {}),
     }
 
 
@@ -148,8 +175,10 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--max-retries", type=int, default=2)
+    parser.add_argument("--answers", action="store_true", help="print every answered turn's stamp and weights")
     args = parser.parse_args()
-    result = asyncio.run(run(read_urls(args.name, args.namespace), args.seconds, args.sessions, args.max_retries))
+    urls = read_urls(args.name, args.namespace)
+    result = asyncio.run(run(urls, args.seconds, args.sessions, args.max_retries, args.answers))
     print(json.dumps({"load": result}), flush=True)
     return 0
 

@@ -61,6 +61,7 @@ class SimCollective:
         self.abort()
         import torch
 
+        progress = refit.JoinProgress()
         joining = asyncio.ensure_future(
             asyncio.to_thread(
                 refit.join_group,
@@ -70,16 +71,15 @@ class SimCollective:
                 world_size=params.world_size,
                 device=torch.device("cpu"),
                 timeout=timedelta(seconds=params.timeout_s),
+                progress=progress,
             )
         )
         try:  # torch's store connect can outrun its own timeout by a retry delay: the answer may not
             group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s)
         except TimeoutError:
             joining.add_done_callback(_leave_late)
-            raise CollectiveError(
-                f"rank {rank}: joining the trainer's group at {params.ip}:{params.port} did not end within "
-                f"{params.timeout_s:g}s"
-            ) from None
+            why = refit.join_overrun(rank, params.ip, params.port, params.world_size, params.timeout_s, progress)
+            raise CollectiveError(why) from None
         self._member = _Member(group)
         return {"rank": rank, "world_size": params.world_size, "backend": group.backend}
 

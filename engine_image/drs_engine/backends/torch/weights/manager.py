@@ -175,6 +175,7 @@ class WeightsManager:
             )
         refit.leave_group(self._group)
         self._group = None
+        progress = refit.JoinProgress()
         joining = asyncio.ensure_future(
             asyncio.to_thread(
                 refit.join_group,
@@ -184,13 +185,15 @@ class WeightsManager:
                 world_size=params.world_size,
                 device=self._device,
                 timeout=timedelta(seconds=params.timeout_s),
+                progress=progress,
             )
         )
-        try:
-            self._group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s + BACKSTOP_S)
+        try:  # the answer within timeout_s: torch's store connect can outrun the timeout it is given
+            self._group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s)
         except TimeoutError:
             joining.add_done_callback(_leave_late)
-            raise CollectiveError(f"rank {rank}: joining the group did not end within {params.timeout_s:g}s") from None
+            why = refit.join_overrun(rank, params.ip, params.port, params.world_size, params.timeout_s, progress)
+            raise CollectiveError(why) from None
         return {"rank": rank, "world_size": params.world_size, "backend": self._group.backend}
 
     async def prepare(self, params: PrepareRefitInfo) -> dict[str, Any]:

@@ -7,7 +7,8 @@ TCPStore the trainer hosts at ``ip:port``, reads the group's backend and batch t
 broadcast from rank 0, straight into the engine's packed weights when the batch is one range of
 them (:mod:`.packed`). The group is a process group object of its own (never the default
 group), so a later ``init`` replaces it cleanly. Nothing waits for the other ranks unbounded: the
-store, the group's creation and each batch's broadcast get the control call's ``timeout_s``
+store and the group's creation share the control call's ``timeout_s`` (the caller stops waiting
+at it, :class:`JoinProgress`), each batch's broadcast gets the update's ``timeout_s``
 (:func:`broadcast_within` sets the group's timeout to the time left before every batch; gloo
 fails the operation then), and a failure raises :class:`CollectiveError` naming the rank, the batch
 and whether bytes had already landed.
@@ -50,6 +51,8 @@ from drs_engine.errors import BadRequestError, CollectiveError, WeightsLoadError
 #: How long joining the group, and each broadcast, may wait for the other ranks, unless the
 #: caller gives its own timeout (the control API's ``timeout_s``).
 GROUP_TIMEOUT: Final = timedelta(seconds=300)
+#: The least time a group is given to form once the store answered (the join's deadline rules anyway).
+MIN_GROUP_TIMEOUT_S: Final = 0.05
 #: CUDA IPC mappings of trainers' buffers kept open (a trainer reuses its buffers refit after refit).
 IPC_MAPS_KEPT: Final = 4
 
@@ -66,29 +69,71 @@ class RefitGroup:
     specs: list[TensorSpec] | None = None
 
 
+@dataclass
+class JoinProgress:
+    """How far a join got, for the caller that stops waiting at its own deadline: torch's
+    TCPStore connect can outrun the timeout it is given by a retry delay (3.7 s for 2.4 s seen here),
+    so the caller owns the deadline and names what was slow from this."""
+
+    connected: bool = False  #: the trainer's store answered (what is left is the group forming)
+
+
 def join_group(
-    *, ip: str, port: int, rank: int, world_size: int, device: Any, timeout: timedelta = GROUP_TIMEOUT
+    *,
+    ip: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    device: Any,
+    timeout: timedelta = GROUP_TIMEOUT,
+    progress: JoinProgress | None = None,
 ) -> RefitGroup:
     """Connect to the trainer's store and join its group (blocks until every rank has joined, at
-    most ``timeout`` for the store and as long again for the group: then :class:`CollectiveError`)."""
+    most ``timeout`` in all, store and group: then :class:`CollectiveError`; the store's connect
+    may outrun it, see :class:`JoinProgress` and :func:`join_overrun`)."""
+    progress = progress or JoinProgress()
+    started = time.monotonic()
     try:
         store = dist.TCPStore(ip, port, is_master=False, timeout=timeout)
+    except (RuntimeError, ValueError, OSError) as exc:
+        raise WeightsLoadError(f"cannot reach the trainer's refit store at {ip}:{port}: {exc}") from exc
+    progress.connected = True
+    try:  # the trainer publishes its group's backend and batch target; wait for them only the time left
+        store.set_timeout(timedelta(seconds=max(timeout.total_seconds() - (time.monotonic() - started), 0.001)))
         store.set(STORE_KEY_WORLD_SIZE, str(world_size))
         backend = store.get(STORE_KEY_BACKEND).decode()
         target_bytes = int(store.get(STORE_KEY_TARGET_BYTES).decode())
     except (RuntimeError, ValueError, OSError) as exc:
-        raise WeightsLoadError(f"cannot reach the trainer's refit store at {ip}:{port}: {exc}") from exc
+        raise CollectiveError(
+            f"rank {rank}: connected to the trainer's store at {ip}:{port}, but it published no group within "
+            f"{timeout.total_seconds():g}s (the trainer did not set up its group: hung): {exc}"
+        ) from exc
     if backend not in REFIT_BACKENDS:
         raise WeightsLoadError(f"the trainer's refit group uses backend {backend!r}; this engine speaks nccl or gloo")
     if backend == "nccl" and device.type != "cuda":
         raise WeightsLoadError("the trainer's refit group is NCCL, and this engine runs on the CPU")
+    left = timedelta(seconds=max(timeout.total_seconds() - (time.monotonic() - started), MIN_GROUP_TIMEOUT_S))
     try:
-        group = make_group(store, backend, rank, world_size, device, timeout)
+        group = make_group(store, backend, rank, world_size, device, left)
     except RuntimeError as exc:
         raise CollectiveError(
             f"rank {rank}: the group of {world_size} ranks did not form within {timeout.total_seconds():g}s: {exc}"
         ) from exc
     return RefitGroup(group=group, backend=backend, rank=rank, world_size=world_size, target_bytes=target_bytes)
+
+
+def join_overrun(rank: int, ip: str, port: int, world_size: int, timeout_s: float, progress: JoinProgress) -> str:
+    """Why a join still running at its caller's deadline (``timeout_s``) failed: the trainer's
+    store slow to accept a connection, or the group not formed (a rank that did not join: hung)."""
+    if not progress.connected:
+        return (
+            f"rank {rank}: the trainer's refit store at {ip}:{port} did not accept a connection within "
+            f"{timeout_s:g}s (slow to connect)"
+        )
+    return (
+        f"rank {rank}: connected to the trainer's store at {ip}:{port}, but the group of {world_size} ranks "
+        f"did not form within {timeout_s:g}s (a rank did not join: hung)"
+    )
 
 
 def make_group(
