@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Final
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, PrepareRefitInfo
@@ -52,34 +51,11 @@ class SimCollective:
 
     async def init(self, params: CollectiveInit) -> dict[str, Any]:
         refit = _refit_module()
-        rank = params.train_world_size + params.rank_prefix
-        if rank >= params.world_size:
-            raise BadRequestError(
-                f"rank_prefix: rank {rank} (train_world_size + rank_prefix) is outside world_size {params.world_size}",
-                param="rank_prefix",
-            )
+        rank = refit.engine_rank(params)
         self.abort()
         import torch
 
-        progress = refit.JoinProgress()
-        joining = asyncio.ensure_future(
-            asyncio.to_thread(
-                refit.join_group,
-                ip=params.ip,
-                port=params.port,
-                rank=rank,
-                world_size=params.world_size,
-                device=torch.device("cpu"),
-                timeout=timedelta(seconds=params.timeout_s),
-                progress=progress,
-            )
-        )
-        try:  # torch's store connect can outrun its own timeout by a retry delay: the answer may not
-            group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s)
-        except TimeoutError:
-            joining.add_done_callback(_leave_late)
-            why = refit.join_overrun(rank, params.ip, params.port, params.world_size, params.timeout_s, progress)
-            raise CollectiveError(why) from None
+        group = await refit.join_within(params, torch.device("cpu"))
         self._member = _Member(group)
         return {"rank": rank, "world_size": params.world_size, "backend": group.backend}
 
@@ -124,12 +100,6 @@ class SimCollective:
         if self._member is None:
             raise BadRequestError("no collective group: call init_collective first")
         return self._member
-
-
-def _leave_late(joining: asyncio.Future[Any]) -> None:
-    """A join that ended after its answer was given: leave the group it formed."""
-    if not joining.cancelled() and joining.exception() is None:
-        _refit_module().leave_group(joining.result())
 
 
 def _refit_module() -> Any:

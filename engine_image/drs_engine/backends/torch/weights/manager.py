@@ -17,7 +17,6 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from typing import Any, Final
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcBuffer, IpcUpdate, PrepareRefitInfo
@@ -167,33 +166,10 @@ class WeightsManager:
         self._verified = (self._gen, digest)
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
-        rank = params.train_world_size + params.rank_prefix
-        if rank >= params.world_size:
-            raise BadRequestError(
-                f"rank_prefix: rank {rank} (train_world_size + rank_prefix) is outside world_size {params.world_size}",
-                param="rank_prefix",
-            )
+        rank = refit.engine_rank(params)
         refit.leave_group(self._group)
         self._group = None
-        progress = refit.JoinProgress()
-        joining = asyncio.ensure_future(
-            asyncio.to_thread(
-                refit.join_group,
-                ip=params.ip,
-                port=params.port,
-                rank=rank,
-                world_size=params.world_size,
-                device=self._device,
-                timeout=timedelta(seconds=params.timeout_s),
-                progress=progress,
-            )
-        )
-        try:  # the answer within timeout_s: torch's store connect can outrun the timeout it is given
-            self._group = await asyncio.wait_for(asyncio.shield(joining), params.timeout_s)
-        except TimeoutError:
-            joining.add_done_callback(_leave_late)
-            why = refit.join_overrun(rank, params.ip, params.port, params.world_size, params.timeout_s, progress)
-            raise CollectiveError(why) from None
+        self._group = await refit.join_within(params, self._device)
         return {"rank": rank, "world_size": params.world_size, "backend": self._group.backend}
 
     async def prepare(self, params: PrepareRefitInfo) -> dict[str, Any]:
@@ -276,12 +252,6 @@ class WeightsManager:
 
     def _restore(self, host: dict[str, Any]) -> None:
         self._weights = pack(host, self._device)
-
-
-def _leave_late(joining: asyncio.Future[refit.RefitGroup]) -> None:
-    """A join that ended after its caller gave up: leave the group it formed."""
-    if not joining.cancelled() and joining.exception() is None:
-        refit.leave_group(joining.result())
 
 
 def _to_host(params: dict[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ Every function here blocks: the backend runs them on its GPU worker thread.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections import OrderedDict
@@ -32,7 +33,7 @@ from typing import Any, Final
 
 import torch
 import torch.distributed as dist
-from drs_protocol.control import IpcBuffer
+from drs_protocol.control import CollectiveInit, IpcBuffer
 from drs_protocol.nemo_rl_refit import RefitSpecError, Slot, TensorSpec, parse_state_dict_info
 from drs_protocol.weights_pack import (
     REFIT_BACKENDS,
@@ -120,6 +121,51 @@ def join_group(
             f"rank {rank}: the group of {world_size} ranks did not form within {timeout.total_seconds():g}s: {exc}"
         ) from exc
     return RefitGroup(group=group, backend=backend, rank=rank, world_size=world_size, target_bytes=target_bytes)
+
+
+def engine_rank(params: CollectiveInit) -> int:
+    """This engine's rank in the trainer's group: ``train_world_size + rank_prefix`` (a 400 naming
+    ``rank_prefix`` when it falls outside ``world_size``)."""
+    rank = params.train_world_size + params.rank_prefix
+    if rank >= params.world_size:
+        raise BadRequestError(
+            f"rank_prefix: rank {rank} (train_world_size + rank_prefix) is outside world_size {params.world_size}",
+            param="rank_prefix",
+        )
+    return rank
+
+
+async def join_within(params: CollectiveInit, device: Any) -> RefitGroup:
+    """:func:`join_group` (in a thread) answered within ``params.timeout_s``, a deadline this code
+    owns: torch's store connect can outrun the timeout it is given. Past it, a
+    :class:`CollectiveError` says what was slow (:func:`join_overrun`), and a join that ends later
+    leaves the group it formed."""
+    rank = engine_rank(params)
+    progress = JoinProgress()
+    joining = asyncio.ensure_future(
+        asyncio.to_thread(
+            join_group,
+            ip=params.ip,
+            port=params.port,
+            rank=rank,
+            world_size=params.world_size,
+            device=device,
+            timeout=timedelta(seconds=params.timeout_s),
+            progress=progress,
+        )
+    )
+    try:
+        return await asyncio.wait_for(asyncio.shield(joining), params.timeout_s)
+    except TimeoutError:
+        joining.add_done_callback(_leave_late)
+        why = join_overrun(rank, params.ip, params.port, params.world_size, params.timeout_s, progress)
+        raise CollectiveError(why) from None
+
+
+def _leave_late(joining: asyncio.Future[RefitGroup]) -> None:
+    """A join that ended after its answer was given: leave the group it formed."""
+    if not joining.cancelled() and joining.exception() is None:
+        leave_group(joining.result())
 
 
 def join_overrun(rank: int, ip: str, port: int, world_size: int, timeout_s: float, progress: JoinProgress) -> str:
