@@ -11,6 +11,11 @@ siblings of a new group reaching this frontend together) share one lookup. An en
 (a backend that cannot say: 501) or answers something else is left out: no answer at all sends
 the turn by the load-free rule. ``drs_frontend_group_lookups_total{outcome}`` counts lookups:
 ``found`` (an engine holds a prefix), ``none`` (answers, nothing held), ``unanswered``.
+
+:meth:`PrefixLookup.claim` then counts a new group's placement on the engine the walk chose
+(``drs_protocol.prefix_lookup.PrefixClaim``); ``drs_frontend_group_claims_total{outcome}``:
+``claimed``, ``refused`` (over the bound there by now: the relay walks on with the live figure),
+``unanswered`` (no answer, or an engine from before claims: the placement stands).
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drs_protocol import routes
-from drs_protocol.prefix_lookup import PrefixHeld, PrefixHeldRequest
+from drs_protocol.prefix_lookup import PrefixClaim, PrefixHeld, PrefixHeldRequest
 from pydantic import ValidationError
 
 from drs_frontend import wire_json
 from drs_frontend.errors import UpstreamError
 from drs_frontend.metrics import FrontendMetrics
-from drs_frontend.routing import RouteRequest
+from drs_frontend.routing import Claim, RouteRequest
 from drs_frontend.routing.groups import opening_messages
 from drs_frontend.upstream import UpstreamClient
 
@@ -60,20 +65,36 @@ class PrefixLookup:
             future.set_result(held)
         return held
 
+    async def claim(self, url: str, route: RouteRequest, claim: Claim) -> PrefixHeld | None:
+        """Count a new group's placement on ``url`` now (``drs_protocol.prefix_lookup.PrefixClaim``):
+        its answer (``claimed``, the live ``recent_work``), or None (no answer within
+        ``timeouts.prefixLookup``, or an engine from before claims: the placement stands unclaimed)."""
+        if route.messages is None:
+            return None
+        body = self._body(route, route.messages, PrefixClaim(tokens=claim.tokens, limit=claim.limit))
+        answer = await self._ask_one(url, body)
+        outcome = (
+            "unanswered" if answer is None or answer.claimed is None else "claimed" if answer.claimed else "refused"
+        )
+        self.metrics.group_claims_of(outcome).inc()
+        return answer if answer is not None and answer.claimed is not None else None
+
     @staticmethod
-    def _body(route: RouteRequest, messages: Sequence[Mapping[str, Any]]) -> bytes:
+    def _body(route: RouteRequest, messages: Sequence[Mapping[str, Any]], claim: PrefixClaim | None = None) -> bytes:
         """A turn this frontend tokenized: its ids, which start with the opening's (the engine
         renders nothing; a first turn's lookup is on a new group's critical path, and its siblings'
         identical ids share one lookup); else the opening's messages and tools, which the engine
         renders."""
         if route.prompt_ids:
             ids = list(route.prompt_ids)
-            PrefixHeldRequest(prompt_token_ids=ids)  # fails here, not on the engine
-            return wire_json.dumps({"prompt_token_ids": ids})
+            PrefixHeldRequest(prompt_token_ids=ids, claim=claim)  # fails here, not on the engine
+            return wire_json.dumps({"prompt_token_ids": ids, **_claim_field(claim)})
         opening_ = [dict(m) for m in opening_messages(messages)]
         tools = route.tools if isinstance(route.tools, list) and route.tools else None
-        request = PrefixHeldRequest(messages=opening_, tools=tools)  # fails here, not on the engine
-        return wire_json.dumps({"messages": request.messages, **({"tools": tools} if tools else {})})
+        request = PrefixHeldRequest(messages=opening_, tools=tools, claim=claim)  # fails here, not on the engine
+        return wire_json.dumps(
+            {"messages": request.messages, **({"tools": tools} if tools else {}), **_claim_field(claim)}
+        )
 
     async def _ask_all(self, urls: list[str], body: bytes) -> dict[str, PrefixHeld]:
         held: dict[str, PrefixHeld] = {}
@@ -101,3 +122,7 @@ class PrefixLookup:
         except ValidationError:
             log.warning("prefix lookup on %s: an answer that is not a PrefixHeld", url)
             return None
+
+
+def _claim_field(claim: PrefixClaim | None) -> dict[str, Any]:
+    return {} if claim is None else {"claim": claim.model_dump(mode="json")}
