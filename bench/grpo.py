@@ -69,6 +69,8 @@ from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 
 BLOCK = 32  # the sim engine's tokens per block
 MODES = ("bounded", "groups", "today")
+SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
+CLAIMS = "drs_frontend_group_claims_total"
 SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
 
 
@@ -253,6 +255,22 @@ async def mean_of(client: httpx.AsyncClient, urls: list[str], histogram: str) ->
     return (await frontend_sum(client, urls, f"{name}_sum{labels}")) / count if count else 0.0
 
 
+async def turn0_figures(client: httpx.AsyncClient, urls: list[str]) -> dict[str, float]:
+    """The frontends' own figures of turn 0 (read before they restart): groups the bound moved,
+    claims by outcome, and where turn 0 waits (the histograms' means)."""
+    out = {"groups_moved_by_the_bound": await frontend_sum(client, urls, SIBLINGS_MOVED)}
+    for outcome in ("claimed", "refused", "unanswered"):
+        out[f"claims_{outcome}"] = await frontend_sum(client, urls, f'{CLAIMS}{{outcome="{outcome}"}}')
+    for name, series in (
+        ("placement", "drs_frontend_group_placement_seconds"),
+        ("hold", "drs_frontend_group_hold_seconds"),
+        ("context_leg", 'drs_frontend_leg_seconds{leg="context"}'),
+        ("generation_leg", 'drs_frontend_leg_seconds{leg="generation"}'),
+    ):
+        out[f"turn0_{name}_s_mean"] = await mean_of(client, urls, series)
+    return out
+
+
 async def take_turn(client: httpx.AsyncClient, fleet_: Fleet, s: Session, turn: int, args: argparse.Namespace) -> None:
     body = {
         "model": "sim-qwen3",
@@ -325,20 +343,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
 
         await asyncio.gather(*(first(s) for s in sessions))
         after = await engine_counters(client, all_prefill)
-        moved = await frontend_sum(client, fl.urls, 'drs_frontend_group_siblings_total{placed="moved"}')
-        claims = {
-            o: await frontend_sum(client, fl.urls, f'drs_frontend_group_claims_total{{outcome="{o}"}}')
-            for o in ("claimed", "refused", "unanswered")
-        }
-        waits = {
-            name: await mean_of(client, fl.urls, series)
-            for name, series in (
-                ("placement_s_mean", "drs_frontend_group_placement_seconds"),
-                ("hold_s_mean", "drs_frontend_group_hold_seconds"),
-                ("context_leg_s_mean", 'drs_frontend_leg_seconds{leg="context"}'),
-                ("generation_leg_s_mean", 'drs_frontend_leg_seconds{leg="generation"}'),
-            )
-        }
+        turn0 = await turn0_figures(client, fl.urls)
         if args.restart:
             await restart_all(fl, outer)
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as later:  # fresh connections
@@ -382,11 +387,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         "decode_turns_max_over_mean": decode_ratio,
         "prompt_tokens": first_prompt,
         "client_retries": sum(s.retries for s in sessions),
-        "groups_moved_by_the_bound": moved,
-        "claims_claimed": claims["claimed"],
-        "claims_refused": claims["refused"],
-        "claims_unanswered": claims["unanswered"],
-        **{f"turn0_{name}": value for name, value in waits.items()},
+        **turn0,
         "lookups_found_after_restart": found,
         "lookups_unanswered_after_restart": unanswered,
     }

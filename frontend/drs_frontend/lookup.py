@@ -21,7 +21,9 @@ the turn by the load-free rule. ``drs_frontend_group_lookups_total{outcome}`` co
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,7 +34,7 @@ from pydantic import ValidationError
 from drs_frontend import wire_json
 from drs_frontend.errors import UpstreamError
 from drs_frontend.metrics import FrontendMetrics
-from drs_frontend.routing import Claim, RouteRequest
+from drs_frontend.routing import Claim, CtxRouter, RouteRequest
 from drs_frontend.routing.groups import opening_messages
 from drs_frontend.upstream import UpstreamClient
 
@@ -64,6 +66,28 @@ class PrefixLookup:
             del self._in_flight[key]
             future.set_result(held)
         return held
+
+    async def place(self, router: CtxRouter, route: RouteRequest, asked: list[str]) -> RouteRequest:
+        """The turn with the answers of ``asked`` (:meth:`ask`), and a new group's placement
+        claimed on the engine the router's walk chose (:meth:`claim`: counted there if its work
+        stays within the claim's limit). A refusal brings that engine's live work and the walk goes
+        on, once per engine asked, and then claims where it ends whatever the limit; the router's
+        ``pick`` then reads the same figures, so it places the group where the claim counted it.
+        ``drs_frontend_group_placement_seconds`` observes the whole."""
+        started = time.perf_counter()
+        route = dataclasses.replace(route, held=await self.ask(asked, route))
+        for attempt in range(len(asked) + 1):
+            claim = router.claim_target(route, asked)
+            if claim is None:
+                break
+            if attempt == len(asked):  # refused by every engine once: counted where the walk ends now
+                claim = dataclasses.replace(claim, limit=None)
+            answer = await self.claim(claim.url, route, claim)
+            if answer is None or answer.claimed:
+                break
+            route = dataclasses.replace(route, held={**(route.held or {}), claim.url: answer})  # its live work
+        self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
+        return route
 
     async def claim(self, url: str, route: RouteRequest, claim: Claim) -> PrefixHeld | None:
         """Count a new group's placement on ``url`` now (``drs_protocol.prefix_lookup.PrefixClaim``):

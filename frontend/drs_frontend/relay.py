@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -239,11 +238,8 @@ class Relay:
         # 4. the context leg (asking the engines first where the ctx router does not know the group)
         if self.ctx_router.looks_up:  # off (the default before 2026-12-05): nothing built, nobody asked
             targets = self.ctx_router.lookup_targets(route, [c.url for c in self.prefill.candidates(frozenset())])
-            if targets:
-                started = time.perf_counter()
-                route = dataclasses.replace(route, held=await self.lookup.ask(targets, route))
-                route = await self._claim(route, targets)
-                self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
+            if targets:  # what they hold, then a new group's placement claimed (:mod:`.lookup`)
+                route = await self.lookup.place(self.ctx_router, route, targets)
         ctx_body = build_context_request(
             body,
             disagg_request_id=request_id,
@@ -295,27 +291,6 @@ class Relay:
         gen = parse_response(gen_raw.body, "generation")
         version = gen_raw.weights_version or _weights_version(gen)
         return Reply(200, JSON, dumps(self._shape(gen, turn)), weights_version=version)
-
-    async def _claim(self, route: RouteRequest, asked: list[str]) -> RouteRequest:
-        """Count a new group's placement on its engine before its leg is sent (the walk's engine,
-        if its work stays within the claim's limit there): a refusal brings that engine's live work
-        and the walk goes on, once per engine asked, and then claims where it ends whatever the
-        limit; the ctx router then picks from the same figures, so it places the group where the
-        claim counted it."""
-        urls = [c.url for c in self.prefill.candidates(frozenset())]
-        for attempt in range(len(asked) + 1):
-            claim = self.ctx_router.claim_target(route, urls)
-            if claim is None:
-                break
-            if attempt == len(asked):  # refused by every engine once: counted where the walk ends now
-                claim = dataclasses.replace(claim, limit=None)
-            answer = await self.lookup.claim(claim.url, route, claim)
-            if answer is None or answer.claimed:
-                break
-            held = dict(route.held or {})
-            held[claim.url] = answer  # refused: its live work, over the bound by now
-            route = dataclasses.replace(route, held=held)
-        return route
 
     # -- step 2: tokenization --------------------------------------------------------------------
 
