@@ -71,7 +71,8 @@ class PrefixLookup:
         """The turn with the answers of ``asked`` (:meth:`ask`), and a new group's placement
         claimed on the engine the router's walk chose (:meth:`claim`: counted there if its work
         stays within the claim's limit). A refusal brings that engine's live work and the walk goes
-        on, once per engine asked, and then claims where it ends whatever the limit; the router's
+        on with every engine's live work (asked again, ``live``), once per engine asked, and then
+        claims where it ends whatever the limit; the router's
         ``pick`` then reads the same figures, so it places the group where the claim counted it.
         ``drs_frontend_group_placement_seconds`` observes the whole."""
         started = time.perf_counter()
@@ -85,7 +86,8 @@ class PrefixLookup:
             answer = await self.claim(claim.url, route, claim)
             if answer is None or answer.claimed:
                 break
-            route = dataclasses.replace(route, held={**(route.held or {}), claim.url: answer})  # its live work
+            live = await self._ask_all(asked, self._body(route, route.messages or [], live=True), count=False)
+            route = dataclasses.replace(route, held={**(route.held or {}), **live, claim.url: answer})
         self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
         return route
 
@@ -104,28 +106,37 @@ class PrefixLookup:
         return answer if answer is not None and answer.claimed is not None else None
 
     @staticmethod
-    def _body(route: RouteRequest, messages: Sequence[Mapping[str, Any]], claim: PrefixClaim | None = None) -> bytes:
+    def _body(
+        route: RouteRequest,
+        messages: Sequence[Mapping[str, Any]],
+        claim: PrefixClaim | None = None,
+        *,
+        live: bool = False,
+    ) -> bytes:
         """A turn this frontend tokenized: its ids, which start with the opening's (the engine
         renders nothing; a first turn's lookup is on a new group's critical path, and its siblings'
         identical ids share one lookup); else the opening's messages and tools, which the engine
         renders."""
         if route.prompt_ids:
             ids = list(route.prompt_ids)
-            PrefixHeldRequest(prompt_token_ids=ids, claim=claim)  # fails here, not on the engine
-            return wire_json.dumps({"prompt_token_ids": ids, **_claim_field(claim)})
+            PrefixHeldRequest(prompt_token_ids=ids, claim=claim, live=live)  # fails here, not on the engine
+            return wire_json.dumps({"prompt_token_ids": ids, **_extra_fields(claim, live)})
         opening_ = [dict(m) for m in opening_messages(messages)]
         tools = route.tools if isinstance(route.tools, list) and route.tools else None
-        request = PrefixHeldRequest(messages=opening_, tools=tools, claim=claim)  # fails here, not on the engine
-        return wire_json.dumps(
-            {"messages": request.messages, **({"tools": tools} if tools else {}), **_claim_field(claim)}
-        )
+        request = PrefixHeldRequest(
+            messages=opening_, tools=tools, claim=claim, live=live
+        )  # fails here, not on the engine
+        fields = {"messages": request.messages, **({"tools": tools} if tools else {})}
+        return wire_json.dumps({**fields, **_extra_fields(claim, live)})
 
-    async def _ask_all(self, urls: list[str], body: bytes) -> dict[str, PrefixHeld]:
+    async def _ask_all(self, urls: list[str], body: bytes, *, count: bool = True) -> dict[str, PrefixHeld]:
         held: dict[str, PrefixHeld] = {}
         answers = await asyncio.gather(*(self._ask_one(url, body) for url in urls))
         for url, answer in zip(urls, answers, strict=True):
             if answer is not None:
                 held[url] = answer
+        if not count:
+            return held
         outcome = "unanswered" if not held else "found" if any(a.held_blocks for a in held.values()) else "none"
         self.metrics.group_lookups_of(outcome).inc()
         return held
@@ -148,5 +159,9 @@ class PrefixLookup:
             return None
 
 
-def _claim_field(claim: PrefixClaim | None) -> dict[str, Any]:
-    return {} if claim is None else {"claim": claim.model_dump(mode="json")}
+def _extra_fields(claim: PrefixClaim | None, live: bool) -> dict[str, Any]:
+    """Only what is set: an engine from before claims refuses either field (400: no answer)."""
+    out: dict[str, Any] = {} if claim is None else {"claim": claim.model_dump(mode="json")}
+    if live:
+        out["live"] = True
+    return out

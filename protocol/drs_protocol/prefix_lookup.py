@@ -21,7 +21,8 @@ engine the moment a frontend decides it, not when its first leg arrives: the eng
 claim's ``tokens`` to its recent work at once, and atomically, only if that work would then stay
 within the claim's ``limit`` (the walk's bound; none: the walk had no room anywhere and takes the
 least loaded engine). The answer's ``claimed`` says whether it did; a refusal carries the engine's
-live ``recent_work`` (not the quote), so the frontend walks on with the figure that refused it. So
+live ``recent_work`` (not the quote), and the frontend asks the engines again for theirs as they
+stand now (``live``) and walks on with those. So
 groups placed at once, from one snapshot of the loads, by any frontend of the replica, spread. A
 claim lasts until a leg of its prompt arrives or :data:`CLAIM_TTL_S`; an engine that already
 counts a claim or a leg in flight for every full block of the prompt (a sibling's) accepts without
@@ -72,6 +73,8 @@ class PrefixHeldRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = Field(default=None, min_length=1)
     claim: PrefixClaim | None = None
+    #: answer ``recent_work`` as it stands now, not quoted (a frontend whose claim was refused walks on with these)
+    live: bool = False
 
     @model_validator(mode="after")
     def _one_prompt(self) -> PrefixHeldRequest:

@@ -8,7 +8,7 @@ say), and the server adds what it keeps of every leg that prefills (:mod:`drs_en
 the blocks a leg in flight will store (``pending_blocks``) and its recent work (``recent_work``).
 A request with a ``claim`` (a frontend placed a new group here) is counted at once if the recent
 work stays within its limit (:meth:`drs_engine.prefill_work.PrefillWork.claim`); its answer says
-``claimed`` and gives the live recent work, not the quote.
+``claimed`` and gives the live recent work, not the quote (as does one asking ``live``).
 Served while awake only, like a turn; behind the serving token like every serving route.
 """
 
@@ -63,7 +63,7 @@ async def prefix_held(state: EngineState, request: Request) -> Response:
         )
         update["recent_work"] = work.recent_work()
     else:
-        update["recent_work"] = work.quote(ids)
+        update["recent_work"] = work.recent_work() if req.live else work.quote(ids)
     update["pending_blocks"] = min(work.pending_blocks(ids, weights, held.tokens_per_block), held.blocks)
     return JSONResponse(held.model_copy(update=update).model_dump(mode="json", exclude_none=req.claim is None))
 
