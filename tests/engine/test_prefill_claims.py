@@ -82,6 +82,7 @@ async def test_the_engine_answers_a_claim_with_its_live_work(engine_factory: Eng
         refused = await ask({"prompt_token_ids": [3] * 300, "claim": {"tokens": 300, "limit": 375}})
         assert (refused.claimed, refused.recent_work) == (False, 300)
         assert (await ask({"prompt_token_ids": [3] * 300})).recent_work == 0  # the quote is unchanged
+        assert (await ask({"prompt_token_ids": [3] * 300, "live": True})).recent_work == 300  # unless asked live
         leg = await client.post(
             engine.url + "/v1/completions", json=context_leg({"model": "sim", "prompt": ids, "max_tokens": 2}, 1)
         )

@@ -47,7 +47,7 @@ def snapshot(engines: dict[str, PrefillWork], ids: list[int]) -> dict[str, Prefi
 
 
 def place(router: ConversationRouter, engines: dict[str, PrefillWork], req: RouteRequest, *, claims: bool) -> str:
-    """The relay's claim loop, then its pick; the group's leg arrives at the engine picked."""
+    """:meth:`PrefixLookup.place`'s claim loop, then the pick; the group's leg arrives at the engine picked."""
     urls = list(engines)
     for attempt in range(len(urls) + 1):
         claim = router.claim_target(req, urls) if claims else None
@@ -57,9 +57,9 @@ def place(router: ConversationRouter, engines: dict[str, PrefillWork], req: Rout
         assert req.prompt_ids is not None
         if engines[claim.url].claim(req.prompt_ids, "v1", claim.tokens, limit=limit, tokens_per_block=BLOCK):
             break
-        assert req.held is not None
-        live = req.held[claim.url].model_copy(update={"recent_work": engines[claim.url].recent_work()})
-        req = dataclasses.replace(req, held={**(req.held or {}), claim.url: live})
+        assert req.held is not None  # refused: every engine asked again, live
+        live = {u: a.model_copy(update={"recent_work": engines[u].recent_work()}) for u, a in req.held.items()}
+        req = dataclasses.replace(req, held=live)
     url = router.pick(req, [Candidate(u) for u in urls]).url
     assert req.prompt_ids is not None
     engines[url].start(req.prompt_ids, "v1", held_tokens=0, tokens_per_block=BLOCK)
