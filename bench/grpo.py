@@ -343,7 +343,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
 
         await asyncio.gather(*(first(s) for s in sessions))
         after = await engine_counters(client, all_prefill)
-        turn0 = await turn0_figures(client, fl.urls)
+        frontend_figures = await turn0_figures(client, fl.urls)
         if args.restart:
             await restart_all(fl, outer)
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as later:  # fresh connections
@@ -387,7 +387,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         "decode_turns_max_over_mean": decode_ratio,
         "prompt_tokens": first_prompt,
         "client_retries": sum(s.retries for s in sessions),
-        **turn0,
+        **frontend_figures,
         "lookups_found_after_restart": found,
         "lookups_unanswered_after_restart": unanswered,
     }
