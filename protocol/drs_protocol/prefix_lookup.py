@@ -36,8 +36,8 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: ``groupLookupEngines``' default: 0, the load-free placement by opening (no bound, no lookup). The
-#: bounded walk with the lookup is opt-in: measured (docs/grpo-routing.md) it keeps the load bound and
-#: restart affinity but costs prompt sharing between a replica's frontends and group completion time.
+#: bounded walk with the lookup and claims is opt-in: measured (docs/grpo-routing.md) it keeps the load
+#: bound, prompt sharing and restart affinity, but its round trips cost group completion time.
 DEFAULT_LOOKUP_ENGINES: Final = 0
 #: Engines asked, first in rendezvous order of the opening's key, when turned on (the benchmark's setting).
 SUGGESTED_LOOKUP_ENGINES: Final = 4
