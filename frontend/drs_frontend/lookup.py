@@ -48,11 +48,11 @@ class PrefixLookup:
         self.timeout = timeout
         self._in_flight: dict[tuple[bytes, tuple[str, ...]], asyncio.Future[dict[str, PrefixHeld]]] = {}
 
-    async def ask(self, urls: list[str], route: RouteRequest) -> dict[str, PrefixHeld]:
+    async def ask(self, urls: list[str], route: RouteRequest, *, live: bool = False) -> dict[str, PrefixHeld]:
         """What each of ``urls`` holds of the opening of ``route``'s messages (those that answered)."""
         if route.messages is None:
             return {}
-        body = self._body(route, route.messages)
+        body = self._body(route, route.messages, live=live)
         key = (body, tuple(urls))
         shared = self._in_flight.get(key)
         if shared is not None:
@@ -74,9 +74,11 @@ class PrefixLookup:
         on with every engine's live work (asked again, ``live``), once per engine asked, and then
         claims where it ends whatever the limit; the router's
         ``pick`` then reads the same figures, so it places the group where the claim counted it.
-        ``drs_frontend_group_placement_seconds`` observes the whole."""
+        ``drs_frontend_group_placement_seconds`` observes the whole. The engines are asked
+        ``live`` (their work now, not the quote: the replica's other frontend agrees through the
+        claim, which its own lookup sees as pending, or which counts its sibling's claim once)."""
         started = time.perf_counter()
-        route = dataclasses.replace(route, held=await self.ask(asked, route))
+        route = dataclasses.replace(route, held=await self.ask(asked, route, live=True))
         for attempt in range(len(asked) + 1):
             claim = router.claim_target(route, asked)
             if claim is None:
