@@ -12,7 +12,9 @@ turns must find their engine without the frontends' memory.
 Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved: ``bounded``
 (``groupLookupEngines: 4``: by opening, a new group on the first of its rendezvous engines within
 the load bound over the recent prefill work the engines report in the prefix-held answer, a turn
-unknown to its frontend placed where that lookup finds its opening held or in flight; siblings
+unknown to its frontend placed where that lookup finds its opening held or in flight, a new
+group's placement claimed on its engine before its leg is sent (counted there at once, within the
+bound: refused, the walk goes on with the engine's live figure); siblings
 held for the first one's context leg by the frontend, and by the engine for a sibling another
 frontend sent), ``groups`` (``groupLookupEngines: 0``, the default: by opening, the first
 rendezvous engine whatever the load, no lookup) and ``today``
@@ -28,7 +30,11 @@ rendezvous engine whatever the load, no lookup) and ``today``
 * ``later_turn_affinity``: turns >= 1 whose prefill engine held the previous turn's prompt (its
   reported cached tokens cover the previous prompt's full blocks);
 * ``prefill_work_max_over_mean`` / ``decode_turns_max_over_mean``: per replica, the busiest prefill
-  engine's computed tokens and decode engine's turns over their mean (worst replica).
+  engine's computed tokens and decode engine's turns over their mean (worst replica);
+* ``claims_*``: the frontends' claims during turn 0 (claimed, refused, unanswered);
+* ``turn0_*_s_mean``: where turn 0 waits, from the frontends' histograms (means over every frontend):
+  the lookup and claims of a routing miss (``placement``), a held sibling's hold, the context leg
+  and the generation leg.
 
 The last line is one JSON object with every figure and the ratios bounded / groups and groups / today.
 
@@ -63,6 +69,8 @@ from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 
 BLOCK = 32  # the sim engine's tokens per block
 MODES = ("bounded", "groups", "today")
+SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
+CLAIMS = "drs_frontend_group_claims_total"
 SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
 
 
@@ -239,6 +247,30 @@ async def frontend_sum(client: httpx.AsyncClient, urls: list[str], sample: str) 
     return total
 
 
+async def mean_of(client: httpx.AsyncClient, urls: list[str], histogram: str) -> float:
+    """A histogram's mean over every frontend (``name{labels}``: its _sum over its _count; 0 if empty)."""
+    name, _, labels = histogram.partition("{")
+    labels = "{" + labels if labels else ""
+    count = await frontend_sum(client, urls, f"{name}_count{labels}")
+    return (await frontend_sum(client, urls, f"{name}_sum{labels}")) / count if count else 0.0
+
+
+async def turn0_figures(client: httpx.AsyncClient, urls: list[str]) -> dict[str, float]:
+    """The frontends' own figures of turn 0 (read before they restart): groups the bound moved,
+    claims by outcome, and where turn 0 waits (the histograms' means)."""
+    out = {"groups_moved_by_the_bound": await frontend_sum(client, urls, SIBLINGS_MOVED)}
+    for outcome in ("claimed", "refused", "unanswered"):
+        out[f"claims_{outcome}"] = await frontend_sum(client, urls, f'{CLAIMS}{{outcome="{outcome}"}}')
+    for name, series in (
+        ("placement", "drs_frontend_group_placement_seconds"),
+        ("hold", "drs_frontend_group_hold_seconds"),
+        ("context_leg", 'drs_frontend_leg_seconds{leg="context"}'),
+        ("generation_leg", 'drs_frontend_leg_seconds{leg="generation"}'),
+    ):
+        out[f"turn0_{name}_s_mean"] = await mean_of(client, urls, series)
+    return out
+
+
 async def take_turn(client: httpx.AsyncClient, fleet_: Fleet, s: Session, turn: int, args: argparse.Namespace) -> None:
     body = {
         "model": "sim-qwen3",
@@ -311,7 +343,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
 
         await asyncio.gather(*(first(s) for s in sessions))
         after = await engine_counters(client, all_prefill)
-        moved = await frontend_sum(client, fl.urls, 'drs_frontend_group_siblings_total{placed="moved"}')
+        frontend_figures = await turn0_figures(client, fl.urls)
         if args.restart:
             await restart_all(fl, outer)
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as later:  # fresh connections
@@ -355,7 +387,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         "decode_turns_max_over_mean": decode_ratio,
         "prompt_tokens": first_prompt,
         "client_retries": sum(s.retries for s in sessions),
-        "groups_moved_by_the_bound": moved,
+        **frontend_figures,
         "lookups_found_after_restart": found,
         "lookups_unanswered_after_restart": unanswered,
     }

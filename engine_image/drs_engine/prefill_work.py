@@ -15,7 +15,12 @@ every frontend that asks reads the same facts:
   about one group while other groups' legs arrive still read the same loads;
 * ``pending_blocks``: the leading full blocks of the asked prompt that a leg in flight here, under
   the weights served now, will store when its context phase ends: a sibling that another frontend
-  sent here a moment ago, which the cache does not hold yet.
+  sent here a moment ago, which the cache does not hold yet; or that a claim counted here will.
+* *claims* (:meth:`PrefillWork.claim`, ``drs_protocol.prefix_lookup.PrefixClaim``): a frontend
+  that placed a new group here counts its work at once, if the recent work stays within the
+  claim's limit (checked and counted in one step: the event loop runs nothing between), until a
+  leg of that prompt arrives (its expected work replaces the claim's) or
+  :data:`~drs_protocol.prefix_lookup.CLAIM_TTL_S`.
 
 And one decision of its own: a leg whose every full block a *context-only* leg in flight here
 will store (a sibling that the replica's other frontend sent a moment ago: frontends hold only
@@ -36,10 +41,10 @@ import hashlib
 import time
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from drs_protocol.prefix_lookup import RECENT_WORK_WINDOW_S, WORK_QUOTE_S
+from drs_protocol.prefix_lookup import CLAIM_TTL_S, RECENT_WORK_WINDOW_S, WORK_QUOTE_S
 
 #: Prompts whose quote is kept (the oldest forgotten first).
 MAX_QUOTES = 4096
@@ -72,16 +77,76 @@ def common_blocks(a: Sequence[int], b: Sequence[int], tokens_per_block: int) -> 
     return blocks
 
 
+@dataclass(slots=True, frozen=True)
+class Claim:
+    """A new group placed here by a frontend, before any of its legs arrived."""
+
+    prompt_ids: Sequence[int]
+    weights: str
+    tokens: int
+    until: float  #: the clock's time it lapses unless a leg of its prompt arrives
+
+
 class PrefillWork:
-    def __init__(self, *, window_s: float = RECENT_WORK_WINDOW_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        window_s: float = RECENT_WORK_WINDOW_S,
+        claim_ttl_s: float = CLAIM_TTL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be above 0")
+        if claim_ttl_s <= 0:
+            raise ValueError("claim_ttl_s must be above 0")
         self._window = window_s
+        self._claim_ttl = claim_ttl_s
         self._clock = clock
         self._done: deque[tuple[float, int]] = deque()
         self._done_tokens = 0
         self._in_flight: list[InFlight] = []
+        self._claims: list[Claim] = []
         self._quotes: OrderedDict[bytes, tuple[float, int]] = OrderedDict()
+
+    def claim(
+        self, prompt_ids: Sequence[int], weights: str, tokens: int, *, limit: int | None, tokens_per_block: int
+    ) -> bool:
+        """Count ``tokens`` of work for this prompt now, if :meth:`recent_work` with them stays
+        within ``limit`` (None: whatever it is); True when counted, or when a claim or a leg in
+        flight here already covers every full block of the prompt (a sibling's: counted once)."""
+        if tokens < 1:
+            raise ValueError("tokens must be at least 1")
+        blocks = len(prompt_ids) // tokens_per_block
+        self._expire_claims()
+        if blocks > 0:
+            for ids, other_weights in self._counted():
+                if other_weights == weights and common_blocks(prompt_ids, ids, tokens_per_block) == blocks:
+                    return True
+        if limit is not None and self.recent_work() + tokens > limit:
+            return False
+        self._claims.append(Claim(list(prompt_ids), weights, tokens, self._clock() + self._claim_ttl))
+        return True
+
+    def _counted(self) -> Iterator[tuple[Sequence[int], str]]:
+        """The prompts whose work is counted here ahead of their end: legs in flight and claims."""
+        for leg in self._in_flight:
+            yield leg.prompt_ids, leg.weights
+        for claim in self._claims:
+            yield claim.prompt_ids, claim.weights
+
+    def _expire_claims(self) -> None:
+        now = self._clock()
+        if any(c.until <= now for c in self._claims):
+            self._claims = [c for c in self._claims if c.until > now]
+
+    def _take_claims(self, prompt_ids: Sequence[int], weights: str, tokens_per_block: int) -> None:
+        """A leg arrived: the claims whose every full block it computes or reads are its own."""
+        self._claims = [
+            c
+            for c in self._claims
+            if c.weights != weights
+            or common_blocks(prompt_ids, c.prompt_ids, tokens_per_block) < len(c.prompt_ids) // tokens_per_block
+        ]
 
     def start(
         self,
@@ -106,6 +171,7 @@ class PrefillWork:
                     follows = other
         pending = most * tokens_per_block
         expected = max(0, len(prompt_ids) - max(held_tokens, pending))
+        self._take_claims(prompt_ids, weights, tokens_per_block)
         leg = InFlight(prompt_ids, weights, expected, followable, follows)
         self._in_flight.append(leg)
         return leg
@@ -122,11 +188,14 @@ class PrefillWork:
             self._done_tokens += computed
 
     def recent_work(self) -> int:
-        """Prompt tokens computed within the window, plus those the legs in flight are expected to."""
+        """Prompt tokens computed within the window, plus those the legs in flight are expected to,
+        plus the claims not yet taken by a leg."""
         horizon = self._clock() - self._window
         while self._done and self._done[0][0] < horizon:
             self._done_tokens -= self._done.popleft()[1]
-        return self._done_tokens + sum(leg.expected for leg in self._in_flight)
+        self._expire_claims()
+        in_flight = sum(leg.expected for leg in self._in_flight)
+        return self._done_tokens + in_flight + sum(c.tokens for c in self._claims)
 
     def quote(self, prompt_ids: Sequence[int], *, ttl_s: float = WORK_QUOTE_S) -> int:
         """:meth:`recent_work` as it stood at the first ask about ``prompt_ids`` within ``ttl_s``."""
@@ -144,13 +213,14 @@ class PrefillWork:
         return work
 
     def pending_blocks(self, prompt_ids: Sequence[int], weights: str, tokens_per_block: int) -> int:
-        """Leading full blocks of ``prompt_ids`` that a leg in flight under ``weights`` will store."""
+        """Leading full blocks of ``prompt_ids`` that a leg in flight (or a claim) under ``weights`` will store."""
         if tokens_per_block < 1:
             raise ValueError("tokens_per_block must be at least 1")
+        self._expire_claims()
         most = 0
-        for leg in self._in_flight:
-            if leg.weights == weights:
-                most = max(most, common_blocks(prompt_ids, leg.prompt_ids, tokens_per_block))
+        for ids, other_weights in self._counted():
+            if other_weights == weights:
+                most = max(most, common_blocks(prompt_ids, ids, tokens_per_block))
         return most
 
     def __len__(self) -> int:

@@ -11,23 +11,30 @@ siblings of a new group reaching this frontend together) share one lookup. An en
 (a backend that cannot say: 501) or answers something else is left out: no answer at all sends
 the turn by the load-free rule. ``drs_frontend_group_lookups_total{outcome}`` counts lookups:
 ``found`` (an engine holds a prefix), ``none`` (answers, nothing held), ``unanswered``.
+
+:meth:`PrefixLookup.claim` then counts a new group's placement on the engine the walk chose
+(``drs_protocol.prefix_lookup.PrefixClaim``); ``drs_frontend_group_claims_total{outcome}``:
+``claimed``, ``refused`` (over the bound there by now: the relay walks on with the live figure),
+``unanswered`` (no answer, or an engine from before claims: the placement stands).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from drs_protocol import routes
-from drs_protocol.prefix_lookup import PrefixHeld, PrefixHeldRequest
+from drs_protocol.prefix_lookup import PrefixClaim, PrefixHeld, PrefixHeldRequest
 from pydantic import ValidationError
 
 from drs_frontend import wire_json
 from drs_frontend.errors import UpstreamError
 from drs_frontend.metrics import FrontendMetrics
-from drs_frontend.routing import RouteRequest
+from drs_frontend.routing import Claim, CtxRouter, RouteRequest
 from drs_frontend.routing.groups import opening_messages
 from drs_frontend.upstream import UpstreamClient
 
@@ -41,11 +48,11 @@ class PrefixLookup:
         self.timeout = timeout
         self._in_flight: dict[tuple[bytes, tuple[str, ...]], asyncio.Future[dict[str, PrefixHeld]]] = {}
 
-    async def ask(self, urls: list[str], route: RouteRequest) -> dict[str, PrefixHeld]:
+    async def ask(self, urls: list[str], route: RouteRequest, *, live: bool = False) -> dict[str, PrefixHeld]:
         """What each of ``urls`` holds of the opening of ``route``'s messages (those that answered)."""
         if route.messages is None:
             return {}
-        body = self._body(route, route.messages)
+        body = self._body(route, route.messages, live=live)
         key = (body, tuple(urls))
         shared = self._in_flight.get(key)
         if shared is not None:
@@ -60,27 +67,78 @@ class PrefixLookup:
             future.set_result(held)
         return held
 
+    async def place(self, router: CtxRouter, route: RouteRequest, asked: list[str]) -> RouteRequest:
+        """The turn with the answers of ``asked`` (:meth:`ask`), and a new group's placement
+        claimed on the engine the router's walk chose (:meth:`claim`: counted there if its work
+        stays within the claim's limit). A refusal brings that engine's live work and the walk goes
+        on with every engine's live work (asked again, ``live``), once per engine asked, and then
+        claims where it ends whatever the limit; the router's
+        ``pick`` then reads the same figures, so it places the group where the claim counted it.
+        ``drs_frontend_group_placement_seconds`` observes the whole. The engines are asked
+        ``live`` (their work now, not the quote: the replica's other frontend agrees through the
+        claim, which its own lookup sees as pending, or which counts its sibling's claim once)."""
+        started = time.perf_counter()
+        route = dataclasses.replace(route, held=await self.ask(asked, route, live=True))
+        for attempt in range(len(asked) + 1):
+            claim = router.claim_target(route, asked)
+            if claim is None:
+                break
+            if attempt == len(asked):  # refused by every engine once: counted where the walk ends now
+                claim = dataclasses.replace(claim, limit=None)
+            answer = await self.claim(claim.url, route, claim)
+            if answer is None or answer.claimed:
+                break
+            live = await self._ask_all(asked, self._body(route, route.messages or [], live=True), count=False)
+            route = dataclasses.replace(route, held={**(route.held or {}), **live, claim.url: answer})
+        self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
+        return route
+
+    async def claim(self, url: str, route: RouteRequest, claim: Claim) -> PrefixHeld | None:
+        """Count a new group's placement on ``url`` now (``drs_protocol.prefix_lookup.PrefixClaim``):
+        its answer (``claimed``, the live ``recent_work``), or None (no answer within
+        ``timeouts.prefixLookup``, or an engine from before claims: the placement stands unclaimed)."""
+        if route.messages is None:
+            return None
+        body = self._body(route, route.messages, PrefixClaim(tokens=claim.tokens, limit=claim.limit))
+        answer = await self._ask_one(url, body)
+        outcome = (
+            "unanswered" if answer is None or answer.claimed is None else "claimed" if answer.claimed else "refused"
+        )
+        self.metrics.group_claims_of(outcome).inc()
+        return answer if answer is not None and answer.claimed is not None else None
+
     @staticmethod
-    def _body(route: RouteRequest, messages: Sequence[Mapping[str, Any]]) -> bytes:
+    def _body(
+        route: RouteRequest,
+        messages: Sequence[Mapping[str, Any]],
+        claim: PrefixClaim | None = None,
+        *,
+        live: bool = False,
+    ) -> bytes:
         """A turn this frontend tokenized: its ids, which start with the opening's (the engine
         renders nothing; a first turn's lookup is on a new group's critical path, and its siblings'
         identical ids share one lookup); else the opening's messages and tools, which the engine
         renders."""
         if route.prompt_ids:
             ids = list(route.prompt_ids)
-            PrefixHeldRequest(prompt_token_ids=ids)  # fails here, not on the engine
-            return wire_json.dumps({"prompt_token_ids": ids})
+            PrefixHeldRequest(prompt_token_ids=ids, claim=claim, live=live)  # fails here, not on the engine
+            return wire_json.dumps({"prompt_token_ids": ids, **_extra_fields(claim, live)})
         opening_ = [dict(m) for m in opening_messages(messages)]
         tools = route.tools if isinstance(route.tools, list) and route.tools else None
-        request = PrefixHeldRequest(messages=opening_, tools=tools)  # fails here, not on the engine
-        return wire_json.dumps({"messages": request.messages, **({"tools": tools} if tools else {})})
+        request = PrefixHeldRequest(
+            messages=opening_, tools=tools, claim=claim, live=live
+        )  # fails here, not on the engine
+        fields = {"messages": request.messages, **({"tools": tools} if tools else {})}
+        return wire_json.dumps({**fields, **_extra_fields(claim, live)})
 
-    async def _ask_all(self, urls: list[str], body: bytes) -> dict[str, PrefixHeld]:
+    async def _ask_all(self, urls: list[str], body: bytes, *, count: bool = True) -> dict[str, PrefixHeld]:
         held: dict[str, PrefixHeld] = {}
         answers = await asyncio.gather(*(self._ask_one(url, body) for url in urls))
         for url, answer in zip(urls, answers, strict=True):
             if answer is not None:
                 held[url] = answer
+        if not count:
+            return held
         outcome = "unanswered" if not held else "found" if any(a.held_blocks for a in held.values()) else "none"
         self.metrics.group_lookups_of(outcome).inc()
         return held
@@ -101,3 +159,11 @@ class PrefixLookup:
         except ValidationError:
             log.warning("prefix lookup on %s: an answer that is not a PrefixHeld", url)
             return None
+
+
+def _extra_fields(claim: PrefixClaim | None, live: bool) -> dict[str, Any]:
+    """Only what is set: an engine from before claims refuses either field (400: no answer)."""
+    out: dict[str, Any] = {} if claim is None else {"claim": claim.model_dump(mode="json")}
+    if live:
+        out["live"] = True
+    return out

@@ -32,6 +32,10 @@ drs_frontend_group_siblings_total{placed}       counter    new conversations pla
                                                            co-location ratio = with_group / (with_group + apart)
 drs_frontend_group_lookups_total{outcome}       counter    prefix-held lookups on a routing miss: found (an engine
                                                            holds a prefix), none (nothing held), unanswered
+drs_frontend_group_claims_total{outcome}        counter    new groups' placements counted on their engine at once:
+                                                           claimed, refused (over the bound there by now: the walk
+                                                           goes on), unanswered (the placement stands unclaimed)
+drs_frontend_group_placement_seconds            histogram  a routing miss's lookup and claims before its context leg
 drs_frontend_group_holds_total{outcome}         counter    first turns held for their group's first context leg:
                                                            released (it ended), timed_out (groupHoldSeconds)
 drs_frontend_group_hold_seconds                 histogram  how long one such first turn was held
@@ -124,6 +128,12 @@ class FrontendMetrics:
         self.group_lookups = Counter(
             "drs_frontend_group_lookups", "Prefix-held lookups on a routing miss.", ["outcome"], registry=r
         )
+        self.group_claims = Counter(
+            "drs_frontend_group_claims", "New groups' placements claimed on their engine.", ["outcome"], registry=r
+        )
+        self.group_placement_seconds = Histogram(
+            "drs_frontend_group_placement_seconds", "Lookup and claims.", buckets=LATENCY_BUCKETS, registry=r
+        )
         self.group_holds = Counter("drs_frontend_group_holds", "First turns held.", ["outcome"], registry=r)
         self.group_hold_seconds = Histogram(
             "drs_frontend_group_hold_seconds", "Hold of one first turn.", buckets=LATENCY_BUCKETS, registry=r
@@ -147,6 +157,7 @@ class FrontendMetrics:
         self.group_siblings_of = Children(self.group_siblings)  # (placed,)
         self.group_holds_of = Children(self.group_holds)  # (outcome,)
         self.group_lookups_of = Children(self.group_lookups)  # (outcome,)
+        self.group_claims_of = Children(self.group_claims)  # (outcome,)
 
     def watch_in_flight(self, read: Callable[[], Iterable[tuple[str, str, int]]]) -> None:
         """Export ``drs_frontend_engine_in_flight`` from ``read()`` -> (role, engine, count) at

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import random
 import time
@@ -239,8 +238,8 @@ class Relay:
         # 4. the context leg (asking the engines first where the ctx router does not know the group)
         if self.ctx_router.looks_up:  # off (the default before 2026-12-05): nothing built, nobody asked
             targets = self.ctx_router.lookup_targets(route, [c.url for c in self.prefill.candidates(frozenset())])
-            if targets:
-                route = dataclasses.replace(route, held=await self.lookup.ask(targets, route))
+            if targets:  # what they hold, then a new group's placement claimed (:mod:`.lookup`)
+                route = await self.lookup.place(self.ctx_router, route, targets)
         ctx_body = build_context_request(
             body,
             disagg_request_id=request_id,

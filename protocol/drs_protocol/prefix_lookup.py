@@ -15,6 +15,18 @@ blocks its prefix cache holds *now* (stored when a context phase ended; a block 
 computed is not held), looked up without touching the cache's LRU order or its hit counters. An
 engine whose backend cannot answer says 501 (``not_implemented``); the frontend treats that, a
 timeout and any other error as no answer.
+
+A *claim* (:class:`PrefixClaim`, the request's ``claim``) counts a new group's placement on the
+engine the moment a frontend decides it, not when its first leg arrives: the engine adds the
+claim's ``tokens`` to its recent work at once, and atomically, only if that work would then stay
+within the claim's ``limit`` (the walk's bound; none: the walk had no room anywhere and takes the
+least loaded engine). The answer's ``claimed`` says whether it did; a refusal carries the engine's
+live ``recent_work`` (not the quote), and the frontend asks the engines again for theirs as they
+stand now (``live``) and walks on with those. So
+groups placed at once, from one snapshot of the loads, by any frontend of the replica, spread. A
+claim lasts until a leg of its prompt arrives or :data:`CLAIM_TTL_S`; an engine that already
+counts a claim or a leg in flight for every full block of the prompt (a sibling's) accepts without
+counting it twice. An engine from before claims refuses the field (400): no claim, as before.
 """
 
 from __future__ import annotations
@@ -24,8 +36,8 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: ``groupLookupEngines``' default: 0, the load-free placement by opening (no bound, no lookup). The
-#: bounded walk with the lookup is opt-in: measured (docs/grpo-routing.md) it keeps the load bound and
-#: restart affinity but costs prompt sharing between a replica's frontends and group completion time.
+#: bounded walk with the lookup and claims is opt-in: measured (docs/grpo-routing.md) it keeps the load
+#: bound, prompt sharing and restart affinity, but its round trips cost group completion time.
 DEFAULT_LOOKUP_ENGINES: Final = 0
 #: Engines asked, first in rendezvous order of the opening's key, when turned on (the benchmark's setting).
 SUGGESTED_LOOKUP_ENGINES: Final = 4
@@ -36,18 +48,33 @@ RECENT_WORK_WINDOW_S: Final = 60.0
 #: the siblings of a group reach a replica's frontends within this, and each frontend asks about
 #: the group when it first sees it, so all of them walk with the same figures and place it alike.
 WORK_QUOTE_S: Final = 5.0
+#: Seconds a claim counts on its engine when no leg of its prompt arrives (the frontend gave up).
+CLAIM_TTL_S: Final = 10.0
 #: Seconds one engine has to answer (``timeouts.prefixLookup``' default): a miss costs a turn at most this.
 DEFAULT_LOOKUP_TIMEOUT_S: Final = 0.5
 
 
+class PrefixClaim(BaseModel):
+    """Count ``tokens`` of prefill work for this prompt here now, if the engine's recent work with
+    them added stays within ``limit`` (None: whatever it is)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tokens: int = Field(ge=1)
+    limit: int | None = Field(default=None, ge=1)
+
+
 class PrefixHeldRequest(BaseModel):
-    """Exactly one of ``messages`` (with ``tools``) or ``prompt_token_ids``."""
+    """Exactly one of ``messages`` (with ``tools``) or ``prompt_token_ids``; optionally a ``claim``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     messages: list[dict[str, Any]] | None = Field(default=None, min_length=1)
     tools: list[dict[str, Any]] | None = None
     prompt_token_ids: list[int] | None = Field(default=None, min_length=1)
+    claim: PrefixClaim | None = None
+    #: answer ``recent_work`` as it stands now, not quoted (a frontend whose claim was refused walks on with these)
+    live: bool = False
 
     @model_validator(mode="after")
     def _one_prompt(self) -> PrefixHeldRequest:
@@ -68,7 +95,8 @@ class PrefixHeld(BaseModel):
     compute, as it stood when the engine was first asked about this prompt within the last
     :data:`WORK_QUOTE_S` seconds (None from an engine that does not say). So every frontend that
     asks about a group reads the same figures, and a replica's frontends place it alike
-    (docs/grpo-routing.md)."""
+    (docs/grpo-routing.md). An answer to a claim: ``claimed``, and ``recent_work`` live, the
+    claim included when counted."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -78,6 +106,8 @@ class PrefixHeld(BaseModel):
     tokens_per_block: int = Field(ge=1)
     pending_blocks: int = Field(default=0, ge=0)
     recent_work: int | None = Field(default=None, ge=0)
+    #: the request's claim was counted (None: no claim asked)
+    claimed: bool | None = None
 
     @model_validator(mode="after")
     def _held_within(self) -> PrefixHeld:

@@ -110,6 +110,7 @@ async def test_a_restarted_frontend_sends_every_later_turn_of_a_moved_group_to_i
         assert sorted(counts.values()) == [2, 2, 2, 2]  # 8 prompts, c = 1.25: within the bound, even
         assert moved(placed, urls), "no group was moved: the test would not test the lookup"
         assert metric_value(metrics, "drs_frontend_group_siblings_total", '{placed="moved"}') >= 1
+        assert metric_value(metrics, "drs_frontend_group_claims_total", '{outcome="claimed"}') >= PROMPTS
         async with frontend(prefill, decode, lookups=4) as restarted:  # no pins, no groups, no load
             answers = await asyncio.gather(
                 *(post(client, restarted.url, body(s, later)) for s, (_, later) in placed.items())

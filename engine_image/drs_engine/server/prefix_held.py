@@ -6,6 +6,9 @@ frontend tokenizes with, else its ``prompt_token_ids`` are taken as they are; th
 the leading full blocks it holds under the weights served now (501 from a backend that cannot
 say), and the server adds what it keeps of every leg that prefills (:mod:`drs_engine.prefill_work`):
 the blocks a leg in flight will store (``pending_blocks``) and its recent work (``recent_work``).
+A request with a ``claim`` (a frontend placed a new group here) is counted at once if the recent
+work stays within its limit (:meth:`drs_engine.prefill_work.PrefillWork.claim`); its answer says
+``claimed`` and gives the live recent work, not the quote (as does one asking ``live``).
 Served while awake only, like a turn; behind the serving token like every serving route.
 """
 
@@ -51,9 +54,18 @@ async def prefix_held(state: EngineState, request: Request) -> Response:
     except EngineError as exc:
         return JSONResponse(exc.to_body(), status_code=exc.status)
     work = state.prefill_work
-    pending = work.pending_blocks(ids, backend.weights_version, held.tokens_per_block)
-    answer = held.model_copy(update={"pending_blocks": min(pending, held.blocks), "recent_work": work.quote(ids)})
-    return JSONResponse(answer.model_dump(mode="json"))
+    weights = backend.weights_version
+    update: dict[str, object] = {}
+    if req.claim is not None:
+        claim = req.claim
+        update["claimed"] = work.claim(
+            ids, weights, claim.tokens, limit=claim.limit, tokens_per_block=held.tokens_per_block
+        )
+        update["recent_work"] = work.recent_work()
+    else:
+        update["recent_work"] = work.recent_work() if req.live else work.quote(ids)
+    update["pending_blocks"] = min(work.pending_blocks(ids, weights, held.tokens_per_block), held.blocks)
+    return JSONResponse(held.model_copy(update=update).model_dump(mode="json", exclude_none=req.claim is None))
 
 
 def leg_started(

@@ -10,12 +10,13 @@ it. Routers hold only their own caches (sticky sessions, prefix blocks), never a
 """
 
 from drs_frontend.routing.balance import LeastLoadedRouter, RoundRobinRouter
-from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest
+from drs_frontend.routing.base import Candidate, Claim, Decision, Reason, RouteRequest
 from drs_frontend.routing.conversation import ConversationRouter
 from drs_frontend.routing.factory import CtxRouter, GenRouter, build_ctx_router, build_gen_router
 
 __all__ = [
     "Candidate",
+    "Claim",
     "ConversationRouter",
     "CtxRouter",
     "Decision",

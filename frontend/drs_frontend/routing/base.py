@@ -77,3 +77,12 @@ class RouteRequest:
     tools: Any = None
     opening: Opening | None = None
     held: Mapping[str, PrefixHeld] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A new group's placement to count on its engine before its leg is sent (:meth:`.ConversationRouter.claim_target`)."""
+
+    url: str
+    tokens: int
+    limit: int | None  #: the most work the engine may hold with it (the walk's bound); None: whatever it holds

@@ -56,9 +56,9 @@ from drs_protocol.frontend_config import (
 from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES
 
 from drs_frontend.routing.balance import LeastLoadedRouter
-from drs_frontend.routing.base import Candidate, Decision, Reason, RouteRequest, Sibling
+from drs_frontend.routing.base import Candidate, Claim, Decision, Reason, RouteRequest, Sibling
 from drs_frontend.routing.groups import Opening, estimate_tokens, message_chars, opening_of
-from drs_frontend.routing.placement import RecentWork, bounded_walk, found_engine, reported_work
+from drs_frontend.routing.placement import RecentWork, bounded_choice, bounded_walk, found_engine, reported_work
 from drs_frontend.routing.prefix import (
     BlockChain,
     PrefixIndex,
@@ -146,6 +146,35 @@ class ConversationRouter:
         if cid is None and self._follows_prefix(request, opening) is not None:
             return []
         return hrw_order(opening.key, urls)[: self.lookup_engines]
+
+    def claim_target(self, request: RouteRequest, urls: Sequence[str]) -> Claim | None:
+        """Where :meth:`pick` will place a new group from the lookup's answers (``request.held``),
+        with the prompt's tokens and the walk's bound: the claim the relay posts there first, so
+        the engine counts the placement at once (``drs_protocol.prefix_lookup.PrefixClaim``).
+        None when the turn is not a new group's first turn placed by the walk over the engines'
+        reported work (pinned, a known or found opening, the lookup off, an engine that did not
+        report): nothing to claim."""
+        if self.lookup_engines == 0 or not urls or request.held is None:
+            return None
+        cid = request.conversation_id
+        pin = self._pins.get(cid) if cid is not None else None
+        opening = self._opening(request)
+        if (pin is not None and pin.url in urls) or opening is None or not opening.first_turn:
+            return None
+        if self._openings.get(opening.key) in urls:
+            return None
+        if cid is None and self._follows_prefix(request, opening) is not None:
+            return None
+        order = hrw_order(opening.key, urls)
+        if found_engine(order, request.held, whole=True) is not None:
+            return None
+        asked = order[: self.lookup_engines]
+        reported = reported_work(asked, request.held)
+        if reported is None:
+            return None
+        size = self._size(request)
+        url, limit = bounded_choice(asked, asked, lambda u: reported[u], size, self.load_factor, len(asked))
+        return Claim(url, size, limit)
 
     def pinned(self, conversation_id: str) -> str | None:
         """The engine a conversation is pinned to (no LRU touch)."""

@@ -9,7 +9,7 @@ from drs_protocol import enums
 
 from drs_frontend.config import FrontendConfig
 from drs_frontend.routing.balance import LeastLoadedRouter, RoundRobinRouter
-from drs_frontend.routing.base import Candidate, Decision, RouteRequest
+from drs_frontend.routing.base import Candidate, Claim, Decision, RouteRequest
 from drs_frontend.routing.conversation import ConversationRouter
 
 
@@ -20,6 +20,8 @@ class CtxRouter(Protocol):
     def looks_up(self) -> bool: ...
 
     def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]: ...
+
+    def claim_target(self, request: RouteRequest, urls: Sequence[str]) -> Claim | None: ...
 
 
 class GenRouter(Protocol):
@@ -41,6 +43,9 @@ class _Stateless:
 
     def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]:
         return []
+
+    def claim_target(self, request: RouteRequest, urls: Sequence[str]) -> Claim | None:
+        return None
 
 
 def build_ctx_router(config: FrontendConfig) -> CtxRouter:

@@ -7,6 +7,9 @@
   one of least work. So no engine ends above ``c`` times the mean unless the least loaded one
   would (a few prompts over many engines). Consistent hashing with bounded loads (Mirrokni,
   Thorup and Zadimoghaddam), with the prompt's tokens as the unit of load.
+* :func:`bounded_choice`: the walk's engine and the bound it kept, the limit of the claim that
+  counts the placement on that engine at once (so groups placed concurrently, from one snapshot
+  of the loads, spread: a refused claim brings the engine's live work, and the walk goes on);
 * :func:`found_engine`: the engine a lookup found holding the longest prefix of the opening
   (``drs_protocol.prefix_lookup``); for a first turn only one that holds all of it (a partial hold,
   e.g. a system prompt that every group shares, says nothing about where this group is).
@@ -52,15 +55,26 @@ def bounded_walk(
     prompt of the least (work that differs by less, such as siblings' last partial blocks, is a
     tie: else every group placed from one snapshot of the loads, as concurrent placements are,
     would go to the one engine a few tokens below the others)."""
+    return bounded_choice(order, urls, work, size, factor, width)[0]
+
+
+def bounded_choice(
+    order: Sequence[str], urls: Sequence[str], work: Callable[[str], int], size: int, factor: float, width: int
+) -> tuple[str, int | None]:
+    """:func:`bounded_walk`'s engine and the ``limit`` of the claim that counts the placement there
+    (``drs_protocol.prefix_lookup.PrefixClaim``): the bound it was within; where no engine of the
+    walk had room, the least loaded one's work as read plus this prompt (the engine refuses if
+    work was placed there since: the walk goes on with its live figure)."""
     if not order:
         raise ValueError("no engines")
     walk = order[: max(1, width)]
     bound = work_bound(sum(work(u) for u in urls), size, len(urls), factor)
     for url in walk:
         if work(url) + max(1, size) <= bound:
-            return url
+            return url, bound
     least = min(work(u) for u in walk)
-    return next(u for u in walk if TIE_PARTS * (work(u) - least) <= max(1, size))
+    url = next(u for u in walk if TIE_PARTS * (work(u) - least) <= max(1, size))
+    return url, work(url) + max(1, size)
 
 
 def found_engine(order: Sequence[str], held: Mapping[str, PrefixHeld], *, whole: bool) -> str | None:
