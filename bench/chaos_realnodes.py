@@ -40,7 +40,7 @@ from typing import Any
 
 import yaml
 from drs_devcluster import inpod
-from drs_devcluster.testing import REAL_PORT_BASE, REAL_STATE_DIR, RunningCluster, real_node_cluster
+from drs_devcluster.testing import BENCH_REAL_PORT_BASE, REAL_STATE_DIR, RunningCluster, real_node_cluster
 from drs_protocol import routes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,7 +233,7 @@ def main() -> int:
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     # beside the test session's real-node cluster: its own state dir, ports and pod network
     state_dir = REAL_STATE_DIR.with_name(REAL_STATE_DIR.name + "-chaos")
-    for cluster in real_node_cluster(state_dir, REAL_PORT_BASE + 20, nodes=1, net_offset=1):
+    for cluster in real_node_cluster(state_dir, BENCH_REAL_PORT_BASE, nodes=1, net_offset=1):
         inpod.helm_install(cluster.cluster, release="drs", namespace="drs-system")
         cluster.kubectl("create", "namespace", NS)
         cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", NS, "--timeout=60s")
