@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from drs_protocol.cutover import MAX_STAMP, MIN_STAMP
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
@@ -59,6 +58,7 @@ from drs_operator.api.status import (
     EngineStatus,
     RankStatus,
     ReplicaStatus,
+    TokenRotationStatus,
     WeightsStatus,
 )
 from drs_operator.manifests.children import Children
@@ -73,6 +73,7 @@ from drs_operator.readiness import (
 )
 from drs_operator.rollout import Rollout
 from drs_operator.status_events import EventNote, gang_notes, problem_notes, transitions
+from drs_operator.status_write import status_dict as status_dict  # its callers import it from here
 from drs_operator.validation import Problem
 from drs_operator.weights_pending import pending_engines, pending_message
 
@@ -104,6 +105,8 @@ class Observed:
     #: whether each ``spec.networkPolicy.engineClients`` peer selects a pod (None: not checked,
     #: no ``PolicyPeersMatch`` condition)
     policy_peers: PeerReport | None = None
+    #: the token Secrets whose rotation is under way (``manifests.rotation.rotation_status``)
+    token_rotations: Sequence[TokenRotationStatus] = ()
 
 
 def _cond(
@@ -288,6 +291,7 @@ def compute_status(
         urls=[u or "" for u in observed.urls],
         replica_statuses=replicas,
         weights=weights,
+        token_rotations=list(observed.token_rotations) or None,
     )
     return status, (
         transitions(prev, conditions)
@@ -474,16 +478,3 @@ def desired_weights_status(desired: DesiredWeights) -> DesiredWeightsStatus:
     return DesiredWeightsStatus(
         version=desired.version, path=desired.path, digest=desired.digest, effective_at=effective_at
     )
-
-
-def status_dict(status: DisaggReplicaSetStatus) -> dict[str, Any]:
-    """The status as the API stores it (camelCase JSON, RFC 3339 times)."""
-    data: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    for c in data.get("conditions", []):
-        c["lastTransitionTime"] = _rfc3339(c["lastTransitionTime"])
-    return data
-
-
-def _rfc3339(value: str) -> str:
-    dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return dt.astimezone(datetime.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
