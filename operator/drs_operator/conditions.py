@@ -107,6 +107,9 @@ class Observed:
     policy_peers: PeerReport | None = None
     #: the token Secrets whose rotation is under way (``manifests.rotation.rotation_status``)
     token_rotations: Sequence[TokenRotationStatus] = ()
+    #: ``spec.frontend_standby`` and ``spec.network.hostNetwork`` (None: no ``FrontendStandby`` condition)
+    frontend_standby: bool | None = None
+    host_network: bool = False
 
 
 def _cond(
@@ -278,6 +281,10 @@ def compute_status(
         reason = Reason.POLICY_PEER_SELECTS_NOTHING if empty else Reason.POLICY_PEERS_MATCH
         message = condition_message(observed.policy_peers)
         conditions.append(make(ConditionType.POLICY_PEERS_MATCH, not empty, reason, message))
+    if observed.frontend_standby is not None and observed.urls:
+        conditions.append(
+            _standby_condition(make, observed.frontend_standby, observed.host_network, len(observed.urls))
+        )
     status = DisaggReplicaSetStatus(
         observed_generation=observed.generation,
         replicas=counts.n,
@@ -378,6 +385,19 @@ def _progressing_condition(
         message = f"{message}; " + "; ".join(stuck)
     was_ready = any(c.type == ConditionType.READY and c.status == ConditionStatus.TRUE for c in previous)
     return make(ConditionType.PROGRESSING, True, Reason.UPDATING if was_ready else Reason.CREATING, message)
+
+
+def _standby_condition(make: _Conditions, standby: bool, host_network: bool, urls: int) -> Condition:
+    """``FrontendStandby``: whether a killed frontend pod or process leaves its URL served."""
+    if standby:
+        message = f"each of the {urls} frontend URL(s) runs two processes (frontend.standby): a killed frontend pod or process leaves its URL served"
+        return make(ConditionType.FRONTEND_STANDBY, True, Reason.STANDBY_PER_URL, message)
+    dark = "a killed frontend pod or process leaves its URL dark until it is back (clients retrying twice lose turns)"
+    if host_network:
+        message = f"network.hostNetwork: each frontend URL is one process on its node's port, so {dark}; pod networking runs a standby per URL"
+        return make(ConditionType.FRONTEND_STANDBY, False, Reason.HOST_NETWORK_ONE_PROCESS, message)
+    message = f"frontend.standby is false: each frontend URL is one process, so {dark}"
+    return make(ConditionType.FRONTEND_STANDBY, False, Reason.STANDBY_OFF, message)
 
 
 def _weights_pending_condition(
