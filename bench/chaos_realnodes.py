@@ -18,7 +18,10 @@ each a fresh client pod running through the event:
 * ``roll`` — a spec change that replaces every engine pod, replica by replica.
 
 Prints one JSON line: per scenario the load client's ``turns``, ``lost``, ``retried``, errors and
-latency. Needs root and the real-node build (``drs dev up --real-nodes``); wrap it in
+latency. A scenario that lost turns keeps its evidence before the cluster goes (its path is the
+scenario's ``evidence``): the cluster's component logs (kubelet, apiserver, kube-router, …), every
+pod's log in the fleet's namespace and the operator's (the previous container's too), and the
+Events of all namespaces. Needs root and the real-node build (``drs dev up --real-nodes``); wrap it in
 ``flock /tmp/drs-realnodes.lock`` where other real-node work may run.
 
     python bench/chaos_realnodes.py [--seconds 40] [--scenarios frontend_killed,roll] [--no-standby]
@@ -30,9 +33,11 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -193,6 +198,25 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
 }
 
 
+def keep_evidence(cluster: RunningCluster, scenario: str) -> Path:
+    """Copy what explains a lost turn out of the cluster before it is deleted: the component logs,
+    the pods' logs (previous containers too) in the fleet's and the operator's namespaces, the Events."""
+    out = Path(tempfile.mkdtemp(prefix=f"drs-chaos-real-{scenario}-"))
+    shutil.copytree(cluster.cluster.layout.log_dir, out / "components", dirs_exist_ok=True)
+    for ns in (NS, "drs-system"):
+        for pod in get_json(cluster, "pods", "-n", ns)["items"]:
+            name = pod["metadata"]["name"]
+            for previous in ("", "--previous"):
+                got = cluster.kubectl(
+                    "logs", name, "-n", ns, "--all-containers", *filter(None, [previous]), check=False
+                )
+                if got.stdout:
+                    (out / f"{ns}_{name}{previous.replace('--', '.')}.log").write_text(got.stdout)
+    events = cluster.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", "-o", "wide", check=False).stdout
+    (out / "events.txt").write_text(events)
+    return out
+
+
 def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict[str, Any]:
     wait("the fleet Ready with a standby per URL", lambda: converged(cluster))
     pod = f"load-{scenario.replace('_', '-')}"
@@ -213,6 +237,8 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     out = cluster.kubectl("logs", pod, "-n", NS).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])["load"]
     result["event_s"] = round(time.monotonic() - began, 1)
+    if result["lost"]:
+        result["evidence"] = str(keep_evidence(cluster, scenario))
     say(f"{scenario}: {json.dumps(result)}")
     return result
 
