@@ -38,8 +38,12 @@ annotation removed first, so the operator empties the weights ConfigMap's ``desi
 replacement starts at the base weights, as one that ignored the desired weights would.
 
 Prints one JSON line: per scenario the load client's ``turns``, ``lost``, ``retried``, errors and
-latency, and the weights figures above. Needs root and the real-node build (``drs dev up
---real-nodes``); wrap it in ``flock /tmp/drs-realnodes.lock`` where other real-node work may run.
+latency, and the weights figures above. A scenario that lost turns keeps its evidence before the
+cluster goes (its path is the scenario's ``evidence``): the cluster's component logs (kubelet,
+apiserver, kube-router, …), every pod's log in the fleet's namespace and the operator's (the
+previous container's too), and the Events of all namespaces. Needs root and the real-node build
+(``drs dev up --real-nodes``); wrap it in ``flock /tmp/drs-realnodes.lock`` where other real-node
+work may run.
 
     python bench/chaos_realnodes.py [--seconds 40] [--scenarios frontend_killed,roll] [--no-standby]
     python bench/chaos_realnodes.py --scenarios refit,decode_killed,prefill_killed,forgotten_decode_killed
@@ -65,7 +69,7 @@ from typing import Any
 
 import yaml
 from drs_devcluster import inpod
-from drs_devcluster.testing import REAL_PORT_BASE, REAL_STATE_DIR, RunningCluster, real_node_cluster
+from drs_devcluster.testing import BENCH_REAL_PORT_BASE, REAL_STATE_DIR, RunningCluster, real_node_cluster
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS, DEFAULT_MODEL_MOUNT_PATH
 from drs_protocol import routes
 
@@ -351,6 +355,25 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
 }
 
 
+def keep_evidence(cluster: RunningCluster, scenario: str) -> Path:
+    """Copy what explains a lost turn out of the cluster before it is deleted: the component logs,
+    the pods' logs (previous containers too) in the fleet's and the operator's namespaces, the Events."""
+    out = Path(tempfile.mkdtemp(prefix=f"drs-chaos-real-{scenario}-"))
+    shutil.copytree(cluster.cluster.layout.log_dir, out / "components", dirs_exist_ok=True)
+    for ns in (NS, "drs-system"):
+        for pod in get_json(cluster, "pods", "-n", ns)["items"]:
+            name = pod["metadata"]["name"]
+            for previous in ("", "--previous"):
+                got = cluster.kubectl(
+                    "logs", name, "-n", ns, "--all-containers", *filter(None, [previous]), check=False
+                )
+                if got.stdout:
+                    (out / f"{ns}_{name}{previous.replace('--', '.')}.log").write_text(got.stdout)
+    events = cluster.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", "-o", "wide", check=False).stdout
+    (out / "events.txt").write_text(events)
+    return out
+
+
 def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict[str, Any]:
     wait("the fleet Ready with a standby per URL", lambda: converged(cluster))
     pod = f"load-{scenario.replace('_', '-')}"
@@ -381,6 +404,8 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     else:  # the replacement reaches them before it is Ready; the operator looks every 5 s
         wait("every engine's status digest the desired one", lambda: _all_at_desired(cluster), timeout=60)
         result["engines_at_desired"] = engines_at_desired(cluster)
+    if result["lost"]:
+        result["evidence"] = str(keep_evidence(cluster, scenario))
     say(f"{scenario}: {json.dumps(result)}")
     return result
 
@@ -389,7 +414,7 @@ def run_all(
     state_dir: Path, scenarios: list[str], seconds: float, results: dict[str, Any], cleanup: list[Path]
 ) -> None:
     """The cluster up, the chart and the fleet in it, every scenario in turn, the cluster down."""
-    for cluster in real_node_cluster(state_dir, REAL_PORT_BASE + 20, nodes=1, net_offset=1):
+    for cluster in real_node_cluster(state_dir, BENCH_REAL_PORT_BASE, nodes=1, net_offset=1):
         inpod.helm_install(cluster.cluster, release="drs", namespace="drs-system")
         cluster.kubectl("create", "namespace", NS)
         cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", NS, "--timeout=60s")

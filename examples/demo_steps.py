@@ -69,7 +69,7 @@ def ensure_sim_cluster(profile: str, nodes: int) -> DevCluster:
         return DevCluster.at(bin_dir=build.bin_dir())
     cluster.down()
     cluster = DevCluster.at(port_base=port_base)
-    cluster.up(profile, nodes)
+    cluster.up(profile, nodes, port_setting=PORT_BASE_ENV)
     return cluster
 
 

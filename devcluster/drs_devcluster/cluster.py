@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from . import build, hostnet, images, nodebuild, nodeconfig, packages, pki, processes, profiles, realnodes
+from . import build, hostnet, images, nodebuild, nodeconfig, packages, pki, portrange, processes, profiles, realnodes
 from .kwok_stages import POD_READY_AGAIN, adjust
 from .layout import (
     AUDIT_POLICY,
@@ -81,12 +81,15 @@ class DevCluster:
         build_if_missing: bool = True,
         real_nodes: int = 0,
         pod_net: int | None = None,
+        port_setting: str = "--port-base",
     ) -> None:
         """Start the control plane, ``node_count`` kwok nodes and ``real_nodes`` real nodes.
 
         With real nodes, ``node_count`` may be 0 (a cluster of real nodes only); ``pod_net``
-        picks the real nodes' network (default ``DRS_DEV_NODE_NET``)."""
+        picks the real nodes' network (default ``DRS_DEV_NODE_NET``). ``port_setting`` names
+        where the port base came from, for the error when its ports are unusable."""
         nodeconfig.check_count(real_nodes)  # bad input: fail before anything starts
+        portrange.check_here(port_setting, self.layout.port_base, nodeconfig.CLUSTER_PORT_SPAN)
         nodes = [] if real_nodes and node_count == 0 else profiles.build_nodes(profile, node_count)
         self._refuse_if_running()
         self._check_ports()

@@ -47,6 +47,8 @@ PORT_OFFSETS: Final = {
 NODE_PORT_OFFSET: Final = 11  # node i: kubelet 11 + 2i, its healthz 12 + 2i
 MAX_REAL_NODES: Final = 8
 assert PORT_OFFSETS["kube-router-health"] == NODE_PORT_OFFSET + 2 * MAX_REAL_NODES
+#: Every port a cluster may take is ``port_base + 0 .. port_base + CLUSTER_PORT_SPAN - 1``.
+CLUSTER_PORT_SPAN: Final = max(PORT_OFFSETS.values()) + 1
 #: The kubelet's device-plugin directory is fixed (not under --root-dir): bind-mounted per node.
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 #: Machine-wide paths the kubelet, containerd 1.6 (shim sockets, runc state) and libcni (its

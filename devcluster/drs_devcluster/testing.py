@@ -2,7 +2,8 @@
 the pod runner for a module's tests, and waiting on a condition with a bounded timeout.
 
 The session cluster lives in its own state directory and port range (``DRS_TEST_PORT_BASE``,
-default 27300), so it never collides with a person's ``drs dev up``. It is torn down at the end of
+default 27300; the session takes :data:`TEST_PORT_SPAN` ports from there, all below the kernel's
+ephemeral range, see ``portrange``), so it never collides with a person's ``drs dev up``. It is torn down at the end of
 the session whether tests passed or not; leftovers of a killed earlier run are stopped first.
 """
 
@@ -21,10 +22,11 @@ from typing import Any
 
 from drs_operator.api.constants import CRD_NAME
 
-from . import build, nodeconfig, profiles, runner_daemon
+from . import build, nodeconfig, portrange, profiles, runner_daemon
 from .cluster import DevCluster
 
-TEST_PORT_BASE = int(os.environ.get("DRS_TEST_PORT_BASE", "27300"))
+TEST_PORT_ENV = "DRS_TEST_PORT_BASE"
+TEST_PORT_BASE = int(os.environ.get(TEST_PORT_ENV, "27300"))
 TEST_STATE_DIR = Path(os.environ.get("DRS_TEST_STATE_DIR", Path.home() / ".cache" / "drs" / "test-cluster"))
 #: The session cluster: HGX nodes first, then two NVL72 cliques of GB200 nodes.
 TEST_HGX_NODES = 8
@@ -94,7 +96,14 @@ class RunningCluster:
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
 
+def check_test_ports(base: int = TEST_PORT_BASE) -> None:
+    """Refuse a ``DRS_TEST_PORT_BASE`` whose session ports leave 1024-65535 or meet the machine's
+    ephemeral port range (``portrange``), before any cluster starts."""
+    portrange.check_here(TEST_PORT_ENV, base, TEST_PORT_SPAN)
+
+
 def start_session_cluster() -> RunningCluster:
+    check_test_ports()
     cluster = DevCluster.at(TEST_STATE_DIR, TEST_PORT_BASE, bin_dir=build.bin_dir())
     cluster.down()  # a killed earlier run may have left processes behind
     cluster = DevCluster.at(TEST_STATE_DIR, TEST_PORT_BASE, bin_dir=build.bin_dir())
@@ -113,6 +122,11 @@ def session_cluster() -> Iterator[RunningCluster]:
 
 #: The real-node cluster: its own ports and state, beside the session's kwok cluster.
 REAL_PORT_BASE = TEST_PORT_BASE + 40
+#: ``bench/chaos_realnodes.py``'s cluster, and the second cluster of ``tests/realnodes/test_two_nodes.py``.
+BENCH_REAL_PORT_BASE = TEST_PORT_BASE + 60
+SECOND_REAL_PORT_BASE = TEST_PORT_BASE + 80
+#: The session's ports: ``DRS_TEST_PORT_BASE`` to the end of the last cluster above.
+TEST_PORT_SPAN = SECOND_REAL_PORT_BASE - TEST_PORT_BASE + nodeconfig.CLUSTER_PORT_SPAN
 REAL_STATE_DIR = TEST_STATE_DIR.with_name(TEST_STATE_DIR.name + "-real")
 REAL_NODES = 2
 
@@ -122,6 +136,7 @@ def real_node_cluster(
 ) -> Iterator[RunningCluster]:
     """A control plane with ``nodes`` real nodes and no simulated ones (builds the image if needed),
     on the test session's pod network (``nodeconfig.test_network``) plus ``net_offset``."""
+    check_test_ports()
     net = (nodeconfig.test_network(profiles.node_net()) + net_offset) % nodeconfig.NETWORKS
     cluster = DevCluster.at(state_dir, port_base, bin_dir=build.bin_dir())
     cluster.down()

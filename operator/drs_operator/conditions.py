@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from drs_protocol.cutover import MAX_STAMP, MIN_STAMP
 from drs_protocol.limits import MAX_WEIGHTS_VERSION_CHARS
@@ -59,6 +58,7 @@ from drs_operator.api.status import (
     EngineStatus,
     RankStatus,
     ReplicaStatus,
+    TokenRotationStatus,
     WeightsStatus,
 )
 from drs_operator.manifests.children import Children
@@ -73,6 +73,7 @@ from drs_operator.readiness import (
 )
 from drs_operator.rollout import Rollout
 from drs_operator.status_events import EventNote, gang_notes, problem_notes, transitions
+from drs_operator.status_write import status_dict as status_dict  # its callers import it from here
 from drs_operator.validation import Problem
 from drs_operator.weights_pending import pending_engines, pending_message
 
@@ -104,6 +105,11 @@ class Observed:
     #: whether each ``spec.networkPolicy.engineClients`` peer selects a pod (None: not checked,
     #: no ``PolicyPeersMatch`` condition)
     policy_peers: PeerReport | None = None
+    #: the token Secrets whose rotation is under way (``manifests.rotation.rotation_status``)
+    token_rotations: Sequence[TokenRotationStatus] = ()
+    #: ``spec.frontend_standby`` and ``spec.network.hostNetwork`` (None: no ``FrontendStandby`` condition)
+    frontend_standby: bool | None = None
+    host_network: bool = False
 
 
 def _cond(
@@ -275,6 +281,10 @@ def compute_status(
         reason = Reason.POLICY_PEER_SELECTS_NOTHING if empty else Reason.POLICY_PEERS_MATCH
         message = condition_message(observed.policy_peers)
         conditions.append(make(ConditionType.POLICY_PEERS_MATCH, not empty, reason, message))
+    if observed.frontend_standby is not None and observed.urls:
+        conditions.append(
+            _standby_condition(make, observed.frontend_standby, observed.host_network, len(observed.urls))
+        )
     status = DisaggReplicaSetStatus(
         observed_generation=observed.generation,
         replicas=counts.n,
@@ -288,6 +298,7 @@ def compute_status(
         urls=[u or "" for u in observed.urls],
         replica_statuses=replicas,
         weights=weights,
+        token_rotations=list(observed.token_rotations) or None,
     )
     return status, (
         transitions(prev, conditions)
@@ -374,6 +385,19 @@ def _progressing_condition(
         message = f"{message}; " + "; ".join(stuck)
     was_ready = any(c.type == ConditionType.READY and c.status == ConditionStatus.TRUE for c in previous)
     return make(ConditionType.PROGRESSING, True, Reason.UPDATING if was_ready else Reason.CREATING, message)
+
+
+def _standby_condition(make: _Conditions, standby: bool, host_network: bool, urls: int) -> Condition:
+    """``FrontendStandby``: whether a killed frontend pod or process leaves its URL served."""
+    if standby:
+        message = f"each of the {urls} frontend URL(s) runs two processes (frontend.standby): a killed frontend pod or process leaves its URL served"
+        return make(ConditionType.FRONTEND_STANDBY, True, Reason.STANDBY_PER_URL, message)
+    dark = "a killed frontend pod or process leaves its URL dark until it is back (clients retrying twice lose turns)"
+    if host_network:
+        message = f"network.hostNetwork: each frontend URL is one process on its node's port, so {dark}; pod networking runs a standby per URL"
+        return make(ConditionType.FRONTEND_STANDBY, False, Reason.HOST_NETWORK_ONE_PROCESS, message)
+    message = f"frontend.standby is false: each frontend URL is one process, so {dark}"
+    return make(ConditionType.FRONTEND_STANDBY, False, Reason.STANDBY_OFF, message)
 
 
 def _weights_pending_condition(
@@ -474,16 +498,3 @@ def desired_weights_status(desired: DesiredWeights) -> DesiredWeightsStatus:
     return DesiredWeightsStatus(
         version=desired.version, path=desired.path, digest=desired.digest, effective_at=effective_at
     )
-
-
-def status_dict(status: DisaggReplicaSetStatus) -> dict[str, Any]:
-    """The status as the API stores it (camelCase JSON, RFC 3339 times)."""
-    data: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    for c in data.get("conditions", []):
-        c["lastTransitionTime"] = _rfc3339(c["lastTransitionTime"])
-    return data
-
-
-def _rfc3339(value: str) -> str:
-    dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    return dt.astimezone(datetime.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")

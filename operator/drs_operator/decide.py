@@ -77,6 +77,8 @@ def decide(
         weights_version=weights_version,
         engine_weights=dict(engine_weights or {}),
         desired_weights=desired_weights,
+        frontend_standby=spec.frontend_standby,
+        host_network=spec.network.host_network,
     )
     held = {n for r in placement.replicas if r.placed for n in r.nodes}
     until = min((n.tolerated_until for n in nodes if n.name in held and n.tolerated_until is not None), default=None)

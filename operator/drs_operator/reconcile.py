@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime
-import json
 import logging
 import time
 from typing import Any, Final
@@ -53,8 +52,8 @@ from drs_operator.api.constants import (
 )
 from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import NetworkPolicySpec
-from drs_operator.api.status import DisaggReplicaSetStatus
-from drs_operator.conditions import Observed, compute_status, status_dict
+from drs_operator.api.status import DisaggReplicaSetStatus, TokenRotationStatus
+from drs_operator.conditions import Observed, compute_status
 from drs_operator.decide import Decision, decide
 from drs_operator.engine_observation import catch_up_reasons, held_weights, observation_targets
 from drs_operator.kube.apply import Applier
@@ -64,7 +63,7 @@ from drs_operator.kube.observe import read_drs
 from drs_operator.kube.policy_peers import PeerChecker
 from drs_operator.manifests import Owner
 from drs_operator.manifests.rotation import generation as secret_generation
-from drs_operator.manifests.rotation import rotation_request, rotation_step, rotation_window
+from drs_operator.manifests.rotation import rotation_request, rotation_status, rotation_step, rotation_window
 from drs_operator.manifests.secrets import missing_secrets, reader_urls, secret_notes
 from drs_operator.metrics import OperatorMetrics
 from drs_operator.nodepool import nodes_from_manifests
@@ -72,6 +71,7 @@ from drs_operator.placement import Placement
 from drs_operator.policy_peers import RECHECK_S, PeerReport
 from drs_operator.rollout import Action, ActionReason
 from drs_operator.status_events import EventNote
+from drs_operator.status_write import status_dict, status_patch
 from drs_operator.validation import Problem, validate_name, validate_spec_data
 
 log = logging.getLogger(__name__)
@@ -177,14 +177,15 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
     # records the placement those writes acted on (it is the memory the next pass starts from)
     action_notes: list[EventNote] = []
     rotation_due: float | None = None
+    rotations: list[TokenRotationStatus] = []
     try:
         if any(r.placed for r in placement.replicas):  # the token Secrets: created, then rotated
-            action_notes, rotation_due = await _sync_secrets(ctx, owner, meta, live, now)
+            action_notes, rotation_due, rotations = await _sync_secrets(ctx, owner, meta, live, now)
         await _apply_all(ctx.applier, namespace, rollout.actions)
         action_notes += _action_notes(rollout.actions, moved, placement)
     finally:
         peers = await checking
-        observed = dataclasses.replace(await observing, policy_peers=peers)
+        observed = dataclasses.replace(await observing, policy_peers=peers, token_rotations=rotations)
         status, notes = compute_status(name, previous, observed, now)
         await _write_status(ctx, body, status, notes + action_notes)
     _export(ctx, namespace, name, status, placement)
@@ -203,9 +204,10 @@ async def _check_peers(ctx: Context, policy: NetworkPolicySpec, namespace: str, 
 
 async def _sync_secrets(
     ctx: Context, owner: Owner, meta: Manifest, live: Any, now: datetime.datetime
-) -> tuple[list[EventNote], float | None]:
+) -> tuple[list[EventNote], float | None, list[TokenRotationStatus]]:
     """Create the token Secrets that are missing, then take each one's rotation a step further
-    (``manifests.rotation``); the Events, and the seconds until a rotation's next phase is due."""
+    (``manifests.rotation``); the Events, the seconds until a rotation's next phase is due, and
+    the rotations under way for the status (with the pods each phase waits on)."""
     annotations = meta.get("annotations") or {}
     request = rotation_request(annotations)
     created = missing_secrets(owner, live.of("Secret"), live.of("Pod"), request, now)
@@ -214,6 +216,7 @@ async def _sync_secrets(
     notes = secret_notes(created, live.of("Pod"))
     window, problem = rotation_window(annotations)
     due: list[float] = []
+    rotations: list[TokenRotationStatus] = []
     pods = {**live.of("Pod"), **live.of(FRONTEND_PODS)}
     realms = (
         (names.control_secret_name(owner.name), Realm.CONTROL),
@@ -228,11 +231,14 @@ async def _sync_secrets(
         step = rotation_step(current, request, window, now, lagging)
         if step.secret is not None:
             await ctx.applier.replace(step.secret, current)
+        # a phase just entered has not been asked about yet
+        shown = rotation_status(step.secret or current, lagging if step.secret is None else None)
+        rotations += [shown] if shown is not None else []
         notes += [step.note] if step.note is not None else []
         due += [max(MIN_REQUEUE_S, step.due_in_s)] if step.due_in_s is not None else []
     if problem is not None and any(n.reason == EventReason.TOKEN_ROTATION_STARTED for n in notes):
         notes.append(EventNote(EventType.WARNING, EventReason.TOKEN_ROTATION_INVALID, problem))
-    return notes, min(due, default=None)
+    return notes, min(due, default=None), rotations
 
 
 async def _lagging(ctx: Context, secret: Manifest, pods: dict[str, Manifest], realm: Realm) -> list[str]:
@@ -351,10 +357,9 @@ def _action_notes(actions: tuple[Action, ...], moved: list[int], placement: Plac
 
 
 async def _write_status(ctx: Context, body: Manifest, status: DisaggReplicaSetStatus, notes: list[EventNote]) -> None:
-    new = status_dict(status)
-    old = status_dict(_parse_status(body.get("status")))
-    if json.dumps(new, sort_keys=True) != json.dumps(old, sort_keys=True):
-        await ctx.applier.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], new)
+    patch = status_patch(status_dict(status), status_dict(_parse_status(body.get("status"))))
+    if patch is not None:
+        await ctx.applier.patch_status(body["metadata"]["namespace"], body["metadata"]["name"], patch)
     await asyncio.gather(*(ctx.applier.event(body, note.type, note.reason, note.message) for note in notes))
 
 

@@ -86,6 +86,8 @@ def transitions(previous: Sequence[Condition], current: Sequence[Condition]) -> 
             continue
         if old is None and c.type == ConditionType.POLICY_PEERS_MATCH and c.status == ConditionStatus.TRUE:
             continue
+        if old is None and c.type == ConditionType.FRONTEND_STANDBY:  # the fleet's shape, not news
+            continue
         warn = bad.get(ConditionType(c.type)) == c.status
         notes.append(
             EventNote(

@@ -229,7 +229,10 @@ def test_scale_2_to_3_to_1_adds_and_removes_whole_replicas(
         ),
     )
     deployments = get_json(devcluster, "deployments", "-n", namespace)["items"]
-    assert sorted(d["metadata"]["name"] for d in deployments) == ["scale-r0-f0", "scale-r0-f1"]
+    # each URL runs a standby (pod networking, frontend.standby unset)
+    assert sorted(d["metadata"]["name"] for d in deployments) == [
+        f"scale-r0-f{f}{s}" for f in range(2) for s in ("", "-standby")
+    ]
 
 
 def test_a_rolling_change_never_has_more_than_one_replica_unavailable(
@@ -302,7 +305,7 @@ def test_operator_killed_mid_reconcile_converges_without_duplicates_and_a_resync
             assert len(engine_names) == 8
             deployments = get_json(devcluster, "deployments", "-n", namespace)["items"]
             assert sorted(d["metadata"]["name"] for d in deployments) == sorted(
-                f"crash-r{r}-f{f}" for r in range(4) for f in range(2)
+                f"crash-r{r}-f{f}{s}" for r in range(4) for f in range(2) for s in ("", "-standby")
             )
             assert all(d["status"].get("replicas") == 1 for d in deployments)
             assert engines_at_kill <= engine_names, "the half-created engine pods were adopted, not duplicated"

@@ -208,6 +208,6 @@ def test_creates_the_apiserver_rejects_with_429_are_retried_after_retry_after_wi
         peak = op.total("drs_operator_api_in_flight_peak")
         assert 2 <= peak <= TIGHT_IN_FLIGHT, f"in flight at once: {peak} (limit {TIGHT_IN_FLIGHT})"
         names = [p["metadata"]["name"] for p in pods(devcluster, namespace)]
-        assert len(names) == len(set(names)) == 4 * 2 + 4 * 3
+        assert len(names) == len(set(names)) == 4 * 2 + 4 * 3 * 2  # each URL with its standby
     finally:
         op.kill(signal.SIGTERM)

@@ -8,7 +8,11 @@ client threads send turns through the fleet's status URL without pause:
 1. rotates twice (``kubectl annotate drs … disagg.dev/rotate-tokens=…``): each Secret goes through
    ``next`` and ``previous`` and ends with a new token alone;
 2. deletes the serving Secret under the running fleet: the operator re-creates it as the first
-   phase of a rotation (a Warning Event naming the pods) and finishes that rotation.
+   phase of a rotation (a Warning Event naming the pods) and finishes that rotation;
+3. with the load stopped, stops the frontend's process (SIGSTOP: it cannot report what it read)
+   and rotates again: ``status.tokenRotations`` names the serving Secret's phase ``next`` and the
+   frontend pod, alone, as the pod it waits on; once the process runs again the rotation ends and
+   ``tokenRotations`` is gone from the status.
 
 Each rotation must end within :data:`ROTATION_S` (less than its two windows): the operator ends a
 phase once every pod reported reading it in its ``/health`` answer, and says so in the Events.
@@ -21,6 +25,8 @@ log or any pod's log.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +100,35 @@ def pod_identity(devcluster: RunningCluster, namespace: str) -> dict[str, tuple[
     }
 
 
+def rotations_shown(devcluster: RunningCluster, namespace: str) -> list[dict[str, Any]]:
+    rotations: list[dict[str, Any]] = (
+        get_json(devcluster, "drs", "-n", namespace, NAME)["status"].get("tokenRotations") or []
+    )
+    return rotations
+
+
+def lagging_in_status(devcluster: RunningCluster, namespace: str, history: list[dict[str, str]]) -> None:
+    """Step 3 of the module docstring: a frontend that cannot report is named in the status."""
+    (frontend,) = [p for p in pod_identity(devcluster, namespace) if p.startswith(f"{NAME}-r0-f0-")]
+    tracked = json.loads((devcluster.cluster.layout.state_dir / "runner-pids.json").read_text())
+    (pid,) = [t["pid"] for t in tracked if t["name"] == f"pod {namespace}/{frontend}"]
+    serving = f"{NAME}-serving"
+
+    def waits_on_frontend() -> dict[str, Any] | None:
+        shown = [r for r in rotations_shown(devcluster, namespace) if r["secret"] == serving]
+        return shown[0] if shown and shown[0].get("laggingPods") == [frontend] else None
+
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        devcluster.kubectl("annotate", "drs", "-n", namespace, NAME, "disagg.dev/rotate-tokens=r3", "--overwrite")
+        shown = wait_for("the status to name the stopped frontend as lagging", waits_on_frontend, timeout=45)
+    finally:
+        os.killpg(pid, signal.SIGCONT)
+    assert shown["phase"] == "next" and shown["laggingCount"] == 1 and shown["since"], shown
+    history.append(wait_for("rotation r3 to finish", lambda: rotated(devcluster, namespace, history[-1]), ROTATION_S))
+    wait_for("tokenRotations gone from the status", lambda: rotations_shown(devcluster, namespace) == [], timeout=30)
+
+
 def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
     devcluster: RunningCluster, namespace: str, stack: OperatorProcess
 ) -> None:
@@ -139,6 +174,7 @@ def test_rotations_and_a_deleted_secret_under_continuous_turns_lose_none(
     assert load.ok > 0
 
     assert pod_identity(devcluster, namespace) == pods_before  # nothing restarted or replaced
+    lagging_in_status(devcluster, namespace, history)
 
     status = get_json(devcluster, "drs", "-n", namespace, NAME)["status"]
     engines = {e["role"]: e["url"] for e in status["replicaStatuses"][0]["engines"]}

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from drs_devcluster import hostshare, nodeconfig, profiles
-from drs_devcluster.testing import REAL_PORT_BASE, REAL_STATE_DIR, RunningCluster, real_node_cluster
+from drs_devcluster.testing import REAL_STATE_DIR, SECOND_REAL_PORT_BASE, RunningCluster, real_node_cluster
 
 from .pods import apply, image_pod, logs, pod, wait_phase
 
@@ -148,7 +148,7 @@ def test_a_second_cluster_with_real_nodes_runs_beside_and_leaves_nothing_behind(
 ) -> None:
     before = host_snapshot()
     state = REAL_STATE_DIR.with_name(REAL_STATE_DIR.name + "-second")
-    gen = real_node_cluster(state, REAL_PORT_BASE + 40, nodes=1, net_offset=1)
+    gen = real_node_cluster(state, SECOND_REAL_PORT_BASE, nodes=1, net_offset=1)
     second = next(gen)
     try:
         first_net = nodeconfig.network(realcluster.cluster.layout)

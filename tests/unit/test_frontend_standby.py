@@ -26,6 +26,11 @@ def standby_spec(**frontend: Any) -> Any:
     return spec(frontend={"workers": 2, "basePort": 8300, "standby": True, **frontend})
 
 
+def plain_spec(**overrides: Any) -> Any:
+    """The same fleet with one process per URL (``standby: false``)."""
+    return spec(frontend={"workers": 2, "basePort": 8300, "standby": False}, **overrides)
+
+
 def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
 
@@ -52,7 +57,7 @@ def test_a_standby_is_a_second_deployment_of_the_url_with_process_id_1_behind_th
 
 
 def test_without_a_standby_the_frontend_manifests_are_what_they_were() -> None:
-    _, _, plain = build(spec())
+    _, _, plain = build(plain_spec())
     _, _, with_standby = build(standby_spec())
     for name, dep in plain.all_of("Deployment").items():
         assert with_standby.all_of("Deployment")[name] == dep  # turning standby on restarts no frontend
@@ -60,11 +65,38 @@ def test_without_a_standby_the_frontend_manifests_are_what_they_were() -> None:
 
 
 def test_turning_standby_on_only_creates_the_standby_deployments() -> None:
-    _, _, plain = build(spec())
+    _, _, plain = build(plain_spec())
     _, _, desired = build(standby_spec())
     r = compute_actions(desired, as_live(plain), set(), [0, 1])
     deployment_actions = sorted((a.verb, a.name) for a in r.actions if a.kind == "Deployment")
     assert deployment_actions == [("create", f"fleet-r{i}-f{f}-standby") for i in range(2) for f in range(2)]
+
+
+def test_unset_standby_is_on_with_pod_networking_and_off_on_the_host_network() -> None:
+    _, _, unset = build(spec())
+    _, _, standby = build(standby_spec())
+    assert unset.all_of("Deployment") == standby.all_of("Deployment")  # an upgraded fleet gains standbys only
+    host = spec(network={"hostNetwork": True})
+    assert host.frontend_standby is False and plain_spec().frontend_standby is False
+    _, _, on_host = build(host)
+    assert not [n for n in on_host.all_of("Deployment") if n.endswith("-standby")]
+
+
+def standby_condition(fleet: Any) -> Any:
+    decision = decide(fleet, OWNER, DisaggReplicaSetStatus(), hgx(), {}, generation=1)
+    status, notes = compute_status("fleet", DisaggReplicaSetStatus(), decision.observed, T0)
+    assert not [n for n in notes if str(n.reason).startswith(("StandbyPer", "HostNetwork", "StandbyOff"))]  # not news
+    return next(c for c in status.conditions if c.type == "FrontendStandby")
+
+
+def test_the_frontend_standby_condition_says_what_a_killed_frontend_costs() -> None:
+    on = standby_condition(spec())
+    assert (on.status, on.reason) == ("True", "StandbyPerURL") and "4 frontend URL(s) runs two processes" in on.message
+    host = standby_condition(spec(network={"hostNetwork": True}))
+    assert (host.status, host.reason) == ("False", "HostNetworkOneProcessPerURL")
+    assert host.message.startswith("network.hostNetwork: each frontend URL is one process") and "dark" in host.message
+    off = standby_condition(plain_spec())
+    assert (off.status, off.reason) == ("False", "StandbyOff") and off.message.startswith("frontend.standby is false")
 
 
 def rolled_frontends() -> tuple[Any, Any]:
@@ -130,7 +162,9 @@ def test_a_url_whose_process_0_is_down_is_still_ready_through_its_standby() -> N
     assert status.ready_replicas == 2
     assert all(
         f.standby_ready is None
-        for f in compute_status("fleet", DisaggReplicaSetStatus(), observed(as_live(build(spec())[2]), spec()), T0)[0]
+        for f in compute_status(
+            "fleet", DisaggReplicaSetStatus(), observed(as_live(build(plain_spec())[2]), plain_spec()), T0
+        )[0]
         .replica_statuses[0]
         .frontends
     )
@@ -163,7 +197,7 @@ def crash_looping_frontend_pod(name: str, replica: int, index: int) -> dict[str,
 
 
 def test_a_crash_looping_frontend_pod_is_in_the_status_degraded_and_one_event() -> None:
-    s = spec()
+    s = plain_spec()
     first = decide(s, OWNER, DisaggReplicaSetStatus(), hgx(4), {}, generation=1)
     live = as_live(first.desired)
     live["Deployment"]["fleet-r1-f0"]["status"]["readyReplicas"] = 0

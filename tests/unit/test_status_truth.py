@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 import pytest
+from drs_operator.api.names import STANDBY_SUFFIX
 from drs_operator.api.status import DisaggReplicaSetStatus
 from drs_operator.conditions import Observed, compute_status
 from drs_operator.manifests.common import SPEC_HASH_ANNOTATION
@@ -70,10 +71,14 @@ def observe(live: Live) -> Observed:
 
 
 def truly_serving(replica: int, pods: dict[str, str], deployments: dict[str, str]) -> bool:
+    """Every engine pod ready, and each frontend URL served by one of its processes (the fleet
+    runs a standby per URL: pod networking, ``frontend.standby`` unset)."""
     rc = next(r for r in DESIRED.replicas if r.index == replica)
-    return all(pods[p["metadata"]["name"]] in ("outdated-ready", "current-ready") for p in rc.engine_pods) and all(
-        deployments[d["metadata"]["name"]] in ("outdated-ready", "current-ready") for d in rc.frontend_deployments
-    )
+    names = [d["metadata"]["name"] for d in rc.frontend_deployments]
+    serving = {n.removesuffix(STANDBY_SUFFIX) for n in names if deployments[n] in ("outdated-ready", "current-ready")}
+    urls = {n.removesuffix(STANDBY_SUFFIX) for n in names}
+    engines = all(pods[p["metadata"]["name"]] in ("outdated-ready", "current-ready") for p in rc.engine_pods)
+    return engines and serving == urls
 
 
 def all_current_and_ready(pods: dict[str, str], deployments: dict[str, str]) -> bool:

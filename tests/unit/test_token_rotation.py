@@ -10,17 +10,20 @@ from typing import Any
 
 import pytest
 from drs_operator.api.constants import EventReason
+from drs_operator.api.status import MAX_LAGGING_PODS
 from drs_operator.kube.engines import secret_token
 from drs_operator.manifests.rotation import (
     CONFIRM_POLL_S,
     WINDOW_S,
     generation,
     recreated_secret,
+    rotation_status,
     rotation_step,
     rotation_window,
     secret_keys,
 )
 from drs_operator.manifests.secrets import build_serving_secret
+from drs_operator.status_write import status_patch
 from operator_fixtures import OWNER
 
 T0 = datetime.datetime(2026, 12, 5, 16, 0, tzinfo=datetime.UTC)
@@ -127,3 +130,31 @@ def test_a_phase_ends_once_every_pod_reported_reading_it_and_the_window_stays_th
     assert rotation_step(switched, "r1", 60, at(10), lagging=None).due_in_s == pytest.approx(
         55
     )  # not asked: the window
+
+
+def test_status_names_the_phase_and_the_pods_it_waits_on_bounded() -> None:
+    secret = live(build_serving_secret(OWNER, "old-serving-token"))
+    assert rotation_status(secret, None) is None  # no rotation under way: nothing in status
+    started = rotation_step(secret, "r1", 10, T0).secret
+    assert started is not None
+    fresh = rotation_status(started, None)  # the phase just began: nobody asked yet
+    assert fresh is not None and fresh.phase == "next" and fresh.since == T0
+    assert fresh.lagging_pods is None and fresh.lagging_count is None
+    assert fresh.secret == started["metadata"]["name"]
+    pods = [f"pod-{i:02d}" for i in range(MAX_LAGGING_PODS + 3)]
+    shown = rotation_status(live(started), list(reversed(pods)))
+    assert shown is not None and shown.lagging_pods == pods[:MAX_LAGGING_PODS]  # sorted, bounded
+    assert shown.lagging_count == MAX_LAGGING_PODS + 3
+    caught_up = rotation_status(live(started), [])
+    assert caught_up is not None and caught_up.lagging_pods == [] and caught_up.lagging_count == 0
+    dumped = shown.model_dump(by_alias=True, exclude_none=True, mode="json")
+    assert set(dumped) == {"secret", "phase", "since", "laggingPods", "laggingCount"}
+    tokens = [v for k, v in secret_keys(started).items() if k != "generation"]
+    assert len(tokens) == 2 and not [t for t in tokens if t in str(dumped)]  # no token in status
+
+
+def test_a_finished_rotation_leaves_the_status_by_a_null_in_the_merge_patch() -> None:
+    under_way = {"replicas": 1, "tokenRotations": [{"secret": "s", "phase": "next"}]}
+    assert status_patch(under_way, under_way) is None  # nothing changed: nothing written
+    assert status_patch({"replicas": 1}, under_way) == {"replicas": 1, "tokenRotations": None}
+    assert status_patch(under_way, {"replicas": 1}) == under_way

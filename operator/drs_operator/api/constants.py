@@ -120,6 +120,9 @@ class ConditionType(StrEnum):
     #: every ``spec.networkPolicy.engineClients`` peer with a selector selects a pod (only while
     #: the policies are enabled with peers; ``drs_operator.policy_peers``)
     POLICY_PEERS_MATCH = "PolicyPeersMatch"
+    #: each frontend URL runs a standby process (``spec.frontend.standby``; False on the host
+    #: network or when turned off: a killed frontend pod or process darkens its URL until it is back)
+    FRONTEND_STANDBY = "FrontendStandby"
 
 
 class ConditionStatus(StrEnum):
@@ -158,6 +161,10 @@ class Reason(StrEnum):
     # PolicyPeersMatch (only with spec.networkPolicy.enabled and engineClients)
     POLICY_PEERS_MATCH = "PolicyPeersMatchPods"
     POLICY_PEER_SELECTS_NOTHING = "PolicyPeerSelectsNothing"
+    # FrontendStandby (a fleet with frontends)
+    STANDBY_PER_URL = "StandbyPerURL"
+    HOST_NETWORK_ONE_PROCESS = "HostNetworkOneProcessPerURL"
+    STANDBY_OFF = "StandbyOff"
 
 
 class EventType(StrEnum):

@@ -229,11 +229,13 @@ class FrontendSpec(SpecModel):
             f"{DEFAULT_GROUP_HOLD_SECONDS:g} with groupRouting, 0 without; set above 0 it needs groupRouting."
         ),
     )
-    standby: bool = Field(
-        False,
+    standby: bool | None = Field(
+        None,
         description=(
             "Run a second frontend process per URL (Deployment <frontend>-standby, its own pod, snowflake process id "
-            "1) behind the same Service, so a killed frontend pod leaves its URL served. Needs pod networking."
+            "1) behind the same Service, so a killed frontend pod or process leaves its URL served. Needs pod "
+            "networking. Unset: on with pod networking, off with network.hostNetwork (one process per URL there: "
+            "the FrontendStandby condition says so)."
         ),
     )
 
@@ -399,6 +401,14 @@ class DisaggReplicaSetSpec(SpecModel):
         if role == Role.DECODE:
             return self.decode
         raise ValueError(f"unknown role {role!r}")
+
+    @property
+    def frontend_standby(self) -> bool:
+        """Whether each frontend URL runs a standby process: ``frontend.standby``, unset meaning
+        on with pod networking and off on the host network (where it cannot run)."""
+        if self.frontend.standby is not None:
+            return self.frontend.standby
+        return not self.network.host_network
 
     @property
     def replica_width(self) -> int:

@@ -145,6 +145,30 @@ class WeightsStatus(StatusModel):
     desired: DesiredWeightsStatus | None = Field(None, description="The weights the fleet must hold.")
 
 
+#: Pods a token rotation's status names at most (the rest are counted in ``laggingCount``).
+MAX_LAGGING_PODS = 10
+
+
+class TokenRotationStatus(StatusModel):
+    """A token Secret whose rotation is under way (``drs_operator.manifests.rotation``)."""
+
+    secret: str = Field(max_length=253, description="The token Secret being rotated.")
+    phase: str = Field(
+        max_length=16,
+        description="next: the new token is accepted, not yet presented; previous: presented, the old one still accepted.",
+    )
+    since: datetime | None = Field(None, description="When the phase began.")
+    lagging_pods: list[str] | None = Field(
+        None,
+        max_length=MAX_LAGGING_PODS,
+        description=(
+            "Pods that mount the Secret and have not reported reading this phase in their /health answer (first "
+            f"{MAX_LAGGING_PODS} by name); the phase waits on them until its window ends. Absent: not asked yet."
+        ),
+    )
+    lagging_count: int | None = Field(None, ge=0, description="How many pods lag in all (absent: not asked yet).")
+
+
 class DisaggReplicaSetStatus(StatusModel):
     """Observed state of a DisaggReplicaSet."""
 
@@ -175,3 +199,8 @@ class DisaggReplicaSetStatus(StatusModel):
     )
     replica_statuses: list[ReplicaStatus] = Field(default_factory=list, max_length=MAX_FRONTENDS)
     weights: WeightsStatus | None = Field(None, description="The weights the engines serve.")
+    token_rotations: list[TokenRotationStatus] | None = Field(
+        None,
+        max_length=2,
+        description="The token Secrets whose rotation is under way, and the pods each phase waits on; absent when none.",
+    )

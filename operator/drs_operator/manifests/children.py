@@ -120,7 +120,7 @@ def desired_children(
             for f in rp.frontends
             for process in frontend_processes(spec)
         )
-        fe_services = tuple(build_frontend_service(owner, f, spec.frontend.standby) for f in rp.frontends)
+        fe_services = tuple(build_frontend_service(owner, f, spec.frontend_standby) for f in rp.frontends)
         policy = build_replica_network_policy(owner, spec, rp.index) if spec.network_policy.enabled else None
         replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services, policy))
     return Children(configmaps=(*role_configs.values(), weights_config), services=services, replicas=tuple(replicas))

@@ -75,7 +75,7 @@ AFFINITY_TIMEOUT_S: Final = 10800
 
 def frontend_processes(spec: DisaggReplicaSetSpec) -> tuple[int, ...]:
     """The snowflake process ids of one frontend URL: 0, and 1 with ``spec.frontend.standby``."""
-    return (0, 1) if spec.frontend.standby else (0,)
+    return (0, 1) if spec.frontend_standby else (0,)
 
 
 def engine_pool(

@@ -24,8 +24,9 @@ may end early: every write of the Secret bumps its key ``generation`` (not a tok
 reports the generation it read in its ``/health`` answer (``token_source.GENERATIONS_HEADER``),
 and once every pod that mounts the Secret reports the current one the phase is done
 (``lagging`` of :func:`rotation_step` empty). The window stays the upper bound: a pod that does
-not answer, or lags, holds the phase until the window ends, and the Event then names it. A token
-two rotations old is refused (401).
+not answer, or lags, holds the phase until the window ends, and the Event then names it. While a
+phase waits, ``status.tokenRotations`` names the Secret, its phase and the pods it waits on
+(:func:`rotation_status`). A token two rotations old is refused (401).
 
 The state lives on the Secret itself (annotations :data:`ANNOTATION_ROTATION_PHASE`, ``-since``,
 ``-request``), so an operator restarted mid-rotation resumes it. A request that arrives during a
@@ -60,6 +61,7 @@ from drs_operator.api.constants import (
     EventType,
 )
 from drs_operator.api.objects import Manifest
+from drs_operator.api.status import MAX_LAGGING_PODS, TokenRotationStatus
 from drs_operator.status_events import EventNote
 
 #: Seconds each phase lasts by default: above the kubelet's default sync period (60 s) for a
@@ -214,6 +216,25 @@ def rotation_step(
     marks = {k: v for k, v in annotations.items() if k not in (ANNOTATION_ROTATION_PHASE, ANNOTATION_ROTATION_SINCE)}
     message = f"Secret {name}: rotation done; the old token is refused from now on{why}"
     return Step(_written(live, done, marks), EventNote(EventType.NORMAL, EventReason.TOKEN_ROTATION_DONE, message))
+
+
+def rotation_status(secret: Manifest, lagging: Sequence[str] | None) -> TokenRotationStatus | None:
+    """What ``status.tokenRotations`` says of ``secret`` (as written this pass): None when no
+    rotation is under way; else its phase and the pods that phase waits on, ``lagging`` (None: not
+    asked yet, as for a phase that has just begun), the first :data:`MAX_LAGGING_PODS` by name."""
+    meta = secret.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    phase = annotations.get(ANNOTATION_ROTATION_PHASE)
+    if phase is None:
+        return None
+    names = sorted(lagging) if lagging is not None else None
+    return TokenRotationStatus(
+        secret=str(meta.get("name", "")),
+        phase=str(phase),
+        since=_time(annotations.get(ANNOTATION_ROTATION_SINCE)),
+        lagging_pods=names[:MAX_LAGGING_PODS] if names is not None else None,
+        lagging_count=len(names) if names is not None else None,
+    )
 
 
 def recreated_secret(built: Manifest, request: str | None, now: datetime.datetime) -> Manifest:

@@ -1,0 +1,31 @@
+"""The status as the operator writes it: the stored JSON form, and the merge patch to it (pure)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+from drs_operator.api.status import DisaggReplicaSetStatus
+
+
+def status_dict(status: DisaggReplicaSetStatus) -> dict[str, Any]:
+    """The status as the API stores it (camelCase JSON, RFC 3339 times)."""
+    data: dict[str, Any] = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for c in data.get("conditions", []):
+        c["lastTransitionTime"] = _rfc3339(c["lastTransitionTime"])
+    return data
+
+
+def status_patch(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON merge patch from the stored status ``old`` to ``new`` (both :func:`status_dict`;
+    None when equal): ``new`` whole, and null for each top-level field ``new`` no longer has (a
+    merge patch that leaves a field out keeps it, e.g. a finished ``tokenRotations``)."""
+    if json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True):
+        return None
+    return {**new, **{key: None for key in old if key not in new}}
+
+
+def _rfc3339(value: str) -> str:
+    dt = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    return dt.astimezone(datetime.UTC).replace(microsecond=0).strftime("%Y-%m-%dT%H:%M:%SZ")
