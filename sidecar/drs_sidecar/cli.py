@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 from drs_protocol import env
-from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, MAX_CUTOVER_MARGIN_S
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, MAX_CUTOVER_MARGIN_S, MIN_CUTOVER_MARGIN_S
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_TARGET_LEASE_S
 from drs_protocol.token_source import TokenSource, token_source
 
@@ -64,11 +64,12 @@ EXIT_BIND_FAILED = 1
 @click.option(
     "--cutover-margin",
     type=click.FloatRange(min=0.0, max=MAX_CUTOVER_MARGIN_S),
-    default=DEFAULT_CUTOVER_MARGIN_S,
+    default=MIN_CUTOVER_MARGIN_S,
     show_default=True,
     help="Seconds at least between a refit's start and its cut-over (the instant its weights take effect: "
-    "turns started from then on are the new weights'); the margin is twice the last announce round when that "
-    f"is more, at most {MAX_CUTOVER_MARGIN_S:g}s. No engine loads before the cut-over.",
+    "turns started from then on are the new weights'); the margin is twice the last refit's time until every "
+    f"engine was told when that is more ({DEFAULT_CUTOVER_MARGIN_S:g}s before one was measured), at most "
+    f"{MAX_CUTOVER_MARGIN_S:g}s. No engine loads before the cut-over.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def sidecar(
