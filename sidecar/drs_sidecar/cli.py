@@ -62,6 +62,13 @@ EXIT_BIND_FAILED = 1
     "renewed while loads run; 0: announce nothing (engines not loaded yet answer at the old weights).",
 )
 @click.option(
+    "--fold-announce/--no-fold-announce",
+    default=False,
+    show_default=True,
+    help="A refit by checkpoint path whose ready engines fit one fan-out (--concurrency) sends each engine one "
+    "call, its load carrying the target, instead of an announce round first (see docs/weights.md).",
+)
+@click.option(
     "--cutover-margin",
     type=click.FloatRange(min=0.0, max=MAX_CUTOVER_MARGIN_S),
     default=MIN_CUTOVER_MARGIN_S,
@@ -86,6 +93,7 @@ def sidecar(
     reconcile_interval: float,
     target_lease: float,
     cutover_margin: float,
+    fold_announce: bool,
     log_level: str,
 ) -> None:
     """Refit every engine of a DisaggReplicaSet for the trainer, and keep restarted engines current."""
@@ -116,7 +124,7 @@ def sidecar(
             concurrency,
             (load_timeout, call_timeout, collective_timeout),
             reconcile_interval,
-            (target_lease, cutover_margin),
+            (target_lease, cutover_margin, fold_announce),
         )
     )
 
@@ -135,7 +143,7 @@ async def _run(
     concurrency: int,
     timeouts: tuple[float, float, float],
     reconcile_interval: float,
-    targets: tuple[float, float],
+    targets: tuple[float, float, bool],
 ) -> None:
     """``timeouts``: a load's, another call's, a collective step's (seconds); ``targets``: the
     target lease and the cut-over margin (seconds)."""
@@ -181,6 +189,7 @@ async def _run(
         target_lease_s=targets[0],
         cutover_margin_s=targets[1],
     )
+    refitter.targets.fold = targets[2]  # loads carry the target (drs_sidecar.targets)
     app = build_app(refitter, reconcile_s=reconcile_interval)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])

@@ -157,8 +157,7 @@ class Refitter:
         target, margin = self.targets.desired(request.version, request.path, request.digest)
         async with self._claim():
             passing = self._lock.locked()  # a reconcile pass runs: it may announce the old target
-            # the loads carry the target when one fan-out reaches the fleet and no pass holds the lock; else
-            # announced at once, to the engines known, before waiting for the pass (drs_sidecar.targets)
+            # the loads carry the target (--fold-announce, no pass running), else announced at once (targets.py)
             fold = not passing and self.targets.one_wave(self.known, self.concurrency)
             async with self.targets.lease([] if fold else self.known, target, self.desired) as lease, self._lock:
                 engines = self.known = await self.fleet.engines()

@@ -23,7 +23,9 @@ engines refusing new legs for one lease at most; then they serve what they hold 
 A refit that reached no engine withdraws the target in favour of the previous desired weights
 (or none), so the engines serve again at once.
 
-A checkpoint refit whose fleet fits one fan-out (no more ready engines than its concurrency)
+With ``fold`` on (``drs sidecar --fold-announce``; off by default: on one 2-core machine with all
+256 engines in one process it made the last engine's receipt later, see docs/results.md), a
+checkpoint refit whose fleet fits one fan-out (no more ready engines than its concurrency)
 sends no announce round at all: each load carries its target (:meth:`Lease.fold`,
 :class:`drs_protocol.control.LoadAnnounce`), which the engine takes on arrival, before it reads
 anything; one call per engine instead of two. A larger fleet is loaded in waves, and a load of a
@@ -97,8 +99,11 @@ class TargetAnnouncer:
         lease_s: float = DEFAULT_LEASE_S,
         timeout_s: float = ANNOUNCE_TIMEOUT_S,
         margin_s: float = MIN_CUTOVER_MARGIN_S,
+        fold: bool = False,
     ) -> None:
         self.control = control
+        #: loads may carry the target (``--fold-announce``: :meth:`one_wave`)
+        self.fold = fold
         self.metrics = metrics
         self.lease_s = lease_s
         self.timeout_s = timeout_s
@@ -123,8 +128,9 @@ class TargetAnnouncer:
     def one_wave(self, engines: Sequence[Engine], concurrency: int) -> bool:
         """Whether a refit's loads reach every ready engine of ``engines`` in one fan-out of
         ``concurrency``: then they carry the target themselves (:meth:`Lease.load_folded`; a load
-        of a later wave would tell its engine after the cut-over). Never with announcing off."""
-        return self.enabled and sum(1 for e in engines if e.ready and e.url) <= concurrency
+        of a later wave would tell its engine after the cut-over). Only with :attr:`fold` on
+        (``drs sidecar --fold-announce``), never with announcing off."""
+        return self.fold and self.enabled and sum(1 for e in engines if e.ready and e.url) <= concurrency
 
     async def announce(
         self, urls: Iterable[str], target: DesiredWeights | None, *, timeout_s: float | None = None

@@ -29,10 +29,14 @@ async def held_version(url: str) -> str:
     return version
 
 
-async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_before_it(checkpoint: Path) -> None:
+@pytest.mark.parametrize("fold", [False, True], ids=["announce round", "loads carry the target"])
+async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_before_it(
+    checkpoint: Path, fold: bool
+) -> None:
     async with sim_engine(weightsLoadSeconds=0.0) as a:
         fleet = ListFleet([as_engine(a)])
         async with refitter(fleet, cutover_margin_s=MARGIN_S) as r:
+            r.targets.fold = fold
             await r.reconcile_once()
             called = time.time()
             refit = asyncio.create_task(r.refit(str(checkpoint), "step-100", digest_files(checkpoint)))
@@ -62,13 +66,15 @@ async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_b
     assert final == "step-100"
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["announce round", "loads carry the target"])
 async def test_the_engines_read_the_weights_during_the_margin_and_serve_them_only_from_the_cut_over(
-    checkpoint: Path,
+    checkpoint: Path, fold: bool
 ) -> None:
     load_s, margin_s = 1.5, 2.0  # sent after the announce, the load's read overlaps the margin
     async with sim_engine(weightsLoadSeconds=load_s, speed=1.0) as a:
         fleet = ListFleet([as_engine(a)])
         async with refitter(fleet, cutover_margin_s=margin_s) as r:
+            r.targets.fold = fold
             await r.reconcile_once()
             called = time.monotonic()
             refit = asyncio.create_task(r.refit(str(checkpoint), "step-100", digest_files(checkpoint)))
@@ -140,7 +146,9 @@ async def test_a_refit_over_one_fan_out_tells_each_engine_with_its_load_and_size
     give the time until the last was told, and the next refit's margin is twice it (at least the floor)."""
     async with sim_engine(weightsLoadSeconds=0.0) as a:
         fleet = ListFleet([as_engine(a)])
-        async with refitter(fleet, cutover_margin_s=MIN_CUTOVER_MARGIN_S) as r:  # concurrency 1: one engine fits
+        # concurrency 1: one engine fits one fan-out
+        async with refitter(fleet, cutover_margin_s=MIN_CUTOVER_MARGIN_S) as r:
+            r.targets.fold = True
             first = await r.refit(str(checkpoint), "step-100", digest_files(checkpoint))
             told = r.targets.last_told_s
             second = await r.refit(str(checkpoint), "step-101", digest_files(checkpoint))
