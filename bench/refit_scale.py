@@ -7,8 +7,9 @@ URLs (``--concurrency`` loads at once, 256 by default), and a trainer client pos
 loopback HTTP. Every refit carries the checkpoint's digest, so each of the N answers is checked.
 Reports, over the refits after a first one (the warm-up: first contact with every engine, reported
 on its own as ``warmup``), median, min and max of each refit's wall time as the trainer saw it
-(target <= 0.5 s at 256 engines), the sidecar's own ``elapsed_s``, announce time and cut-over
-margin (and the call less its margin, ``after_cutover_s``), and the CPU
+(target <= 0.5 s at 256 engines), the sidecar's own ``elapsed_s``, the time until every engine
+was told (``target_announced_s``: the announce round, or with ``--fold-announce`` the last engine's
+receipt of its load, measured one way by the engines) and cut-over margin (and the call less its margin, ``after_cutover_s``), and the CPU
 seconds per refit of this process (``sidecar_cpu_s``: the sidecar's fan-out, parsing and digest
 checks, plus the trainer's one call) and of the engines' process (``engines_cpu_s``, from
 ``/proc``; ``engines_idle_cpu_per_s``: that process's CPU per second with nothing asked of it,
@@ -16,7 +17,7 @@ a cost of putting N servers in one process that a refit's wall time pays too). B
 machine the wall time is mostly waiting for a core; the CPU seconds are the orchestration's own
 cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load.
 
-    python bench/refit_scale.py [--engines 256] [--refits 5] [--profile sidecar.prof]
+    python bench/refit_scale.py [--engines 256] [--refits 5] [--fold-announce] [--profile sidecar.prof]
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ async def idle_cpu(pid: int) -> float:
 
 
 async def drive(
-    urls: list[str], token: str, refits: int, concurrency: int, engines_pid: int, profile: str | None
+    urls: list[str], token: str, refits: int, concurrency: int, engines_pid: int, profile: str | None, fold: bool
 ) -> dict[str, Any]:
     """``refits + 1`` refits through a real sidecar app (the first one warms up: first contact
     with every engine, connections opened, and is reported on its own)."""
@@ -108,6 +109,7 @@ async def drive(
 
     startup_cpu, startup_wall = time.process_time(), time.perf_counter()
     refitter = Refitter(StaticFleet(urls), ControlClient(token), SidecarMetrics(), concurrency=concurrency)
+    refitter.targets.fold = fold  # each load carries its target: one call per engine (--fold-announce)
     server = uvicorn.Server(uvicorn.Config(build_app(refitter, reconcile_s=3600), port=0, log_level="warning"))
     serving = asyncio.create_task(server.serve())
     while not server.started:  # the sidecar's first fleet read and reconcile pass: first contact
@@ -189,6 +191,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--profile", default=None, help="cProfile the sidecar's counted refits into this file")
     parser.add_argument("--profile-engines", default=None, help="cProfile the engines' process into this file")
+    parser.add_argument(
+        "--fold-announce",
+        action="store_true",
+        help="the sidecar's loads carry the target (drs sidecar --fold-announce): one call per engine",
+    )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve is not None:
@@ -212,7 +219,9 @@ def main() -> None:
             raise SystemExit("the engines' process exited before it served")
         urls = json.loads(line)
         engines_up_s = time.perf_counter() - started
-        result = asyncio.run(drive(urls, token, args.refits, args.concurrency, child.pid, args.profile))
+        result = asyncio.run(
+            drive(urls, token, args.refits, args.concurrency, child.pid, args.profile, args.fold_announce)
+        )
     finally:
         if child.stdin is not None:
             child.stdin.close()
@@ -222,6 +231,7 @@ def main() -> None:
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "engines": len(urls),
         "concurrency": args.concurrency,
+        "fold_announce": args.fold_announce,
         "refits": args.refits,
         "engines_up_s": round(engines_up_s, 1),
         **result,

@@ -61,17 +61,41 @@ class _LoadPath(_Strict):
     version: Version
 
 
+class LoadAnnounce(_Strict):
+    """The target announced by the load that brings it (the announce folded into the load: one
+    call per engine): the engine takes ``WeightsTarget(version=the load's version, digest, lease_s,
+    effective_at=the load's effective_at)`` the moment the call arrives, before it waits for the
+    control lock or reads anything, exactly as ``POST /control/weights/target`` would."""
+
+    digest: Digest | None = None
+    lease_s: float = Field(gt=0, le=MAX_WEIGHTS_TARGET_LEASE_S, description="seconds the target binds the engine")
+
+
 class LoadWeights(_LoadPath):
     """Load weights from a path (a checkpoint directory or file) and serve them as ``version``.
     ``effective_at``: the refit's cut-over (wall clock, epoch seconds, :mod:`drs_protocol.cutover`):
     the engine may read and check the new weights before it, into a copy that serves nothing, and
-    serves them from that instant on its own clock (None: at once). The sidecar sends it only after
-    every engine has been told the target, so the read overlaps the margin instead of following it;
-    at most :data:`~drs_protocol.cutover.MAX_SWITCH_AHEAD_S` ahead of the engine's clock."""
+    serves them from that instant on its own clock (None: at once); at most
+    :data:`~drs_protocol.cutover.MAX_SWITCH_AHEAD_S` ahead of the engine's clock. The read overlaps
+    the margin instead of following it. ``announce``: the load also announces its target (the
+    engine refuses legs stamped from ``effective_at`` on until it holds them), so the sidecar needs
+    no announce round first; the answer's ``told_lead_s`` says how early it came."""
 
     effective_at: float | None = Field(
         None, gt=0, allow_inf_nan=False, description="serve the new weights from this instant, epoch seconds"
     )
+    announce: LoadAnnounce | None = None
+
+    def target(self) -> WeightsTarget | None:
+        """The announce this load carries, as its own call would send it (None: none)."""
+        if self.announce is None:
+            return None
+        return WeightsTarget(
+            version=self.version,
+            digest=self.announce.digest,
+            lease_s=self.announce.lease_s,
+            effective_at=self.effective_at,
+        )
 
 
 class Refit(_LoadPath):
@@ -282,11 +306,16 @@ class _Result(_Strict):
 
 
 class WeightsChanged(_Result):
-    """A load, collective update or CUDA IPC update: the engine now serves ``version``."""
+    """A load, collective update or CUDA IPC update: the engine now serves ``version``. A load
+    that carried its announce (``LoadWeights.announce``) says ``told_lead_s``, the seconds from
+    taking the target to its cut-over on the engine's clock (negative: told late), and
+    ``late_legs`` as :class:`TargetAnnounced` does."""
 
     version: str
     previous_version: str
     prefix_cache_blocks_evicted: int | None = None
+    told_lead_s: float | None = Field(None, allow_inf_nan=False)
+    late_legs: int = Field(0, ge=0)
 
 
 class TargetAnnounced(_Result):

@@ -1,11 +1,20 @@
 """The scheduled cut-over of a refit: one instant from which the new weights are desired.
 
 A refit's desired weights take effect at ``effective_at`` (wall clock, epoch seconds), an instant
-the sidecar picks slightly in the future (:func:`cutover_margin`: more than its announce round),
-announces to every engine (:class:`drs_protocol.control.WeightsTarget`) and stores with the desired
-weights (:class:`drs_protocol.weights_state.DesiredWeights`); no engine serves them before it (a
-checkpoint load, :class:`drs_protocol.control.LoadWeights`, may be sent and read earlier, once every
-engine has been told, and is swapped in at ``effective_at`` by the engine's clock).
+the sidecar picks slightly in the future (:func:`cutover_margin`: more than the time it took, last
+refit, until every engine had been told), announces to every engine
+(:class:`drs_protocol.control.WeightsTarget`, or folded into the load itself:
+:class:`drs_protocol.control.LoadWeights` ``announce``, one call per engine) and stores with the
+desired weights (:class:`drs_protocol.weights_state.DesiredWeights`); no engine serves them before
+it (a checkpoint load may be sent and read earlier, and is swapped in at ``effective_at`` by the
+engine's clock).
+
+How long "telling every engine" took is measured one way, by the engines: each load that carries
+its announce answers ``told_lead_s``, the seconds from taking the target to the cut-over on the
+engine's own clock (negative: told late). The refit's start to the last engine told is then
+``margin - min(told_lead_s)`` (:func:`told_seconds`), and the next margin is
+:data:`CUTOVER_MARGIN_FACTOR` times it. A clock ahead of the sidecar's makes that figure larger
+(a larger margin: the safe side); the gate itself judges every leg by the engine's clock.
 
 Every turn carries the instant the fleet received it (:data:`~drs_protocol.fields.HEADER_TURN_STARTED`,
 stamped once by the frontend and sent on both legs; an engine called directly uses its own receipt
@@ -25,10 +34,13 @@ from typing import Final
 
 from drs_protocol.fields import HEADER_TURN_STARTED
 
-#: Seconds of margin a cut-over gets at least beyond the refit's start (the floor).
+#: Seconds of margin before anything was measured (a sidecar's first refit).
 DEFAULT_CUTOVER_MARGIN_S: Final = 0.3
-#: The margin is this multiple of the last measured announce round (when that is more than the floor).
-CUTOVER_MARGIN_ROUNDS: Final = 2.0
+#: The least margin a measured refit gives (``drs sidecar --cutover-margin``'s default floor).
+MIN_CUTOVER_MARGIN_S: Final = 0.05
+#: The margin is this multiple of the last measured time until every engine was told (its one-way
+#: delivery, :func:`told_seconds`; or its announce round, where the announce was a call of its own).
+CUTOVER_MARGIN_FACTOR: Final = 2.0
 #: The margin never exceeds this (a slow round is a sick engine, not a reason to stall every refit).
 MAX_CUTOVER_MARGIN_S: Final = 5.0
 #: The furthest ahead of an engine's clock a load's ``effective_at`` may be (the margin's maximum
@@ -43,11 +55,24 @@ class BadTurnStamp(ValueError):
     """A turn stamp that is not an epoch-seconds number; its message names the header and the rule."""
 
 
-def cutover_margin(floor_s: float, last_round_s: float | None) -> float:
-    """Seconds from a refit's start to its cut-over: ``max(floor_s, 2 x last_round_s)``, at most
-    :data:`MAX_CUTOVER_MARGIN_S` (and never below ``floor_s``)."""
-    margin = floor_s if last_round_s is None else max(floor_s, CUTOVER_MARGIN_ROUNDS * last_round_s)
+def cutover_margin(floor_s: float, last_told_s: float | None) -> float:
+    """Seconds from a refit's start to its cut-over: ``max(floor_s, 2 x last_told_s)`` (the last
+    refit's time until every engine was told; none measured yet: at least
+    :data:`DEFAULT_CUTOVER_MARGIN_S`), at most :data:`MAX_CUTOVER_MARGIN_S` (never below ``floor_s``)."""
+    if last_told_s is None:
+        margin = max(floor_s, DEFAULT_CUTOVER_MARGIN_S)
+    else:
+        margin = max(floor_s, CUTOVER_MARGIN_FACTOR * last_told_s)
     return max(floor_s, min(margin, MAX_CUTOVER_MARGIN_S))
+
+
+def told_seconds(margin_s: float, leads_s: list[float]) -> float | None:
+    """Seconds from a refit's start until its last engine was told, from the engines' own
+    ``told_lead_s`` (seconds each had left until the cut-over when it took the target, on its
+    clock) and the margin the refit gave: ``margin_s - min(leads_s)`` (None: no engine said)."""
+    if not leads_s:
+        return None
+    return max(0.0, margin_s - min(leads_s))
 
 
 def format_stamp(stamp: float) -> str:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 from drs_protocol import env
-from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, MAX_CUTOVER_MARGIN_S
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, MAX_CUTOVER_MARGIN_S, MIN_CUTOVER_MARGIN_S
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_TARGET_LEASE_S
 from drs_protocol.token_source import TokenSource, token_source
 
@@ -62,13 +62,21 @@ EXIT_BIND_FAILED = 1
     "renewed while loads run; 0: announce nothing (engines not loaded yet answer at the old weights).",
 )
 @click.option(
+    "--fold-announce/--no-fold-announce",
+    default=False,
+    show_default=True,
+    help="A refit by checkpoint path whose ready engines fit one fan-out (--concurrency) sends each engine one "
+    "call, its load carrying the target, instead of an announce round first (see docs/weights.md).",
+)
+@click.option(
     "--cutover-margin",
     type=click.FloatRange(min=0.0, max=MAX_CUTOVER_MARGIN_S),
-    default=DEFAULT_CUTOVER_MARGIN_S,
+    default=MIN_CUTOVER_MARGIN_S,
     show_default=True,
     help="Seconds at least between a refit's start and its cut-over (the instant its weights take effect: "
-    "turns started from then on are the new weights'); the margin is twice the last announce round when that "
-    f"is more, at most {MAX_CUTOVER_MARGIN_S:g}s. No engine loads before the cut-over.",
+    "turns started from then on are the new weights'); the margin is twice the last refit's time until every "
+    f"engine was told when that is more ({DEFAULT_CUTOVER_MARGIN_S:g}s before one was measured), at most "
+    f"{MAX_CUTOVER_MARGIN_S:g}s. No engine loads before the cut-over.",
 )
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info")
 def sidecar(
@@ -85,6 +93,7 @@ def sidecar(
     reconcile_interval: float,
     target_lease: float,
     cutover_margin: float,
+    fold_announce: bool,
     log_level: str,
 ) -> None:
     """Refit every engine of a DisaggReplicaSet for the trainer, and keep restarted engines current."""
@@ -115,7 +124,7 @@ def sidecar(
             concurrency,
             (load_timeout, call_timeout, collective_timeout),
             reconcile_interval,
-            (target_lease, cutover_margin),
+            (target_lease, cutover_margin, fold_announce),
         )
     )
 
@@ -134,7 +143,7 @@ async def _run(
     concurrency: int,
     timeouts: tuple[float, float, float],
     reconcile_interval: float,
-    targets: tuple[float, float],
+    targets: tuple[float, float, bool],
 ) -> None:
     """``timeouts``: a load's, another call's, a collective step's (seconds); ``targets``: the
     target lease and the cut-over margin (seconds)."""
@@ -180,6 +189,7 @@ async def _run(
         target_lease_s=targets[0],
         cutover_margin_s=targets[1],
     )
+    refitter.targets.fold = targets[2]  # loads carry the target (drs_sidecar.targets)
     app = build_app(refitter, reconcile_s=reconcile_interval)
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock])

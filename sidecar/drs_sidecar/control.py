@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import aiohttp
 from drs_protocol import fields
-from drs_protocol.control import LoadWeights, WeightsInfo, answer_model
+from drs_protocol.control import LoadAnnounce, LoadWeights, WeightsInfo, answer_model
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, HEALTH, ControlOp
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -116,10 +116,18 @@ class ControlClient:
         """``GET /health`` (why an engine is not ready: its 503's ``error_type``)."""
         return await self._call("GET", url, HEALTH, None, timeout, _Health)
 
-    async def load_checkpoint(self, url: str, path: str, version: str, effective_at: float | None = None) -> CallResult:
+    async def load_checkpoint(
+        self,
+        url: str,
+        path: str,
+        version: str,
+        effective_at: float | None = None,
+        announce: LoadAnnounce | None = None,
+    ) -> CallResult:
         """The engine loads the checkpoint at ``path`` and serves it as ``version`` (its
-        ``load_weights``), from ``effective_at`` on (a refit's cut-over; None: at once)."""
-        body = LoadWeights(path=path, version=version, effective_at=effective_at)
+        ``load_weights``), from ``effective_at`` on (a refit's cut-over; None: at once);
+        ``announce``: the call also announces the target (taken on arrival)."""
+        body = LoadWeights(path=path, version=version, effective_at=effective_at, announce=announce)
         return await self.op(url, ControlOp.LOAD_WEIGHTS, body, timeout=self.load_s)
 
     async def op(

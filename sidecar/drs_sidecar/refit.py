@@ -47,7 +47,7 @@ from drs_protocol.control import (
     TrainerCollectiveUpdate,
     TrainerIpcUpdate,
 )
-from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S
+from drs_protocol.cutover import MIN_CUTOVER_MARGIN_S
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S
 from drs_protocol.routes import ControlOp, TrainerRoute
 from drs_protocol.validation_errors import field_problems
@@ -97,7 +97,7 @@ class Refitter:
         concurrency: int = 64,
         collective_timeout_s: float = DEFAULT_COLLECTIVE_TIMEOUT_S,
         target_lease_s: float = DEFAULT_LEASE_S,
-        cutover_margin_s: float = DEFAULT_CUTOVER_MARGIN_S,
+        cutover_margin_s: float = MIN_CUTOVER_MARGIN_S,
     ) -> None:
         self.fleet = fleet
         #: announces the target weights and their cut-over before any load (``drs_sidecar.targets``)
@@ -157,19 +157,24 @@ class Refitter:
         target, margin = self.targets.desired(request.version, request.path, request.digest)
         async with self._claim():
             passing = self._lock.locked()  # a reconcile pass runs: it may announce the old target
-            # announced at once, to the engines known, before waiting for the pass (drs_sidecar.targets)
-            async with self.targets.lease(self.known, target, self.desired) as lease, self._lock:
+            # the loads carry the target (--fold-announce, no pass running), else announced at once (targets.py)
+            fold = not passing and self.targets.one_wave(self.known, self.concurrency)
+            async with self.targets.lease([] if fold else self.known, target, self.desired) as lease, self._lock:
                 engines = self.known = await self.fleet.engines()
                 previous = await self._start(target)
-                await lease.cover(engines, again=passing)  # every engine has been told before the first load
-                late = lease.outran()
-                # sent now, each engine reads and checks them at once and swaps them in at the cut-over
-                report = await self._fan_out(
-                    ControlOp.LOAD_WEIGHTS,
-                    engines,
-                    lambda url: self.control.load_checkpoint(url, request.path, request.version, lease.effective_at),
-                    desired_digest=request.digest,
-                )
+                checkpoint = (request.path, request.version, lease.effective_at)  # read now, swapped at the cut-over
+
+                def fan_out(load: Callable[[str], Awaitable[CallResult]]) -> Awaitable[Report]:
+                    return self._fan_out(ControlOp.LOAD_WEIGHTS, engines, load, desired_digest=request.digest)
+
+                if fold and self.targets.one_wave(engines, self.concurrency):  # each load tells its engine
+                    report, late = await lease.load_folded(
+                        engines, margin, lambda url, told: self.control.load_checkpoint(url, *checkpoint, told), fan_out
+                    )
+                else:
+                    await lease.cover(engines, again=passing)  # every engine has been told before the first load
+                    late = lease.outran()
+                    report = await fan_out(lambda url: self.control.load_checkpoint(url, *checkpoint))
                 await lease.stop()  # no renewal after this: a rollback's announce comes last
                 note_cutover(report, lease, margin, late)
                 self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()

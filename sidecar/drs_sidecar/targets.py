@@ -23,10 +23,19 @@ engines refusing new legs for one lease at most; then they serve what they hold 
 A refit that reached no engine withdraws the target in favour of the previous desired weights
 (or none), so the engines serve again at once.
 
+With ``fold`` on (``drs sidecar --fold-announce``; off by default: on one 2-core machine with all
+256 engines in one process it made the last engine's receipt later, see docs/results.md), a
+checkpoint refit whose fleet fits one fan-out (no more ready engines than its concurrency)
+sends no announce round at all: each load carries its target (:meth:`Lease.fold`,
+:class:`drs_protocol.control.LoadAnnounce`), which the engine takes on arrival, before it reads
+anything; one call per engine instead of two. A larger fleet is loaded in waves, and a load of a
+later wave would arrive after the cut-over, so it is announced to first, as above.
+
 The cut-over (:mod:`drs_protocol.cutover`): a target takes effect at ``effective_at``, picked by
-:meth:`TargetAnnouncer.desired` as now plus a margin larger than the announce round
-(``max(floor, 2 x the last round)``, at most :data:`~drs_protocol.cutover.MAX_CUTOVER_MARGIN_S`,
-:meth:`TargetAnnouncer.desired`),
+:meth:`TargetAnnouncer.desired` as now plus a margin larger than the last refit's time until
+every engine was told (``max(floor, 2 x that)``, at most
+:data:`~drs_protocol.cutover.MAX_CUTOVER_MARGIN_S`; the announce round, or, for loads that carried
+the target, the one-way time the engines measured: :meth:`Lease.told`),
 sent with every announce and stored with the desired weights. :meth:`Lease.cut_over` waits for that
 instant before a collective or CUDA IPC update (a checkpoint load is sent at once instead, carrying
 ``effective_at``: the engine swaps at that instant) and :meth:`Lease.outran` says whether the round outran it: an
@@ -44,12 +53,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequen
 from dataclasses import dataclass, field
 from typing import Final
 
-from drs_protocol.control import ControlAnswer, TargetAnnounced, WeightsTarget
-from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, cutover_margin
+from drs_protocol.control import ControlAnswer, LoadAnnounce, TargetAnnounced, WeightsChanged, WeightsTarget
+from drs_protocol.cutover import MIN_CUTOVER_MARGIN_S, cutover_margin, told_seconds
 from drs_protocol.routes import ControlOp
 from drs_protocol.weights_state import DesiredWeights
 
-from drs_sidecar.control import ControlClient
+from drs_sidecar.control import CallResult, ControlClient
 from drs_sidecar.fleet import Engine
 from drs_sidecar.metrics import SidecarMetrics
 from drs_sidecar.report import Report
@@ -89,28 +98,39 @@ class TargetAnnouncer:
         *,
         lease_s: float = DEFAULT_LEASE_S,
         timeout_s: float = ANNOUNCE_TIMEOUT_S,
-        margin_s: float = DEFAULT_CUTOVER_MARGIN_S,
+        margin_s: float = MIN_CUTOVER_MARGIN_S,
+        fold: bool = False,
     ) -> None:
         self.control = control
+        #: loads may carry the target (``--fold-announce``: :meth:`one_wave`)
+        self.fold = fold
         self.metrics = metrics
         self.lease_s = lease_s
         self.timeout_s = timeout_s
         #: the cut-over margin's floor (``--cutover-margin``)
         self.margin_s = margin_s
-        #: the last announce round's seconds (the next margin is twice it, when more than the floor)
-        self.last_round_s: float | None = None
+        #: the last refit's seconds until every engine had been told (its announce round, or the one-way
+        #: delivery of loads that carried the announce): the next margin is twice it, when more than the floor
+        self.last_told_s: float | None = None
 
     def desired(self, version: str, path: str | None, digest: str | None) -> tuple[DesiredWeights, float]:
         """A refit's desired weights with their cut-over (now plus the margin; None when
         announcing is off: desired at once), and the margin."""
         if not self.enabled:
             return DesiredWeights(version=version, path=path, digest=digest), 0.0
-        margin = cutover_margin(self.margin_s, self.last_round_s)
+        margin = cutover_margin(self.margin_s, self.last_told_s)
         return DesiredWeights(version=version, path=path, digest=digest, effective_at=time.time() + margin), margin
 
     @property
     def enabled(self) -> bool:
         return self.lease_s > 0
+
+    def one_wave(self, engines: Sequence[Engine], concurrency: int) -> bool:
+        """Whether a refit's loads reach every ready engine of ``engines`` in one fan-out of
+        ``concurrency``: then they carry the target themselves (:meth:`Lease.load_folded`; a load
+        of a later wave would tell its engine after the cut-over). Only with :attr:`fold` on
+        (``drs sidecar --fold-announce``), never with announcing off."""
+        return self.fold and self.enabled and sum(1 for e in engines if e.ready and e.url) <= concurrency
 
     async def announce(
         self, urls: Iterable[str], target: DesiredWeights | None, *, timeout_s: float | None = None
@@ -203,6 +223,10 @@ class Lease:
         return self._target.effective_at
 
     @property
+    def target(self) -> DesiredWeights:
+        return self._target
+
+    @property
     def urls(self) -> list[str]:
         return list(self._urls)
 
@@ -226,7 +250,7 @@ class Lease:
         if self._announcer.enabled:
             self.announced_s = told_at - self._started
             self.told_at = time.time() - (time.perf_counter() - told_at)
-            self._announcer.last_round_s = self.announced_s
+            self._announcer.last_told_s = self.announced_s
             log.info(
                 "target weights %s announced to %d engine(s) in %.3fs, slowest call %.3fs (%d failed; %d known "
                 "before, %d after the read)",
@@ -239,6 +263,67 @@ class Lease:
                 len(extra),
             )
         return done
+
+    def fold(self, engines: Sequence[Engine]) -> LoadAnnounce:
+        """The loads carry the target (:class:`~drs_protocol.control.LoadAnnounce`) instead of an
+        announce round before them: one call per engine. ``engines`` become this lease's (its
+        renewals; a fallback's withdrawal); :meth:`told` records, from their answers, how long
+        telling them took."""
+        self.covered = True
+        self._urls.update(dict.fromkeys(e.url for e in engines if e.url))
+        return LoadAnnounce(digest=self._target.digest, lease_s=self._announcer.lease_s)
+
+    def told(self, margin_s: float, leads_s: list[float], late_legs: int) -> None:
+        """After loads that carried the target: the seconds from the refit's start until the last
+        engine took it, from each engine's ``told_lead_s`` (:func:`drs_protocol.cutover.told_seconds`),
+        recorded as :meth:`cover` records an announce round's (the next margin is sized by it)."""
+        self.late_legs += late_legs
+        told_s = told_seconds(margin_s, leads_s)
+        effective_at = self._target.effective_at
+        if told_s is None or effective_at is None or not self._announcer.enabled:
+            return
+        self.announced_s = told_s
+        self.told_at = effective_at - min(leads_s)
+        self._announcer.last_told_s = told_s
+        log.info(
+            "target weights %s carried by the loads: the last of %d engine(s) took it %.3fs after the refit's "
+            "start (margin %.3fs)",
+            self._target.version,
+            len(leads_s),
+            told_s,
+            margin_s,
+        )
+
+    async def load_folded(
+        self,
+        engines: Sequence[Engine],
+        margin_s: float,
+        load: Callable[[str, LoadAnnounce], Awaitable[CallResult]],
+        fan_out: Callable[[Callable[[str], Awaitable[CallResult]]], Awaitable[Report]],
+    ) -> tuple[Report, bool]:
+        """A checkpoint refit's loads, each carrying the target (:meth:`fold`: taken on arrival,
+        before the engine reads anything), sent by ``fan_out`` (every ready engine in one wave),
+        whose report it returns; an engine not ready is announced to alongside (it may become ready
+        meanwhile). The engines' ``told_lead_s`` size the next margin (:meth:`told`). Returns the
+        report and whether the cut-over was outrun (an engine told after it)."""
+        announce = self.fold(engines)
+        leads: list[float] = []
+        late_legs = 0
+
+        async def one(url: str) -> CallResult:
+            nonlocal late_legs
+            result = await load(url, announce)
+            answer = result.answer
+            if isinstance(answer, ControlAnswer) and isinstance(answer.result, WeightsChanged):
+                late_legs += answer.result.late_legs
+                if answer.result.told_lead_s is not None:
+                    leads.append(answer.result.told_lead_s)
+            return result
+
+        idle = [e.url for e in engines if e.url and not e.ready]
+        report, _ = await asyncio.gather(fan_out(one), self._announcer.announce(idle, self._target, timeout_s=margin_s))
+        self.told(margin_s, leads, late_legs)
+        return report, self.outran()
 
     async def cut_over(self) -> bool:
         """Wait until the target's ``effective_at`` (no update starts before it); :meth:`outran`."""

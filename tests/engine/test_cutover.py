@@ -15,7 +15,15 @@ import pytest
 from drs_engine.errors import WeightsPendingError
 from drs_engine.weights.target import TargetGate
 from drs_protocol.control import WeightsTarget
-from drs_protocol.cutover import MAX_SWITCH_AHEAD_S, BadTurnStamp, cutover_margin, format_stamp, parse_stamp
+from drs_protocol.cutover import (
+    DEFAULT_CUTOVER_MARGIN_S,
+    MAX_SWITCH_AHEAD_S,
+    BadTurnStamp,
+    cutover_margin,
+    format_stamp,
+    parse_stamp,
+    told_seconds,
+)
 from drs_protocol.fields import HEADER_TURN_STARTED, HEADER_WEIGHTS_VERSION
 from drs_protocol.lifecycle import FIELD_WEIGHTS_BOUNDARY, FIELD_WEIGHTS_VERSION, WEIGHTS_PENDING_ERROR_TYPE
 from drs_protocol.routes import CONTROL_WEIGHTS, Endpoint
@@ -101,16 +109,35 @@ def test_an_announce_on_time_counts_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("floor", "last_round", "margin"),
+    ("floor", "last_told", "margin"),
     [
-        pytest.param(0.3, None, 0.3, id="no round measured yet: the floor"),
-        pytest.param(0.3, 0.1, 0.3, id="a fast round: the floor"),
-        pytest.param(0.3, 0.4, 0.8, id="a slower round: twice it"),
-        pytest.param(0.3, 60.0, 5.0, id="a very slow round: bounded"),
+        pytest.param(0.05, None, DEFAULT_CUTOVER_MARGIN_S, id="nothing measured yet: the default"),
+        pytest.param(0.5, None, 0.5, id="nothing measured yet, a larger floor: the floor"),
+        pytest.param(0.05, 0.01, 0.05, id="engines told fast: the floor"),
+        pytest.param(0.05, 0.12, 0.24, id="engines told slower: twice it"),
+        pytest.param(0.3, 0.1, 0.3, id="a floor above twice it: the floor"),
+        pytest.param(0.05, 60.0, 5.0, id="told very late: bounded"),
     ],
 )
-def test_the_cut_over_margin_exceeds_the_announce_round(floor: float, last_round: float | None, margin: float) -> None:
-    assert cutover_margin(floor, last_round) == pytest.approx(margin)
+def test_the_cut_over_margin_exceeds_the_time_until_every_engine_was_told(
+    floor: float, last_told: float | None, margin: float
+) -> None:
+    assert cutover_margin(floor, last_told) == pytest.approx(margin)
+
+
+@pytest.mark.parametrize(
+    ("margin", "leads", "told"),
+    [
+        pytest.param(0.3, [], None, id="no engine said: unknown"),
+        pytest.param(0.3, [0.25, 0.1, 0.2], 0.2, id="the engine told last decides"),
+        pytest.param(0.3, [0.1, -0.2], 0.5, id="one told after the cut-over: more than the margin"),
+        pytest.param(0.3, [0.4], 0.0, id="a clock behind the sidecar's: never negative"),
+    ],
+)
+def test_the_time_until_every_engine_was_told_comes_from_their_leads(
+    margin: float, leads: list[float], told: float | None
+) -> None:
+    assert told_seconds(margin, leads) == (None if told is None else pytest.approx(told))
 
 
 @pytest.mark.parametrize("value", ["abc", "nan", "inf", "-5", "1e20", "12", ""])

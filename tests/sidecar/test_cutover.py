@@ -10,7 +10,9 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from drs_protocol.control import TrainerIpcUpdate
+from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, MIN_CUTOVER_MARGIN_S, cutover_margin
 from drs_protocol.routes import CONTROL_WEIGHTS
 from drs_protocol.weights_digest import digest_files
 
@@ -27,10 +29,14 @@ async def held_version(url: str) -> str:
     return version
 
 
-async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_before_it(checkpoint: Path) -> None:
+@pytest.mark.parametrize("fold", [False, True], ids=["announce round", "loads carry the target"])
+async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_before_it(
+    checkpoint: Path, fold: bool
+) -> None:
     async with sim_engine(weightsLoadSeconds=0.0) as a:
         fleet = ListFleet([as_engine(a)])
         async with refitter(fleet, cutover_margin_s=MARGIN_S) as r:
+            r.targets.fold = fold
             await r.reconcile_once()
             called = time.time()
             refit = asyncio.create_task(r.refit(str(checkpoint), "step-100", digest_files(checkpoint)))
@@ -60,13 +66,15 @@ async def test_a_refit_cuts_over_at_an_instant_in_the_future_and_loads_nothing_b
     assert final == "step-100"
 
 
+@pytest.mark.parametrize("fold", [False, True], ids=["announce round", "loads carry the target"])
 async def test_the_engines_read_the_weights_during_the_margin_and_serve_them_only_from_the_cut_over(
-    checkpoint: Path,
+    checkpoint: Path, fold: bool
 ) -> None:
     load_s, margin_s = 1.5, 2.0  # sent after the announce, the load's read overlaps the margin
     async with sim_engine(weightsLoadSeconds=load_s, speed=1.0) as a:
         fleet = ListFleet([as_engine(a)])
         async with refitter(fleet, cutover_margin_s=margin_s) as r:
+            r.targets.fold = fold
             await r.reconcile_once()
             called = time.monotonic()
             refit = asyncio.create_task(r.refit(str(checkpoint), "step-100", digest_files(checkpoint)))
@@ -129,3 +137,27 @@ async def test_a_cuda_ipc_refit_announces_its_target_and_withdraws_it_when_no_en
     assert target is None, "no earlier desired weights: the target is withdrawn"
     assert served.status_code == 200 and served.headers["x-drs-weights-version"] == "0"
     assert [d.version if d else None for d in fleet.desires] == ["step-7", None]
+
+
+async def test_a_refit_over_one_fan_out_tells_each_engine_with_its_load_and_sizes_the_next_margin_by_it(
+    checkpoint: Path,
+) -> None:
+    """One call per engine (no announce round: ``LoadWeights.announce``); the engines' ``told_lead_s``
+    give the time until the last was told, and the next refit's margin is twice it (at least the floor)."""
+    async with sim_engine(weightsLoadSeconds=0.0) as a:
+        fleet = ListFleet([as_engine(a)])
+        # concurrency 1: one engine fits one fan-out
+        async with refitter(fleet, cutover_margin_s=MIN_CUTOVER_MARGIN_S) as r:
+            r.targets.fold = True
+            first = await r.refit(str(checkpoint), "step-100", digest_files(checkpoint))
+            told = r.targets.last_told_s
+            second = await r.refit(str(checkpoint), "step-101", digest_files(checkpoint))
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            metrics = (await client.get(a.url + "/metrics")).text
+    assert first.complete and second.complete, (first.as_dict(), second.as_dict())
+    assert first.cutover_margin_s == DEFAULT_CUTOVER_MARGIN_S  # nothing measured before the first
+    assert first.target_announced_s is not None and told == first.target_announced_s
+    assert 0 < told < DEFAULT_CUTOVER_MARGIN_S and first.announce_exceeded_margin is False
+    assert second.cutover_margin_s == pytest.approx(cutover_margin(MIN_CUTOVER_MARGIN_S, told), abs=1e-4)
+    assert 'op="announce_weights_target"' not in metrics, "an announce call went out beside the loads"
+    assert 'drs_engine_control_ops_total{op="load_weights",status="ok"} 2.0' in metrics

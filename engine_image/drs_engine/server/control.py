@@ -15,7 +15,8 @@ route                                       body                                
 ``GET  /control/weights``                   —                                                   version, digest, catch-up
 ``GET  /control/weights/stream``            —                                                   the weights, to a peer
 ``POST /control/weights/load``              ``{"path": str, "version": str,                     sim: path must be a readable file/dir;
-                                            "effective_at": float | null}``                     at the cut-over: read first, swap then
+                                            "effective_at": float | null,                       at the cut-over: read first, swap then;
+                                            "announce": {"digest", "lease_s"} | null}``         announce: taken on arrival
 ``POST /control/collective/init``           ``{"rank_prefix", "ip", "port", "world_size",       trtllm, torch (sim: 501)
                                             "train_world_size"}``
 ``POST /control/collective/prepare``        ``{"state_dict_info": {...}}``                      trtllm, torch (sim: 501)
@@ -44,7 +45,8 @@ load completes (:mod:`drs_engine.weights.incomplete`).
 Two calls do not wait for the control lock: ``collective/abort`` must reach the group while an
 update holds the lock, and ``POST /control/weights/target`` (:mod:`drs_engine.weights.target`)
 announces the target weights before the sidecar loads any engine (an announce queued behind a load
-would come after it).
+would come after it). A load that carries its announce (``LoadWeights.announce``: one call per
+engine) takes it on arrival, before it queues for the lock, and answers ``told_lead_s``.
 """
 
 from __future__ import annotations
@@ -126,12 +128,16 @@ async def run_op(state: EngineState, request: Request, op: ControlOp, handler: H
         check_token(state, request)
         params = await _body(request, request_model)
         backend = state.require_backend()
+        # a load carrying its announce binds the gate now, before it queues behind another call
+        told = take_announce(state, params) if isinstance(params, LoadWeights) else None
         queued = time.monotonic()
         async with contextlib.nullcontext() if op in UNLOCKED_OPS else state.control_lock:
             started = time.monotonic()
             before, failure = state.weights_digest, None
             try:
                 raw = await handler(params)
+                if told is not None:
+                    raw = {**raw, **told}
             except BaseException as exc:
                 failure = exc
                 raise
@@ -197,6 +203,29 @@ def cut_over(effective_at: float, wall: Callable[[], float] = time.time) -> Call
     return wait
 
 
+def announce_target(state: EngineState, target: WeightsTarget) -> int:
+    """Take ``target`` (an announce, or a load's folded one): the legs already answered at other
+    weights after its cut-over (a late announce), counted and logged."""
+    backend = state.require_backend()
+    late = state.target.announce(target, backend.weights_version, state.weights_digest)
+    state.count_late_legs(late, f"{late} leg(s) already answered at weights {backend.weights_version}")
+    return late
+
+
+def take_announce(state: EngineState, params: LoadWeights) -> dict[str, Any] | None:
+    """The announce a load carries (``LoadWeights.announce``), taken on arrival: its ``told_lead_s``
+    (seconds left until the cut-over, this engine's clock) and ``late_legs`` for the load's answer.
+    A cut-over too far ahead is refused (:func:`cut_over`) before the target binds anything."""
+    target = params.target()
+    if target is None:
+        return None
+    lead = None
+    if params.effective_at is not None:
+        cut_over(params.effective_at, state.target.wall)
+        lead = round(params.effective_at - state.target.wall(), 6)
+    return {"told_lead_s": lead, "late_legs": announce_target(state, target)}
+
+
 def weights_info(state: EngineState) -> WeightsInfo:
     backend = state.require_backend()
     return WeightsInfo(
@@ -223,8 +252,7 @@ def handlers(state: EngineState) -> dict[ControlOp, Handler]:
 
     async def announce(params: WeightsTarget) -> dict[str, Any]:
         backend = state.require_backend()
-        late = state.target.announce(params, backend.weights_version, state.weights_digest)
-        state.count_late_legs(late, f"{late} leg(s) already answered at weights {backend.weights_version}")
+        late = announce_target(state, params)
         return {"target": state.target.state(backend.weights_version, state.weights_digest), "late_legs": late}
 
     async def init_collective(params: CollectiveInit) -> dict[str, Any]:
