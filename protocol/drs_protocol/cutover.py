@@ -36,8 +36,11 @@ from drs_protocol.fields import HEADER_TURN_STARTED
 
 #: Seconds of margin before anything was measured (a sidecar's first refit).
 DEFAULT_CUTOVER_MARGIN_S: Final = 0.3
-#: The least margin a measured refit gives (``drs sidecar --cutover-margin``'s default floor).
-MIN_CUTOVER_MARGIN_S: Final = 0.05
+#: The least margin a measured refit gives (``drs sidecar --cutover-margin``'s default floor). It
+#: stays 0.3 s, though a small fleet is told in milliseconds: an engine told after the cut-over
+#: serves the turns stamped between the two at the old weights, so the floor is slack for a
+#: sidecar or engine that stalls (a GC pause, a loaded node) once; lower it by the flag.
+MIN_CUTOVER_MARGIN_S: Final = 0.3
 #: The margin is this multiple of the last measured time until every engine was told (its one-way
 #: delivery, :func:`told_seconds`; or its announce round, where the announce was a call of its own).
 CUTOVER_MARGIN_FACTOR: Final = 2.0
