@@ -24,7 +24,7 @@ from drs_engine.backends.base import BinaryExport
 from drs_engine.backends.handoff import ContextSource, raise_for_fetch_status
 from drs_engine.backends.torch.handoff.frame import ARENA_TAKE, HEADER_LEN, MAX_HEADER_BYTES, KvHeader
 from drs_engine.backends.torch.ipc import ipc_export, ipc_import
-from drs_engine.backends.torch.kv.arena import ArenaMaps, RegionCopy, start_copy
+from drs_engine.backends.torch.kv.arena import COPY_EVENT_KEY, ArenaMaps, RegionCopy, start_copy
 from drs_engine.backends.torch.model import DTYPES
 from drs_engine.backends.torch.sampling import Choice
 from drs_engine.backends.torch.worker import GpuWorker
@@ -120,8 +120,11 @@ async def fetch_context(
     params = {"transport": transport.value}
     if arena is not None and maps is not None and producer_device is not None:
         pending = await worker.run(start_copy, maps, arena, producer_device, device, dtype, _copy_stream(device))
-        # taken while the copy runs: the prefill engine frees the region once the copy's event completes
-        params = {"transport": ARENA_TAKE, KV_COPY_EVENT_PARAM: pending.event_handle}
+        params = {"transport": ARENA_TAKE}
+        if arena.get(COPY_EVENT_KEY):  # taken while the copy runs: the region is freed once its event completes
+            params[KV_COPY_EVENT_PARAM] = pending.event_handle
+        else:  # an older prefill engine frees the region at the take: copy first
+            await worker.run(pending.ended.synchronize)
         phases["arena_copy_enqueued"] = time.perf_counter()
     try:
         async with client.stream("GET", endpoint + kv_export_path(ctx_request_id), params=params) as response:

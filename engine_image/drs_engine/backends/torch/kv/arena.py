@@ -30,6 +30,8 @@ from drs_engine.errors import KvTransferError
 
 #: Regions start at multiples of this many bytes.
 REGION_ALIGN: Final = 1 << 16
+#: Key of the arena description (``encoded_opaque_state``): the prefill engine takes ``copy_event``.
+COPY_EVENT_KEY: Final = "takes_copy_event"
 #: Arenas of other engines mapped at once by a decode engine (the latest of each producer wins).
 ARENAS_MAPPED: Final = 8
 
@@ -116,6 +118,9 @@ class KvArena:
             "offset": offset,
             "shape": list(shape),
             "dtype": str(dtype).removeprefix("torch."),
+            # this engine frees a region only once the copy named in the take is done: a decode
+            # engine may send the take while its copy runs (one that does not see this waits first)
+            COPY_EVENT_KEY: True,
         }
 
     def release(self) -> bool:
