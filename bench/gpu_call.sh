@@ -27,7 +27,7 @@ while [ $# -gt 0 ]; do
     sweep)  timeout "$limit" python3 bench/gpu_disagg.py --decode-only --rounds 2 >"$OUT/gpu_sweep.json" 2>"$OUT/gpu_sweep.log" ;;
     disagg) timeout "$limit" python3 bench/gpu_disagg.py --no-decode >"$OUT/gpu_disagg.json" 2>"$OUT/gpu_disagg.log" ;;
     tests)  k=(); if [ $# -gt 0 ] && [ "${1:0:1}" != "-" ] && ! [[ $1 =~ ^(decode|sweep|disagg|tests)$ ]]; then k=(-k "$1"); shift; fi
-            timeout "$limit" python3 -m pytest tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -rs -q \
+            timeout "$limit" python3 -m pytest tests/gpu --confcutdir=tests/gpu -p no:cacheprovider -rs -v --durations=10 \
               "${k[@]}" --junitxml="$OUT/gpu-tests.xml" >"$OUT/gpu-tests.log" 2>&1 ;;
   esac
   echo "$part rc=$? in $(( $(date +%s) - start )) s" | tee -a "$OUT/gpu.txt"

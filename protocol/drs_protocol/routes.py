@@ -50,6 +50,11 @@ MODELS: Final = "/v1/models"
 GANG: Final = "/v1/gang"
 #: Engine (sim): a prefill engine hands a context state to a decode engine and forgets it.
 KV_EXPORT: Final = "/v1/disagg/kv/{ctx_request_id}"
+#: Query parameter of :data:`KV_EXPORT` (torch, ``?transport=cuda_ipc_arena``): the CUDA IPC handle
+#: (base64) of an event the decode engine recorded after its copy out of the prefill engine's
+#: handoff arena. The take is then sent while the copy runs, and the prefill engine reuses the
+#: region only once that event has completed.
+KV_COPY_EVENT_PARAM: Final = "copy_event"
 #: Prefill engine: how many leading blocks of a prompt its prefix cache holds
 #: (``drs_protocol.prefix_lookup``; a frontend asks it on a routing miss).
 PREFIX_HELD: Final = "/v1/prefix_cache/held"

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import start_engine
+from drs_protocol.routes import KV_COPY_EVENT_PARAM, kv_export_path
 
 from .conftest import (
     COMPLETIONS,
@@ -271,6 +272,47 @@ def test_the_handoff_arena_hands_out_disjoint_regions_and_merges_freed_ones() ->
     for offset in (0, unit, 4 * unit, 6 * unit):
         arena.free(offset)
     assert arena.regions == 0 and arena.alloc(10 * unit) == 0  # the freed runs merged back into one
+
+
+@pytest.mark.gpu(1)
+def test_a_taken_arena_region_is_reused_only_once_the_copy_out_of_it_is_done() -> None:
+    import torch
+    from drs_engine.backends.torch.kv.arena import REGION_ALIGN, KvArena
+
+    unit = REGION_ALIGN
+    arena = KvArena(torch.device("cuda:0"), 3 * unit)
+    assert [arena.alloc(unit) for _ in range(3)] == [0, unit, 2 * unit]
+    copying = torch.cuda.Stream()
+    with torch.cuda.stream(copying):
+        torch.cuda._sleep(200_000_000)  # a copy out of region 0 still running (~0.1 s of GPU cycles)
+        done = torch.cuda.Event(interprocess=True)
+        done.record(copying)
+    arena.free_after(0, done)
+    arena.free(2 * unit)
+    assert arena.alloc(unit) == 2 * unit and not done.query()  # a free region first, no wait
+    assert arena.alloc(unit) == 0 and done.query()  # region 0 only once its copy has completed
+    arena.free_after(unit, done)
+    arena.free(0)
+    arena.free(2 * unit)
+    assert arena.regions == 1 and arena.release() and arena.regions == 0  # sleep drains it too
+
+
+async def test_a_copy_event_with_a_transport_other_than_the_arena_take_is_refused_by_name() -> None:
+    ids = prompt_ids(40)
+    async with (
+        start_engine(torch_config("prefill"), control_token=CONTROL_TOKEN) as p,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        ctx = await client.post(
+            p.url + COMPLETIONS, json=completion_body(ids, disaggregated_params={"request_type": "context_only"})
+        )
+        assert ctx.status_code == 200, ctx.text
+        ctx_id = ctx.json()["choices"][0]["disaggregated_params"]["ctx_request_id"]
+        url = p.url + kv_export_path(ctx_id)
+        refused = await client.get(url, params={"transport": "http", KV_COPY_EVENT_PARAM: "AAAA"})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == KV_COPY_EVENT_PARAM, refused.text
+        assert (await client.get(url, params={"transport": "http"})).status_code == 200  # still there
 
 
 def test_ignore_eos_bans_nothing_and_eos_is_banned_only_before_min_tokens() -> None:

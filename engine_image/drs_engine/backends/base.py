@@ -193,8 +193,11 @@ class EngineBackend(abc.ABC):
     async def export_context(self, ctx_request_id: int) -> dict[str, Any]:
         """Hand over (and forget) a context state for ``GET /v1/disagg/kv/{ctx_request_id}``."""
 
-    async def export_context_frame(self, ctx_request_id: int, transport: str) -> BinaryExport:
-        """Hand over (and forget) a context's KV as a binary frame over ``transport`` (torch backend)."""
+    async def export_context_frame(
+        self, ctx_request_id: int, transport: str, *, copy_event: str | None = None
+    ) -> BinaryExport:
+        """Hand over (and forget) a context's KV as a binary frame over ``transport`` (torch backend);
+        ``copy_event``: :data:`drs_protocol.routes.KV_COPY_EVENT_PARAM`."""
         raise NotSupportedError(f"the {self.name} backend hands contexts over as JSON (GET without ?transport=)")
 
     def prefix_held(self, prompt_ids: Sequence[int]) -> PrefixHeld:

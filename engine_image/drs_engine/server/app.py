@@ -41,7 +41,7 @@ from drs_protocol.lifecycle import DRAINING_ERROR_TYPE, WEIGHTS_PENDING_ERROR_TY
 from drs_protocol.model_list import model_list
 from drs_protocol.token_source import GENERATIONS_HEADER, TokenSource, format_generations
 from drs_protocol.weights_state import DesiredWeights
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -114,11 +114,15 @@ def _add_serving_routes(app: FastAPI, state: EngineState) -> None:
     async def completions(request: Request) -> Response:
         return await serving.serve(state, request, chat=False)
 
-    async def kv_export(ctx_request_id: int, transport: str | None = None) -> Response:
+    async def kv_export(
+        ctx_request_id: int,
+        transport: str | None = None,
+        copy_event: str | None = Query(None, alias=routes.KV_COPY_EVENT_PARAM),
+    ) -> Response:
         try:
             backend = state.require_backend()
             if transport is not None:
-                frame = await backend.export_context_frame(ctx_request_id, transport)
+                frame = await backend.export_context_frame(ctx_request_id, transport, copy_event=copy_event)
             else:
                 body = await backend.export_context(ctx_request_id)
         except EngineError as exc:

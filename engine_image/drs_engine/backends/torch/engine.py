@@ -270,8 +270,10 @@ class TorchBackend(EngineBackend):
             param="transport",
         )
 
-    async def export_context_frame(self, ctx_request_id: int, transport: str) -> BinaryExport:
-        return await self._handoff.export(ctx_request_id, transport)
+    async def export_context_frame(
+        self, ctx_request_id: int, transport: str, *, copy_event: str | None = None
+    ) -> BinaryExport:
+        return await self._handoff.export(ctx_request_id, transport, copy_event=copy_event)
 
     # ---- control: weights (swapped by the weights manager; the prefix cache goes with them) ----
 

@@ -75,6 +75,21 @@ def ipc_import(fields: dict[str, Any], dtype: Any, local_device: int) -> Any:
         raise KvTransferError(f"cannot map the prefill engine's KV by CUDA IPC: {exc}") from exc
 
 
+def event_handle(event: Any) -> str:
+    """A recorded interprocess CUDA event's IPC handle, base64 (URL-safe: it travels in a query)."""
+    return base64.urlsafe_b64encode(event.ipc_handle()).decode("ascii")
+
+
+def open_event(handle: str, device: Any) -> Any:
+    """The event :func:`event_handle` named, opened in this process (on the same host)."""
+    import torch
+
+    try:
+        return torch.cuda.Event.from_ipc_handle(device, base64.urlsafe_b64decode(handle))
+    except (ValueError, TypeError, RuntimeError) as exc:
+        raise KvTransferError(f"cannot open the decode engine's copy event by CUDA IPC: {exc}") from exc
+
+
 def _b64(value: bytes | None) -> str | None:
     return None if value is None else base64.b64encode(value).decode("ascii")
 

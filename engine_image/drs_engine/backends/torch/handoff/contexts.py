@@ -13,6 +13,7 @@ by CUDA IPC of its own tensor; across hosts, bytes over HTTP (:mod:`.transfer`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from collections.abc import Mapping
@@ -23,6 +24,7 @@ import httpx
 import torch
 from drs_protocol.engine_config import TorchSpec
 from drs_protocol.enums import KvTransport
+from drs_protocol.routes import KV_COPY_EVENT_PARAM
 from drs_protocol.token_source import TokenSource
 
 from drs_engine.backends.base import BinaryExport, ContextHandoff, LegRequest
@@ -157,21 +159,31 @@ class TorchHandoff:
         )
         return left_context(leg, first, opaque=opaque, endpoint=self.endpoint)
 
-    async def export(self, ctx_request_id: int, transport: str) -> BinaryExport:
-        """Hand over (and forget) a context's KV as a binary frame over ``transport``."""
+    async def export(self, ctx_request_id: int, transport: str, *, copy_event: str | None = None) -> BinaryExport:
+        """Hand over (and forget) a context's KV as a binary frame over ``transport``; ``copy_event``
+        (:data:`~drs_protocol.routes.KV_COPY_EVENT_PARAM`, with :data:`~.frame.ARENA_TAKE` only): the
+        decode engine's copy out of the arena may still run, and the region is freed once it is done."""
         if transport not in FETCH_TRANSPORTS:
             raise BadRequestError(
                 f"transport: must be one of {', '.join(FETCH_TRANSPORTS)}, not {transport!r}", param="transport"
             )
         if transport != KvTransport.HTTP and self._device.type != "cuda":
             raise BadRequestError(f"transport {transport}: this engine runs on the CPU", param="transport")
+        if copy_event is not None and transport != ARENA_TAKE:
+            raise BadRequestError(
+                f"{KV_COPY_EVENT_PARAM}: only with transport={ARENA_TAKE}, not {transport}", param=KV_COPY_EVENT_PARAM
+            )
+        event = None if copy_event is None else self._open_copy_event(copy_event)
         ctx = self._contexts.take(ctx_request_id)
         if ctx is None:
             raise missing_here(ctx_request_id)
         try:
-            if transport == ARENA_TAKE:  # the decode engine has copied it already
+            if transport == ARENA_TAKE:  # the decode engine has copied it, or enqueued the copy
                 if ctx.arena_offset is None:
                     raise BadRequestError(f"transport {ARENA_TAKE}: this context is not in the arena")
+                if event is not None and self.arena is not None:
+                    self.arena.free_after(ctx.arena_offset, event)  # not before the copy is done
+                    ctx = dataclasses.replace(ctx, arena_offset=None)
                 return header_frame(ctx)
             if transport == KvTransport.CUDA_IPC:
                 if ctx.arena_offset is not None:  # its own tensor, so the region can go now
@@ -182,6 +194,12 @@ class TorchHandoff:
             return await export_frame(self._worker, ctx, KvTransport(transport), HTTP_CHUNK_BYTES)
         finally:
             self._drop(ctx)  # HTTP: the bytes are in host memory by now
+
+    def _open_copy_event(self, handle: str) -> Any:
+        try:
+            return ipc.open_event(handle, self._device)
+        except EngineError as exc:
+            raise BadRequestError(f"{KV_COPY_EVENT_PARAM}: {exc}", param=KV_COPY_EVENT_PARAM) from exc
 
     # ---- the decode engine's side ----------------------------------------------------------
 

@@ -17,14 +17,14 @@ from typing import Any
 import httpx
 import torch
 from drs_protocol.enums import KvTransport
-from drs_protocol.routes import kv_export_path
+from drs_protocol.routes import KV_COPY_EVENT_PARAM, kv_export_path
 from drs_protocol.token_ids import encode_token_ids_b64
 
 from drs_engine.backends.base import BinaryExport
 from drs_engine.backends.handoff import ContextSource, raise_for_fetch_status
 from drs_engine.backends.torch.handoff.frame import ARENA_TAKE, HEADER_LEN, MAX_HEADER_BYTES, KvHeader
 from drs_engine.backends.torch.ipc import ipc_export, ipc_import
-from drs_engine.backends.torch.kv.arena import ArenaMaps, copy_region
+from drs_engine.backends.torch.kv.arena import COPY_EVENT_KEY, ArenaMaps, RegionCopy, start_copy
 from drs_engine.backends.torch.model import DTYPES
 from drs_engine.backends.torch.sampling import Choice
 from drs_engine.backends.torch.worker import GpuWorker
@@ -115,16 +115,19 @@ async def fetch_context(
     the GPU copy itself (the rest of the fetch is the request and mapping the handle). ``phases``,
     when given, gets the clock (``time.perf_counter``) at each step, for ``/server_info``."""
     phases = {} if phases is None else phases
-    copied: tuple[Any, float] | None = None
-    wire: str = transport.value
+    pending: RegionCopy | None = None
     phases["start"] = time.perf_counter()
+    params = {"transport": transport.value}
     if arena is not None and maps is not None and producer_device is not None:
-        copied = await worker.run(copy_region, maps, arena, producer_device, device, dtype, _copy_stream(device))
-        wire = ARENA_TAKE  # copied: now take it (which frees the region)
-        phases["arena_copy"] = time.perf_counter()
-    url = f"{endpoint}{kv_export_path(ctx_request_id)}?transport={wire}"
+        pending = await worker.run(start_copy, maps, arena, producer_device, device, dtype, _copy_stream(device))
+        params = {"transport": ARENA_TAKE}
+        if arena.get(COPY_EVENT_KEY):  # taken while the copy runs: the region is freed once its event completes
+            params[KV_COPY_EVENT_PARAM] = pending.event_handle
+        else:  # an older prefill engine frees the region at the take: copy first
+            await worker.run(pending.ended.synchronize)
+        phases["arena_copy_enqueued"] = time.perf_counter()
     try:
-        async with client.stream("GET", url) as response:
+        async with client.stream("GET", endpoint + kv_export_path(ctx_request_id), params=params) as response:
             if response.status_code != 200:
                 body = (await response.aread())[:300].decode(errors="replace")
                 raise_for_fetch_status(ContextSource(ctx_request_id, endpoint), response.status_code, body)
@@ -137,7 +140,9 @@ async def fetch_context(
         ) from exc
     if header.kv_dtype not in DTYPES or DTYPES[header.kv_dtype] != dtype:
         raise KvTransferError(f"context KV dtype {header.kv_dtype} differs from this engine's {dtype}")
-    if copied is not None:
+    if pending is not None:
+        copied = await worker.run(pending.finish)
+        phases["arena_copy"] = time.perf_counter()
         if list(copied[0].shape) != header.kv_shape:
             raise KvTransferError(f"arena KV has shape {list(copied[0].shape)}, the header says {header.kv_shape}")
         return header, copied[0], copied[1]
