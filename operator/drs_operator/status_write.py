@@ -18,12 +18,24 @@ def status_dict(status: DisaggReplicaSetStatus) -> dict[str, Any]:
 
 
 def status_patch(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any] | None:
-    """The JSON merge patch from the stored status ``old`` to ``new`` (both :func:`status_dict`;
-    None when equal): ``new`` whole, and null for each top-level field ``new`` no longer has (a
-    merge patch that leaves a field out keeps it, e.g. a finished ``tokenRotations``)."""
+    """The JSON merge patch (RFC 7386) from the stored status ``old`` to ``new`` (both
+    :func:`status_dict`, which leaves no null in ``new``; None when equal): ``new`` whole, and null
+    for each field ``new`` no longer has, at every depth of objects (a merge patch that leaves a
+    field out keeps it: a finished ``tokenRotations``, or ``weights.desired.path`` after a refit
+    from a peer). Lists are replaced whole, as merge patches do."""
     if json.dumps(new, sort_keys=True) == json.dumps(old, sort_keys=True):
         return None
-    return {**new, **{key: None for key in old if key not in new}}
+    return _with_nulls(new, old)
+
+
+def _with_nulls(new: dict[str, Any], old: dict[str, Any]) -> dict[str, Any]:
+    patch = dict(new)
+    for key, was in old.items():
+        if key not in new:
+            patch[key] = None
+        elif isinstance(was, dict) and isinstance(new[key], dict):
+            patch[key] = _with_nulls(new[key], was)
+    return patch
 
 
 def _rfc3339(value: str) -> str:
