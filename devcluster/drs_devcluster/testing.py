@@ -125,8 +125,10 @@ REAL_PORT_BASE = TEST_PORT_BASE + 40
 #: ``bench/chaos_realnodes.py``'s cluster, and the second cluster of ``tests/realnodes/test_two_nodes.py``.
 BENCH_REAL_PORT_BASE = TEST_PORT_BASE + 60
 SECOND_REAL_PORT_BASE = TEST_PORT_BASE + 80
+#: ``tests/cluster/test_dev_cli.py``'s cluster (``drs dev up --port-base``), after the second real one.
+CLI_PORT_BASE = SECOND_REAL_PORT_BASE + nodeconfig.CLUSTER_PORT_SPAN
 #: The session's ports: ``DRS_TEST_PORT_BASE`` to the end of the last cluster above.
-TEST_PORT_SPAN = SECOND_REAL_PORT_BASE - TEST_PORT_BASE + nodeconfig.CLUSTER_PORT_SPAN
+TEST_PORT_SPAN = CLI_PORT_BASE - TEST_PORT_BASE + nodeconfig.CLUSTER_PORT_SPAN
 REAL_STATE_DIR = TEST_STATE_DIR.with_name(TEST_STATE_DIR.name + "-real")
 REAL_NODES = 2
 

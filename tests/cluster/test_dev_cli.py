@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 from drs_devcluster import build, processes
 from drs_devcluster.layout import PORT_OFFSETS
+from drs_devcluster.testing import CLI_PORT_BASE
 
 pytestmark = pytest.mark.cluster
 
 DRS = str(Path(sys.executable).parent / "drs")
-PORT_BASE = int(os.environ.get("DRS_TEST_CLI_PORT_BASE", "28300"))
+PORT_BASE = CLI_PORT_BASE  # in the session's range: parallel sessions keep apart by DRS_TEST_PORT_BASE
 CLI_TIMEOUT_S = 300.0
 
 

@@ -49,7 +49,8 @@ def test_parsers_read_the_sysctl_formats() -> None:
 def test_the_default_bases_and_the_test_session_fit_this_machine() -> None:
     portrange.check_here("DRS_DEV_PORT_BASE", DEFAULT_PORT_BASE, nodeconfig.CLUSTER_PORT_SPAN)
     testing.check_test_ports(27300)
-    assert testing.TEST_PORT_SPAN == 80 + nodeconfig.CLUSTER_PORT_SPAN == 108
+    assert testing.TEST_PORT_SPAN == 80 + 2 * nodeconfig.CLUSTER_PORT_SPAN == 136
+    assert testing.CLI_PORT_BASE + nodeconfig.CLUSTER_PORT_SPAN == testing.TEST_PORT_BASE + testing.TEST_PORT_SPAN
 
 
 def test_the_harness_refuses_a_test_base_in_the_ephemeral_range() -> None:
