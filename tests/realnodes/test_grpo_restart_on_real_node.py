@@ -38,6 +38,7 @@ LOOKUP_ENGINES = 4
 GROUPS = 8
 SIBLINGS = 3
 BLOCK = 32  # the sim engine's tokens per prefix-cache block
+FRONTEND_PODS = 2  # one URL, served by its frontend and its standby (pod networking)
 CLIENT_S = 240.0
 READY_S = 300.0
 MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
@@ -68,7 +69,8 @@ async def one(http, url, group, sibling, turn, history):
     name = f"g{group}-s{sibling}"
     body = {"model": "sim-qwen3", "messages": messages(group, sibling, turn, history.get(name, [])),
             "max_tokens": 8, "conversation_params": {"conversation_id": name}}
-    for attempt in range(3):
+    resp = None
+    for attempt in range(3):  # as NeMo-Gym: a broken connection or a 5xx is retried
         try:
             resp = await http.post(url + "/v1/chat/completions", json=body)
         except httpx.TransportError:
@@ -76,6 +78,8 @@ async def one(http, url, group, sibling, turn, history):
             continue
         if resp.status_code == 200:
             break
+    if resp is None:
+        raise SystemExit(f"{name} turn {turn}: no answer from {url}")
     resp.raise_for_status()
     data = resp.json()
     return name, {"engine": resp.headers["x-drs-prefill"], "prompt": data["usage"]["prompt_tokens"],
@@ -138,7 +142,7 @@ def restart_frontends(cluster: RunningCluster, ns: str) -> None:
             any(c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
             for p in pods
         )
-        if pods and not names & old and len(pods) == len(old) and ready:
+        if len(pods) == FRONTEND_PODS and not names & old and ready:
             break
         assert time.monotonic() < deadline, f"frontend pods not replaced and Ready: {sorted(names)} (old {old})"
         time.sleep(1.0)
@@ -175,7 +179,7 @@ def test_grpo_later_turns_reach_their_engine_after_the_frontend_pods_restart(
     realcluster.kubectl("apply", "-n", realns, "-f", "-", input=yaml.safe_dump(grpo_fleet()))
     body = wait_drs(realcluster, realns, fronts_ready, "pod-sim Ready, 4 prefill engines")
     urls = body["status"]["urls"]
-    assert len(urls) == 1, urls
+    assert len(urls) == 1 and len(frontend_pods(realcluster, realns)) == FRONTEND_PODS, urls
 
     turn0 = take_turn(realcluster, realns, urls[0], 0, {})
     moved = sum(metric(realcluster, realns, p, MOVED) for p in frontend_pods(realcluster, realns))
