@@ -42,6 +42,7 @@ FRONTEND_PODS = 2  # one URL, served by its frontend and its standby (pod networ
 CLIENT_S = 240.0
 READY_S = 300.0
 MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
+LOOKUPS = "drs_frontend_group_lookups_total"
 #: Read from inside a frontend pod: one sample of its /metrics (0 where it has none).
 METRIC = (
     "import sys, urllib.request; "
@@ -192,12 +193,19 @@ def test_grpo_later_turns_reach_their_engine_after_the_frontend_pods_restart(
     restart_frontends(realcluster, realns)
     turn1 = take_turn(realcluster, realns, urls[0], 1, history)
     share, missed = affinity(turn0, turn1)
+    lookups = {
+        outcome: sum(
+            metric(realcluster, realns, p, f'{LOOKUPS}{{outcome="{outcome}"}}')
+            for p in frontend_pods(realcluster, realns)
+        )
+        for outcome in ("found", "none", "unanswered")
+    }
     print(
         f"grpo restart: {GROUPS} prompts x {SIBLINGS} siblings over {PREFILL_ENGINES} prefill engines, "
         f"groups moved by the bound {moved:g}, engines per group at turn 0 {sorted(len(e) for e in by_group.values())}; "
-        f"turn 1 after every frontend pod restarted: affinity {share:.3f}, missed {missed}"
+        f"turn 1 after every frontend pod restarted: affinity {share:.3f}, missed {missed}, lookups {lookups}"
     )
-    assert share == 1.0, missed
+    assert share == 1.0, (missed, lookups)
 
     # The way it fails: no lookup after a restart (the load-free rule), the moved groups miss.
     patch = {"spec": {"frontend": {"groupLookupEngines": 0}}}
