@@ -34,7 +34,7 @@ rendezvous engine whatever the load, no lookup) and ``today``
 * ``claims_*``: the frontends' claims during turn 0 (claimed, refused, unanswered);
 * ``turn0_*_s_mean``: where turn 0 waits, from the frontends' histograms (means over every frontend):
   the lookup and claims of a routing miss (``placement``) and each of its round trips (``lookup``,
-  ``claim``: with the other engines' live work asked alongside), a held sibling's hold, the
+  ``claim``, ``reask``: every engine asked again after a refusal), a held sibling's hold, the
   context leg and the generation leg;
 * ``turn0_loop_lag_s_*``: how late the frontends' event loop (one process with this client) wakes a
   10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs.
@@ -269,6 +269,7 @@ async def turn0_figures(client: httpx.AsyncClient, urls: list[str]) -> dict[str,
         ("placement", "drs_frontend_group_placement_seconds"),
         ("lookup", 'drs_frontend_group_round_trip_seconds{phase="lookup"}'),
         ("claim", 'drs_frontend_group_round_trip_seconds{phase="claim"}'),
+        ("reask", 'drs_frontend_group_round_trip_seconds{phase="reask"}'),
         ("hold", "drs_frontend_group_hold_seconds"),
         ("context_leg", 'drs_frontend_leg_seconds{leg="context"}'),
         ("generation_leg", 'drs_frontend_leg_seconds{leg="generation"}'),

@@ -72,8 +72,7 @@ class PrefixLookup:
         """The turn with the answers of ``asked`` (:meth:`ask`), and a new group's placement
         claimed on the engine the router's walk chose (:meth:`claim`: counted there if its work
         stays within the claim's limit). A refusal brings that engine's live work and the walk goes
-        on with every engine's live work (the others asked ``live`` alongside the claim, so a
-        refusal costs one round trip), once per engine asked, and then
+        on with every engine's live work (asked again, ``live``), once per engine asked, and then
         claims where it ends whatever the limit; the router's
         ``pick`` then reads the same figures, so it places the group where the claim counted it.
         ``drs_frontend_group_placement_seconds`` observes the whole. The engines are asked
@@ -88,17 +87,12 @@ class PrefixLookup:
                 break
             if attempt == len(asked):  # refused by every engine once: counted where the walk ends now
                 claim = dataclasses.replace(claim, limit=None)
-            # The other engines' live work is asked alongside the claim, not after its refusal: a
-            # refused claim walks on at once (one round trip per refusal, not two); a claim that
-            # stands leaves those answers unread. Never after the last claim, which is not refused.
-            others = [url for url in asked if url != claim.url] if claim.limit is not None else []
             with self._phase("claim"):
-                answer, live = await asyncio.gather(
-                    self.claim(claim.url, route, claim),
-                    self._ask_all(others, self._body(route, route.messages or [], live=True), count=False),
-                )
+                answer = await self.claim(claim.url, route, claim)
             if answer is None or answer.claimed:
                 break
+            with self._phase("reask"):
+                live = await self._ask_all(asked, self._body(route, route.messages or [], live=True), count=False)
             route = dataclasses.replace(route, held={**(route.held or {}), **live, claim.url: answer})
         self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
         return route
