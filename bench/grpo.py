@@ -33,8 +33,11 @@ rendezvous engine whatever the load, no lookup) and ``today``
   engine's computed tokens and decode engine's turns over their mean (worst replica);
 * ``claims_*``: the frontends' claims during turn 0 (claimed, refused, unanswered);
 * ``turn0_*_s_mean``: where turn 0 waits, from the frontends' histograms (means over every frontend):
-  the lookup and claims of a routing miss (``placement``), a held sibling's hold, the context leg
-  and the generation leg.
+  the lookup and claims of a routing miss (``placement``) and each of its round trips (``lookup``,
+  ``claim``, ``reask``: every engine asked again after a refusal), a held sibling's hold, the
+  context leg and the generation leg;
+* ``turn0_loop_lag_s_*``: how late the frontends' event loop (one process with this client) wakes a
+  10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs.
 
 The last line is one JSON object with every figure and the ratios bounded / groups and groups / today.
 
@@ -71,6 +74,7 @@ BLOCK = 32  # the sim engine's tokens per block
 MODES = ("bounded", "groups", "today")
 SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
 CLAIMS = "drs_frontend_group_claims_total"
+LAG_TICK_S = 0.01  # the event loop's lag is sampled this often during turn 0
 SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
 
 
@@ -263,12 +267,24 @@ async def turn0_figures(client: httpx.AsyncClient, urls: list[str]) -> dict[str,
         out[f"claims_{outcome}"] = await frontend_sum(client, urls, f'{CLAIMS}{{outcome="{outcome}"}}')
     for name, series in (
         ("placement", "drs_frontend_group_placement_seconds"),
+        ("lookup", 'drs_frontend_group_round_trip_seconds{phase="lookup"}'),
+        ("claim", 'drs_frontend_group_round_trip_seconds{phase="claim"}'),
+        ("reask", 'drs_frontend_group_round_trip_seconds{phase="reask"}'),
         ("hold", "drs_frontend_group_hold_seconds"),
         ("context_leg", 'drs_frontend_leg_seconds{leg="context"}'),
         ("generation_leg", 'drs_frontend_leg_seconds{leg="generation"}'),
     ):
         out[f"turn0_{name}_s_mean"] = await mean_of(client, urls, series)
     return out
+
+
+async def loop_lag(out: list[float]) -> None:
+    """How late the frontends' event loop (shared with this client) wakes a task asked to sleep
+    ``LAG_TICK_S``, every tick: what any round trip of theirs waits on top of the network."""
+    while True:
+        started = time.perf_counter()
+        await asyncio.sleep(LAG_TICK_S)
+        out.append(time.perf_counter() - started - LAG_TICK_S)
 
 
 async def take_turn(client: httpx.AsyncClient, fleet_: Fleet, s: Session, turn: int, args: argparse.Namespace) -> None:
@@ -341,9 +357,14 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
             await asyncio.sleep(s.group * args.gap_ms / 1000 + rng.uniform(0, args.spread_ms / 1000))
             await take_turn(client, fl, s, 0, args)
 
+        lags: list[float] = []
+        lag_task = asyncio.create_task(loop_lag(lags))
         await asyncio.gather(*(first(s) for s in sessions))
+        lag_task.cancel()
         after = await engine_counters(client, all_prefill)
         frontend_figures = await turn0_figures(client, fl.urls)
+        frontend_figures["turn0_loop_lag_s_mean"] = statistics.mean(lags) if lags else 0.0
+        frontend_figures["turn0_loop_lag_s_max"] = max(lags, default=0.0)
         if args.restart:
             await restart_all(fl, outer)
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as later:  # fresh connections

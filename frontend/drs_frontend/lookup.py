@@ -21,10 +21,11 @@ the turn by the load-free rule. ``drs_frontend_group_lookups_total{outcome}`` co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from drs_protocol import routes
@@ -78,20 +79,32 @@ class PrefixLookup:
         ``live`` (their work now, not the quote: the replica's other frontend agrees through the
         claim, which its own lookup sees as pending, or which counts its sibling's claim once)."""
         started = time.perf_counter()
-        route = dataclasses.replace(route, held=await self.ask(asked, route, live=True))
+        with self._phase("lookup"):
+            route = dataclasses.replace(route, held=await self.ask(asked, route, live=True))
         for attempt in range(len(asked) + 1):
             claim = router.claim_target(route, asked)
             if claim is None:
                 break
             if attempt == len(asked):  # refused by every engine once: counted where the walk ends now
                 claim = dataclasses.replace(claim, limit=None)
-            answer = await self.claim(claim.url, route, claim)
+            with self._phase("claim"):
+                answer = await self.claim(claim.url, route, claim)
             if answer is None or answer.claimed:
                 break
-            live = await self._ask_all(asked, self._body(route, route.messages or [], live=True), count=False)
+            with self._phase("reask"):
+                live = await self._ask_all(asked, self._body(route, route.messages or [], live=True), count=False)
             route = dataclasses.replace(route, held={**(route.held or {}), **live, claim.url: answer})
         self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
         return route
+
+    @contextlib.contextmanager
+    def _phase(self, phase: str) -> Iterator[None]:
+        """``drs_frontend_group_round_trip_seconds{phase}``: one round trip of a placement."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.metrics.group_round_trip_seconds.labels(phase=phase).observe(time.perf_counter() - started)
 
     async def claim(self, url: str, route: RouteRequest, claim: Claim) -> PrefixHeld | None:
         """Count a new group's placement on ``url`` now (``drs_protocol.prefix_lookup.PrefixClaim``):

@@ -36,6 +36,8 @@ drs_frontend_group_claims_total{outcome}        counter    new groups' placement
                                                            claimed, refused (over the bound there by now: the walk
                                                            goes on), unanswered (the placement stands unclaimed)
 drs_frontend_group_placement_seconds            histogram  a routing miss's lookup and claims before its context leg
+drs_frontend_group_round_trip_seconds{phase}    histogram  one round trip of it: lookup (the engines asked at once),
+                                                           claim, reask (every engine's live work after a refusal)
 drs_frontend_group_holds_total{outcome}         counter    first turns held for their group's first context leg:
                                                            released (it ended), timed_out (groupHoldSeconds)
 drs_frontend_group_hold_seconds                 histogram  how long one such first turn was held
@@ -133,6 +135,13 @@ class FrontendMetrics:
         )
         self.group_placement_seconds = Histogram(
             "drs_frontend_group_placement_seconds", "Lookup and claims.", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.group_round_trip_seconds = Histogram(
+            "drs_frontend_group_round_trip_seconds",
+            "One round trip of a placement.",
+            ["phase"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
         )
         self.group_holds = Counter("drs_frontend_group_holds", "First turns held.", ["outcome"], registry=r)
         self.group_hold_seconds = Histogram(

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from drs_protocol.config import CamelModel
 from drs_protocol.engine_config import SimSpec, TorchSpec
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
+from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES, SUGGESTED_LOOKUP_ENGINES
 from pydantic import ConfigDict, Field, model_validator
 
 from drs_operator.api.constants import (
@@ -217,6 +218,20 @@ class FrontendSpec(SpecModel):
             "on the first prefill engine in rendezvous order of the opening's key, so the siblings of a GRPO "
             "group share one engine and its prompt is prefilled once, and a restarted or other frontend sends "
             "every later turn to that engine (docs/grpo-routing.md). Off: by rendezvous over the conversation id."
+        ),
+    )
+    group_lookup_engines: int = Field(
+        DEFAULT_LOOKUP_ENGINES,
+        ge=0,
+        le=64,
+        description=(
+            "With groupRouting: a new group's first turn goes to the first of this many prefill engines in "
+            "rendezvous order of its opening whose recent prefill work (as the engines report it, the placement "
+            "claimed there) stays within affinityLoadFactor times the mean, and a turn whose conversation this "
+            "frontend does not know (after a restart, or sent by the replica's other frontend) asks the same "
+            "engines what their prefix caches hold of it and follows the longest (docs/grpo-routing.md). "
+            f"{DEFAULT_LOOKUP_ENGINES}: the opening's first engine whatever the load, no lookup "
+            f"({SUGGESTED_LOOKUP_ENGINES} covers every engine of a replica of up to {SUGGESTED_LOOKUP_ENGINES})."
         ),
     )
     group_hold_seconds: float | None = Field(

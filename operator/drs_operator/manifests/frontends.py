@@ -118,6 +118,7 @@ def build_frontend_config(
         "token_continuity": spec.frontend.token_continuity,
         "group_routing": spec.frontend.group_routing,
         "group_hold_seconds": spec.frontend.group_hold(),
+        "group_lookup_engines": spec.frontend.group_lookup_engines,
         # prefix routing hashes blocks as the prefill engines cache them (one source: their config)
         "prefix_block_tokens": build_engine_config(spec, plan, Role.PREFILL).tokens_per_block(),
         "limits": {
