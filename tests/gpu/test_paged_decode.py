@@ -1,0 +1,145 @@
+"""The paged decode step (:mod:`drs_engine.backends.torch.paged`) on the CPU.
+
+Both attentions (FlexAttention with a paged block mask, and the gather fallback) are compared with
+the eager per-sequence step (:func:`~drs_engine.backends.torch.model.decode_step`, which the slot
+pool's step is compared with too) in float32 on a tiny model, across joins, leaves, sequences
+growing past a block, and two sequences sharing a cached prefix's blocks in place (no KV copied:
+the hit's blocks are the very blocks of the store the first sequence wrote). The paged block mask
+is checked against FlexAttention's own ``create_block_mask`` of the same ``mask_mod``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .conftest import prompt_ids
+
+TPB = 8
+
+
+def _keys(ids: list[int], tokens: int) -> list[tuple[int, ...]]:
+    return [tuple(ids[: (i + 1) * TPB]) for i in range(tokens // TPB)]
+
+
+class Run:
+    """A paged store and, beside it, each sequence's own KV stepped by the eager decode step."""
+
+    def __init__(self, attention: str) -> None:
+        import torch
+        from drs_engine.backends.torch.kv.paged import PagedKv
+        from drs_engine.backends.torch.model import SIZES, random_state_dict
+
+        self.shape = SIZES["tiny"]
+        self.params = random_state_dict(self.shape, seed=5, device="cpu", dtype=torch.float32)
+        self.store = PagedKv(
+            self.shape, blocks=24, tokens_per_block=TPB, device=torch.device("cpu"), dtype=torch.float32
+        )
+        self.attention = attention
+        self.ids: dict[str, list[int]] = {}
+        self.eager: dict[str, Any] = {}  # name -> its own KV (eager mirror)
+        self.next: dict[str, int] = {}
+
+    def join(self, name: str, prompt: list[int]) -> int:
+        """Prefill ``prompt`` into the store after its cached prefix (returned: the hit's tokens)."""
+        import torch
+        from drs_engine.backends.torch.model import new_kv, prefill
+
+        store, n = self.store, len(prompt)
+        hit = store.pool.open(name, _keys(prompt, n), limit=n - 1)
+        store.grow(name, n)
+        own = store.gather(name, hit, n + 64) if hit else new_kv(self.shape, n + 64, device="cpu", dtype=torch.float32)
+        logits = prefill(self.params, self.shape, prompt[hit:], own, hit)
+        store.write(name, own, hit, n)
+        store.pool.publish(name, _keys(prompt, n))
+        mirror = new_kv(self.shape, n + 64, device="cpu", dtype=torch.float32)
+        assert torch.allclose(prefill(self.params, self.shape, prompt, mirror, 0), logits, atol=1e-5)
+        self.ids[name], self.eager[name], self.next[name] = list(prompt), mirror, int(logits.argmax())
+        return hit
+
+    def step(self, names: list[str]) -> None:
+        import torch
+        from drs_engine.backends.torch.model import decode_step
+        from drs_engine.backends.torch.paged import paged_logits
+
+        for name in names:
+            self.store.grow(name, len(self.ids[name]) + 1)
+        tokens = [self.next[n] for n in names]
+        logits = paged_logits(self.params, self.store, names, tokens, self.attention)  # type: ignore[arg-type]
+        lengths = [len(self.ids[n]) for n in names]
+        expected = decode_step(self.params, self.shape, tokens, [self.eager[n] for n in names], lengths)
+        assert torch.allclose(logits, expected, atol=1e-5)
+        assert logits.argmax(-1).tolist() == expected.argmax(-1).tolist()
+        for name, token, row in zip(names, tokens, logits.argmax(-1).tolist(), strict=True):
+            self.ids[name].append(token)
+            self.next[name] = row
+
+
+@pytest.mark.parametrize("attention", ["flex", "gather"])
+def test_the_paged_step_equals_the_eager_step_across_joins_leaves_growth_and_shared_prefix_blocks(
+    attention: str,
+) -> None:
+    run = Run(attention)
+    shared = prompt_ids(19, offset=700)  # two full blocks and three tokens
+    assert run.join("a", shared) == 0
+    assert run.join("b", prompt_ids(5, offset=40)) == 0
+    for _ in range(6):  # a grows past its third block's end (19 + 6 > 24)
+        run.step(["a", "b"])
+    pool = run.store.pool
+    assert len(pool.table("a")) == 4
+    storage = [run.store.block_view(b).data_ptr() for b in pool.table("a")[:2]]
+    assert run.join("c", shared[:16] + prompt_ids(4, offset=900)) == 16  # a's first two blocks, in place
+    assert pool.table("c")[:2] == pool.table("a")[:2] and pool.copies == 0  # nothing copied
+    assert [run.store.block_view(b).data_ptr() for b in pool.table("c")[:2]] == storage
+    assert all(pool.refs(b) == 2 for b in pool.table("a")[:2])
+    for _ in range(3):
+        run.step(["c", "a", "b"])
+    pool.close("b")  # leaves; a new one joins in its place
+    assert run.join("d", prompt_ids(30, offset=1200)) == 0
+    for _ in range(12):
+        run.step(["a", "d", "c"])
+    pool.close("a")
+    assert pool.refs(pool.table("c")[0]) == 1 and pool.is_cached(pool.table("c")[0])  # c keeps them
+    run.step(["c", "d"])
+
+
+@pytest.mark.parametrize("attention", ["flex", "gather"])
+def test_a_fully_cached_prompt_copies_only_its_last_partly_kept_block(attention: str) -> None:
+    run = Run(attention)
+    prompt = prompt_ids(24, offset=77)  # three full blocks, all cached after the first
+    run.join("a", prompt)
+    run.step(["a"])
+    assert run.join("b", prompt) == 23  # its last token recomputed for its logits
+    pool = run.store.pool
+    assert pool.table("b")[:2] == pool.table("a")[:2] and pool.table("b")[2] != pool.table("a")[2]
+    assert pool.copies == 1  # the third block, 7 of 8 tokens kept (copy-on-write)
+    for _ in range(4):
+        run.step(["a", "b"])
+
+
+def test_the_paged_block_mask_lists_each_rows_own_blocks_and_agrees_with_create_block_mask() -> None:
+    import torch
+    from drs_engine.backends.torch.kv.paged import PagedKv
+    from drs_engine.backends.torch.model import SIZES
+    from drs_engine.backends.torch.paged import Q_BLOCK, paged_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    store = PagedKv(SIZES["tiny"], blocks=6, tokens_per_block=TPB, device=torch.device("cpu"), dtype=torch.float32)
+    tables, positions = [[4, 1], [2], [1, 5, 0]], torch.tensor([9, 3, 17])
+    mask = paged_block_mask(store, tables, positions)
+    assert mask.kv_num_blocks.view(-1).tolist() == [2, 1, 3]
+    assert [mask.kv_indices[b, 0, 0, : len(t)].tolist() for b, t in enumerate(tables)] == tables
+    dense = torch.stack(
+        [
+            torch.stack([mask.mask_mod(torch.tensor(b), 0, 0, torch.tensor(kv)) for kv in range(6 * TPB)])
+            for b in range(3)
+        ]
+    )
+    for b, (table, p) in enumerate(zip(tables, positions.tolist(), strict=True)):
+        seen = {table[i // TPB] * TPB + i % TPB for i in range(p + 1)}
+        assert [kv for kv in range(6 * TPB) if dense[b, kv]] == sorted(seen)
+    reference = create_block_mask(mask.mask_mod, 3, 1, 1, 6 * TPB, device="cpu", BLOCK_SIZE=(Q_BLOCK, TPB))
+    for b, table in enumerate(tables):  # the same blocks (in another order): nothing else visited
+        n = int(reference.kv_num_blocks[b, 0, 0])
+        assert sorted(reference.kv_indices[b, 0, 0, :n].tolist()) == sorted(table)
