@@ -5,16 +5,21 @@ the eager per-sequence step (:func:`~drs_engine.backends.torch.model.decode_step
 pool's step is compared with too) in float32 on a tiny model, across joins, leaves, sequences
 growing past a block, and two sequences sharing a cached prefix's blocks in place (no KV copied:
 the hit's blocks are the very blocks of the store the first sequence wrote). The paged block mask
-is checked against FlexAttention's own ``create_block_mask`` of the same ``mask_mod``.
+is checked against FlexAttention's own ``create_block_mask`` of the same ``mask_mod``. An engine
+with ``kvLayout: paged`` gives the greedy tokens of one with the slot pool.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+import httpx
 import pytest
+from drs_engine.server.runner import start_engine
 
-from .conftest import prompt_ids
+from .conftest import CONTROL_TOKEN, prompt_ids, torch_config
+from .test_torch_engine import tokens
 
 TPB = 8
 
@@ -62,11 +67,12 @@ class Run:
         import torch
         from drs_engine.backends.torch.model import decode_step
         from drs_engine.backends.torch.paged import paged_logits
+        from drs_protocol.enums import PagedAttention
 
         for name in names:
             self.store.grow(name, len(self.ids[name]) + 1)
         tokens = [self.next[n] for n in names]
-        logits = paged_logits(self.params, self.store, names, tokens, self.attention)  # type: ignore[arg-type]
+        logits = paged_logits(self.params, self.store, names, tokens, PagedAttention(self.attention))
         lengths = [len(self.ids[n]) for n in names]
         expected = decode_step(self.params, self.shape, tokens, [self.eager[n] for n in names], lengths)
         assert torch.allclose(logits, expected, atol=1e-5)
@@ -143,3 +149,74 @@ def test_the_paged_block_mask_lists_each_rows_own_blocks_and_agrees_with_create_
     for b, table in enumerate(tables):  # the same blocks (in another order): nothing else visited
         n = int(reference.kv_num_blocks[b, 0, 0])
         assert sorted(reference.kv_indices[b, 0, 0, :n].tolist()) == sorted(table)
+
+
+@pytest.mark.parametrize("attention", ["flex", "gather"])
+async def test_an_engine_with_paged_kv_decodes_the_tokens_of_one_with_the_slot_pool(attention: str) -> None:
+    """Blocks of 16 tokens, 10 of them (4 x 40 tokens): sequences cross block boundaries, and four
+    at once outgrow the store, so some step outside it (eagerly); a repeated prompt is a prefix hit."""
+    prompts = [prompt_ids(20 + 13 * i, offset=5000 + i) for i in range(4)]
+    paged = torch_config(
+        kvLayout="paged", pagedAttention=attention, tokensPerBlock=16, decodeSlotTokens=40, maxDecodeBatch=4
+    )
+    async with (
+        start_engine(torch_config(tokensPerBlock=16, maxDecodeBatch=4), control_token=CONTROL_TOKEN) as slots,
+        start_engine(paged, control_token=CONTROL_TOKEN) as p,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        expected = [await tokens(client, slots.url, ids, max_tokens=16) for ids in prompts]
+        assert [await tokens(client, p.url, ids, max_tokens=16) for ids in prompts] == expected
+        together = await asyncio.gather(*(tokens(client, p.url, ids, max_tokens=16) for ids in prompts))
+        assert list(together) == expected
+        info = (await client.get(p.url + "/server_info")).json()["engine"]["decode_batching"]["pool"]
+        assert info["layout"] == "paged" and info["attention"] == attention
+        assert info["paged_steps"] > 0 and info["exhausted"] > 0 and info["eager_rows"] > 0
+        assert info["holders"] == 0 and info["free_blocks"] == info["blocks"] == 10
+
+
+def test_the_paged_decoder_steps_the_stores_sequences_and_the_rest_eagerly_in_the_batchs_order() -> None:
+    """A store of two 8-token blocks: of four sequences two fit, the others step eagerly (one more
+    once it outgrows its block); the logits come back in the batch's order, and a sequence that
+    leaves the store keeps its KV."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
+    from drs_engine.backends.torch.paged_decoder import PagedDecoder
+    from drs_protocol.enums import PagedAttention
+
+    from .test_decode_pool import _seq
+
+    shape = SIZES["tiny"]
+    params = random_state_dict(shape, seed=5, device="cpu", dtype=torch.float32)
+    decoder = PagedDecoder(
+        shape,
+        tokens=16,
+        tokens_per_block=TPB,
+        attention=PagedAttention.FLEX,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+    seqs: list[Any] = []
+    mirrors: list[Any] = []
+    for n in (6, 11, 3, 9):
+        for out in (seqs, mirrors):
+            kv = new_kv(shape, 32, device="cpu", dtype=torch.float32)
+            prefill(params, shape, prompt_ids(n, offset=60 * n), kv, 0)
+            out.append(_seq(kv, n, 20 + n))
+    for _ in range(4):
+        decoder.seat(seqs)
+        for s in seqs:  # outside the store: grown, as the runner does
+            if not s.pooled and s.length >= s.kv.shape[3]:
+                s.kv = torch.cat((s.kv, new_kv(shape, 8, device="cpu", dtype=torch.float32)), dim=3)
+        logits = decoder.step(params, "weights", seqs)
+        expected = decode_step(
+            params, shape, [m.next_token for m in mirrors], [m.kv for m in mirrors], [m.length for m in mirrors]
+        )
+        assert torch.allclose(logits, expected, atol=1e-5)
+        for s, m, row in zip(seqs, mirrors, expected.argmax(-1).tolist(), strict=True):
+            s.length, m.length, s.next_token, m.next_token = s.length + 1, m.length + 1, row, row
+    # 6 and 3 tokens took a block each, 11 and 9 found none; the 6-token one left at its block's end
+    assert [s.pooled for s in seqs] == [False, False, True, False] and decoder.exhausted >= 3
+    assert decoder.paged_steps == 4 and decoder.eager_rows == 2 + 2 + 3 + 3
+    decoder.release(seqs)
+    assert not seqs[2].pooled and torch.allclose(seqs[2].kv[:, :, :, :7], mirrors[2].kv[:, :, :, :7], atol=1e-5)
+    assert decoder.store.pool.free_blocks == 2

@@ -29,17 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import cache
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from drs_protocol.enums import PagedAttention
 
 from drs_engine.backends.torch.fused import EAGER, StepOps
 from drs_engine.backends.torch.kv.paged import PagedKv
 from drs_engine.backends.torch.model import _lm_head, rope_tables
 from drs_engine.backends.torch.pooled import Projections, _project
 
-PagedAttention = Literal["flex", "gather"]
 #: FlexAttention's query block (one decode token per sequence: a block holds it, padded)
 Q_BLOCK = 128
 
@@ -96,7 +96,7 @@ def paged_logits(
     store: PagedKv,
     seqs: Sequence[Any],
     tokens: Sequence[int],
-    attention: PagedAttention = "flex",
+    attention: PagedAttention = PagedAttention.FLEX,
     ops: StepOps = EAGER,
     fused: list[Projections] | None = None,
 ) -> Any:
@@ -110,7 +110,7 @@ def paged_logits(
         where = torch.tensor([t[int(p) // tpb] for t, p in zip(tables, pos, strict=True)]) * tpb + pos % tpb
         pos, where = pos.to(store.device), where.to(store.device)
         ids = torch.tensor(list(tokens), dtype=torch.long, device=store.device)
-        if attention == "flex":
+        if attention is PagedAttention.FLEX:
             flex, mask = _flex(store.device.type == "cuda"), paged_block_mask(store, tables, pos)
 
             def attend(q: Any, keys: Any, values: Any) -> Any:
