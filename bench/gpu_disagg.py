@@ -250,9 +250,8 @@ def ratios(values: dict[str, Any], base: float, keys: tuple[str, ...]) -> dict[s
 
 
 async def main(with_decode: bool = True, layout: str = "slots") -> dict[str, Any]:
-    """Everything; ``with_decode`` False (``--no-decode``): the decode sweep and its anchor left out
-    (``--decode-only`` measures them), the handoff, prefix, refit and TTFT figures alone. The decode
-    sweep's engine serves with ``layout`` (``--kv-layout``, the first one named)."""
+    """Everything (the decode sweep's engine with KV ``layout``); ``with_decode`` False (``--no-decode``):
+    the decode sweep and its anchor left out, the handoff, prefix, refit and TTFT figures alone."""
     from drs_engine.backends.torch.model import SIZES, expected_shapes
 
     copy = {"256MiB": round(baseline_gbps(256 << 20), 1), "1GiB": round(baseline_gbps(1 << 30), 1)}
