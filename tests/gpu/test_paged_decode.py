@@ -149,6 +149,9 @@ def test_the_paged_block_mask_lists_each_rows_own_blocks_and_agrees_with_create_
     for b, table in enumerate(tables):  # the same blocks (in another order): nothing else visited
         n = int(reference.kv_num_blocks[b, 0, 0])
         assert sorted(reference.kv_indices[b, 0, 0, :n].tolist()) == sorted(table)
+    again = paged_block_mask(store, [[3]], torch.tensor([2]))
+    assert again.mask_mod is mask.mask_mod  # one function every step: a compiled kernel is not traced again
+    assert [int(again.mask_mod(torch.tensor(0), 0, 0, torch.tensor(kv))) for kv in range(24, 32)] == [1, 1, 1] + [0] * 5
 
 
 @pytest.mark.parametrize("attention", ["flex", "gather"])
@@ -245,3 +248,35 @@ async def test_paged_kv_on_the_gpu_decodes_the_tokens_of_the_slot_pool(precision
         return
     for got in (alone, together):
         assert sum(g == e for g, e in zip(got, expected, strict=True)) >= 6
+
+
+def test_a_refit_recomputes_a_paged_sequences_kv_into_its_blocks() -> None:
+    """New weights while a sequence decodes in the store: ``rewrite`` puts the KV recomputed under
+    them into its blocks, and its next step equals the eager step over KV computed with them."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
+    from drs_engine.backends.torch.paged_decoder import PagedDecoder
+    from drs_protocol.enums import PagedAttention
+
+    from .test_decode_pool import _seq
+
+    shape = SIZES["tiny"]
+    old, new = (random_state_dict(shape, seed=s, device="cpu", dtype=torch.float32) for s in (5, 6))
+    decoder = PagedDecoder(
+        shape,
+        tokens=64,
+        tokens_per_block=TPB,
+        attention=PagedAttention.GATHER,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+    )
+    ids = prompt_ids(13, offset=300)
+    kv = new_kv(shape, 16, device="cpu", dtype=torch.float32)
+    prefill(old, shape, ids, kv, 0)
+    seq = _seq(kv, 13, 42)
+    decoder.seat([seq])
+    decoder.rewrite(seq, lambda fresh: prefill(new, shape, ids, fresh, 0))
+    logits = decoder.step(new, "new weights", [seq])
+    mirror = new_kv(shape, 16, device="cpu", dtype=torch.float32)
+    prefill(new, shape, ids, mirror, 0)
+    assert torch.allclose(logits, decode_step(new, shape, [42], [mirror], [13]), atol=1e-5)

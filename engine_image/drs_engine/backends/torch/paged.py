@@ -51,30 +51,48 @@ def _flex(compiled: bool) -> Any:
     return torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
 
 
+class MaskBuffers:
+    """The paged block mask's per-step inputs, in device buffers updated in place, and the one
+    ``mask_mod`` that reads them: the same function object every step, so a compiled
+    ``flex_attention`` is not traced again for a new closure each step."""
+
+    def __init__(self, rows: int, store: PagedKv) -> None:
+        tpb = store.tokens_per_block
+        self.rows = rows
+        self.inverse = torch.full((rows, store.blocks), -1, dtype=torch.long, device=store.device)
+        self.positions = torch.zeros(rows, dtype=torch.long, device=store.device)
+        inverse, positions = self.inverse, self.positions
+
+        def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+            logical = inverse[b, kv // tpb]  # the table's index of this physical block, -1: not its own
+            return (logical >= 0) & (logical * tpb + kv % tpb <= positions[b])
+
+        self.mask_mod = mask_mod
+
+
 def paged_block_mask(store: PagedKv, tables: Sequence[Sequence[int]], positions: Any) -> Any:
     """The block mask of one decode step: row ``b`` sees the blocks of ``tables[b]`` up to
-    ``positions[b]`` (inclusive), nothing else of the store."""
+    ``positions[b]`` (inclusive), nothing else of the store. Its buffers are kept on the store
+    (``store.scratch``), made again only for a batch larger than any before."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    tpb, device = store.tokens_per_block, store.device
-    rows = len(tables)
+    tpb, device, rows = store.tokens_per_block, store.device, len(tables)
+    buffers = store.scratch.get("mask")
+    if not isinstance(buffers, MaskBuffers) or buffers.rows < rows:
+        buffers = store.scratch["mask"] = MaskBuffers(max(rows, 2 * buffers.rows if buffers else 8), store)
     indices = torch.zeros((rows, 1, 1, store.blocks), dtype=torch.int32)  # as wide as the store
     inverse = torch.full((rows, store.blocks), -1, dtype=torch.long)
     for b, table in enumerate(tables):
         indices[b, 0, 0, : len(table)] = torch.tensor(table, dtype=torch.int32)
         inverse[b, torch.tensor(table, dtype=torch.long)] = torch.arange(len(table))
     counts = torch.tensor([len(t) for t in tables], dtype=torch.int32).view(rows, 1, 1)
-    inverse = inverse.to(device)
-
-    def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
-        logical = inverse[b, kv // tpb]
-        return (logical >= 0) & (logical * tpb + kv % tpb <= positions[b])
-
+    buffers.inverse[:rows].copy_(inverse)
+    buffers.positions[:rows].copy_(positions)
     return BlockMask.from_kv_blocks(
         counts.to(device),
         indices.to(device),
         BLOCK_SIZE=(Q_BLOCK, tpb),
-        mask_mod=mask_mod,
+        mask_mod=buffers.mask_mod,
         seq_lengths=(1, store.blocks * tpb),
     )
 

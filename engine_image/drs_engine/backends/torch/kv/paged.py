@@ -28,6 +28,8 @@ class PagedKv:
         self.dtype = dtype
         self.pool: BlockPool[Any, Any] = BlockPool(blocks, tokens_per_block)
         self.kv: Any = None
+        #: buffers a step over the store keeps between steps (the paged block mask's), by name
+        self.scratch: dict[str, Any] = {}
 
     @property
     def tokens_per_block(self) -> int:
@@ -53,6 +55,7 @@ class PagedKv:
     def free(self) -> None:
         """Drop the tensor and every table and cached block (sleep)."""
         self.kv = None
+        self.scratch.clear()
         self.pool.reset()
 
     def block_view(self, block: int) -> Any:
