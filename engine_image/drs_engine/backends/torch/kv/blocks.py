@@ -113,8 +113,8 @@ class BlockPool(Generic[S, K]):
     def open(self, seq: S, keys: Sequence[K], *, limit: int) -> int:
         """Start ``seq``'s table with the cached blocks of ``keys`` (its prompt's full-block hashes),
         shared in place, covering at most ``limit`` tokens (the prompt's tokens minus the ones it
-        must compute). Returns the tokens it starts with (a multiple of no particular size: a hit cut
-        by ``limit`` ends inside a block, which :meth:`grow` copies before it is written)."""
+        must compute). Returns the tokens it starts with: whole blocks, unless ``limit`` cuts the hit
+        inside a block (that block is shared too, and :meth:`grow` copies it before it is written)."""
         if seq in self._tables:
             raise ValueError("the sequence already has a block table")
         if limit < 0:
@@ -142,9 +142,9 @@ class BlockPool(Generic[S, K]):
         partial = old % tpb != 0 and length > old and self._shared(table[old // tpb])
         if needed + int(partial) > self.free_blocks:
             raise PoolExhausted(
-                f"paged KV: all {self.blocks} blocks of {tpb} tokens are in use "
-                f"(a sequence needs {needed + int(partial)} more, {self.free_blocks} free); "
-                "raise torch.kvBlocks or lower maxDecodeBatch"
+                f"paged KV: a sequence needs {needed + int(partial)} more blocks of {tpb} tokens, "
+                f"{self.free_blocks} of the store's {self.blocks} are free "
+                "(the store is torch.maxDecodeBatch x torch.decodeSlotTokens tokens)"
             )
         copies = []
         if partial:
