@@ -59,6 +59,7 @@ class BatchDecoder:
 
     def info(self) -> dict[str, Any]:
         return {
+            "layout": "slots",
             "slots": self.pool.slots,
             "slot_tokens": self.pool.slot_tokens,
             "pool_bytes": self.pool.nbytes,
