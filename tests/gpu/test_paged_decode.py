@@ -12,13 +12,14 @@ with ``kvLayout: paged`` gives the greedy tokens of one with the slot pool.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from drs_engine.server.runner import start_engine
 
-from .conftest import CONTROL_TOKEN, prompt_ids, torch_config
+from .conftest import CONTROL_TOKEN, auth, prompt_ids, torch_config
 from .test_torch_engine import tokens
 
 TPB = 8
@@ -280,3 +281,32 @@ def test_a_refit_recomputes_a_paged_sequences_kv_into_its_blocks() -> None:
     mirror = new_kv(shape, 16, device="cpu", dtype=torch.float32)
     prefill(new, shape, ids, mirror, 0)
     assert torch.allclose(logits, decode_step(new, shape, [42], [mirror], [13]), atol=1e-5)
+
+
+async def test_a_paged_engine_serves_loaded_weights_and_sleeps_and_wakes(tmp_path: Path) -> None:
+    """New weights from safetensors, then release and resume (the store dropped and made again):
+    the paged engine decodes what a slot-pool engine started on those weights decodes."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES, random_state_dict
+    from safetensors.torch import save_file
+
+    save_file(
+        random_state_dict(SIZES["tiny"], seed=5, device="cpu", dtype=torch.float32), str(tmp_path / "w.safetensors")
+    )
+    prompts = [prompt_ids(40, offset=70), prompt_ids(23, offset=90)]
+    async with (
+        start_engine(torch_config(kvLayout="paged", tokensPerBlock=16), control_token=CONTROL_TOKEN) as e,
+        start_engine(torch_config(model="random:tiny@5"), control_token=CONTROL_TOKEN) as five,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        expected = [await tokens(client, five.url, ids, max_tokens=20) for ids in prompts]
+        load = await client.post(
+            e.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path), "version": "v5"}
+        )
+        assert load.status_code == 200, load.text
+        assert list(await asyncio.gather(*(tokens(client, e.url, ids, max_tokens=20) for ids in prompts))) == expected
+        assert (await client.post(e.url + "/control/memory/release", headers=auth(), json={})).status_code == 200
+        assert (await client.post(e.url + "/control/memory/resume", headers=auth(), json={})).status_code == 200
+        assert list(await asyncio.gather(*(tokens(client, e.url, ids, max_tokens=20) for ids in prompts))) == expected
+        info = (await client.get(e.url + "/server_info")).json()["engine"]["decode_batching"]["pool"]
+        assert info["layout"] == "paged" and info["paged_steps"] > 0 and info["eager_rows"] == 0
