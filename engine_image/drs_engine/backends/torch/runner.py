@@ -4,7 +4,8 @@
 sequence's KV; into a handoff-arena region when the context is to be handed over; cold prompts
 that arrive together in one batched pass, :class:`~drs_engine.backends.torch.batching.PrefillQueue`), and the
 batched decode steps of :class:`~drs_engine.backends.torch.batching.DecodeBatcher` through
-:class:`~drs_engine.backends.torch.decoder.BatchDecoder` (the decode pool and its CUDA graphs).
+:class:`~drs_engine.backends.torch.decoder.BatchDecoder` (the decode pool and its CUDA graphs) or,
+with ``kvLayout: paged``, :class:`~drs_engine.backends.torch.paged_decoder.PagedDecoder` (block tables).
 Before each step a sequence outside the pool gets room for one more token, and KV computed under
 other weights is recomputed (refit safety, :func:`~drs_engine.backends.base.restate_after_refit`).
 The weights are read through :class:`~drs_engine.backends.torch.weights.manager.WeightsManager`.
