@@ -129,7 +129,7 @@ def test_the_paged_block_mask_lists_each_rows_own_blocks_and_agrees_with_create_
     import torch
     from drs_engine.backends.torch.kv.paged import PagedKv
     from drs_engine.backends.torch.model import SIZES
-    from drs_engine.backends.torch.paged import Q_BLOCK, paged_block_mask
+    from drs_engine.backends.torch.paged import Q_BLOCK, flex_rows, paged_block_mask
     from torch.nn.attention.flex_attention import create_block_mask
 
     store = PagedKv(SIZES["tiny"], blocks=6, tokens_per_block=TPB, device=torch.device("cpu"), dtype=torch.float32)
@@ -150,6 +150,10 @@ def test_the_paged_block_mask_lists_each_rows_own_blocks_and_agrees_with_create_
     for b, table in enumerate(tables):  # the same blocks (in another order): nothing else visited
         n = int(reference.kv_num_blocks[b, 0, 0])
         assert sorted(reference.kv_indices[b, 0, 0, :n].tolist()) == sorted(table)
+    assert [flex_rows(n) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]  # 7 batch shapes up to 64
+    padded = paged_block_mask(store, [[2], []], torch.tensor([3, 0]))  # a padding row visits nothing
+    assert padded.kv_num_blocks.view(-1).tolist() == [1, 0]
+    assert not any(bool(padded.mask_mod(torch.tensor(1), 0, 0, torch.tensor(kv))) for kv in range(6 * TPB))
     again = paged_block_mask(store, [[3]], torch.tensor([2]))
     assert again.mask_mod is mask.mask_mod  # one function every step: a compiled kernel is not traced again
     assert [int(again.mask_mod(torch.tensor(0), 0, 0, torch.tensor(kv))) for kv in range(24, 32)] == [1, 1, 1] + [0] * 5
@@ -232,17 +236,19 @@ async def test_paged_kv_on_the_gpu_decodes_the_tokens_of_the_slot_pool(precision
     """On CUDA (FlexAttention compiled; the slot pool replaying its CUDA graphs): the same greedy
     tokens, alone and eight at once, blocks of 64 tokens crossed. float32 exactly; bfloat16 up to
     near-ties (two kernels order their sums differently): at least 6 of 8 streams the same."""
+    from . import procs
+
     prompts = [prompt_ids(30 + 97 * i, offset=4000 + i) for i in range(8)]
-    common = {"model": "random:small", "precision": precision, "device": "cuda:0"}
-    async with (
-        start_engine(torch_config(**common), control_token=CONTROL_TOKEN) as slots,
-        start_engine(torch_config(**common, kvLayout="paged"), control_token=CONTROL_TOKEN) as paged,
+    config = {"role": "prefill", "device": "cuda:0", "model": "random:small", "precision": precision}
+    async with (  # engine processes, as served: each compiles in its own process
+        procs.engine(procs.engine_config(**config)) as slots,
+        procs.engine(procs.engine_config(**config, kvLayout="paged")) as paged,
         httpx.AsyncClient(timeout=300) as client,
     ):
-        expected = [await tokens(client, slots.url, ids, max_tokens=48) for ids in prompts]
-        alone = [await tokens(client, paged.url, ids, max_tokens=48) for ids in prompts]
-        together = list(await asyncio.gather(*(tokens(client, paged.url, ids, max_tokens=48) for ids in prompts)))
-        info = (await client.get(paged.url + "/server_info")).json()["engine"]["decode_batching"]["pool"]
+        expected = [await tokens(client, slots, ids, max_tokens=48) for ids in prompts]
+        alone = [await tokens(client, paged, ids, max_tokens=48) for ids in prompts]
+        together = list(await asyncio.gather(*(tokens(client, paged, ids, max_tokens=48) for ids in prompts)))
+        info = (await client.get(paged + "/server_info")).json()["engine"]["decode_batching"]["pool"]
     assert info["layout"] == "paged" and info["paged_steps"] > 0 and info["eager_rows"] == 0
     if precision == "float32":
         assert alone == expected and together == expected

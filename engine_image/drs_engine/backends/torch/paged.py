@@ -11,11 +11,12 @@ K/V at its position's block and offset, then attends with one call for the whole
   physical block back to the table's logical index (``-1``: not its block) and keeps positions up to
   its own. This is the recipe of ``torch.nn.attention.experimental._paged_attention`` (private, so
   rebuilt here on the public ``BlockMask.from_kv_blocks``). On CUDA ``flex_attention`` is compiled
-  (Triton's flex-decoding kernel, which reads only the listed blocks; ``dynamic=True``, one compile
-  for every batch size); on the CPU it runs eagerly (dense over the store, correct, slow: tests
+  (Triton's flex-decoding kernel, which reads only the listed blocks; the batch padded to a power
+  of two, :func:`flex_rows`); on the CPU it runs eagerly (dense over the store, correct, slow: tests
   only). Checked by hand on the CPU with torch 2.11: compiled with ``dynamic=False`` it matches the
   eager step (1.8e-7) and compiles once per batch size, not per step (the ``mask_mod`` is one
-  function); with ``dynamic=True`` inductor's CPU C++ template fails to compile, hence eager there.
+  function); with ``dynamic=True`` inductor's CPU C++ template fails to compile (and on CUDA a
+  dynamic batch would forgo the flex-decoding kernel), hence eager on the CPU.
 - ``"gather"`` (the fallback): the tables' tokens gathered into a contiguous ``[batch, kv_heads,
   longest, head_dim]`` per layer, then ``scaled_dot_product_attention`` masked to each row's length,
   as the slot pool's step does. One copy of the running batch's KV per layer and step; no kernel
@@ -49,9 +50,32 @@ Q_BLOCK = 128
 
 @cache
 def _flex(compiled: bool) -> Any:
-    from torch.nn.attention.flex_attention import flex_attention
+    """``flex_attention`` compiled (CUDA), or run eagerly without Dynamo (the CPU): eagerly it
+    still traces itself through Dynamo unless its debug switch is on, and that crashed (a segfault
+    in fake-tensor conversion, torch 2.11) when a second engine's GPU thread called it in one
+    process (the tests' engines); the switch runs the same math directly, inference only."""
+    from torch.nn.attention import flex_attention as module
 
-    return torch.compile(flex_attention, dynamic=True) if compiled else flex_attention
+    if compiled:
+        return torch.compile(module.flex_attention, dynamic=False)
+
+    def eager(*args: Any, **kwargs: Any) -> Any:
+        before = getattr(module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", False)
+        module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+        try:
+            return module.flex_attention(*args, **kwargs)
+        finally:
+            module._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = before
+
+    return eager
+
+
+def flex_rows(rows: int) -> int:
+    """The batch a FlexAttention step runs at: ``rows`` padded to a power of two. Inductor picks its
+    flex-decoding kernel (one query token, query heads grouped per K/V head) only for a static
+    batch, so the call is compiled per batch size; powers of two keep that to 7 compiles up to 64
+    rows, within Dynamo's recompile limit (8). Padding rows visit no block."""
+    return 1 << (rows - 1).bit_length()
 
 
 class MaskBuffers:
@@ -132,11 +156,16 @@ def paged_logits(
         pos, where = pos.to(store.device), where.to(store.device)
         ids = torch.tensor(list(tokens), dtype=torch.long, device=store.device)
         if attention is PagedAttention.FLEX:
-            flex, mask = _flex(store.device.type == "cuda"), paged_block_mask(store, tables, pos)
+            rows, padded = len(tables), flex_rows(len(tables))
+            at = torch.cat((pos, pos.new_zeros(padded - rows)))
+            flex, mask = (
+                _flex(store.device.type == "cuda"),
+                paged_block_mask(store, tables + [[]] * (padded - rows), at),
+            )
 
             def attend(q: Any, keys: Any, values: Any) -> Any:
-                out = flex(q[:, :, None], keys[None], values[None], block_mask=mask, enable_gqa=True)
-                return out[:, :, 0]
+                full = torch.cat((q, q.new_zeros((padded - rows, *q.shape[1:]))))[:, :, None]
+                return flex(full, keys[None], values[None], block_mask=mask, enable_gqa=True)[:rows, :, 0]
 
         else:
             index = _gather_index(store, tables)
