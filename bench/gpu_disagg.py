@@ -31,7 +31,9 @@ Prints one JSON line. Everything is measured in this run, on this machine:
 
 Needs a CUDA GPU and PyTorch; engines are ``drs engine`` processes (``tests/gpu/procs.py``).
 ``make gpu`` runs it after the GPU tests. ``--decode-only [--anchor] [--rounds N]``: the decode sweep
-alone; ``--no-decode``: everything else (handoff, prefix, refit, TTFT).
+alone; ``--no-decode``: everything else (handoff, prefix, refit, TTFT). ``--kv-layout slots,paged``
+(also ``paged-gather``): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``),
+each measured in turn with ``--decode-only``, the first one otherwise.
 """
 
 from __future__ import annotations
@@ -247,9 +249,9 @@ def ratios(values: dict[str, Any], base: float, keys: tuple[str, ...]) -> dict[s
     return {**values, **{f"{k}_ratio": round(values[k] / base, 3) for k in keys if values.get(k) is not None}}
 
 
-async def main(with_decode: bool = True) -> dict[str, Any]:
-    """Everything; ``with_decode`` False (``--no-decode``): the decode sweep and its anchor left out
-    (``--decode-only`` measures them), the handoff, prefix, refit and TTFT figures alone."""
+async def main(with_decode: bool = True, layout: str = "slots") -> dict[str, Any]:
+    """Everything (the decode sweep's engine with KV ``layout``); ``with_decode`` False (``--no-decode``):
+    the decode sweep and its anchor left out, the handoff, prefix, refit and TTFT figures alone."""
     from drs_engine.backends.torch.model import SIZES, expected_shapes
 
     copy = {"256MiB": round(baseline_gbps(256 << 20), 1), "1GiB": round(baseline_gbps(1 << 30), 1)}
@@ -268,7 +270,7 @@ async def main(with_decode: bool = True) -> dict[str, Any]:
     # the four fit an 80 GB card beside the prefill engine's handoff arena and a 16k prefill.
     no_cache: dict[str, Any] = {"cacheCapacityTokens": 0}
     small: dict[str, Any] = {"maxDecodeBatch": SMALL_POOL}
-    sweep = {} if with_decode else small
+    sweep = {**(KV_LAYOUTS[layout] if with_decode else small)}
     async with (
         procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **no_cache, **sweep)) as p,
         procs.engine(
@@ -289,6 +291,7 @@ async def main(with_decode: bool = True) -> dict[str, Any]:
     rates = decode_ratios(decode, anchor, floor) if "error" not in anchor else {}
     return {
         "bench": "gpu_disagg" + ("" if with_decode else " --no-decode"),
+        "kv_layout": layout if with_decode else None,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "gpu": torch.cuda.get_device_name(0),
         "gpus": torch.cuda.device_count(),
@@ -328,9 +331,28 @@ async def main(with_decode: bool = True) -> dict[str, Any]:
     }
 
 
-async def decode_only(rounds: int, anchor_too: bool) -> dict[str, Any]:
-    """``--decode-only [--anchor] [--rounds N]``: our decode sweep alone (one engine), and with
-    ``--anchor`` the same-run transformers anchor, memory floor and ratios: fits one device call."""
+#: ``--kv-layout``'s names: the torch spec each one serves with
+KV_LAYOUTS: dict[str, dict[str, Any]] = {
+    "slots": {"kvLayout": "slots"},
+    "paged": {"kvLayout": "paged", "pagedAttention": "flex"},
+    "paged-gather": {"kvLayout": "paged", "pagedAttention": "gather"},
+}
+
+
+def kv_layouts() -> list[str]:
+    """``--kv-layout a,b``: the decode KV layouts to measure (default ``slots``), each checked."""
+    names = sys.argv[sys.argv.index("--kv-layout") + 1].split(",") if "--kv-layout" in sys.argv else ["slots"]
+    unknown = [n for n in names if n not in KV_LAYOUTS]
+    if unknown or not names:
+        raise SystemExit(f"--kv-layout: {unknown or names} not among {', '.join(KV_LAYOUTS)}")
+    return names
+
+
+async def decode_only(rounds: int, anchor_too: bool, layouts: list[str]) -> dict[str, Any]:
+    """``--decode-only [--anchor] [--rounds N] [--kv-layout slots,paged]``: our decode sweep alone
+    (one engine per layout, one after the other; the first layout's figures are ``drs_torch``, each
+    layout's under ``by_layout``), and with ``--anchor`` the same-run transformers anchor, memory
+    floor and ratios: fits one device call."""
     from drs_engine.backends.torch.model import SIZES, expected_shapes
 
     rates: dict[str, Any] = {}
@@ -342,17 +364,26 @@ async def decode_only(rounds: int, anchor_too: bool) -> dict[str, Any]:
         floor = decode_rates.memory_floor(weight_bytes, base)
         anchor = decode_rates.transformers_anchor(MODEL, (1, 8, 32), rounds=rounds)
         torch.cuda.empty_cache()
-    async with (
-        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, cacheCapacityTokens=0)) as p,
-        httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
-    ):
-        decode = await decode_sweep(client, p, rounds=rounds)
-        pool = (await client.get(p + routes.SERVER_INFO)).json()["engine"]["decode_batching"]["pool"]
-    if anchor_too:
-        rates = decode_ratios(decode, anchor, floor)
+    by_layout: dict[str, Any] = {}
+    for layout in layouts:
+        spec = {"cacheCapacityTokens": 0, **KV_LAYOUTS[layout]}
+        async with (
+            procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **spec)) as p,
+            httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
+        ):
+            sweep = await decode_sweep(client, p, rounds=rounds)
+            info = (await client.get(p + routes.SERVER_INFO)).json()["engine"]["decode_batching"]["pool"]
+        by_layout[layout] = {
+            "drs_torch": sweep,
+            "pool": info,
+            "ratios": decode_ratios(sweep, anchor, floor) if anchor_too else {},
+        }
+    first = by_layout[layouts[0]]
+    decode, pool, rates = first["drs_torch"], first["pool"], first["ratios"]
     return {
         "bench": "gpu_disagg --decode-only" + (" --anchor" if anchor_too else ""),
         "rounds": rounds,
+        "kv_layouts": layouts,
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
@@ -362,6 +393,7 @@ async def decode_only(rounds: int, anchor_too: bool) -> dict[str, Any]:
             "new_tokens": decode_rates.NEW_TOKENS,
             "drs_torch": decode,
             "pool": pool,
+            "by_layout": by_layout,
             "transformers_static": anchor,
             "memory_floor": floor,
             "ratios": rates,
@@ -383,6 +415,8 @@ def _flag_value(name: str, default: int) -> int:
 if __name__ == "__main__":
     only = "--decode-only" in sys.argv
     run = (
-        decode_only(_flag_value("--rounds", 2), "--anchor" in sys.argv) if only else main("--no-decode" not in sys.argv)
+        decode_only(_flag_value("--rounds", 2), "--anchor" in sys.argv, kv_layouts())
+        if only
+        else main("--no-decode" not in sys.argv, kv_layouts()[0])
     )
     print(json.dumps(asyncio.run(run)), flush=True)

@@ -26,7 +26,7 @@ from typing import Any, Final, Self
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drs_protocol.config import ConfigModel
-from drs_protocol.enums import EngineBackend, KvTransport, Precision, Role
+from drs_protocol.enums import EngineBackend, KvLayout, KvTransport, PagedAttention, Precision, Role
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
 from drs_protocol.limits import (
     DEFAULT_ENGINE_MAX_REQUEST_BYTES,
@@ -139,6 +139,17 @@ class TorchSpec(ConfigModel):
             "Tokens of KV per slot of the decode pool (maxDecodeBatch slots, preallocated on the GPU); a longer "
             "sequence decodes outside the pool, without CUDA graphs."
         ),
+    )
+    kv_layout: KvLayout = Field(
+        default=KvLayout.SLOTS,
+        description=(
+            "Decoding KV layout: slots (the decode pool, CUDA graphs) or paged (blocks of tokensPerBlock tokens, "
+            "maxDecodeBatch x decodeSlotTokens tokens in all, batched FlexAttention; no CUDA graphs)."
+        ),
+    )
+    paged_attention: PagedAttention = Field(
+        default=PagedAttention.FLEX,
+        description="The paged layout's attention: flex (FlexAttention, paged block mask) or gather (+ SDPA).",
     )
     cuda_graphs: bool = Field(default=True, description="Replay the pooled decode step as CUDA graphs (on CUDA).")
     compile_decode: bool = Field(

@@ -72,6 +72,25 @@ class KvTransport(StrEnum):
     CUDA_IPC = "cuda_ipc"
 
 
+class KvLayout(StrEnum):
+    """``spec.engine.torch.kvLayout``: where a ``torch`` engine's decoding sequences keep their KV:
+    ``slots`` (the decode pool: one row of ``decodeSlotTokens`` per sequence, CUDA graphs) or
+    ``paged`` (blocks of ``tokensPerBlock`` tokens in per-sequence block tables, the whole batch's
+    attention one FlexAttention call over a paged block mask; no CUDA graphs yet)."""
+
+    SLOTS = "slots"
+    PAGED = "paged"
+
+
+class PagedAttention(StrEnum):
+    """``spec.engine.torch.pagedAttention``: the attention of the ``paged`` layout's decode step:
+    ``flex`` (FlexAttention with a paged block mask, compiled on CUDA) or ``gather`` (the fallback:
+    the block tables gathered into a contiguous view, then scaled_dot_product_attention)."""
+
+    FLEX = "flex"
+    GATHER = "gather"
+
+
 def choices(enum: type[StrEnum]) -> list[str]:
     """The values of ``enum``, for a command line's choices."""
     return [member.value for member in enum]

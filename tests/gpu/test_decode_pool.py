@@ -175,6 +175,7 @@ async def test_concurrent_requests_in_the_pool_decode_the_tokens_of_an_engine_wi
         assert [await tokens(client, pool.url, ids, max_tokens=24) for ids in prompts] == expected
         info = (await client.get(pool.url + "/server_info")).json()["engine"]["decode_batching"]["pool"]
         assert info["pooled_steps"] > 0 and info["eager_rows"] > 0 and info["holders"] == 0
+        assert info["layout"] == "slots"
         plain_info = (await client.get(plain.url + "/server_info")).json()["engine"]["decode_batching"]["pool"]
         assert plain_info["pooled_steps"] == 0
 

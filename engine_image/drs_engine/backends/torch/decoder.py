@@ -59,6 +59,7 @@ class BatchDecoder:
 
     def info(self) -> dict[str, Any]:
         return {
+            "layout": "slots",
             "slots": self.pool.slots,
             "slot_tokens": self.pool.slot_tokens,
             "pool_bytes": self.pool.nbytes,
@@ -71,7 +72,15 @@ class BatchDecoder:
             "eager_rows": self.eager_rows,
         }
 
+    def fits(self, length: int) -> bool:
+        """A sequence of ``length`` tokens so far can take one more step in a slot."""
+        return self.pool.fits(length)
+
     # ---- on the GPU thread -----------------------------------------------------------------
+
+    def rewrite(self, seq: DecodeSeq, fill: Callable[[Any], None]) -> None:
+        """A pooled ``seq``'s KV recomputed (new weights): ``fill`` writes it into its slot."""
+        fill(seq.kv)
 
     def free(self) -> None:
         """Drop the pool and the graphs (sleep); holders were failed by the batcher."""

@@ -4,7 +4,8 @@
 sequence's KV; into a handoff-arena region when the context is to be handed over; cold prompts
 that arrive together in one batched pass, :class:`~drs_engine.backends.torch.batching.PrefillQueue`), and the
 batched decode steps of :class:`~drs_engine.backends.torch.batching.DecodeBatcher` through
-:class:`~drs_engine.backends.torch.decoder.BatchDecoder` (the decode pool and its CUDA graphs).
+:class:`~drs_engine.backends.torch.decoder.BatchDecoder` (the decode pool and its CUDA graphs) or,
+with ``kvLayout: paged``, :class:`~drs_engine.backends.torch.paged_decoder.PagedDecoder` (block tables).
 Before each step a sequence outside the pool gets room for one more token, and KV computed under
 other weights is recomputed (refit safety, :func:`~drs_engine.backends.base.restate_after_refit`).
 The weights are read through :class:`~drs_engine.backends.torch.weights.manager.WeightsManager`.
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 from drs_protocol.engine_config import TorchSpec
+from drs_protocol.enums import KvLayout
 
 from drs_engine.backends.base import LegRequest, finish_after, restate_after_refit
 from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq, PrefillQueue
@@ -24,6 +26,7 @@ from drs_engine.backends.torch.decoder import BatchDecoder
 from drs_engine.backends.torch.kv.arena import KvArena
 from drs_engine.backends.torch.kv.prefix import CopyRun
 from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv, prefill, prefill_batch
+from drs_engine.backends.torch.paged_decoder import PagedDecoder
 from drs_engine.backends.torch.sampling import BanMasks, Choice, Sampling, choose_tokens
 from drs_engine.backends.torch.weights.manager import WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
@@ -92,15 +95,27 @@ class ModelRunner:
         self._eos_token_id = eos_token_id
         self._vocab_limit = vocab_limit
         self._bans: BanMasks | None = None
-        self.decoder = BatchDecoder(
-            shape,
-            slots=spec.max_decode_batch,
-            slot_tokens=spec.decode_slot_tokens,
-            cuda_graphs=spec.cuda_graphs,
-            compiled=spec.compile_decode,
-            device=device,
-            dtype=dtype,
-        )
+        self.decoder: BatchDecoder | PagedDecoder
+        if spec.kv_layout is KvLayout.PAGED:
+            self.decoder = PagedDecoder(
+                shape,
+                tokens=spec.max_decode_batch * spec.decode_slot_tokens,
+                tokens_per_block=spec.tokens_per_block,
+                attention=spec.paged_attention,
+                compiled=spec.compile_decode,
+                device=device,
+                dtype=dtype,
+            )
+        else:
+            self.decoder = BatchDecoder(
+                shape,
+                slots=spec.max_decode_batch,
+                slot_tokens=spec.decode_slot_tokens,
+                cuda_graphs=spec.cuda_graphs,
+                compiled=spec.compile_decode,
+                device=device,
+                dtype=dtype,
+            )
         self.batcher = DecodeBatcher(worker, self._step, max_batch=spec.max_decode_batch)
         self.prefills: PrefillQueue[PrefillJob, PrefillResult] = PrefillQueue(
             worker, self._prefill_many, budget=PREFILL_BATCH_TOKENS, tokens=lambda job: len(job.prompt) - job.start
@@ -147,7 +162,7 @@ class ModelRunner:
     def _warm_pool(self, kv: Any, n: int, token: int) -> None:
         """The decode pool allocated and its smallest graphs captured (1 and 2 rows), through the
         real step with throwaway sequences that then leave."""
-        if not self.decoder.pool.fits(n):
+        if not self.decoder.fits(n):
             return
         greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0)
         seqs = [
@@ -272,14 +287,18 @@ class ModelRunner:
         under the new weights (the prompt and the tokens generated so far: refit safety; written
         into its slot when pooled), and outside the pool room for one more token in its KV (grown
         by ``decodeGrowthTokens``)."""
-        capacity = seq.kv.shape[3]
         if seq.weights_gen != self._weights.gen:
             ids, boundary = restate_after_refit(seq.prompt, seq.generated, seq.length)
-            fresh = seq.kv if seq.pooled else new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
-            prefill(self._weights.params, self._shape, ids, fresh, 0)
-            seq.kv, seq.weights_gen, seq.boundary = fresh, self._weights.gen, boundary
-        if seq.pooled or seq.length < capacity:
+            if seq.pooled:
+                self.decoder.rewrite(seq, lambda kv: prefill(self._weights.params, self._shape, ids, kv, 0))
+            else:
+                fresh = new_kv(self._shape, seq.kv.shape[3], device=self._device, dtype=self._dtype)
+                prefill(self._weights.params, self._shape, ids, fresh, 0)
+                seq.kv = fresh
+            seq.weights_gen, seq.boundary = self._weights.gen, boundary
+        if seq.pooled or seq.length < seq.kv.shape[3]:
             return
+        capacity = seq.kv.shape[3]
         grown = max(seq.grow_to, capacity + self._spec.decode_growth_tokens)
         bigger = new_kv(self._shape, grown, device=self._device, dtype=self._dtype)
         bigger[:, :, :, :capacity].copy_(seq.kv)
