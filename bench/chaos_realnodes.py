@@ -388,6 +388,8 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     began = time.monotonic()
     with StatusWatch(cluster) as watch:
         EVENTS[scenario](cluster)
+        # an event that came after the client's load ended tested nothing: say so in the result
+        late = get_json(cluster, "pod", pod, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed")
         wait(
             "the load client to finish",
             lambda: get_json(cluster, "pod", pod, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed"),
@@ -396,6 +398,7 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     out = cluster.kubectl("logs", pod, "-n", NS).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])["load"]
     result["event_s"] = round(time.monotonic() - began, 1)
+    result["event_after_load"] = late
     result.update(weights_figures(result.pop("answers")), **watch.figures())
     result["desired"] = REFITS[-1][1] if REFITS else None
     wait("the fleet Ready again", lambda: converged(cluster))
