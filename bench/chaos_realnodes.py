@@ -38,7 +38,8 @@ annotation removed first, so the operator empties the weights ConfigMap's ``desi
 replacement starts at the base weights, as one that ignored the desired weights would.
 
 Prints one JSON line: per scenario the load client's ``turns``, ``lost``, ``retried``, errors and
-latency, and the weights figures above. A scenario that lost turns keeps its evidence before the
+latency, ``event_s`` and ``event_after_load`` (the client had ended by the time the event was done:
+the scenario tested nothing), and the weights figures above. A scenario that lost turns keeps its evidence before the
 cluster goes (its path is the scenario's ``evidence``): the cluster's component logs (kubelet,
 apiserver, kube-router, …), every pod's log in the fleet's namespace and the operator's (the
 previous container's too), and the Events of all namespaces. Needs root and the real-node build
