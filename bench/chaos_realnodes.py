@@ -38,7 +38,8 @@ annotation removed first, so the operator empties the weights ConfigMap's ``desi
 replacement starts at the base weights, as one that ignored the desired weights would.
 
 Prints one JSON line: per scenario the load client's ``turns``, ``lost``, ``retried``, errors and
-latency, and the weights figures above. A scenario that lost turns keeps its evidence before the
+latency, ``event_s`` and ``event_after_load`` (the client had ended by the time the event was done:
+the scenario tested nothing), and the weights figures above. A scenario that lost turns keeps its evidence before the
 cluster goes (its path is the scenario's ``evidence``): the cluster's component logs (kubelet,
 apiserver, kube-router, …), every pod's log in the fleet's namespace and the operator's (the
 previous container's too), and the Events of all namespaces. Needs root and the real-node build
@@ -388,6 +389,8 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     began = time.monotonic()
     with StatusWatch(cluster) as watch:
         EVENTS[scenario](cluster)
+        # an event that came after the client's load ended tested nothing: say so in the result
+        late = get_json(cluster, "pod", pod, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed")
         wait(
             "the load client to finish",
             lambda: get_json(cluster, "pod", pod, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed"),
@@ -396,6 +399,7 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     out = cluster.kubectl("logs", pod, "-n", NS).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])["load"]
     result["event_s"] = round(time.monotonic() - began, 1)
+    result["event_after_load"] = late
     result.update(weights_figures(result.pop("answers")), **watch.figures())
     result["desired"] = REFITS[-1][1] if REFITS else None
     wait("the fleet Ready again", lambda: converged(cluster))

@@ -92,25 +92,40 @@ def parse_generations(value: str | None) -> dict[str, int]:
     return found
 
 
-def _read_key(directory: Path, key: str) -> str | None:
+def token_problem(text: str) -> str | None:
+    """Why ``text`` (a key's content, stripped) is not a token, or None when it is one."""
+    if not text:
+        return "it is empty"
+    if len(text) > MAX_TOKEN_CHARS:
+        return f"it is over {MAX_TOKEN_CHARS} characters"
+    if any(c.isspace() for c in text):
+        return "it contains whitespace"
+    return None
+
+
+def _read_key(directory: Path, key: str, problems: dict[str, str]) -> str | None:
     try:
         text = (directory / key).read_text(encoding="utf-8").strip()
     except FileNotFoundError:
         return None
-    if not text or len(text) > MAX_TOKEN_CHARS or any(c.isspace() for c in text):
+    problem = token_problem(text)
+    if problem is not None:
+        if key in KEYS:
+            problems[key] = problem
         return None
     return text
 
 
-def read_keys(directory: Path) -> dict[str, str] | None:
+def read_keys(directory: Path, problems: dict[str, str] | None = None) -> dict[str, str] | None:
     """The non-empty keys of a mounted token Secret (``..data`` first when present); None when
     the directory is missing or unreadable, or the version read was replaced while it was read
     (the kubelet removes an old version right after the swap: a half-read one is not a Secret
-    without keys)."""
+    without keys). A token key that is no token is left out, and why is put in ``problems``."""
     link = directory / DATA_LINK
+    found: dict[str, str] = {} if problems is None else problems
     try:
         resolved = (link if link.exists() else directory).resolve(strict=True)
-        keys = {key: value for key in (*KEYS, KEY_GENERATION) if (value := _read_key(resolved, key)) is not None}
+        keys = {key: value for key in (*KEYS, KEY_GENERATION) if (value := _read_key(resolved, key, found)) is not None}
     except (OSError, UnicodeDecodeError):
         return None
     return keys if resolved.is_dir() else None
@@ -136,6 +151,8 @@ class TokenSource:
         self._held: str | None = None
         self._held_until = 0.0
         self._unreadable = False
+        #: the token keys last read that are no token, and why (logged when it changes)
+        self._problems: dict[str, str] = {}
         #: Counts changes of what is presented or accepted (cheap "did it change" for callers).
         self.generation = 0
         #: Counts the directory's reads (a caller that wrote it waits for two: one surely began after).
@@ -176,7 +193,8 @@ class TokenSource:
         """Re-read the directory (no-op for a static source); True when anything changed."""
         before = self.generation
         if self.directory is not None:
-            keys = read_keys(self.directory)
+            problems: dict[str, str] = {}
+            keys = read_keys(self.directory, problems)
             if keys is None:
                 if not self._unreadable:
                     log.warning(
@@ -187,6 +205,7 @@ class TokenSource:
                 if self._unreadable:
                     log.info("%s directory %s readable again", self.what, self.directory)
                 self._unreadable = False
+                self._report(problems)
                 new = keys.get(KEY_TOKEN)
                 old = self._keys.get(KEY_TOKEN) or self.current
                 if new and old and new != old:
@@ -204,6 +223,19 @@ class TokenSource:
                 len(self.accepted),
             )
         return self.generation != before
+
+    def _report(self, problems: dict[str, str]) -> None:
+        """Log each token key that became no token (named with the rule; its content never)."""
+        for key, problem in problems.items():
+            if self._problems.get(key) != problem:
+                log.warning(
+                    "%s directory %s: key %r is not a token (%s): neither presented nor accepted",
+                    self.what,
+                    self.directory,
+                    key,
+                    problem,
+                )
+        self._problems = problems
 
     def matches(self, presented: str | None) -> bool:
         """Whether ``presented`` is one of the accepted tokens (constant time per comparison)."""

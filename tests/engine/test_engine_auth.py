@@ -15,9 +15,11 @@ from typing import Any
 import httpx
 import pytest
 from drs_devcluster.runner_volumes import write_files
-from drs_protocol import auth
+from drs_protocol import auth, routes
 from drs_protocol.routes import kv_export_path
 from drs_protocol.token_source import TokenSource
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from .conftest import CONTROL_TOKEN, EngineFactory
 from .test_protocol import CHAT_BODY, context_leg, generation_leg
@@ -31,6 +33,13 @@ SERVING_CALLS = [
     pytest.param("GET", "/server_info", None, 200, id="server-info"),
     pytest.param("GET", "/v1/gang", None, 404, id="gang-report-of-a-one-pod-engine"),
     pytest.param("GET", kv_export_path(424242), None, 404, id="kv-fetch-of-an-unknown-context"),
+    pytest.param(
+        "POST",
+        routes.PREFIX_HELD,
+        {"prompt_token_ids": [1, 2, 3, 4], "claim": {"tokens": 4}},
+        200,
+        id="prefix-lookup-and-claim",
+    ),
     pytest.param("GET", "/no/such/route", None, 404, id="unknown-path"),
 ]
 
@@ -147,6 +156,47 @@ async def test_during_a_rotation_the_engine_accepts_both_tokens_then_refuses_the
             await _read_by_the_engine(serving, control)
         assert [await status("/v1/models", t) for t in ("s1", "s2", "s3")] == [401, 200, 200]
         assert [await status("/control/weights", t) for t in ("c1", "c2", "c3")] == [401, 200, 200]
+
+
+async def test_every_route_of_the_engine_app_but_the_probes_refuses_a_caller_without_a_token(
+    client: httpx.AsyncClient, engine_factory: EngineFactory
+) -> None:
+    """Walks the routes the engine app really registers (not a list kept beside them), each method:
+    without a token every one but ``/health`` and ``/metrics`` is 401 naming its realm, before the
+    route runs; so a route added later is covered, and the families the issue names must be there."""
+    async with engine_factory("prefill", serving_token=SERVING_TOKEN) as engine:
+        app = engine.server.config.app
+        assert isinstance(app, FastAPI)
+        calls = [
+            (method, route.path.replace("{ctx_request_id}", "1"))
+            for route in app.routes
+            if isinstance(route, APIRoute)
+            for method in sorted(route.methods or ())
+        ]
+        answers = {call: await client.request(call[0], engine.url + call[1]) for call in calls}
+    paths = {path for _, path in calls}
+    families = {
+        routes.Endpoint.CHAT,
+        routes.Endpoint.COMPLETIONS,
+        routes.MODELS,
+        routes.SERVER_INFO,
+        routes.GANG,
+        kv_export_path(1),
+        routes.PREFIX_HELD,
+        routes.CONTROL_WEIGHTS,
+        routes.CONTROL_WEIGHTS_STREAM,
+        *routes.CONTROL_ROUTES.values(),
+        *auth.OPEN_PATHS,
+    }
+    assert families <= paths, f"routes missing from the app: {sorted(families - paths)}"
+    for (method, path), answer in answers.items():
+        realm = auth.realm_of(path)
+        if realm is auth.Realm.OPEN:
+            assert answer.status_code == 200, (method, path, answer.status_code)
+            continue
+        assert answer.status_code == 401, (method, path, answer.status_code, answer.text)
+        assert answer.headers["www-authenticate"] == f'Bearer realm="{auth.REALM_NAMES[realm]}"', (method, path)
+        assert auth.Unauthorized.model_validate(answer.json()).error.realm is realm
 
 
 async def _read_by_the_engine(*sources: TokenSource) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import secrets
 from pathlib import Path
 
@@ -118,6 +119,29 @@ def test_malformed_files_are_not_tokens(tmp_path: Path) -> None:
     source = TokenSource(tmp_path)
     assert source.current == "A" and source.accepted == (b"A",)
     assert not source.matches("two words")
+
+
+def test_a_malformed_key_is_logged_once_naming_the_key_and_the_rule_never_its_value(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hand-edited Secret whose key is no token: the process says which key and which rule, in
+    the log every pod keeps, and goes on with the keys that are tokens."""
+    project(tmp_path, token="A", next="two words", previous="x" * 5000)
+    with caplog.at_level(logging.WARNING, logger="drs_protocol.token_source"):
+        source = TokenSource(tmp_path, what="serving token")
+        first = caplog.text
+        caplog.clear()
+        source.refresh()
+        again = caplog.text
+        project(tmp_path, token="A", next=" ")
+        source.refresh()
+        changed = caplog.text
+    assert source.current == "A" and source.accepted == (b"A",)
+    assert f"serving token directory {tmp_path}: key 'next' is not a token (it contains whitespace)" in first
+    assert "key 'previous' is not a token (it is over 4096 characters)" in first
+    assert "two words" not in first and "x" * 64 not in first
+    assert again == "", "logged once while the Secret stays as it is"
+    assert "key 'next' is not a token (it is empty)" in changed and "previous" not in changed
 
 
 def test_the_refresh_loop_picks_a_rotation_up_without_a_call(tmp_path: Path) -> None:
