@@ -89,6 +89,8 @@ SCENARIOS = (
     "frontend_process_killed",
     "refit",
     "forgotten_decode_killed",
+    "replica_killed_pathless",
+    "scaled_up_pathless",
 )
 STANDBY = [True]
 READY_S = 300.0
@@ -98,6 +100,12 @@ STATUS_POLL_S = 1.0
 REFITS: list[tuple[float, str]] = []
 #: the failing control: a kill with the desired weights removed from the resource first
 FORGOTTEN = "forgotten_decode_killed"
+#: the scenarios under path-less desired weights: run with the per-replica NetworkPolicies on
+PATHLESS = ("replica_killed_pathless", "scaled_up_pathless")
+#: ``spec.networkPolicy`` of the fleet (set when a path-less scenario runs)
+POLICY = [False]
+#: what a scenario's event observed beyond the load (merged into its result)
+NOTES: dict[str, Any] = {}
 
 
 def say(msg: str) -> None:
@@ -109,6 +117,15 @@ def fleet(checkpoints: bool) -> dict[str, Any]:
     body["spec"]["frontend"]["standby"] = STANDBY[0]
     if checkpoints:  # the volume the trainer writes checkpoints into, mounted by every engine
         body["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
+    if POLICY[0]:  # each replica's engines: its own pods, the trainer pods' sidecars, the operator
+        trainers = [f"trainer-{n}" for n in range(1, 5)]
+        body["spec"]["networkPolicy"] = {
+            "enabled": True,
+            "engineClients": [
+                {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": trainers}]}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "drs-system"}}},
+            ],
+        }
     return body
 
 
@@ -342,6 +359,100 @@ def engines_at_desired(cluster: RunningCluster) -> str | None:
     return f"{held}/{len(engines)}"
 
 
+def drop_path(cluster: RunningCluster) -> None:
+    """The desired weights as a broadcast leaves them: the stored annotation rewritten without its
+    checkpoint path (version, digest and cut-over kept); once the operator has copied them, the
+    weights ConfigMap lists the fleet's engines as ``peers``, the only way to the bytes."""
+    annotations = get_json(cluster, "drs", NAME, "-n", NS)["metadata"].get("annotations") or {}
+    desired = json.loads(annotations[ANNOTATION_DESIRED_WEIGHTS])
+    desired.pop("path", None)
+    value = json.dumps(desired, separators=(",", ":"))
+    cluster.kubectl("annotate", "drs", NAME, "-n", NS, "--overwrite", f"{ANNOTATION_DESIRED_WEIGHTS}={value}")
+
+    def pathless() -> bool:
+        data = get_json(cluster, "configmap", f"{NAME}-weights", "-n", NS).get("data") or {}
+        return bool(data.get("peers")) and "path" not in json.loads(data.get("desired") or "{}")
+
+    wait("the weights ConfigMap with path-less desired weights and peers", pathless, timeout=60)
+    say(f"desired weights without a path: {value}")
+
+
+HELD = (
+    "import os, sys, urllib.request; "
+    "d = os.environ.get('DRS_CONTROL_TOKEN_DIR'); "
+    "t = open(d + '/token').read().strip() if d else os.environ['DRS_CONTROL_TOKEN']; "
+    "r = urllib.request.Request(sys.argv[1], headers={'authorization': 'Bearer ' + t}); "
+    "print(urllib.request.urlopen(r, timeout=10).read().decode())"
+)
+
+
+def held_weights(cluster: RunningCluster, pod: str) -> dict[str, Any]:
+    """What an engine answers ``GET /control/weights`` (asked from inside its own pod with its
+    control token): the version and digest it holds, and its catch-up (source, reached from)."""
+    st = get_json(cluster, "drs", NAME, "-n", NS).get("status") or {}
+    url = next(e["url"] for r in st.get("replicaStatuses") or [] for e in r.get("engines") or [] if e["name"] == pod)
+    got = cluster.kubectl("exec", pod, "-n", NS, "--", "python", "-c", HELD, url + routes.CONTROL_WEIGHTS, check=False)
+    if got.returncode != 0:
+        return {"error": (got.stderr or got.stdout).strip()[-500:]}
+    answer = json.loads(got.stdout)
+    catch_up = answer.get("catch_up") or {}
+    return {
+        "weights_version": answer.get("weights_version"),
+        "weights_digest": (answer.get("weights_digest") or "")[:20] or None,
+        "catch_up": {k: catch_up.get(k) for k in ("phase", "source", "attempts", "reached_from", "last_error")},
+    }
+
+
+def ready_pods(cluster: RunningCluster, selector: str, not_uids: set[str]) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in pods(cluster, selector)
+        if p["metadata"]["uid"] not in not_uids
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    ]
+
+
+#: How long the new engine pods of a path-less scenario may take to be Ready (their catch-up included).
+CATCH_UP_S = 150.0
+
+
+def await_caught_up(cluster: RunningCluster, selector: str, old: set[str], count: int) -> None:
+    """Wait (bounded) for ``count`` new Ready engine pods under ``selector``; record each one's
+    catch-up in :data:`NOTES` either way (``recovered`` False: they never came Ready)."""
+    deadline = time.monotonic() + CATCH_UP_S
+    while len(ready_pods(cluster, selector, old)) < count and time.monotonic() < deadline:
+        time.sleep(1.0)
+    fresh = [p for p in pods(cluster, selector) if p["metadata"]["uid"] not in old]
+    NOTES["recovered"] = len(ready_pods(cluster, selector, old)) >= count
+    NOTES["new_engines"] = {p["metadata"]["name"]: held_weights(cluster, p["metadata"]["name"]) for p in fresh}
+    say(f"new engines {'Ready' if NOTES['recovered'] else 'NOT Ready'}: {json.dumps(NOTES['new_engines'])}")
+
+
+ENGINES = "disagg.dev/role in (prefill,decode)"
+
+
+def kill_replica_pathless(cluster: RunningCluster) -> None:
+    """(Path-less desired weights) replica 0's prefill and decode pods deleted at once: neither
+    replacement has a path, nor a peer in its own replica that holds the weights; both must
+    stream them from replica 1's engines, through the per-replica NetworkPolicies."""
+    drop_path(cluster)
+    selector = f"disagg.dev/replicaset={NAME},disagg.dev/replica=0,{ENGINES}"
+    victims = pods(cluster, selector)
+    kill(cluster, NS, victims)
+    await_caught_up(cluster, selector, {p["metadata"]["uid"] for p in victims}, len(victims))
+
+
+def scale_up_pathless(cluster: RunningCluster) -> None:
+    """(Path-less desired weights) one more replica: its new engines must come up at the desired
+    weights, streamed from the engines of the other replicas (through their policies)."""
+    drop_path(cluster)
+    replicas = int(get_json(cluster, "drs", NAME, "-n", NS)["spec"]["replicas"])
+    patch = {"spec": {"replicas": replicas + 1}}
+    cluster.kubectl("patch", "drs", NAME, "-n", NS, "--type=merge", "-p", json.dumps(patch))
+    say(f"scaling up to {replicas + 1} replicas")
+    await_caught_up(cluster, f"disagg.dev/replicaset={NAME},disagg.dev/replica={replicas},{ENGINES}", set(), 2)
+
+
 EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "baseline": lambda cluster: None,
     "frontend_killed": kill_frontends,
@@ -352,6 +463,8 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "roll": roll,
     "refit": refit,
     FORGOTTEN: kill_engine("decode", forget=True),
+    "replica_killed_pathless": kill_replica_pathless,
+    "scaled_up_pathless": scale_up_pathless,
 }
 
 
@@ -386,6 +499,7 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     )
     time.sleep(5)
     began = time.monotonic()
+    NOTES.clear()
     with StatusWatch(cluster) as watch:
         EVENTS[scenario](cluster)
         wait(
@@ -398,6 +512,12 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     result["event_s"] = round(time.monotonic() - began, 1)
     result.update(weights_figures(result.pop("answers")), **watch.figures())
     result["desired"] = REFITS[-1][1] if REFITS else None
+    result.update(NOTES)
+    if NOTES.get("recovered") is False:  # its new engines never came Ready: the figures as they are
+        result["engines_at_desired"] = engines_at_desired(cluster)
+        result["evidence"] = str(keep_evidence(cluster, scenario))
+        say(f"{scenario}: {json.dumps(result)}")
+        return result
     wait("the fleet Ready again", lambda: converged(cluster))
     if scenario == FORGOTTEN or not REFITS:
         result["engines_at_desired"] = engines_at_desired(cluster)
@@ -429,6 +549,9 @@ def run_all(
         for scenario in scenarios:
             rolls = scenario in ("roll", "operator_killed")
             results[scenario] = run_scenario(cluster, scenario, seconds * (2 if rolls else 1))
+            if results[scenario].get("recovered") is False:
+                say(f"{scenario}: the fleet did not recover; the scenarios after it are not run")
+                break
 
 
 def _all_at_desired(cluster: RunningCluster) -> bool:
@@ -444,6 +567,7 @@ def main() -> int:
     args = parser.parse_args()
     STANDBY[0] = not args.no_standby
     scenarios = [s for s in args.scenarios.split(",") if s]
+    POLICY[0] = any(s in PATHLESS for s in scenarios)
     unknown = [s for s in scenarios if s not in EVENTS]
     if unknown:
         raise SystemExit(f"--scenarios: unknown {unknown}; known: {list(EVENTS)}")
@@ -469,6 +593,7 @@ def main() -> int:
         f"1 decode), 1 frontend URL each ({2 if STANDBY[0] else 1} process(es)), sim speed 0.1, pod networking, "
         "1 real node",
         "standby": STANDBY[0],
+        "network_policy": POLICY[0],
         "client": "examples/load_client.py in a pod: 8 sessions, max_retries=2 (the OpenAI SDK default)",
         "scenarios": results,
         "lost_total": sum(r["lost"] for r in results.values()),
