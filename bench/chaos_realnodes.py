@@ -22,6 +22,17 @@ each a fresh client pod running through the event:
   desired weights stored on the resource catches a later engine up. Put it before the kill
   scenarios (``--scenarios refit,decode_killed,prefill_killed``): an engine pod deleted after it
   is replaced under desired weights.
+* ``replica_killed_pathless`` / ``scaled_up_pathless`` — after ``refit``, the stored desired weights
+  rewritten as a broadcast leaves them (no checkpoint path: version, digest and cut-over kept), so
+  the weights ConfigMap lists the fleet's engines as ``peers``; then replica 0's prefill and decode
+  pods deleted at once (neither replacement has a peer in its own replica that holds the weights),
+  or one replica added. The new engines must stream the weights from a serving peer of another
+  replica. Naming either runs the whole fleet with ``spec.networkPolicy`` on (per-replica
+  policies; ``engineClients``: the trainer pods and the operator's namespace), so the stream
+  crosses them; each records the new engines' ``GET /control/weights`` (``new_engines``: version,
+  digest, and the catch-up's ``source`` and ``reached_from``) and ``recovered`` (they came Ready
+  within 150 s; a fleet that did not recover ends the run). Not by default.
+  ``--scenarios refit,replica_killed_pathless,scaled_up_pathless``
 
 Every scenario's turns are also judged for their weights: the load client returns, per answered
 turn, the fleet's stamp and the version that answered it, and a turn is ``off_policy`` when it was
@@ -89,8 +100,6 @@ SCENARIOS = (
     "frontend_process_killed",
     "refit",
     "forgotten_decode_killed",
-    "replica_killed_pathless",
-    "scaled_up_pathless",
 )
 STANDBY = [True]
 READY_S = 300.0
@@ -100,7 +109,8 @@ STATUS_POLL_S = 1.0
 REFITS: list[tuple[float, str]] = []
 #: the failing control: a kill with the desired weights removed from the resource first
 FORGOTTEN = "forgotten_decode_killed"
-#: the scenarios under path-less desired weights: run with the per-replica NetworkPolicies on
+#: the scenarios under path-less desired weights: the whole run then has the per-replica
+#: NetworkPolicies on, so they run only when named (after ``refit``), not by default
 PATHLESS = ("replica_killed_pathless", "scaled_up_pathless")
 #: ``spec.networkPolicy`` of the fleet (set when a path-less scenario runs)
 POLICY = [False]
