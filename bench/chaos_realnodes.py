@@ -33,6 +33,9 @@ each a fresh client pod running through the event:
   digest, and the catch-up's ``source`` and ``reached_from``) and ``recovered`` (they came Ready
   within 150 s; a fleet that did not recover ends the run). Not by default.
   ``--scenarios refit,replica_killed_pathless,scaled_up_pathless``
+* ``refit_operator_killed`` — ``refit`` with the operator pod deleted (grace 0) as soon as the
+  trainer pod's sidecar has stored the new desired weights on the resource (its refit has begun);
+  records ``trainer_phase_at_kill``. Not by default.
 
 Every scenario's turns are also judged for their weights: the load client returns, per answered
 turn, the fleet's stamp and the version that answered it, and a turn is ``off_policy`` when it was
@@ -337,13 +340,16 @@ def roll_and_kill_operator(cluster: RunningCluster) -> None:
     kill(cluster, "drs-system", get_json(cluster, "pods", "-n", "drs-system")["items"])
 
 
-def refit(cluster: RunningCluster) -> None:
+def refit(cluster: RunningCluster, during: Callable[[RunningCluster, str], None] | None = None) -> None:
     """The trainer's refit step as a pod, by checkpoint path; returns once the pod has ended and
-    the desired weights (with their cut-over) are in the status."""
+    the desired weights (with their cut-over) are in the status. ``during(cluster, pod)``, when
+    given, runs once the pod is applied (while it refits)."""
     name = f"trainer-{len(REFITS) + 1}"
     objs = inpod.trainer_objects(name, NS, NAME, TRAINER, CLAIM, DEFAULT_MODEL_MOUNT_PATH)
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
     say(f"{name}: refitting every engine by path")
+    if during is not None:
+        during(cluster, name)
     wait(
         f"{name} to end",
         lambda: get_json(cluster, "pod", name, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed"),
@@ -356,6 +362,25 @@ def refit(cluster: RunningCluster) -> None:
     at = datetime.fromisoformat(desired["effectiveAt"].replace("Z", "+00:00")).timestamp()
     REFITS.append((at, desired["version"]))
     say(f"{name}: desired {desired['version']} ({desired['digest'][:20]}…) from {desired['effectiveAt']}")
+
+
+def stored_desired(cluster: RunningCluster) -> str | None:
+    annotations = get_json(cluster, "drs", NAME, "-n", NS)["metadata"].get("annotations") or {}
+    return annotations.get(ANNOTATION_DESIRED_WEIGHTS)
+
+
+def kill_operator_mid_refit(cluster: RunningCluster, trainer: str) -> None:
+    """Once the trainer pod's sidecar has stored the new desired weights (its refit has begun),
+    the operator pod deleted with grace 0; whether the trainer was still running then is kept."""
+    before = stored_desired(cluster)
+    deadline = time.monotonic() + TRAINER_S
+    while stored_desired(cluster) == before:  # asked back to back: one kubectl call apart (~0.1-0.3 s)
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{trainer}: no new desired weights stored after {TRAINER_S:.0f}s")
+    began = time.monotonic()
+    kill(cluster, "drs-system", get_json(cluster, "pods", "-n", "drs-system")["items"])
+    NOTES["operator_killed_after_store_s"] = round(time.monotonic() - began, 1)
+    NOTES["trainer_phase_at_kill"] = get_json(cluster, "pod", trainer, "-n", NS)["status"].get("phase")
 
 
 def engines_at_desired(cluster: RunningCluster) -> str | None:
@@ -472,6 +497,7 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "operator_killed": roll_and_kill_operator,
     "roll": roll,
     "refit": refit,
+    "refit_operator_killed": lambda cluster: refit(cluster, during=kill_operator_mid_refit),
     FORGOTTEN: kill_engine("decode", forget=True),
     "replica_killed_pathless": kill_replica_pathless,
     "scaled_up_pathless": scale_up_pathless,
