@@ -33,6 +33,10 @@ each a fresh client pod running through the event:
   digest, and the catch-up's ``source`` and ``reached_from``) and ``recovered`` (they came Ready
   within 150 s; a fleet that did not recover ends the run). Not by default.
   ``--scenarios refit,replica_killed_pathless,scaled_up_pathless``
+* ``replica_killed_pathless_unadmitted`` — the control that shows the path-less bar can fail (run
+  it last): ``replica_killed_pathless`` with each replica's NetworkPolicy edited first to admit
+  only its own replica's pods and ``engineClients`` (the fleet's engines of other replicas
+  dropped): the replacements find no peer they may reach.
 * ``refit_operator_killed`` — ``refit`` with the operator pod deleted (grace 0) as soon as the
   trainer pod's sidecar has stored the new desired weights on the resource (its refit has begun);
   records ``trainer_phase_at_kill``. Not by default.
@@ -114,7 +118,8 @@ REFITS: list[tuple[float, str]] = []
 FORGOTTEN = "forgotten_decode_killed"
 #: the scenarios under path-less desired weights: the whole run then has the per-replica
 #: NetworkPolicies on, so they run only when named (after ``refit``), not by default
-PATHLESS = ("replica_killed_pathless", "scaled_up_pathless")
+UNADMITTED = "replica_killed_pathless_unadmitted"
+PATHLESS = ("replica_killed_pathless", "scaled_up_pathless", UNADMITTED)
 #: ``spec.networkPolicy`` of the fleet (set when a path-less scenario runs)
 POLICY = [False]
 #: what a scenario's event observed beyond the load (merged into its result)
@@ -477,6 +482,32 @@ def kill_replica_pathless(cluster: RunningCluster) -> None:
     await_caught_up(cluster, selector, {p["metadata"]["uid"] for p in victims}, len(victims))
 
 
+def fleet_engines_peer(peer: dict[str, Any]) -> bool:
+    """A policy's ``from`` entry admitting the fleet's engines of every replica (no replica label)."""
+    labels = (peer.get("podSelector") or {}).get("matchLabels") or {}
+    return "disagg.dev/replicaset" in labels and "disagg.dev/replica" not in labels
+
+
+def kill_replica_pathless_unadmitted(cluster: RunningCluster) -> None:
+    """The control of ``replica_killed_pathless``: each replica's NetworkPolicy edited first to
+    admit only its own replica's pods (and ``engineClients``), as the renderer did before the
+    fleet's engines were admitted (the operator compares spec hashes, so it keeps the edit)."""
+    for policy in get_json(cluster, "networkpolicy", "-n", NS)["items"]:
+        rules = policy["spec"].get("ingress") or []
+        if not rules:
+            continue
+        kept = [peer for peer in rules[0].get("from") or [] if not fleet_engines_peer(peer)]
+        patch = [{"op": "replace", "path": "/spec/ingress/0/from", "value": kept}]
+        name = policy["metadata"]["name"]
+        cluster.kubectl("patch", "networkpolicy", name, "-n", NS, "--type=json", "-p", json.dumps(patch))
+        say(f"{name}: the fleet's engines no longer admitted")
+    kill_replica_pathless(cluster)
+    edited = get_json(cluster, "networkpolicy", "-n", NS)["items"]
+    NOTES["policies_still_edited"] = not any(
+        fleet_engines_peer(peer) for p in edited for rule in p["spec"].get("ingress") or [] for peer in rule["from"]
+    )
+
+
 def scale_up_pathless(cluster: RunningCluster) -> None:
     """(Path-less desired weights) one more replica: its new engines must come up at the desired
     weights, streamed from the engines of the other replicas (through their policies)."""
@@ -501,6 +532,7 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     FORGOTTEN: kill_engine("decode", forget=True),
     "replica_killed_pathless": kill_replica_pathless,
     "scaled_up_pathless": scale_up_pathless,
+    UNADMITTED: kill_replica_pathless_unadmitted,
 }
 
 
