@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS
-from drs_protocol import routes
 
 NAME = "pod-sim"
 NS = "chaos"
@@ -170,21 +170,12 @@ def drop_path(cluster: RunningCluster) -> None:
     say(f"desired weights without a path: {value}")
 
 
-HELD = (
-    "import os, sys, urllib.request; "
-    "d = os.environ.get('DRS_CONTROL_TOKEN_DIR'); "
-    "t = open(d + '/token').read().strip() if d else os.environ['DRS_CONTROL_TOKEN']; "
-    "r = urllib.request.Request(sys.argv[1], headers={'authorization': 'Bearer ' + t}); "
-    "print(urllib.request.urlopen(r, timeout=10).read().decode())"
-)
-
-
 def held_weights(cluster: RunningCluster, pod: str) -> dict[str, Any]:
     """What an engine answers ``GET /control/weights`` (asked from inside its own pod with its
     control token): the version and digest it holds, and its catch-up (source, reached from)."""
     st = get_json(cluster, "drs", NAME, "-n", NS).get("status") or {}
     url = next(e["url"] for r in st.get("replicaStatuses") or [] for e in r.get("engines") or [] if e["name"] == pod)
-    got = cluster.kubectl("exec", pod, "-n", NS, "--", "python", "-c", HELD, url + routes.CONTROL_WEIGHTS, check=False)
+    got = cluster.kubectl("exec", pod, "-n", NS, "--", *inpod.held_weights_command(url), check=False)
     if got.returncode != 0:
         return {"error": (got.stderr or got.stdout).strip()[-500:]}
     answer = json.loads(got.stdout)
