@@ -183,7 +183,9 @@ def held_weights(cluster: RunningCluster, pod: str) -> dict[str, Any]:
     return {
         "weights_version": answer.get("weights_version"),
         "weights_digest": (answer.get("weights_digest") or "")[:20] or None,
-        "catch_up": {k: catch_up.get(k) for k in ("phase", "source", "attempts", "reached_from", "last_error")},
+        "catch_up": {k: catch_up.get(k) for k in ("phase", "source", "attempts", "reached_from")},
+        # the tail: the last peers' reasons (a pending peer's 503 quotes its own catch-up's error)
+        "last_error_tail": (catch_up.get("last_error") or "")[-600:] or None,
     }
 
 
