@@ -413,6 +413,8 @@ def main() -> int:
     results: dict[str, Any] = {}
     load_start = list(os.getloadavg())
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # the code the run starts with (HEAD may move while it runs)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     # beside the test session's real-node cluster: its own state dir, ports and pod network
     state_dir = REAL_STATE_DIR.with_name(REAL_STATE_DIR.name + "-chaos")
     cleanup: list[Path] = []
@@ -421,7 +423,6 @@ def main() -> int:
     finally:
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     line = {
         "bench": "chaos_realnodes",
         "started_utc": started,
