@@ -157,7 +157,7 @@ def kill_under_load(cluster: RunningCluster, ns: str, role: str, desired: dict[s
     (grace 0) while a client pod drives turns over the status URLs; the replacements Ready, the
     client's every turn at the desired weights, status true. Returns the replacements' names."""
     version, digest = desired["version"], desired["digest"]
-    client = f"load-{role.split()[0]}"
+    client = "load-replica" if " in " in role else f"load-{role}"  # a pod name: no selector syntax
     args = ["--name", NAME, "--namespace", ns, "--seconds", str(LOAD_S), "--sessions", "8", "--answers"]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(inpod.client_objects(client, ns, LOAD, args)))
     wait(
