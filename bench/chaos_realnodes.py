@@ -22,6 +22,24 @@ each a fresh client pod running through the event:
   desired weights stored on the resource catches a later engine up. Put it before the kill
   scenarios (``--scenarios refit,decode_killed,prefill_killed``): an engine pod deleted after it
   is replaced under desired weights.
+* ``replica_killed_pathless`` / ``scaled_up_pathless`` — after ``refit``, the stored desired weights
+  rewritten as a broadcast leaves them (no checkpoint path: version, digest and cut-over kept), so
+  the weights ConfigMap lists the fleet's engines as ``peers``; then replica 0's prefill and decode
+  pods deleted at once (neither replacement has a peer in its own replica that holds the weights),
+  or one replica added. The new engines must stream the weights from a serving peer of another
+  replica. Naming either runs the whole fleet with ``spec.networkPolicy`` on (per-replica
+  policies; ``engineClients``: the trainer pods and the operator's namespace), so the stream
+  crosses them; each records the new engines' ``GET /control/weights`` (``new_engines``: version,
+  digest, and the catch-up's ``source`` and ``reached_from``) and ``recovered`` (they came Ready
+  within 150 s; a fleet that did not recover ends the run). Not by default.
+  ``--scenarios refit,replica_killed_pathless,scaled_up_pathless``
+* ``replica_killed_pathless_unadmitted`` — the control that shows the path-less bar can fail (run
+  it last): ``replica_killed_pathless`` with each replica's NetworkPolicy edited first to admit
+  only its own replica's pods and ``engineClients`` (the fleet's engines of other replicas
+  dropped): the replacements find no peer they may reach.
+* ``refit_operator_killed`` — ``refit`` with the operator pod deleted (grace 0) as soon as the
+  trainer pod's sidecar has stored the new desired weights on the resource (its refit has begun);
+  records ``trainer_phase_at_kill``. Not by default.
 
 Every scenario's turns are also judged for their weights: the load client returns, per answered
 turn, the fleet's stamp and the version that answered it, and a turn is ``off_policy`` when it was
@@ -61,7 +79,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -74,9 +91,30 @@ from drs_devcluster.testing import BENCH_REAL_PORT_BASE, REAL_STATE_DIR, Running
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS, DEFAULT_MODEL_MOUNT_PATH
 from drs_protocol import routes
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.chaos_realnodes_weights import (
+    NAME,
+    NOTES,
+    NS,
+    PATHLESS,
+    REFITS,
+    TRAINER_S,
+    UNADMITTED,
+    StatusWatch,
+    get_json,
+    kill,
+    kill_operator_mid_refit,
+    kill_replica_pathless,
+    kill_replica_pathless_unadmitted,
+    pods,
+    say,
+    scale_up_pathless,
+    wait,
+    weights_figures,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
-NAME = "pod-sim"
-NS = "chaos"
 LOAD = (ROOT / "examples" / "load_client.py").read_text()
 TRAINER = (ROOT / "examples" / "trainer" / "refit_in_pod.py").read_text()
 CLAIM = "checkpoints"
@@ -92,17 +130,10 @@ SCENARIOS = (
     "forgotten_decode_killed",
 )
 STANDBY = [True]
-READY_S = 300.0
-TRAINER_S = 240.0
-STATUS_POLL_S = 1.0
-#: (cut-over as wall-clock seconds, version) of every refit so far, in order
-REFITS: list[tuple[float, str]] = []
 #: the failing control: a kill with the desired weights removed from the resource first
 FORGOTTEN = "forgotten_decode_killed"
-
-
-def say(msg: str) -> None:
-    print(f"[chaos-real] {msg}", file=sys.stderr, flush=True)
+#: ``spec.networkPolicy`` of the fleet (set when a path-less scenario runs)
+POLICY = [False]
 
 
 def fleet(checkpoints: bool) -> dict[str, Any]:
@@ -110,88 +141,16 @@ def fleet(checkpoints: bool) -> dict[str, Any]:
     body["spec"]["frontend"]["standby"] = STANDBY[0]
     if checkpoints:  # the volume the trainer writes checkpoints into, mounted by every engine
         body["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
-    return body
-
-
-def desired_at(when: float) -> str | None:
-    """The version desired at ``when`` (wall clock): the last refit whose cut-over is not after it."""
-    return next((version for at, version in reversed(REFITS) if at <= when), None)
-
-
-def weights_figures(answers: list[list[Any]]) -> dict[str, int]:
-    """Off-policy turns among the load client's answers (``[stamp, version, boundary]``)."""
-    off = unstamped = 0
-    for stamp, version, boundary in answers:
-        if stamp is None:
-            unstamped += 1
-            continue
-        want = desired_at(stamp)
-        off += int(not boundary and want is not None and version != want)
-    return {"off_policy": off, "unstamped": unstamped}
-
-
-class StatusWatch:
-    """Samples the DisaggReplicaSet's status every second while a scenario runs (see the module doc)."""
-
-    def __init__(self, cluster: RunningCluster) -> None:
-        self.cluster = cluster
-        self.samples = self.stale = self.untrue = self.pending = 0
-        self.first_untrue: dict[str, Any] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> StatusWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(STATUS_POLL_S):
-            got = self.cluster.kubectl("get", "drs", NAME, "-n", NS, "-o", "json", check=False)
-            if got.returncode != 0:
-                continue
-            self.look(json.loads(got.stdout).get("status") or {}, desired_at(time.time()))
-
-    def look(self, st: dict[str, Any], want: str | None) -> None:
-        self.samples += 1
-        conditions = {c["type"]: c["status"] for c in st.get("conditions") or []}
-        pending = conditions.get("WeightsPending") == "True"
-        self.pending += pending
-        engines = [e for r in st.get("replicaStatuses") or [] for e in r.get("engines") or []]
-        stale = [
-            (e["name"], e.get("weightsVersion"))
-            for e in engines
-            if want is not None and e.get("ready") and e.get("weightsVersion") not in (None, want)
-        ]
-        if stale:
-            self.stale += 1
-            if not pending:
-                self.untrue += 1
-                self.first_untrue = self.first_untrue or {"desired": want, "ready_at_other_weights": stale}
-
-    def figures(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "status_samples": self.samples,
-            "stale_ready_samples": self.stale,
-            "untrue_samples": self.untrue,
-            "weights_pending_samples": self.pending,
+    if POLICY[0]:  # each replica's engines: its own pods, the trainer pods' sidecars, the operator
+        trainers = [f"trainer-{n}" for n in range(1, 5)]
+        body["spec"]["networkPolicy"] = {
+            "enabled": True,
+            "engineClients": [
+                {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": trainers}]}},
+                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "drs-system"}}},
+            ],
         }
-        if self.first_untrue:
-            out["first_untrue"] = self.first_untrue
-        return out
-
-
-def get_json(cluster: RunningCluster, *args: str) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
     return body
-
-
-def pods(cluster: RunningCluster, selector: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = get_json(cluster, "pods", "-n", NS, "-l", selector)["items"]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
 
 
 def converged(cluster: RunningCluster) -> bool:
@@ -204,20 +163,6 @@ def converged(cluster: RunningCluster) -> bool:
         and fronts
         and all(f["ready"] and (f.get("standbyReady") or not STANDBY[0]) for f in fronts)
     )
-
-
-def wait(what: str, check: Callable[[], bool], timeout: float = READY_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{what}: not reached after {timeout:.0f}s")
-        time.sleep(1.0)
-
-
-def kill(cluster: RunningCluster, namespace: str, victims: list[dict[str, Any]]) -> None:
-    names = [p["metadata"]["name"] for p in victims]
-    say(f"deleting {names} with grace 0")
-    cluster.kubectl("delete", "pod", *names, "-n", namespace, "--grace-period=0", "--force")
 
 
 METRICS = (
@@ -311,13 +256,16 @@ def roll_and_kill_operator(cluster: RunningCluster) -> None:
     kill(cluster, "drs-system", get_json(cluster, "pods", "-n", "drs-system")["items"])
 
 
-def refit(cluster: RunningCluster) -> None:
+def refit(cluster: RunningCluster, during: Callable[[RunningCluster, str], None] | None = None) -> None:
     """The trainer's refit step as a pod, by checkpoint path; returns once the pod has ended and
-    the desired weights (with their cut-over) are in the status."""
+    the desired weights (with their cut-over) are in the status. ``during(cluster, pod)``, when
+    given, runs once the pod is applied (while it refits)."""
     name = f"trainer-{len(REFITS) + 1}"
     objs = inpod.trainer_objects(name, NS, NAME, TRAINER, CLAIM, DEFAULT_MODEL_MOUNT_PATH)
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
     say(f"{name}: refitting every engine by path")
+    if during is not None:
+        during(cluster, name)
     wait(
         f"{name} to end",
         lambda: get_json(cluster, "pod", name, "-n", NS)["status"].get("phase") in ("Succeeded", "Failed"),
@@ -352,7 +300,11 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "operator_killed": roll_and_kill_operator,
     "roll": roll,
     "refit": refit,
+    "refit_operator_killed": lambda cluster: refit(cluster, during=kill_operator_mid_refit),
     FORGOTTEN: kill_engine("decode", forget=True),
+    "replica_killed_pathless": kill_replica_pathless,
+    "scaled_up_pathless": scale_up_pathless,
+    UNADMITTED: kill_replica_pathless_unadmitted,
 }
 
 
@@ -387,6 +339,7 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     )
     time.sleep(5)
     began = time.monotonic()
+    NOTES.clear()
     with StatusWatch(cluster) as watch:
         EVENTS[scenario](cluster)
         # an event that came after the client's load ended tested nothing: say so in the result
@@ -402,6 +355,12 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
     result["event_after_load"] = late
     result.update(weights_figures(result.pop("answers")), **watch.figures())
     result["desired"] = REFITS[-1][1] if REFITS else None
+    result.update(NOTES)
+    if NOTES.get("recovered") is False:  # its new engines never came Ready: the figures as they are
+        result["engines_at_desired"] = engines_at_desired(cluster)
+        result["evidence"] = str(keep_evidence(cluster, scenario))
+        say(f"{scenario}: {json.dumps(result)}")
+        return result
     wait("the fleet Ready again", lambda: converged(cluster))
     if scenario == FORGOTTEN or not REFITS:
         result["engines_at_desired"] = engines_at_desired(cluster)
@@ -433,6 +392,9 @@ def run_all(
         for scenario in scenarios:
             rolls = scenario in ("roll", "operator_killed")
             results[scenario] = run_scenario(cluster, scenario, seconds * (2 if rolls else 1))
+            if results[scenario].get("recovered") is False:
+                say(f"{scenario}: the fleet did not recover; the scenarios after it are not run")
+                break
 
 
 def _all_at_desired(cluster: RunningCluster) -> bool:
@@ -448,12 +410,15 @@ def main() -> int:
     args = parser.parse_args()
     STANDBY[0] = not args.no_standby
     scenarios = [s for s in args.scenarios.split(",") if s]
+    POLICY[0] = any(s in PATHLESS for s in scenarios)
     unknown = [s for s in scenarios if s not in EVENTS]
     if unknown:
         raise SystemExit(f"--scenarios: unknown {unknown}; known: {list(EVENTS)}")
     results: dict[str, Any] = {}
     load_start = list(os.getloadavg())
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    # the code the run starts with (HEAD may move while it runs)
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     # beside the test session's real-node cluster: its own state dir, ports and pod network
     state_dir = REAL_STATE_DIR.with_name(REAL_STATE_DIR.name + "-chaos")
     cleanup: list[Path] = []
@@ -462,7 +427,6 @@ def main() -> int:
     finally:
         for path in cleanup:
             shutil.rmtree(path, ignore_errors=True)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     line = {
         "bench": "chaos_realnodes",
         "started_utc": started,
@@ -473,6 +437,7 @@ def main() -> int:
         f"1 decode), 1 frontend URL each ({2 if STANDBY[0] else 1} process(es)), sim speed 0.1, pod networking, "
         "1 real node",
         "standby": STANDBY[0],
+        "network_policy": POLICY[0],
         "client": "examples/load_client.py in a pod: 8 sessions, max_retries=2 (the OpenAI SDK default)",
         "scenarios": results,
         "lost_total": sum(r["lost"] for r in results.values()),

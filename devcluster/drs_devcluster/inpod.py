@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from drs_operator.api.names import control_secret_name
+from drs_protocol import routes
 
 from . import images, nodeconfig
 from .cluster import DevCluster
@@ -186,6 +187,23 @@ def trainer_objects(
     pod["spec"]["initContainers"] = [sidecar]
     pod["spec"]["volumes"].append({"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim}})
     return objs
+
+
+#: Run inside an engine pod: its ``GET /control/weights`` with the control token the pod holds.
+_HELD_WEIGHTS = (
+    "import os, sys, urllib.request; "
+    "d = os.environ.get('DRS_CONTROL_TOKEN_DIR'); "
+    "t = open(d + '/token').read().strip() if d else os.environ['DRS_CONTROL_TOKEN']; "
+    "r = urllib.request.Request(sys.argv[1], headers={'authorization': 'Bearer ' + t}); "
+    "print(urllib.request.urlopen(r, timeout=10).read().decode())"
+)
+
+
+def held_weights_command(url: str) -> list[str]:
+    """The command that, run inside the pod of the engine serving at ``url`` (its status URL;
+    ``kubectl exec``), prints its ``GET /control/weights`` (:class:`drs_protocol.control.WeightsInfo`:
+    the version and digest it holds, and its ``catch_up`` with ``source`` and ``reached_from``)."""
+    return ["python", "-c", _HELD_WEIGHTS, url.rstrip("/") + routes.CONTROL_WEIGHTS]
 
 
 #: The Gym pod: where its init container writes Gym's config, and the file's name.

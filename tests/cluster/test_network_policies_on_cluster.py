@@ -68,11 +68,14 @@ def test_one_policy_per_replica_selects_its_engines_and_goes_when_scaled_down_or
             p["metadata"]["name"] for p in running if matches(policy["spec"]["podSelector"], p["metadata"]["labels"])
         }
         assert selected == {f"netpol-r{r}-prefill-0", f"netpol-r{r}-decode-0"}
-        own, sidecar = policy["spec"]["ingress"][0]["from"]
+        own, peers, sidecar = policy["spec"]["ingress"][0]["from"]
         admitted = {p["metadata"]["name"] for p in running if matches(own["podSelector"], p["metadata"]["labels"])}
         assert admitted == selected | {
             p["metadata"]["name"] for p in running if p["metadata"]["name"].startswith(f"netpol-r{r}-f0-")
         }
+        # the fleet's engines of every replica (a path-less catch-up's peers), no frontend
+        engines = {p["metadata"]["name"] for p in running if matches(peers["podSelector"], p["metadata"]["labels"])}
+        assert engines == {f"netpol-r{i}-{role}-0" for i in (0, 1) for role in ("prefill", "decode")}
         assert sidecar == SIDECAR
 
     devcluster.kubectl("scale", "drs", "netpol", "-n", namespace, "--replicas=1")
@@ -127,7 +130,7 @@ def test_a_peer_that_selects_nothing_is_a_condition_and_a_warning_naming_it_unti
     assert warnings and warnings[0]["type"] == "Warning" and first in warnings[0]["message"]
     status = drs_status(devcluster, namespace, "netpol")
     assert status["readyReplicas"] == 1 and condition(status, "Ready")["status"] == "True"  # still serving
-    assert len(policies(devcluster, namespace)["netpol-r0-engines"]["spec"]["ingress"][0]["from"]) == 4
+    assert len(policies(devcluster, namespace)["netpol-r0-engines"]["spec"]["ingress"][0]["from"]) == 5
 
     devcluster.kubectl("create", "namespace", elsewhere)
     try:

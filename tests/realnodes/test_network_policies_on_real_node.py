@@ -204,10 +204,12 @@ def test_the_replica_policy_admits_its_own_frontend_engines_and_engine_clients_o
     admitted(realcluster, ns, frontend0, engine(realcluster, ns, 0, "decode"))
     refused(realcluster, ns, frontend0, prefill1)
     refused(realcluster, ns, frontend0, decode1_addr)
-    # The KV handoff: a decode engine reaches its own replica's prefill engine, not the other's.
+    # The KV handoff: a decode engine reaches its own replica's prefill engine; the other
+    # replica's engines too (a path-less catch-up streams the desired weights from a peer engine
+    # of any replica: docs/weights.md), while that replica's frontend stays refused (above).
     admitted(realcluster, ns, decode0, prefill0)
     admitted(realcluster, ns, decode1, prefill1)
-    refused(realcluster, ns, decode1, prefill0)
+    admitted(realcluster, ns, decode1, prefill0)
     # engineClients: the sidecar is admitted to every replica's engines, an unlisted pod to none.
     admitted(realcluster, ns, "sidecar", prefill0)
     admitted(realcluster, ns, "sidecar", decode1_addr)

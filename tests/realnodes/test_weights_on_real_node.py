@@ -19,7 +19,7 @@ import pytest
 import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
-from drs_operator.api.constants import DEFAULT_MODEL_MOUNT_PATH
+from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS, DEFAULT_MODEL_MOUNT_PATH
 
 from .pods import wait_phase
 
@@ -96,13 +96,41 @@ def operator(realcluster: RunningCluster) -> Iterator[str]:
 @pytest.fixture
 def refitted(realcluster: RunningCluster, operator: str, realns: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The fleet, mounting a checkpoint volume, refitted by the trainer's pod (ended): its desired weights."""
+    yield from refit_fleet(realcluster, realns, tmp_path, EXAMPLE)
+
+
+#: Per-replica NetworkPolicies: each replica's engines admit its own pods, the fleet's engines,
+#: the trainer's pod (its sidecar refits them) and the operator (it asks what they hold).
+POLICY = {
+    "enabled": True,
+    "engineClients": [
+        {"podSelector": {"matchLabels": {"app": "trainer"}}},
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "drs-system"}}},
+    ],
+}
+
+
+@pytest.fixture
+def refitted_under_policy(
+    realcluster: RunningCluster, operator: str, realns: str, tmp_path: Path
+) -> Iterator[dict[str, Any]]:
+    """``refitted`` with ``spec.networkPolicy`` on (kube-router enforces it on the real node)."""
+    fleet = json.loads(json.dumps(EXAMPLE))
+    fleet["spec"]["networkPolicy"] = POLICY
+    yield from refit_fleet(realcluster, realns, tmp_path, fleet)
+
+
+def refit_fleet(
+    realcluster: RunningCluster, realns: str, tmp_path: Path, example: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """``example`` (mounting a checkpoint volume) Ready, refitted by the trainer's pod: the desired weights."""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     checkpoints.chmod(0o777)  # written by the trainer container's non-root user
     objs = inpod.checkpoint_volume_objects(CLAIM, realns, checkpoints)
     realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
     try:
-        fleet = json.loads(json.dumps(EXAMPLE))
+        fleet = json.loads(json.dumps(example))
         fleet["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
         realcluster.kubectl("apply", "-n", realns, "-f", "-", input=yaml.safe_dump(fleet))
         wait("the fleet Ready", lambda: ready_fleet(realcluster, realns))
@@ -124,31 +152,35 @@ def pods_of(cluster: RunningCluster, ns: str, selector: str) -> list[dict[str, A
     return items
 
 
-def kill_under_load(cluster: RunningCluster, ns: str, role: str, desired: dict[str, Any]) -> None:
-    """Replica 0's ``role`` pod deleted (grace 0) while a client pod drives turns over the status
-    URLs; the replacement Ready, the client's every turn at the desired weights, status true."""
+def kill_under_load(cluster: RunningCluster, ns: str, role: str, desired: dict[str, Any]) -> list[str]:
+    """Replica 0's ``role`` pods (``role``: a label selector term of ``disagg.dev/role``) deleted
+    (grace 0) while a client pod drives turns over the status URLs; the replacements Ready, the
+    client's every turn at the desired weights, status true. Returns the replacements' names."""
     version, digest = desired["version"], desired["digest"]
-    client = f"load-{role}"
+    client = "load-replica" if " in " in role else f"load-{role}"  # a pod name: no selector syntax
     args = ["--name", NAME, "--namespace", ns, "--seconds", str(LOAD_S), "--sessions", "8", "--answers"]
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(inpod.client_objects(client, ns, LOAD, args)))
     wait(
         f"{client}'s first turn",
         lambda: "[load] started" in cluster.kubectl("logs", client, "-n", ns, check=False).stdout,
     )
-    selector = f"disagg.dev/replicaset={NAME},disagg.dev/role={role},disagg.dev/replica=0"
-    [victim] = pods_of(cluster, ns, selector)
-    uid = victim["metadata"]["uid"]
+    term = role if " in " in role else f"disagg.dev/role={role}"
+    selector = f"disagg.dev/replicaset={NAME},{term},disagg.dev/replica=0"
+    victims = pods_of(cluster, ns, selector)
+    uids = {v["metadata"]["uid"] for v in victims}
 
-    def replaced() -> bool:
-        return any(
-            p["metadata"]["uid"] != uid
-            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+    def replacements() -> list[str]:
+        return [
+            p["metadata"]["name"]
             for p in pods_of(cluster, ns, selector)
-        )
+            if p["metadata"]["uid"] not in uids
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+        ]
 
     with StaleWatch(cluster, ns, version) as watch:
-        cluster.kubectl("delete", "pod", victim["metadata"]["name"], "-n", ns, "--grace-period=0", "--force")
-        wait(f"a Ready replacement of the {role} pod", replaced)
+        names = [v["metadata"]["name"] for v in victims]
+        cluster.kubectl("delete", "pod", *names, "-n", ns, "--grace-period=0", "--force")
+        wait(f"Ready replacements of the {role} pods", lambda: len(replacements()) == len(victims))
         phase = wait_phase(cluster, ns, client, {"Succeeded", "Failed"}, timeout=LOAD_S + 120)["status"]["phase"]
     out = cluster.kubectl("logs", client, "-n", ns).stdout
     assert phase == "Succeeded", out
@@ -163,6 +195,7 @@ def kill_under_load(cluster: RunningCluster, ns: str, role: str, desired: dict[s
         return len(shown) == 4 and all(e.get("weightsDigest") == digest for e in shown)
 
     wait("every engine's status digest the desired one", all_at_desired, timeout=60)
+    return replacements()
 
 
 def test_a_replacement_engine_serves_no_turn_at_other_weights_and_status_stays_true(
@@ -170,3 +203,36 @@ def test_a_replacement_engine_serves_no_turn_at_other_weights_and_status_stays_t
 ) -> None:
     for role in ("decode", "prefill"):
         kill_under_load(realcluster, realns, role, refitted)
+
+
+def test_a_replica_replaced_under_path_less_weights_catches_up_from_the_other_replica_through_the_policies(
+    realcluster: RunningCluster, refitted_under_policy: dict[str, Any], realns: str
+) -> None:
+    """The desired weights as a broadcast leaves them (no checkpoint path), per-replica policies on:
+    both engine pods of replica 0 deleted at once have no holder in their own replica; each must
+    stream the weights from replica 1's engines. What would break it: a replica policy that admits
+    only its own replica's pods (the stream refused; the replacements never Ready)."""
+    desired = refitted_under_policy
+    stored = json.loads(drs(realcluster, realns)["metadata"]["annotations"][ANNOTATION_DESIRED_WEIGHTS])
+    stored.pop("path")
+    annotation = json.dumps(stored, separators=(",", ":"))
+    realcluster.kubectl(
+        "annotate", "drs", NAME, "-n", realns, "--overwrite", f"{ANNOTATION_DESIRED_WEIGHTS}={annotation}"
+    )
+
+    def pathless() -> bool:
+        got = json.loads(realcluster.kubectl("get", "configmap", f"{NAME}-weights", "-n", realns, "-o", "json").stdout)
+        data = got.get("data") or {}
+        return bool(data.get("peers")) and "path" not in json.loads(data.get("desired") or "{}")
+
+    wait("the weights ConfigMap with path-less desired weights and peers", pathless, timeout=60)
+    fresh = kill_under_load(realcluster, realns, "disagg.dev/role in (prefill,decode)", refitted_under_policy)
+    urls = {e["name"]: e["url"] for e in engines(drs(realcluster, realns)["status"])}
+    replica1 = {url for name, url in urls.items() if name.startswith(f"{NAME}-r1-")}
+    assert len(fresh) == 2 and len(replica1) == 2, (fresh, urls)
+    for pod in fresh:
+        got = realcluster.kubectl("exec", pod, "-n", realns, "--", *inpod.held_weights_command(urls[pod]))
+        held = json.loads(got.stdout)
+        catch_up = held.get("catch_up") or {}
+        assert held["weights_digest"] == desired["digest"], (pod, held)
+        assert catch_up.get("source") == "peers" and catch_up.get("reached_from") in replica1, (pod, catch_up)

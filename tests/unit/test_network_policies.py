@@ -45,10 +45,12 @@ def test_policies_are_off_by_default() -> None:
 @settings(max_examples=15, deadline=None)
 @given(replicas=st.integers(min_value=1, max_value=4))
 def test_each_replicas_policy_selects_its_engines_and_admits_only_its_own_pods(replicas: int) -> None:
-    s = spec(replicas=replicas, prefill={"engines": 1, "tensorParallelSize": 1}, decode={"engines": 1})
+    one = {"engines": 1, "tensorParallelSize": 1}  # widths 1+1 tile the 8-GPU nodes: every replica placed
+    s = spec(replicas=replicas, prefill=one, decode=one)
     s = s.model_copy(update={"network_policy": spec(networkPolicy={"enabled": True}).network_policy})
     _, placement, children = build(s, hgx(4))
     placed = [r.index for r in placement.replicas if r.placed]
+    assert placed == list(range(replicas))
     policies = children.all_of("NetworkPolicy")
     assert sorted(policies) == sorted(f"fleet-r{r}-engines" for r in placed)
     pods = _pod_labels(children)
@@ -64,16 +66,39 @@ def test_each_replicas_policy_selects_its_engines_and_admits_only_its_own_pods(r
         mine = {n for n, labels in pods.items() if labels["disagg.dev/replica"] == str(r)}
         assert selected == {n for n in mine if pods[n]["disagg.dev/role"] in ("prefill", "decode")}
         [rule] = body["ingress"]
-        [own] = rule["from"]  # no engineClients: only the replica's own pods
+        [own, peers] = rule["from"]  # no engineClients: the replica's own pods, the fleet's engines
         assert {n for n, labels in pods.items() if _matches(own["podSelector"], labels)} == mine
         assert "namespaceSelector" not in own  # the policy's own namespace only
+        # a path-less catch-up streams the weights from any replica's engine; no other frontend
+        engines = {n for n, labels in pods.items() if labels["disagg.dev/role"] in ("prefill", "decode")}
+        assert {n for n, labels in pods.items() if _matches(peers["podSelector"], labels)} == engines
+        assert "namespaceSelector" not in peers
+        admitted = {n for n, labels in pods.items() if any(_matches(p["podSelector"], labels) for p in rule["from"])}
+        assert {n for n in pods if pods[n]["disagg.dev/role"] == "frontend"} & admitted == {
+            n for n in mine if pods[n]["disagg.dev/role"] == "frontend"
+        }
+
+
+def test_a_path_less_catch_up_reaches_a_peer_of_another_replica() -> None:
+    """Every placed engine is a peer in the weights ConfigMap; each replica's policy admits them all."""
+    one = {"engines": 1, "tensorParallelSize": 1}
+    s = spec(replicas=2, prefill=one, decode=one)
+    s = s.model_copy(update={"network_policy": spec(networkPolicy={"enabled": True}).network_policy})
+    _, _, children = build(s, hgx(4))
+    pods = _pod_labels(children)
+    policy = children.all_of("NetworkPolicy")["fleet-r1-engines"]["spec"]
+    replacement = {**pods["fleet-r0-decode-0"]}  # replica 0's decode, started again after a kill
+    assert _matches(policy["podSelector"], pods["fleet-r1-prefill-0"])
+    assert any(_matches(p["podSelector"], replacement) for p in policy["ingress"][0]["from"])
+    frontend0 = next(labels for n, labels in pods.items() if n.startswith("fleet-r0-f"))
+    assert not any(_matches(p["podSelector"], frontend0) for p in policy["ingress"][0]["from"])
 
 
 def test_engine_clients_are_appended_as_peers() -> None:
     ip = {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}
     s = spec(networkPolicy={"enabled": True, "engineClients": [SIDECAR, ip]})
     policy = build_replica_network_policy(OWNER, s, 1)
-    assert policy["spec"]["ingress"][0]["from"][1:] == [SIDECAR, ip]
+    assert policy["spec"]["ingress"][0]["from"][2:] == [SIDECAR, ip]
 
 
 @pytest.mark.parametrize(

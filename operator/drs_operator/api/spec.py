@@ -316,7 +316,8 @@ class NetworkPolicySpec(SpecModel):
         False,
         description=(
             "One NetworkPolicy per replica: its engines accept only its own frontends and engines "
-            "(requests and the KV handoff) and engineClients."
+            "(requests and the KV handoff), the fleet's other engines (a path-less catch-up streams "
+            "the desired weights from a peer of any replica) and engineClients."
         ),
     )
     engine_clients: list[PolicyPeer] = Field(

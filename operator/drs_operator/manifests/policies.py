@@ -7,6 +7,12 @@ replica index, the role) and admits, on every port:
 
 * pods of the same fleet and replica: its frontends (requests) and its engines (the
   prefill-to-decode KV handoff, and the ranks of an engine wider than a node);
+* the fleet's engines of every replica: an engine that starts under desired weights without a
+  checkpoint path (after a broadcast or CUDA IPC refit) streams them from a serving peer engine
+  of the fleet (``drs_engine.weights.peer``, the weights ConfigMap's ``peers``: every placed
+  engine), and a replica whose engines were all replaced, or a replica added by scale-up, has no
+  holder of its own; the stream is authenticated by the fleet's control token like every engine
+  route, and another replica's frontends stay refused;
 * ``spec.networkPolicy.engineClients``: whoever else talks to engines, such as the trainer's
   refit sidecar, and the operator, which asks every engine what weights it holds
   (``kube/engines.py``; not admitted by itself here: the policy does not know the operator's
@@ -35,8 +41,18 @@ def replica_selector(drs: str, replica: int, roles: tuple[str, ...]) -> Manifest
     }
 
 
+def fleet_engines_selector(drs: str) -> Manifest:
+    """A label selector of the prefill and decode pods of every replica of ``drs`` (the peers a
+    path-less catch-up streams the desired weights from)."""
+    return {
+        "matchLabels": {LABEL_REPLICASET: drs},
+        "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": [str(r) for r in ROLES]}],
+    }
+
+
 def build_replica_network_policy(owner: Owner, spec: DisaggReplicaSetSpec, replica: int) -> Manifest:
-    """The NetworkPolicy admitting only replica ``replica``'s own pods and ``engineClients`` to its engines."""
+    """The NetworkPolicy admitting only replica ``replica``'s own pods, the fleet's engines and
+    ``engineClients`` to its engines."""
     engines = tuple(str(r) for r in ROLES)
     clients = [
         peer.model_dump(by_alias=True, exclude_none=True, mode="json") for peer in spec.network_policy.engine_clients
@@ -55,6 +71,7 @@ def build_replica_network_policy(owner: Owner, spec: DisaggReplicaSetSpec, repli
                     {
                         "from": [
                             {"podSelector": replica_selector(owner.name, replica, (ROLE_FRONTEND, *engines))},
+                            {"podSelector": fleet_engines_selector(owner.name)},
                             *clients,
                         ]
                     }
