@@ -34,15 +34,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import uvloop
 from drs_protocol import env
 
 #: Seconds the child may take to start its engines.
 START_TIMEOUT_S = 900.0
 #: Seconds over which the engines' idle CPU is measured, before the first refit.
 IDLE_WINDOW_S = 2.0
+#: ``--loop``: how each process runs its event loop.
+LOOPS: dict[str, Callable[[Coroutine[Any, Any, Any]], Any]] = {"uvloop": uvloop.run, "asyncio": asyncio.run}
 
 
 async def serve(count: int, profile: str | None) -> None:
@@ -196,16 +200,24 @@ def main() -> None:
         action="store_true",
         help="the sidecar's loads carry the target (drs sidecar --fold-announce): one call per engine",
     )
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="uvloop",
+        help="both processes' event loop: uvloop, as `drs engine` (uvicorn picks it) and `drs sidecar` run; "
+        "asyncio: this bench before 2026-12-06",
+    )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    run = LOOPS[args.loop]
     if args.serve is not None:
-        asyncio.run(serve(args.serve, args.profile_engines))
+        run(serve(args.serve, args.profile_engines))
         return
     token = "refit-scale-token"
     load_before = os.getloadavg()
     started = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(args.engines)]
+        [sys.executable, __file__, "--serve", str(args.engines), "--loop", args.loop]
         + (["--profile-engines", args.profile_engines] if args.profile_engines else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -219,9 +231,7 @@ def main() -> None:
             raise SystemExit("the engines' process exited before it served")
         urls = json.loads(line)
         engines_up_s = time.perf_counter() - started
-        result = asyncio.run(
-            drive(urls, token, args.refits, args.concurrency, child.pid, args.profile, args.fold_announce)
-        )
+        result = run(drive(urls, token, args.refits, args.concurrency, child.pid, args.profile, args.fold_announce))
     finally:
         if child.stdin is not None:
             child.stdin.close()
@@ -232,6 +242,7 @@ def main() -> None:
         "engines": len(urls),
         "concurrency": args.concurrency,
         "fold_announce": args.fold_announce,
+        "loop": args.loop,
         "refits": args.refits,
         "engines_up_s": round(engines_up_s, 1),
         **result,
