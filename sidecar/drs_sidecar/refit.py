@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -55,7 +56,7 @@ from drs_protocol.weights_state import DesiredWeights, HeldWeights
 from pydantic import BaseModel, ValidationError
 
 from drs_sidecar.collective import GroupLayout, group_layout, membership_changes
-from drs_sidecar.control import CallResult, ControlClient, encoded
+from drs_sidecar.control import CallResult, ControlClient
 from drs_sidecar.errors import FleetError, GroupChanged, NoGroup, RefitBusy, Refused
 from drs_sidecar.fleet import Engine, Fleet
 from drs_sidecar.group_abort import CollectiveSteps
@@ -168,18 +169,12 @@ class Refitter:
                     return self._fan_out(ControlOp.LOAD_WEIGHTS, engines, load, desired_digest=request.digest)
 
                 if fold and self.targets.one_wave(engines, self.concurrency):  # each load tells its engine
-                    report, late = await lease.load_folded(
-                        engines,
-                        margin,
-                        lambda told: self.control.load_body(*checkpoint, told),
-                        self.control.load,
-                        fan_out,
-                    )
+                    loads = (lambda told: self.control.load_body(*checkpoint, told), self.control.load)
+                    report, late = await lease.load_folded(engines, margin, *loads, fan_out)
                 else:
-                    body = self.control.load_body(*checkpoint)  # one encoding for every engine
                     await lease.cover(engines, again=passing)  # every engine has been told before the first load
-                    late = lease.outran()
-                    report = await fan_out(lambda url: self.control.load(url, body))
+                    late, body = lease.outran(), self.control.load_body(*checkpoint)  # one encoding for all
+                    report = await fan_out(functools.partial(self.control.load, body=body))
                 await lease.stop()  # no renewal after this: a rollback's announce comes last
                 note_cutover(report, lease, margin, late)
                 self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()
@@ -249,9 +244,7 @@ class Refitter:
         """The colocated refit: every ready engine copies the trainer's CUDA-IPC-shared packed
         buffers into its weights and serves them as ``request.version`` (engines on the trainer's
         host; no group to form). ``path`` and ``digest`` as for :meth:`collective_update`."""
-        body = encoded(
-            IpcUpdate(version=request.version, state_dict_info=request.state_dict_info, buffers=request.buffers)
-        )
+        body = IpcUpdate(version=request.version, state_dict_info=request.state_dict_info, buffers=request.buffers)
         async with self._exclusive():
             op = ControlOp.UPDATE_WEIGHTS_FROM_IPC
             engines = self.known = await self.fleet.engines()
@@ -374,8 +367,7 @@ class Refitter:
 
     async def broadcast(self, op: ControlOp, body: MemoryTags | None = None) -> Report:
         """One control call on every ready engine (prefix-cache reset, sleep, wake, profiling)."""
-        payload = None if body is None else encoded(body)  # one encoding for every engine
-        return await self._fan_out(op, await self.fleet.engines(), lambda url: self.control.op(url, op, payload))
+        return await self._fan_out(op, await self.fleet.engines(), lambda url: self.control.op(url, op, body))
 
     async def reconcile_once(self) -> Report | None:
         """Record what every ready engine holds (the operator's per-engine status); bring every
@@ -403,11 +395,10 @@ class Refitter:
             path = desired.path
             if due and path is not None:
                 log.info("%d engine(s) not at weights %s: loading", len(due), desired.version)
-                body = self.control.load_body(path, desired.version)
                 report = await self._fan_out(
                     ControlOp.LOAD_WEIGHTS,
                     due,
-                    lambda url: self.control.load(url, body),
+                    lambda url: self.control.load_checkpoint(url, path, desired.version),
                     desired_digest=desired.digest,
                 )
                 self._note_attempts(report, now)
