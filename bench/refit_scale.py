@@ -15,9 +15,14 @@ checks, plus the trainer's one call) and of the engines' process (``engines_cpu_
 ``/proc``; ``engines_idle_cpu_per_s``: that process's CPU per second with nothing asked of it,
 a cost of putting N servers in one process that a refit's wall time pays too). Both processes share this machine's cores with other work, so on a small or busy
 machine the wall time is mostly waiting for a core; the CPU seconds are the orchestration's own
-cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load.
+cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load. Also
+the seconds each refit this process spent in its garbage collector (``sidecar_gc_s``) and the
+engines' process's over all refits (``engines_gc``). Both processes run on uvloop, as ``drs
+engine`` (uvicorn picks it) and ``drs sidecar`` do; ``--loop asyncio`` is this bench before
+2026-12-06. ``--profile``/``--profile-engines`` profile CPU time (``time.process_time``).
 
-    python bench/refit_scale.py [--engines 256] [--refits 5] [--fold-announce] [--profile sidecar.prof]
+    python bench/refit_scale.py [--engines 256] [--refits 5] [--fold-announce] [--loop uvloop|asyncio]
+        [--profile sidecar.prof] [--profile-engines engines.prof]
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import json
 import os
 import platform
@@ -67,11 +73,33 @@ async def serve(count: int, profile: str | None) -> None:
         profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall: the box is shared
         if profiler is not None:
             profiler.enable()
+        clock = GcClock()
         print(json.dumps(urls), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         if profiler is not None and profile:
             profiler.disable()
             profiler.dump_stats(profile)
+        print(json.dumps(clock.figures()), flush=True)  # from the first refit on
+
+
+class GcClock:
+    """Seconds this process spent in the garbage collector, and its collections per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+
+    def figures(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 3), "collections": self.collections}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -97,7 +125,13 @@ async def idle_cpu(pid: int) -> float:
 
 
 async def drive(
-    urls: list[str], token: str, refits: int, concurrency: int, engines_pid: int, profile: str | None, fold: bool
+    urls: list[str],
+    token: str,
+    refits: int,
+    concurrency: int,
+    engines_pid: int,
+    profile: str | None,
+    fold: bool,
 ) -> dict[str, Any]:
     """``refits + 1`` refits through a real sidecar app (the first one warms up: first contact
     with every engine, connections opened, and is reported on its own)."""
@@ -119,6 +153,7 @@ async def drive(
     while not server.started:  # the sidecar's first fleet read and reconcile pass: first contact
         await asyncio.sleep(0.01)
     startup = {"wall": time.perf_counter() - startup_wall, "cpu": time.process_time() - startup_cpu}
+    clock = GcClock()
     idle_cpu_per_s = await idle_cpu(engines_pid)
     profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall: the box is shared
     sidecar = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
@@ -134,6 +169,7 @@ async def drive(
                 if profiler is not None and i == 1:
                     profiler.enable()
                 started, cpu, engines_cpu = time.perf_counter(), time.process_time(), cpu_seconds(engines_pid)
+                in_gc = clock.seconds
                 response = await client.post(sidecar + TrainerRoute.REFIT, json=body)
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
                 engines_cpu = cpu_seconds(engines_pid) - engines_cpu
@@ -148,6 +184,7 @@ async def drive(
                         "margin": report.get("cutover_margin_s") or 0.0,
                         "cpu": cpu,
                         "engines_cpu": engines_cpu,
+                        "gc": clock.seconds - in_gc,
                     }
                 )
                 if i:
@@ -179,6 +216,8 @@ def summary(
         "sidecar_cpu_s": spread([r["cpu"] for r in counted]),
         #: the engines' process's CPU (all N engines answering the announce and the load)
         "engines_cpu_s": spread([r["engines_cpu"] for r in counted]),
+        #: seconds of each refit this process (sidecar and trainer) spent in its garbage collector
+        "sidecar_gc_s": spread([r["gc"] for r in counted]),
         #: the engines' process's CPU seconds per second while idle: N uvicorn servers in one
         #: process each wake 10 times a second (their main loop), which a refit's seconds also pay
         "engines_idle_cpu_per_s": round(idle_cpu_per_s, 3),
@@ -224,6 +263,7 @@ def main() -> None:
         env={**os.environ, env.CONTROL_TOKEN: token},
         text=True,
     )
+    engines_gc = None
     try:
         assert child.stdout is not None and child.stdin is not None
         line = child.stdout.readline()
@@ -235,6 +275,8 @@ def main() -> None:
     finally:
         if child.stdin is not None:
             child.stdin.close()
+        if child.stdout is not None:
+            engines_gc = json.loads(child.stdout.readline() or "null")
         child.wait(120)
     out = {
         "bench": "refit_scale",
@@ -246,6 +288,8 @@ def main() -> None:
         "refits": args.refits,
         "engines_up_s": round(engines_up_s, 1),
         **result,
+        #: the engines' process's time in its garbage collector over every refit, warm-up included
+        "engines_gc": engines_gc,
         "target_le_0.5s": result["trainer_call_s"]["median"] <= 0.5,
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
     }
