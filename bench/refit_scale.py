@@ -2,7 +2,8 @@
 until every engine's digest is verified, over N real sim engines (prints one JSON line).
 
 The engines (``sim``, ``weightsLoadSeconds: 0``: the transfer itself is excluded, as the issue's
-target says) run in one child process, the sidecar's app in this one with a static fleet of their
+target says) run in one child process (``--engine-processes N``: spread over N, so that the
+figure measures the sidecar rather than one process hosting N servers), the sidecar's app in this one with a static fleet of their
 URLs (``--concurrency`` loads at once, 256 by default), and a trainer client posts the refits over
 loopback HTTP. Every refit carries the checkpoint's digest, so each of the N answers is checked.
 Reports, over the refits after a first one (the warm-up: first contact with every engine, reported
@@ -22,7 +23,7 @@ engine`` (uvicorn picks it) and ``drs sidecar`` do; ``--loop asyncio`` is this b
 2026-12-06. ``--profile``/``--profile-engines`` profile CPU time (``time.process_time``).
 
     python bench/refit_scale.py [--engines 256] [--refits 5] [--fold-announce] [--loop uvloop|asyncio]
-        [--profile sidecar.prof] [--profile-engines engines.prof]
+        [--engine-processes 1] [--profile sidecar.prof] [--profile-engines engines.prof]
 """
 
 from __future__ import annotations
@@ -102,10 +103,19 @@ class GcClock:
         return {"seconds": round(self.seconds, 3), "collections": self.collections}
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) processes ``pids`` have used so far (Linux ``/proc``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _split(count: int, parts: int) -> list[range]:
+    """``count`` engines over ``parts`` processes, as evenly as they go (none empty)."""
+    parts = max(1, min(parts, count))
+    return [range(i * count // parts, (i + 1) * count // parts) for i in range(parts)]
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -117,11 +127,11 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-async def idle_cpu(pid: int) -> float:
-    """CPU seconds per second process ``pid`` uses over :data:`IDLE_WINDOW_S` while nothing is asked of it."""
-    before = cpu_seconds(pid)
+async def idle_cpu(pids: list[int]) -> float:
+    """CPU seconds per second processes ``pids`` use over :data:`IDLE_WINDOW_S` while nothing is asked of them."""
+    before = cpu_seconds(pids)
     await asyncio.sleep(IDLE_WINDOW_S)  # a measuring window, not a wait for an event
-    return (cpu_seconds(pid) - before) / IDLE_WINDOW_S
+    return (cpu_seconds(pids) - before) / IDLE_WINDOW_S
 
 
 async def drive(
@@ -129,7 +139,7 @@ async def drive(
     token: str,
     refits: int,
     concurrency: int,
-    engines_pid: int,
+    engines_pids: list[int],
     profile: str | None,
     fold: bool,
 ) -> dict[str, Any]:
@@ -154,7 +164,7 @@ async def drive(
         await asyncio.sleep(0.01)
     startup = {"wall": time.perf_counter() - startup_wall, "cpu": time.process_time() - startup_cpu}
     clock = GcClock()
-    idle_cpu_per_s = await idle_cpu(engines_pid)
+    idle_cpu_per_s = await idle_cpu(engines_pids)
     profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall: the box is shared
     sidecar = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     rounds: list[dict[str, Any]] = []
@@ -168,11 +178,11 @@ async def drive(
                 body = {"path": str(checkpoint), "version": f"step-{i}", "digest": digest_files(checkpoint)}
                 if profiler is not None and i == 1:
                     profiler.enable()
-                started, cpu, engines_cpu = time.perf_counter(), time.process_time(), cpu_seconds(engines_pid)
+                started, cpu, engines_cpu = time.perf_counter(), time.process_time(), cpu_seconds(engines_pids)
                 in_gc = clock.seconds
                 response = await client.post(sidecar + TrainerRoute.REFIT, json=body)
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-                engines_cpu = cpu_seconds(engines_pid) - engines_cpu
+                engines_cpu = cpu_seconds(engines_pids) - engines_cpu
                 report = response.json()
                 if response.status_code != 200 or report["ok"] != len(urls):
                     raise SystemExit(f"refit {i} incomplete: {response.status_code} {json.dumps(report)[:2000]}")
@@ -246,6 +256,12 @@ def main() -> None:
         help="both processes' event loop: uvloop, as `drs engine` (uvicorn picks it) and `drs sidecar` run; "
         "asyncio: this bench before 2026-12-06",
     )
+    parser.add_argument(
+        "--engine-processes",
+        type=int,
+        default=1,
+        help="the engines spread over this many processes (1: all in one, as before; the CPU figures sum them)",
+    )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     run = LOOPS[args.loop]
@@ -255,29 +271,38 @@ def main() -> None:
     token = "refit-scale-token"
     load_before = os.getloadavg()
     started = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(args.engines), "--loop", args.loop]
-        + (["--profile-engines", args.profile_engines] if args.profile_engines else []),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, env.CONTROL_TOKEN: token},
-        text=True,
-    )
-    engines_gc = None
+    shares = [len(part) for part in _split(args.engines, args.engine_processes)]
+    children = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(share), "--loop", args.loop]
+            + (["--profile-engines", f"{args.profile_engines}.{i}"] if args.profile_engines else []),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, env.CONTROL_TOKEN: token},
+            text=True,
+        )
+        for i, share in enumerate(shares)
+    ]
+    engines_gc: list[Any] = []
     try:
-        assert child.stdout is not None and child.stdin is not None
-        line = child.stdout.readline()
-        if not line:
-            raise SystemExit("the engines' process exited before it served")
-        urls = json.loads(line)
+        urls: list[str] = []
+        for child in children:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            if not line:
+                raise SystemExit("an engines' process exited before it served")
+            urls.extend(json.loads(line))
         engines_up_s = time.perf_counter() - started
-        result = run(drive(urls, token, args.refits, args.concurrency, child.pid, args.profile, args.fold_announce))
+        pids = [child.pid for child in children]
+        result = run(drive(urls, token, args.refits, args.concurrency, pids, args.profile, args.fold_announce))
     finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        if child.stdout is not None:
-            engines_gc = json.loads(child.stdout.readline() or "null")
-        child.wait(120)
+        for child in children:
+            if child.stdin is not None:
+                child.stdin.close()
+        for child in children:
+            if child.stdout is not None:
+                engines_gc.append(json.loads(child.stdout.readline() or "null"))
+            child.wait(120)
     out = {
         "bench": "refit_scale",
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
@@ -285,11 +310,12 @@ def main() -> None:
         "concurrency": args.concurrency,
         "fold_announce": args.fold_announce,
         "loop": args.loop,
+        "engine_processes": len(children),
         "refits": args.refits,
         "engines_up_s": round(engines_up_s, 1),
         **result,
-        #: the engines' process's time in its garbage collector over every refit, warm-up included
-        "engines_gc": engines_gc,
+        #: each engines' process's time in its garbage collector over every refit, warm-up included
+        "engines_gc": engines_gc[0] if len(engines_gc) == 1 else engines_gc,
         "target_le_0.5s": result["trainer_call_s"]["median"] <= 0.5,
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
     }
