@@ -112,6 +112,11 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def _numbered(path: str, i: int, count: int) -> str:
+    """``path`` for the ``i``-th of ``count`` engines' processes (one process: ``path`` itself)."""
+    return path if count <= 1 else f"{path}.{i}"
+
+
 def _split(count: int, parts: int) -> list[range]:
     """``count`` engines over ``parts`` processes, as evenly as they go (none empty)."""
     parts = max(1, min(parts, count))
@@ -237,6 +242,25 @@ def summary(
     }
 
 
+def start_engines(args: argparse.Namespace, token: str) -> list[subprocess.Popen[str]]:
+    """The engines' processes (``--engine-processes``), each serving its share of ``--engines``."""
+    return [
+        subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(len(share)), "--loop", args.loop]
+            + (
+                ["--profile-engines", _numbered(args.profile_engines, i, args.engine_processes)]
+                if args.profile_engines
+                else []
+            ),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, env.CONTROL_TOKEN: token},
+            text=True,
+        )
+        for i, share in enumerate(_split(args.engines, args.engine_processes))
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", type=int, default=256)
@@ -271,18 +295,7 @@ def main() -> None:
     token = "refit-scale-token"
     load_before = os.getloadavg()
     started = time.perf_counter()
-    shares = [len(part) for part in _split(args.engines, args.engine_processes)]
-    children = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--serve", str(share), "--loop", args.loop]
-            + (["--profile-engines", f"{args.profile_engines}.{i}"] if args.profile_engines else []),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={**os.environ, env.CONTROL_TOKEN: token},
-            text=True,
-        )
-        for i, share in enumerate(shares)
-    ]
+    children = start_engines(args, token)
     engines_gc: list[Any] = []
     try:
         urls: list[str] = []
