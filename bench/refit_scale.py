@@ -2,7 +2,8 @@
 until every engine's digest is verified, over N real sim engines (prints one JSON line).
 
 The engines (``sim``, ``weightsLoadSeconds: 0``: the transfer itself is excluded, as the issue's
-target says) run in one child process, the sidecar's app in this one with a static fleet of their
+target says) run in one child process (``--engine-processes N``: spread over N, so that the
+figure measures the sidecar rather than one process hosting N servers), the sidecar's app in this one with a static fleet of their
 URLs (``--concurrency`` loads at once, 256 by default), and a trainer client posts the refits over
 loopback HTTP. Every refit carries the checkpoint's digest, so each of the N answers is checked.
 Reports, over the refits after a first one (the warm-up: first contact with every engine, reported
@@ -15,9 +16,14 @@ checks, plus the trainer's one call) and of the engines' process (``engines_cpu_
 ``/proc``; ``engines_idle_cpu_per_s``: that process's CPU per second with nothing asked of it,
 a cost of putting N servers in one process that a refit's wall time pays too). Both processes share this machine's cores with other work, so on a small or busy
 machine the wall time is mostly waiting for a core; the CPU seconds are the orchestration's own
-cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load.
+cost wherever the engines run, and hold under load. ``loadavg_1m`` is the machine's load. Also
+the seconds each refit this process spent in its garbage collector (``sidecar_gc_s``) and the
+engines' process's over all refits (``engines_gc``). Both processes run on uvloop, as ``drs
+engine`` (uvicorn picks it) and ``drs sidecar`` do; ``--loop asyncio`` is this bench before
+2026-12-06. ``--profile``/``--profile-engines`` profile CPU time (``time.process_time``).
 
-    python bench/refit_scale.py [--engines 256] [--refits 5] [--fold-announce] [--profile sidecar.prof]
+    python bench/refit_scale.py [--engines 256] [--refits 5] [--fold-announce] [--loop uvloop|asyncio]
+        [--engine-processes 1] [--profile sidecar.prof] [--profile-engines engines.prof]
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import gc
 import json
 import os
 import platform
@@ -34,15 +41,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import uvloop
 from drs_protocol import env
 
 #: Seconds the child may take to start its engines.
 START_TIMEOUT_S = 900.0
 #: Seconds over which the engines' idle CPU is measured, before the first refit.
 IDLE_WINDOW_S = 2.0
+#: ``--loop``: how each process runs its event loop.
+LOOPS: dict[str, Callable[[Coroutine[Any, Any, Any]], Any]] = {"uvloop": uvloop.run, "asyncio": asyncio.run}
 
 
 async def serve(count: int, profile: str | None) -> None:
@@ -60,20 +71,56 @@ async def serve(count: int, profile: str | None) -> None:
                 start_engine(build_config({**config, "sim": sim}), control_token=os.environ[env.CONTROL_TOKEN])
             )
             urls.append(engine.url)
-        profiler = cProfile.Profile() if profile else None
+        profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall: the box is shared
         if profiler is not None:
             profiler.enable()
+        clock = GcClock()
         print(json.dumps(urls), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         if profiler is not None and profile:
             profiler.disable()
             profiler.dump_stats(profile)
+        print(json.dumps(clock.figures()), flush=True)  # from the first refit on
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) process ``pid`` has used so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+class GcClock:
+    """Seconds this process spent in the garbage collector, and its collections per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+
+    def figures(self) -> dict[str, Any]:
+        return {"seconds": round(self.seconds, 3), "collections": self.collections}
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds (user + system) processes ``pids`` have used so far (Linux ``/proc``)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _numbered(path: str, i: int, count: int) -> str:
+    """``path`` for the ``i``-th of ``count`` engines' processes (one process: ``path`` itself)."""
+    return path if count <= 1 else f"{path}.{i}"
+
+
+def _split(count: int, parts: int) -> list[range]:
+    """``count`` engines over ``parts`` processes, as evenly as they go (none empty)."""
+    parts = max(1, min(parts, count))
+    return [range(i * count // parts, (i + 1) * count // parts) for i in range(parts)]
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -85,15 +132,21 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-async def idle_cpu(pid: int) -> float:
-    """CPU seconds per second process ``pid`` uses over :data:`IDLE_WINDOW_S` while nothing is asked of it."""
-    before = cpu_seconds(pid)
+async def idle_cpu(pids: list[int]) -> float:
+    """CPU seconds per second processes ``pids`` use over :data:`IDLE_WINDOW_S` while nothing is asked of them."""
+    before = cpu_seconds(pids)
     await asyncio.sleep(IDLE_WINDOW_S)  # a measuring window, not a wait for an event
-    return (cpu_seconds(pid) - before) / IDLE_WINDOW_S
+    return (cpu_seconds(pids) - before) / IDLE_WINDOW_S
 
 
 async def drive(
-    urls: list[str], token: str, refits: int, concurrency: int, engines_pid: int, profile: str | None, fold: bool
+    urls: list[str],
+    token: str,
+    refits: int,
+    concurrency: int,
+    engines_pids: list[int],
+    profile: str | None,
+    fold: bool,
 ) -> dict[str, Any]:
     """``refits + 1`` refits through a real sidecar app (the first one warms up: first contact
     with every engine, connections opened, and is reported on its own)."""
@@ -115,8 +168,9 @@ async def drive(
     while not server.started:  # the sidecar's first fleet read and reconcile pass: first contact
         await asyncio.sleep(0.01)
     startup = {"wall": time.perf_counter() - startup_wall, "cpu": time.process_time() - startup_cpu}
-    idle_cpu_per_s = await idle_cpu(engines_pid)
-    profiler = cProfile.Profile() if profile else None
+    clock = GcClock()
+    idle_cpu_per_s = await idle_cpu(engines_pids)
+    profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall: the box is shared
     sidecar = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     rounds: list[dict[str, Any]] = []
     engine_s: list[float] = []  #: each engine's load call, as the sidecar timed it (after the warm-up)
@@ -129,10 +183,11 @@ async def drive(
                 body = {"path": str(checkpoint), "version": f"step-{i}", "digest": digest_files(checkpoint)}
                 if profiler is not None and i == 1:
                     profiler.enable()
-                started, cpu, engines_cpu = time.perf_counter(), time.process_time(), cpu_seconds(engines_pid)
+                started, cpu, engines_cpu = time.perf_counter(), time.process_time(), cpu_seconds(engines_pids)
+                in_gc = clock.seconds
                 response = await client.post(sidecar + TrainerRoute.REFIT, json=body)
                 wall, cpu = time.perf_counter() - started, time.process_time() - cpu
-                engines_cpu = cpu_seconds(engines_pid) - engines_cpu
+                engines_cpu = cpu_seconds(engines_pids) - engines_cpu
                 report = response.json()
                 if response.status_code != 200 or report["ok"] != len(urls):
                     raise SystemExit(f"refit {i} incomplete: {response.status_code} {json.dumps(report)[:2000]}")
@@ -144,6 +199,7 @@ async def drive(
                         "margin": report.get("cutover_margin_s") or 0.0,
                         "cpu": cpu,
                         "engines_cpu": engines_cpu,
+                        "gc": clock.seconds - in_gc,
                     }
                 )
                 if i:
@@ -175,6 +231,8 @@ def summary(
         "sidecar_cpu_s": spread([r["cpu"] for r in counted]),
         #: the engines' process's CPU (all N engines answering the announce and the load)
         "engines_cpu_s": spread([r["engines_cpu"] for r in counted]),
+        #: seconds of each refit this process (sidecar and trainer) spent in its garbage collector
+        "sidecar_gc_s": spread([r["gc"] for r in counted]),
         #: the engines' process's CPU seconds per second while idle: N uvicorn servers in one
         #: process each wake 10 times a second (their main loop), which a refit's seconds also pay
         "engines_idle_cpu_per_s": round(idle_cpu_per_s, 3),
@@ -182,6 +240,25 @@ def summary(
         #: from the app's start until it serves: its first fleet read and reconcile pass (first contact)
         "sidecar_startup_s": {k: round(v, 3) for k, v in startup.items()},
     }
+
+
+def start_engines(args: argparse.Namespace, token: str) -> list[subprocess.Popen[str]]:
+    """The engines' processes (``--engine-processes``), each serving its share of ``--engines``."""
+    return [
+        subprocess.Popen(
+            [sys.executable, __file__, "--serve", str(len(share)), "--loop", args.loop]
+            + (
+                ["--profile-engines", _numbered(args.profile_engines, i, args.engine_processes)]
+                if args.profile_engines
+                else []
+            ),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, env.CONTROL_TOKEN: token},
+            text=True,
+        )
+        for i, share in enumerate(_split(args.engines, args.engine_processes))
+    ]
 
 
 def main() -> None:
@@ -196,45 +273,62 @@ def main() -> None:
         action="store_true",
         help="the sidecar's loads carry the target (drs sidecar --fold-announce): one call per engine",
     )
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="uvloop",
+        help="both processes' event loop: uvloop, as `drs engine` (uvicorn picks it) and `drs sidecar` run; "
+        "asyncio: this bench before 2026-12-06",
+    )
+    parser.add_argument(
+        "--engine-processes",
+        type=int,
+        default=1,
+        help="the engines spread over this many processes (1: all in one, as before; the CPU figures sum them)",
+    )
     parser.add_argument("--serve", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    run = LOOPS[args.loop]
     if args.serve is not None:
-        asyncio.run(serve(args.serve, args.profile_engines))
+        run(serve(args.serve, args.profile_engines))
         return
     token = "refit-scale-token"
     load_before = os.getloadavg()
     started = time.perf_counter()
-    child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(args.engines)]
-        + (["--profile-engines", args.profile_engines] if args.profile_engines else []),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        env={**os.environ, env.CONTROL_TOKEN: token},
-        text=True,
-    )
+    children = start_engines(args, token)
+    engines_gc: list[Any] = []
     try:
-        assert child.stdout is not None and child.stdin is not None
-        line = child.stdout.readline()
-        if not line:
-            raise SystemExit("the engines' process exited before it served")
-        urls = json.loads(line)
+        urls: list[str] = []
+        for child in children:
+            assert child.stdout is not None
+            line = child.stdout.readline()
+            if not line:
+                raise SystemExit("an engines' process exited before it served")
+            urls.extend(json.loads(line))
         engines_up_s = time.perf_counter() - started
-        result = asyncio.run(
-            drive(urls, token, args.refits, args.concurrency, child.pid, args.profile, args.fold_announce)
-        )
+        pids = [child.pid for child in children]
+        result = run(drive(urls, token, args.refits, args.concurrency, pids, args.profile, args.fold_announce))
     finally:
-        if child.stdin is not None:
-            child.stdin.close()
-        child.wait(120)
+        for child in children:
+            if child.stdin is not None:
+                child.stdin.close()
+        for child in children:
+            if child.stdout is not None:
+                engines_gc.append(json.loads(child.stdout.readline() or "null"))
+            child.wait(120)
     out = {
         "bench": "refit_scale",
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "engines": len(urls),
         "concurrency": args.concurrency,
         "fold_announce": args.fold_announce,
+        "loop": args.loop,
+        "engine_processes": len(children),
         "refits": args.refits,
         "engines_up_s": round(engines_up_s, 1),
         **result,
+        #: each engines' process's time in its garbage collector over every refit, warm-up included
+        "engines_gc": engines_gc[0] if len(engines_gc) == 1 else engines_gc,
         "target_le_0.5s": result["trainer_call_s"]["median"] <= 0.5,
         "loadavg_1m": {"before": round(load_before[0], 2), "after": round(os.getloadavg()[0], 2)},
     }

@@ -413,6 +413,12 @@ def answer_json(answer: BaseModel) -> dict[str, Any]:
     return answer.model_dump(mode="json", exclude_defaults=True)
 
 
+def answer_bytes(answer: BaseModel) -> bytes:
+    """:func:`answer_json`, encoded: the body the engine sends (one pass of pydantic's encoder,
+    no dict in between: 256 engines in one process answer a refit within the same instant)."""
+    return answer.model_dump_json(exclude_defaults=True).encode()
+
+
 def result_of(model: type[ResultT], raw: dict[str, Any]) -> ResultT:
     """A backend's report as ``model``: its named fields, every other JSON scalar into
     ``figures`` (anything else: ``ValueError``, the backend broke the contract)."""

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import click
+import uvloop
 from drs_protocol import env
 from drs_protocol.cutover import DEFAULT_CUTOVER_MARGIN_S, MAX_CUTOVER_MARGIN_S, MIN_CUTOVER_MARGIN_S
 from drs_protocol.limits import DEFAULT_COLLECTIVE_TIMEOUT_S, MAX_COLLECTIVE_TIMEOUT_S, MAX_WEIGHTS_TARGET_LEASE_S
@@ -114,7 +115,7 @@ def sidecar(
         os.environ.get(env.CONTROL_TOKEN),
         "control token",
     )
-    asyncio.run(
+    uvloop.run(  # the loop the engines (uvicorn picks it) and the frontends run on
         _run(
             sock,
             name,

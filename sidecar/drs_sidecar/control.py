@@ -19,9 +19,10 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import aiohttp
+import yarl
 from drs_protocol import fields
 from drs_protocol.control import LoadAnnounce, LoadWeights, WeightsInfo, answer_model
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, HEALTH, ControlOp
@@ -32,6 +33,8 @@ MAX_CONNECTIONS_PER_ENGINE: Final = 4
 #: Idle connections expire before the engine's uvicorn keep-alive timeout (5 s) closes them, so a
 #: call never goes out on a connection the engine is closing.
 KEEPALIVE_S: Final = 2.0
+#: Parsed engine route URLs kept (about 20 routes per engine: a few thousand engines' worth).
+MAX_PARSED_URLS: Final = 65536
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +53,23 @@ class CallResult:
     timed_out: bool = False
     #: The ``error.type`` of an error answer (``drs_protocol.collective.COLLECTIVE_ERROR_TYPE`` …).
     error_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A request body encoded once (:func:`encoded`) for a fan-out that sends the same body to
+    every engine: 256 engines cost one encoding, not 256."""
+
+    data: bytes
+
+
+def encoded(body: BaseModel) -> Encoded:
+    """``body`` (an op's request model) as the JSON bytes every engine of a fan-out is sent."""
+    return Encoded(body.model_dump_json().encode())
+
+
+_EMPTY: Final = Encoded(b"{}")
+_JSON: Final = {"Content-Type": "application/json"}
 
 
 class _Health(BaseModel):
@@ -80,11 +100,14 @@ class ControlClient:
         self.token = token
         self._refresh = refresh
         self._headers = fields.control_auth(token)
-        #: per request only once the token changed (None: the session's own headers hold it)
-        self._rotated: dict[str, str] | None = None
+        #: a request's own headers: the body's type, and the token once it changed (the session's
+        #: headers hold the one it was made with)
+        self._request_headers: dict[str, str] = dict(_JSON)
         self._session: aiohttp.ClientSession | None = None
         #: one ``ClientTimeout`` per timeout value (a few: call, load, health, collective steps)
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
+        #: each engine route's URL, parsed once (parsing it per call was a tenth of a call's CPU)
+        self._urls: dict[str, yarl.URL] = {}
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -116,6 +139,18 @@ class ControlClient:
         """``GET /health`` (why an engine is not ready: its 503's ``error_type``)."""
         return await self._call("GET", url, HEALTH, None, timeout, _Health)
 
+    def load_body(
+        self, path: str, version: str, effective_at: float | None = None, announce: LoadAnnounce | None = None
+    ) -> Encoded:
+        """A load's body (:class:`~drs_protocol.control.LoadWeights`), encoded once for every
+        engine of a refit: the checkpoint at ``path`` served as ``version`` from ``effective_at``
+        on (a refit's cut-over; None: at once); ``announce``: the call also announces the target."""
+        return encoded(LoadWeights(path=path, version=version, effective_at=effective_at, announce=announce))
+
+    async def load(self, url: str, body: Encoded) -> CallResult:
+        """The engine loads the checkpoint of ``body`` (:meth:`load_body`; its ``load_weights``)."""
+        return await self.op(url, ControlOp.LOAD_WEIGHTS, body, timeout=self.load_s)
+
     async def load_checkpoint(
         self,
         url: str,
@@ -124,26 +159,35 @@ class ControlClient:
         effective_at: float | None = None,
         announce: LoadAnnounce | None = None,
     ) -> CallResult:
-        """The engine loads the checkpoint at ``path`` and serves it as ``version`` (its
-        ``load_weights``), from ``effective_at`` on (a refit's cut-over; None: at once);
-        ``announce``: the call also announces the target (taken on arrival)."""
-        body = LoadWeights(path=path, version=version, effective_at=effective_at, announce=announce)
-        return await self.op(url, ControlOp.LOAD_WEIGHTS, body, timeout=self.load_s)
+        """:meth:`load` of :meth:`load_body` on one engine."""
+        return await self.load(url, self.load_body(path, version, effective_at, announce))
 
     async def op(
-        self, url: str, op: ControlOp, body: BaseModel | None = None, *, timeout: float | None = None
+        self, url: str, op: ControlOp, body: BaseModel | Encoded | None = None, *, timeout: float | None = None
     ) -> CallResult:
         """``POST`` the route of ``op`` with ``body`` (the op's request model of
-        :data:`drs_protocol.control.OPS`); ``timeout`` defaults to ``call_s`` (collective steps
-        and loads pass ``load_s``)."""
-        payload = {} if body is None else body.model_dump(mode="json")
+        :data:`drs_protocol.control.OPS`, or it :func:`encoded` once for a whole fan-out);
+        ``timeout`` defaults to ``call_s`` (collective steps and loads pass ``load_s``)."""
+        payload = _EMPTY if body is None else body if isinstance(body, Encoded) else encoded(body)
         return await self._call(
             "POST", url, CONTROL_ROUTES[op], payload, self.call_s if timeout is None else timeout, answer_model(op)
         )
 
-    async def _exchange(self, method: str, url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, bytes]:
+    def _url(self, url: str) -> yarl.URL:
+        parsed = self._urls.get(url)
+        if parsed is None:
+            if len(self._urls) >= MAX_PARSED_URLS:  # engines come and go: never grow without bound
+                self._urls.clear()
+            parsed = self._urls[url] = yarl.URL(url)
+        return parsed
+
+    async def _exchange(self, method: str, url: str, body: Encoded | None, timeout: float) -> tuple[int, bytes]:
         async with self._client().request(
-            method, url, json=body, timeout=self._timeout(timeout), headers=self._rotated
+            method,
+            self._url(url),
+            data=None if body is None else body.data,
+            timeout=self._timeout(timeout),
+            headers=self._request_headers,
         ) as response:
             return response.status, await response.read()
 
@@ -157,7 +201,7 @@ class ControlClient:
             return False
         if not token or token == self.token:
             return False
-        self.token, self._rotated = token, fields.control_auth(token)
+        self.token, self._request_headers = token, {**_JSON, **fields.control_auth(token)}
         return True
 
     async def _call(
@@ -165,7 +209,7 @@ class ControlClient:
         method: str,
         url: str,
         route: str,
-        body: dict[str, Any] | None,
+        body: Encoded | None,
         timeout: float,
         model: type[BaseModel],
     ) -> CallResult:

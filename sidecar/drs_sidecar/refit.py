@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -168,13 +169,12 @@ class Refitter:
                     return self._fan_out(ControlOp.LOAD_WEIGHTS, engines, load, desired_digest=request.digest)
 
                 if fold and self.targets.one_wave(engines, self.concurrency):  # each load tells its engine
-                    report, late = await lease.load_folded(
-                        engines, margin, lambda url, told: self.control.load_checkpoint(url, *checkpoint, told), fan_out
-                    )
+                    loads = (lambda told: self.control.load_body(*checkpoint, told), self.control.load)
+                    report, late = await lease.load_folded(engines, margin, *loads, fan_out)
                 else:
                     await lease.cover(engines, again=passing)  # every engine has been told before the first load
-                    late = lease.outran()
-                    report = await fan_out(lambda url: self.control.load_checkpoint(url, *checkpoint))
+                    late, body = lease.outran(), self.control.load_body(*checkpoint)  # one encoding for all
+                    report = await fan_out(functools.partial(self.control.load, body=body))
                 await lease.stop()  # no renewal after this: a rollback's announce comes last
                 note_cutover(report, lease, margin, late)
                 self.metrics.refits.labels(result="complete" if report.complete else "incomplete").inc()

@@ -58,7 +58,7 @@ from drs_protocol.cutover import MIN_CUTOVER_MARGIN_S, cutover_margin, told_seco
 from drs_protocol.routes import ControlOp
 from drs_protocol.weights_state import DesiredWeights
 
-from drs_sidecar.control import CallResult, ControlClient
+from drs_sidecar.control import CallResult, ControlClient, Encoded, encoded
 from drs_sidecar.fleet import Engine
 from drs_sidecar.metrics import SidecarMetrics
 from drs_sidecar.report import Report
@@ -141,11 +141,13 @@ class TargetAnnouncer:
         done = Announced()
         if not self.enabled or not urls:
             return done
-        body = WeightsTarget(
-            version=None if target is None else target.version,
-            digest=None if target is None else target.digest,
-            lease_s=self.lease_s,
-            effective_at=None if target is None else target.effective_at,
+        body = encoded(  # one encoding for every engine
+            WeightsTarget(
+                version=None if target is None else target.version,
+                digest=None if target is None else target.digest,
+                lease_s=self.lease_s,
+                effective_at=None if target is None else target.effective_at,
+            )
         )
         timeout = self.timeout_s if timeout_s is None else timeout_s
         results = await asyncio.gather(*(self.control.op(u, OP, body, timeout=timeout) for u in urls))
@@ -298,21 +300,23 @@ class Lease:
         self,
         engines: Sequence[Engine],
         margin_s: float,
-        load: Callable[[str, LoadAnnounce], Awaitable[CallResult]],
+        body: Callable[[LoadAnnounce], Encoded],
+        load: Callable[[str, Encoded], Awaitable[CallResult]],
         fan_out: Callable[[Callable[[str], Awaitable[CallResult]]], Awaitable[Report]],
     ) -> tuple[Report, bool]:
         """A checkpoint refit's loads, each carrying the target (:meth:`fold`: taken on arrival,
-        before the engine reads anything), sent by ``fan_out`` (every ready engine in one wave),
-        whose report it returns; an engine not ready is announced to alongside (it may become ready
-        meanwhile). The engines' ``told_lead_s`` size the next margin (:meth:`told`). Returns the
-        report and whether the cut-over was outrun (an engine told after it)."""
-        announce = self.fold(engines)
+        before the engine reads anything; ``body`` encodes it once for every engine), sent by
+        ``load`` through ``fan_out`` (every ready engine in one wave), whose report it returns; an
+        engine not ready is announced to alongside (it may become ready meanwhile). The engines'
+        ``told_lead_s`` size the next margin (:meth:`told`). Returns the report and whether the
+        cut-over was outrun (an engine told after it)."""
+        folded = body(self.fold(engines))
         leads: list[float] = []
         late_legs = 0
 
         async def one(url: str) -> CallResult:
             nonlocal late_legs
-            result = await load(url, announce)
+            result = await load(url, folded)
             answer = result.answer
             if isinstance(answer, ControlAnswer) and isinstance(answer.result, WeightsChanged):
                 late_legs += answer.result.late_legs

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import base64
+import json
 import struct
+from typing import Any
 
 import pytest
 from drs_protocol import snowflake
+from drs_protocol.control import ControlAnswer, WeightsChanged, answer_bytes, answer_json, answer_model, result_of
 from drs_protocol.fields import conversation_id_from
+from drs_protocol.routes import ControlOp
 from drs_protocol.token_ids import TokenIdsError, decode_token_ids_b64, encode_token_ids_b64
 from hypothesis import given
 from hypothesis import strategies as st
@@ -84,3 +88,22 @@ def test_node_ids_outside_8_bits_are_refused(node_id: int) -> None:
 )
 def test_conversation_id_lookup(body: dict[str, object], headers: dict[str, str], expected: str | None) -> None:
     assert conversation_id_from(body, headers) == expected
+
+
+@pytest.mark.parametrize("told_lead_s", [None, 0.25], ids=["no announce carried", "announce carried"])
+def test_a_control_answer_as_bytes_is_the_answer_json_and_parses_back(told_lead_s: float | None) -> None:
+    """The engine sends :func:`answer_bytes` (one pydantic encoding); it must be exactly the JSON of
+    :func:`answer_json` (defaults left out, figures kept) and parse back into the op's answer model."""
+    raw = {"version": "step-2", "previous_version": "step-1", "content_hash": "ab12", "told_lead_s": told_lead_s}
+    answer = ControlAnswer[Any](
+        op=ControlOp.LOAD_WEIGHTS,
+        result=result_of(WeightsChanged, raw),
+        weights_version="step-2",
+        weights_digest=None,
+        waited_s=0.0,
+        elapsed_s=0.001,
+    )
+    body = answer_bytes(answer)
+    assert json.loads(body) == answer_json(answer)
+    assert ("told_lead_s" in json.loads(body)["result"]) is (told_lead_s is not None)
+    assert answer_model(ControlOp.LOAD_WEIGHTS).model_validate_json(body) == answer
