@@ -63,14 +63,14 @@ class EngineStatus(StatusModel):
     weights_version: str | None = Field(
         None,
         max_length=MAX_WEIGHTS_VERSION_CHARS,
-        description="Weights version the engine serves, as it answered the operator's GET /control/weights "
+        description="Weights version the engine serves, as it answered the operator's weights query "
         "(absent: not serving, or no answer in the last pass).",
     )
     weights_digest: str | None = Field(
         None,
         pattern=DIGEST_PATTERN,
         description="Digest of the weights the engine holds (drs_protocol.weights_digest), measured by the engine "
-        "over its bytes, as it answered the operator's GET /control/weights.",
+        "over its bytes, as it answered the operator's weights query.",
     )
     problem: str | None = Field(
         None, max_length=128, description="Why a pod of the engine does not run (e.g. Unschedulable, ImagePullBackOff)."
