@@ -72,5 +72,22 @@ def wait_waiting_reason(cluster: RunningCluster, namespace: str, name: str, time
         time.sleep(POLL_S)
 
 
-def logs(cluster: RunningCluster, namespace: str, name: str) -> str:
-    return cluster.kubectl("logs", name, "-n", namespace).stdout
+#: How long a log read may keep failing on the API server's way to the kubelet.
+LOGS_S = 60.0
+
+
+def logs(cluster: RunningCluster, namespace: str, name: str, *args: str, timeout: float = LOGS_S) -> str:
+    """The pod's log (``args``: e.g. ``-c`` and a container). ``kubectl logs`` goes through the API
+    server to the node's kubelet, a connection of its own that timed out once on a loaded 2-core CI
+    machine (``dial tcp <node>:<kubelet port>: i/o timeout``) while the pod had ended; such a
+    server error is asked again until ``timeout``, any other failure raises at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = cluster.kubectl("logs", name, "-n", namespace, *args, check=False)
+        if proc.returncode == 0:
+            return proc.stdout
+        if "Error from server" not in proc.stderr or time.monotonic() > deadline:
+            raise AssertionError(
+                f"kubectl logs {name} -n {namespace} failed ({proc.returncode}): {proc.stderr.strip()}"
+            )
+        time.sleep(POLL_S)

@@ -16,7 +16,7 @@ import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
-from .pods import wait_phase
+from .pods import logs, wait_phase
 from .test_fleet_on_real_node import EXAMPLE, converged, drs, fleet_pods, operator, wait_drs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
@@ -83,7 +83,7 @@ def test_the_killed_frontend_pod_of_a_client_retrying_twice_loses_no_turn(
     realcluster.kubectl("delete", "pod", *victims, "-n", realns, "--grace-period=0", "--force")
 
     phase = wait_phase(realcluster, realns, "load", {"Succeeded", "Failed"}, timeout=LOAD_SECONDS + 120)
-    out = realcluster.kubectl("logs", "load", "-n", realns).stdout
+    out = logs(realcluster, realns, "load")
     assert phase["status"]["phase"] == "Succeeded", out
     result = json.loads(out.strip().splitlines()[-1])["load"]
     print(f"standby: requests per frontend pod before the kill {counts}; killed {victims}; {json.dumps(result)}")

@@ -26,7 +26,7 @@ import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
-from .pods import wait_phase
+from .pods import logs, wait_phase
 from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, operator, wait_drs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
@@ -156,7 +156,7 @@ def take_turn(cluster: RunningCluster, ns: str, url: str, turn: int, history: di
     objs = inpod.client_objects(name, ns, CLIENT, [*args, "--history", json.dumps(history)])
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
     phase = wait_phase(cluster, ns, name, {"Succeeded", "Failed"}, timeout=CLIENT_S)
-    out = cluster.kubectl("logs", name, "-n", ns).stdout
+    out = logs(cluster, ns, name)
     assert phase["status"]["phase"] == "Succeeded", out
     answers: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     assert len(answers) == GROUPS * SIBLINGS, answers

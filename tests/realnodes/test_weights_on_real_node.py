@@ -21,7 +21,7 @@ from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS, DEFAULT_MODEL_MOUNT_PATH
 
-from .pods import wait_phase
+from .pods import logs, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
@@ -137,7 +137,7 @@ def refit_fleet(
         objs = inpod.trainer_objects("trainer", realns, NAME, TRAINER, CLAIM, DEFAULT_MODEL_MOUNT_PATH)
         realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
         phase = wait_phase(realcluster, realns, "trainer", {"Succeeded", "Failed"}, timeout=240)["status"]["phase"]
-        out = realcluster.kubectl("logs", "trainer", "-n", realns, "-c", "trainer").stdout
+        out = logs(realcluster, realns, "trainer", "-c", "trainer")
         assert phase == "Succeeded", out
         desired: dict[str, Any] = drs(realcluster, realns)["status"]["weights"]["desired"]
         yield desired
@@ -182,7 +182,7 @@ def kill_under_load(cluster: RunningCluster, ns: str, role: str, desired: dict[s
         cluster.kubectl("delete", "pod", *names, "-n", ns, "--grace-period=0", "--force")
         wait(f"Ready replacements of the {role} pods", lambda: len(replacements()) == len(victims))
         phase = wait_phase(cluster, ns, client, {"Succeeded", "Failed"}, timeout=LOAD_S + 120)["status"]["phase"]
-    out = cluster.kubectl("logs", client, "-n", ns).stdout
+    out = logs(cluster, ns, client)
     assert phase == "Succeeded", out
     load = json.loads(out.strip().splitlines()[-1])["load"]
     assert load["lost"] == 0 and load["turns"] > 0, {k: v for k, v in load.items() if k != "answers"}
