@@ -157,6 +157,13 @@ def test_the_paged_block_mask_lists_each_rows_own_blocks_and_agrees_with_create_
     again = paged_block_mask(store, [[3]], torch.tensor([2]))
     assert again.mask_mod is mask.mask_mod  # one function every step: a compiled kernel is not traced again
     assert [int(again.mask_mod(torch.tensor(0), 0, 0, torch.tensor(kv))) for kv in range(24, 32)] == [1, 1, 1] + [0] * 5
+    # a whole batch of the store's rows, and a sleep, keep that function too: on the GPU a new one
+    # compiled every batch size again, and past Dynamo's limit flex fell back to a dense 64 GiB step
+    store.free()
+    widest = paged_block_mask(store, [[b % 6] for b in range(store.rows)], torch.zeros(store.rows, dtype=torch.long))
+    assert widest.mask_mod is mask.mask_mod and widest.kv_num_blocks.shape[0] == store.rows == 64
+    with pytest.raises(ValueError, match="at most 64"):
+        paged_block_mask(store, [[0]] * 65, torch.zeros(65, dtype=torch.long))
 
 
 @pytest.mark.parametrize("attention", ["flex", "gather"])
@@ -199,6 +206,7 @@ def test_the_paged_decoder_steps_the_stores_sequences_and_the_rest_eagerly_in_th
         shape,
         tokens=16,
         tokens_per_block=TPB,
+        rows=4,
         attention=PagedAttention.FLEX,
         device=torch.device("cpu"),
         dtype=torch.float32,
@@ -273,6 +281,7 @@ def test_a_refit_recomputes_a_paged_sequences_kv_into_its_blocks() -> None:
         shape,
         tokens=64,
         tokens_per_block=TPB,
+        rows=4,
         attention=PagedAttention.GATHER,
         device=torch.device("cpu"),
         dtype=torch.float32,

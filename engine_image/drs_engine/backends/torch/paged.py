@@ -57,6 +57,9 @@ def _flex(compiled: bool) -> Any:
     from torch.nn.attention import flex_attention as module
 
     if compiled:
+        # one compile per padded batch size (:func:`flex_rows`): 7 up to 64 rows, 9 up to 256;
+        # Dynamo's default limit (8) would send a larger ``maxDecodeBatch`` to the dense fallback
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
         return torch.compile(module.flex_attention, dynamic=False)
 
     def eager(*args: Any, **kwargs: Any) -> Any:
@@ -99,14 +102,20 @@ class MaskBuffers:
 
 def paged_block_mask(store: PagedKv, tables: Sequence[Sequence[int]], positions: Any) -> Any:
     """The block mask of one decode step: row ``b`` sees the blocks of ``tables[b]`` up to
-    ``positions[b]`` (inclusive), nothing else of the store. Its buffers are kept on the store
-    (``store.scratch``), made again only for a batch larger than any before."""
+    ``positions[b]`` (inclusive), nothing else of the store. Its buffers are made once per store,
+    for ``flex_rows(store.rows)`` rows, and kept through sleeps (``store.scratch``): the compiled
+    ``flex_attention`` is guarded on the ``mask_mod`` and its buffers, so new ones (a larger batch,
+    a wake) would compile every batch size again. Past Dynamo's recompile limit ``flex_attention``
+    falls back, silently, to its unfused path, which materializes the whole score matrix: on an
+    H100 at 64 streams it asked for 64 GiB (2026-12-06, when the buffers doubled as batches grew)."""
     from torch.nn.attention.flex_attention import BlockMask
 
     tpb, device, rows = store.tokens_per_block, store.device, len(tables)
     buffers = store.scratch.get("mask")
-    if not isinstance(buffers, MaskBuffers) or buffers.rows < rows:
-        buffers = store.scratch["mask"] = MaskBuffers(max(rows, 2 * buffers.rows if buffers else 8), store)
+    if not isinstance(buffers, MaskBuffers):
+        buffers = store.scratch["mask"] = MaskBuffers(flex_rows(store.rows), store)
+    if rows > buffers.rows:
+        raise ValueError(f"a paged step of {rows} rows: the store was made for at most {buffers.rows} (rows)")
     indices = torch.zeros((rows, 1, 1, store.blocks), dtype=torch.int32)  # as wide as the store
     inverse = torch.full((rows, store.blocks), -1, dtype=torch.long)
     for b, table in enumerate(tables):

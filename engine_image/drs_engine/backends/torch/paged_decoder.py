@@ -49,13 +49,16 @@ class PagedDecoder:
         *,
         tokens: int,
         tokens_per_block: int,
+        rows: int,
         attention: PagedAttention,
         device: Any,
         dtype: Any,
         compiled: bool = False,
     ) -> None:
         blocks = -(-tokens // tokens_per_block)
-        self.store = PagedKv(shape, blocks=blocks, tokens_per_block=tokens_per_block, device=device, dtype=dtype)
+        self.store = PagedKv(
+            shape, blocks=blocks, tokens_per_block=tokens_per_block, device=device, dtype=dtype, rows=rows
+        )
         self.attention = attention
         self.compiled = compiled and device.type == "cuda"
         self.ops: StepOps = fused_ops() if self.compiled else EAGER

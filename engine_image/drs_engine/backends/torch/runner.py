@@ -101,6 +101,7 @@ class ModelRunner:
                 shape,
                 tokens=spec.max_decode_batch * spec.decode_slot_tokens,
                 tokens_per_block=spec.tokens_per_block,
+                rows=spec.max_decode_batch,
                 attention=spec.paged_attention,
                 compiled=spec.compile_decode,
                 device=device,

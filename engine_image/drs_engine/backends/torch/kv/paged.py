@@ -22,13 +22,18 @@ from drs_engine.backends.torch.model import ModelShape
 class PagedKv:
     """The block store's tensor and its bookkeeping."""
 
-    def __init__(self, shape: ModelShape, *, blocks: int, tokens_per_block: int, device: Any, dtype: Any) -> None:
+    def __init__(
+        self, shape: ModelShape, *, blocks: int, tokens_per_block: int, device: Any, dtype: Any, rows: int = 64
+    ) -> None:
         self.shape = shape
         self.device = device
         self.dtype = dtype
+        #: the most sequences one step over the store covers (``maxDecodeBatch``)
+        self.rows = rows
         self.pool: BlockPool[Any, Any] = BlockPool(blocks, tokens_per_block)
         self.kv: Any = None
-        #: buffers a step over the store keeps between steps (the paged block mask's), by name
+        #: buffers a step over the store keeps for the store's life, sleeps included (the paged
+        #: block mask's: :class:`~drs_engine.backends.torch.paged.MaskBuffers`), by name
         self.scratch: dict[str, Any] = {}
 
     @property
@@ -53,9 +58,9 @@ class PagedKv:
         return True
 
     def free(self) -> None:
-        """Drop the tensor and every table and cached block (sleep)."""
+        """Drop the tensor and every table and cached block (sleep). ``scratch`` stays: a few
+        bytes a row, and a compiled step is guarded on them (new ones would compile it again)."""
         self.kv = None
-        self.scratch.clear()
         self.pool.reset()
 
     def block_view(self, block: int) -> Any:
