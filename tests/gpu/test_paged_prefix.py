@@ -18,6 +18,7 @@ import pytest
 from drs_engine.server.runner import start_engine
 
 from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
+from .test_torch_engine import disaggregated, tokens
 
 TPB = 16
 PAGED: dict[str, Any] = {"kvLayout": "paged", "tokensPerBlock": TPB, "decodeSlotTokens": 128, "maxDecodeBatch": 4}
@@ -177,3 +178,62 @@ def test_a_leaving_sequence_publishes_its_blocks_and_a_refit_rewrite_leaves_the_
     c = prefilled(old)  # leaves before its first step: its turn is dropped, its blocks stay cached
     decoder.release([c])
     assert not pool.sequences and pool.cached_blocks == 2
+
+
+async def test_a_paged_prefill_engine_hands_contexts_over_and_keeps_their_blocks_for_the_next_turn() -> None:
+    """Context legs on a paged engine: the decode engine (slot layout) decodes what one engine does;
+    the context's full blocks are cached in the prefill engine's store (its table closed), so the
+    next turn's context leg shares them, and a context leg leaves no table behind."""
+    first = prompt_ids(45, offset=7000)
+    later = first + prompt_ids(20, offset=7100)
+    async with (
+        start_engine(torch_config("prefill", **PAGED), control_token=CONTROL_TOKEN) as p,
+        start_engine(torch_config("decode", kvTransport="auto", tokensPerBlock=TPB), control_token=CONTROL_TOKEN) as d,
+        start_engine(torch_config(tokensPerBlock=TPB), control_token=CONTROL_TOKEN) as one,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+        for ids in (first, later):
+            assert await disaggregated(client, p.url, d.url, ids, max_tokens=8) == await tokens(
+                client, one.url, ids, max_tokens=8
+            )
+        pool = await _pool(client, p.url)
+        assert pool["holders"] == 0 and pool["cached_blocks"] == len(later) // TPB
+        assert pool["prefix_hit_blocks"] == len(first) // TPB  # the second context shared the first's blocks
+
+
+async def test_a_prefill_result_whose_client_left_before_taking_it_goes_to_discard() -> None:
+    """The prefill queue hands a result nobody took to ``discard`` (the paged engine drops the
+    turn's table there), so a client gone mid-prefill leaves no blocks held."""
+    import asyncio
+    import threading
+
+    import torch
+    from drs_engine.backends.torch.batching import PrefillQueue
+    from drs_engine.backends.torch.worker import GpuWorker
+
+    worker = GpuWorker(torch.device("cpu"))
+    started, go = threading.Event(), threading.Event()
+    dropped: list[str] = []
+
+    def run_many(jobs: list[str]) -> list[str | Exception]:
+        started.set()
+        go.wait(30)
+        return [f"result of {job}" for job in jobs]
+
+    queue: PrefillQueue[str, str] = PrefillQueue(
+        worker, run_many, budget=100, tokens=lambda job: 1, discard=dropped.append
+    )
+    try:
+        waiter = asyncio.create_task(queue.submit("a"))
+        await asyncio.to_thread(started.wait, 30)
+        waiter.cancel()
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+        assert queue._task is not None
+        await queue._task
+        assert dropped == ["result of a"]
+        assert await queue.submit("b") == "result of b" and dropped == ["result of a"]
+    finally:
+        go.set()
+        worker.close()
