@@ -199,6 +199,7 @@ class ModelRunner:
             step = decode_step(self._weights.params, self._shape, [ids[-1], ids[-1]], [cold, hit], [n, n])
             choose_tokens(step, [greedy, greedy], [mask, mask])
             self._warm_pool(cold, n, ids[-1])
+            self._warm_turns(ids)
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
 
@@ -215,6 +216,20 @@ class ModelRunner:
         self._step(seqs[:1], [])
         self._step(seqs, [])
         self._step([], seqs)
+
+    def _warm_turns(self, ids: list[int]) -> None:
+        """The paged store's prefill path (:mod:`.kv.turns`) run cold and then as a prefix hit (the
+        hit's past gathered from shared blocks), under throwaway keys forgotten after."""
+        turns, n = self.turns, len(ids)
+        if turns is None or not self.decoder.fits(n):
+            return
+        keys = [("warm-up", i) for i in range(n // self._spec.tokens_per_block)]
+        for _ in range(2):
+            turn = turns.open(keys, n)
+            kv = turns.past(turn, n + 1)
+            prefill(self._weights.params, self._shape, ids[turn.hit :], kv, turn.hit)
+            turns.settle(turn, kv, keys, n, stays=False)
+        turns.store.pool.forget_cached()
 
     def decode_capacity(self, leg: LegRequest) -> int:
         """KV capacity of a sequence that decodes here (grown by ``decodeGrowthTokens`` as it goes)."""
