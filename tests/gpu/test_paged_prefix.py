@@ -239,3 +239,28 @@ async def test_a_prefill_result_whose_client_left_before_taking_it_goes_to_disca
     finally:
         go.set()
         worker.close()
+
+
+@pytest.mark.gpu(1)
+async def test_on_the_gpu_later_turns_share_their_prefix_in_place_and_decode_the_slot_pools_tokens() -> None:
+    """On CUDA, float32 (FlexAttention compiled): three turns of a conversation on a paged engine
+    give the slot engine's greedy tokens and cached counts, and the store takes in only each
+    prompt's uncached tokens."""
+    from . import procs
+
+    config = {"role": "prefill", "device": "cuda:0", "model": "random:small", "precision": "float32"}
+    async with (  # engine processes, as served
+        procs.engine(procs.engine_config(**config)) as slots,
+        procs.engine(procs.engine_config(**config, kvLayout="paged")) as paged,
+        httpx.AsyncClient(timeout=300) as client,
+    ):
+        warm = await _pool(client, paged)
+        ids, written = prompt_ids(300, offset=8000), warm["tokens_written"]
+        for turn in range(3):
+            out, cached = await _turn(client, paged, ids, 32)
+            assert (out, cached) == await _turn(client, slots, ids, 32)
+            assert (cached > 0) == (turn > 0)
+            written += len(ids) - cached
+            pool = await _pool(client, paged)
+            assert pool["tokens_written"] == written and pool["holders"] == 0
+            ids = ids + out + prompt_ids(40, offset=8100 + turn)
