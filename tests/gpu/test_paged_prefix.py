@@ -151,7 +151,7 @@ def test_a_leaving_sequence_publishes_its_blocks_and_a_refit_rewrite_leaves_the_
         turn = turns.open(keys, 17)
         kv = turns.past(turn, 24)
         logits = prefill(params, shape, ids[turn.hit :], kv, turn.hit)
-        seq = _seq(turns.settle(turn, kv, keys, 17, stays=True), 17, int(logits.argmax()))
+        seq: DecodeSeq = _seq(turns.settle(turn, kv, keys, 17, stays=True), 17, int(logits.argmax()))
         seq.prompt = list(ids)
         return seq
 
