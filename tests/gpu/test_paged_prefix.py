@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import start_engine
+from drs_protocol.routes import PREFIX_HELD
 
 from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
 from .test_torch_engine import disaggregated, tokens
@@ -78,7 +79,8 @@ async def test_a_later_turns_prefill_shares_the_cached_blocks_in_place_and_write
 
 async def test_a_refit_a_reset_and_a_sleep_drop_the_paged_stores_cached_blocks(tmp_path: Path) -> None:
     """Cached blocks are KV of the weights served: new weights, ``reset_prefix_cache`` and release
-    each drop them all (counted in the answer), and the next prompt is computed whole."""
+    each drop them all (counted in the answer; ``prefix_held`` answers from the store's blocks),
+    and the next prompt is computed whole."""
     import torch
     from drs_engine.backends.torch.model import SIZES, random_state_dict
     from safetensors.torch import save_file
@@ -93,12 +95,18 @@ async def test_a_refit_a_reset_and_a_sleep_drop_the_paged_stores_cached_blocks(t
         httpx.AsyncClient(timeout=60) as client,
     ):
 
-        async def cached_then_dropped(drop: Any) -> dict[str, Any]:
+        async def held() -> int:
+            answer = await client.post(e.url + PREFIX_HELD, json={"prompt_token_ids": ids})
+            assert answer.status_code == 200, answer.text
+            return int(answer.json()["held_blocks"])
+
+        async def cached_then_dropped(drop: Any, *, asleep: bool = False) -> dict[str, Any]:
             await _turn(client, e.url, ids, 4)
+            assert await held() == 2  # the frontends' question answered from the store's blocks
             assert (await _turn(client, e.url, ids, 4))[1] == 32 and (await _pool(client, e.url))["cached_blocks"] == 2
             answer = await drop()
             assert answer.status_code == 200, answer.text
-            assert (await _pool(client, e.url))["cached_blocks"] == 0
+            assert (await _pool(client, e.url))["cached_blocks"] == 0 and (asleep or await held() == 0)
             return dict(answer.json()["result"])
 
         reset = await cached_then_dropped(lambda: client.post(e.url + "/control/prefix_cache/reset", headers=auth()))
@@ -112,7 +120,7 @@ async def test_a_refit_a_reset_and_a_sleep_drop_the_paged_stores_cached_blocks(t
         out, cached = await _turn(client, e.url, ids, 4)
         assert cached == 0 and (out, 0) == await _turn(client, five.url, ids, 4)  # computed whole, new weights
         release = await cached_then_dropped(
-            lambda: client.post(e.url + "/control/memory/release", headers=auth(), json={})
+            lambda: client.post(e.url + "/control/memory/release", headers=auth(), json={}), asleep=True
         )
         assert release["prefix_cache_blocks_evicted"] == 2
         assert (await client.post(e.url + "/control/memory/resume", headers=auth(), json={})).status_code == 200

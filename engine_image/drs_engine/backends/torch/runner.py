@@ -294,12 +294,11 @@ class ModelRunner:
         gen, turns = self._weights.gen, self.turns
         out = []
         for job, kv, first in zip(jobs, kvs, firsts, strict=True):
-            kept, cached = kv, 0
-            if turns is not None and job.keys is not None:  # into the store after (a batch mate's hit possible)
+            kept = kv
+            if turns is not None and job.keys is not None:  # into the store after (a batch mate's blocks shared)
                 turn = turns.open(job.keys, len(job.prompt))
-                cached = turn.hit
                 kept = turns.settle(turn, kv, job.keys, len(job.prompt), stays=job.decodes) or kv
-            out.append(PrefillResult(kept, kv, first, gen, None, cached))
+            out.append(PrefillResult(kept, kv, first, gen, None))  # computed whole: nothing cached
         return out
 
     def _prefill_job(self, job: PrefillJob) -> PrefillResult:
