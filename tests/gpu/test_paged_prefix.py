@@ -77,6 +77,31 @@ async def test_a_later_turns_prefill_shares_the_cached_blocks_in_place_and_write
         assert pool["holders"] == 0 and pool["tokens_written"] == written + 50 + 5
 
 
+async def test_prompts_sharing_a_prefix_sent_together_share_its_blocks_and_keep_the_slot_pools_tokens() -> None:
+    """Four prompts with one 40-token head, sent at once (prefilled together in one batched pass:
+    each written into the store after, a later one sharing an earlier one's head blocks), then again
+    with new tails (each a prefix hit): the greedy tokens of the slot engine, no table left."""
+    import asyncio
+
+    head = prompt_ids(40, offset=11000)
+    rounds = [[head + prompt_ids(5 + 3 * i, offset=12000 + 100 * r + i) for i in range(4)] for r in range(2)]
+    async with (
+        start_engine(torch_config(tokensPerBlock=TPB), control_token=CONTROL_TOKEN) as slots,
+        start_engine(torch_config(**PAGED), control_token=CONTROL_TOKEN) as paged,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        warm = await _pool(client, paged.url)
+        for prompts in rounds:
+            expected = [await tokens(client, slots.url, ids, max_tokens=10) for ids in prompts]
+            got = await asyncio.gather(*(tokens(client, paged.url, ids, max_tokens=10) for ids in prompts))
+            assert list(got) == expected
+        pool = await _pool(client, paged.url)
+        batching = (await client.get(paged.url + "/server_info")).json()["engine"]["prefill_batching"]
+    assert batching["prompts"] > batching["batches"]  # some prompts were prefilled together
+    assert pool["holders"] == 0 and pool["prefix_hit_blocks"] - warm["prefix_hit_blocks"] >= 4 * 2
+    assert pool["cow_copies"] == warm["cow_copies"]
+
+
 async def test_a_refit_a_reset_and_a_sleep_drop_the_paged_stores_cached_blocks(tmp_path: Path) -> None:
     """Cached blocks are KV of the weights served: new weights, ``reset_prefix_cache`` and release
     each drop them all (counted in the answer; ``prefix_held`` answers from the store's blocks),
