@@ -10,7 +10,8 @@ components, each with its own state, and supplies the steps of
   :mod:`.pooled`, :mod:`.graphs`), all on one GPU thread (:mod:`.worker`), tokens picked by
   :mod:`.sampling`;
 - the KV store (:mod:`.kv`): a real block prefix cache (a prompt's full blocks keyed by chained
-  hashes seeded with the weights; a hit copies the cached KV instead of recomputing it);
+  hashes seeded with the weights; a hit copies the cached KV instead of recomputing it; with
+  ``kvLayout: paged`` the cache is the paged store's blocks, shared in place: :mod:`.kv.turns`);
 - the handoff (:mod:`.handoff`): a context-only leg leaves its KV on the GPU; the decode engine
   fetches it by CUDA IPC (same host) or as bytes over HTTP, and decodes from it;
 - the weights manager (:mod:`.weights`): refit from safetensors (``/control/weights/load``), by
