@@ -210,10 +210,12 @@ async def prefix_reuse(client: httpx.AsyncClient, url: str) -> dict[str, Any]:
 
 
 async def decode_sweep(client: httpx.AsyncClient, url: str, rounds: int = decode_rates.ROUNDS) -> dict[str, Any]:
-    out = {str(n): await decode_rates.engine_streams(client, url, n, salt=100 * n, rounds=rounds) for n in (1, 8, 32)}
-    out["64_random_arrival"] = await decode_rates.engine_streams(
-        client, url, 64, salt=6400, arrival_s=2.0, rounds=rounds
-    )
+    """1, 8 and 32 streams, then 64 arriving over 2 s; each part's figures on stderr as it ends
+    (progress, and what a run cut by its time limit still leaves)."""
+    out: dict[str, Any] = {}
+    for name, n, arrival in (("1", 1, 0.0), ("8", 8, 0.0), ("32", 32, 0.0), ("64_random_arrival", 64, 2.0)):
+        out[name] = await decode_rates.engine_streams(client, url, n, salt=100 * n, arrival_s=arrival, rounds=rounds)
+        print(f"gpu_disagg: {url} {name}: {json.dumps(out[name])}", file=sys.stderr, flush=True)
     return out
 
 
@@ -373,6 +375,7 @@ async def decode_only(rounds: int, anchor_too: bool, layouts: list[str]) -> dict
             procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **spec)) as p,
             httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
         ):
+            print(f"gpu_disagg: layout {layout} serving at {p}", file=sys.stderr, flush=True)
             sweep = await decode_sweep(client, p, rounds=rounds)
             info = (await client.get(p + routes.SERVER_INFO)).json()["engine"]["decode_batching"]["pool"]
         by_layout[layout] = {

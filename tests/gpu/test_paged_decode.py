@@ -267,6 +267,30 @@ async def test_paged_kv_on_the_gpu_decodes_the_tokens_of_the_slot_pool(precision
         assert sum(g == e for g, e in zip(got, expected, strict=True)) >= 6
 
 
+def test_the_warm_up_steps_every_batch_size_compiled_flex_attention_will_see() -> None:
+    """Compiled FlexAttention compiles once per padded batch size; the engine's warm-up steps each
+    of them (up to ``maxDecodeBatch``) so that no request pays a compile; uncompiled, 1 and 2 rows."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES
+    from drs_engine.backends.torch.paged import flex_rows
+    from drs_engine.backends.torch.paged_decoder import PagedDecoder
+    from drs_protocol.enums import PagedAttention
+
+    def decoder(rows: int, attention: PagedAttention, compiled: bool) -> PagedDecoder:
+        made = PagedDecoder(
+            SIZES["tiny"], tokens=64, tokens_per_block=TPB, rows=rows, attention=attention,
+            device=torch.device("cpu"), dtype=torch.float32,
+        )  # fmt: skip
+        made.compiled = compiled  # as on CUDA
+        return made
+
+    for rows in (1, 5, 64, 100):
+        warm = decoder(rows, PagedAttention.FLEX, True).warm_rows()
+        assert warm == sorted({flex_rows(r) for r in range(1, rows + 1)}), rows
+    assert decoder(64, PagedAttention.FLEX, False).warm_rows() == [1, 2]
+    assert decoder(64, PagedAttention.GATHER, True).warm_rows() == [1, 2]
+
+
 def test_a_refit_recomputes_a_paged_sequences_kv_into_its_blocks() -> None:
     """New weights while a sequence decodes in the store: ``rewrite`` puts the KV recomputed under
     them into its blocks, and its next step equals the eager step over KV computed with them."""

@@ -72,6 +72,11 @@ class BatchDecoder:
             "eager_rows": self.eager_rows,
         }
 
+    def warm_rows(self) -> list[int]:
+        """The batch sizes the engine's warm-up steps (each captured as a graph on CUDA): one and two
+        rows; larger batches capture theirs on first use."""
+        return [1, 2]
+
     def fits(self, length: int) -> bool:
         """A sequence of ``length`` tokens so far can take one more step in a slot."""
         return self.pool.fits(length)

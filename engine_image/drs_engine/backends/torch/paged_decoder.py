@@ -40,7 +40,7 @@ from drs_engine.backends.torch.kv.blocks import PoolExhausted
 from drs_engine.backends.torch.kv.paged import PagedKv
 from drs_engine.backends.torch.kv.turns import PagedTurn, PagedTurns
 from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv
-from drs_engine.backends.torch.paged import paged_logits
+from drs_engine.backends.torch.paged import flex_rows, paged_logits
 from drs_engine.backends.torch.pooled import Projections, fuse_projections
 from drs_engine.errors import EngineError
 
@@ -100,6 +100,15 @@ class PagedDecoder:
             "tokens_written": self.store.written,
             "tokens_gathered": self.store.gathered,
         }
+
+    def warm_rows(self) -> list[int]:
+        """The batch sizes the engine's warm-up steps: with compiled FlexAttention every padded size
+        up to the store's rows (one compile each, :func:`~.paged.flex_rows`: 7 up to 64 rows, tens
+        of seconds on an H100, paid at start rather than by the first request of each size);
+        otherwise one and two rows, as with the slot pool."""
+        if not (self.compiled and self.attention is PagedAttention.FLEX):
+            return [1, 2]
+        return [1 << i for i in range(flex_rows(self.store.rows).bit_length())]
 
     def fits(self, length: int) -> bool:
         """A sequence of ``length`` tokens so far could take one more step in the store."""

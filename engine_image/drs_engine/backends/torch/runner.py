@@ -14,6 +14,8 @@ The weights are read through :class:`~drs_engine.backends.torch.weights.manager.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,8 @@ from drs_engine.backends.torch.weights.manager import WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import EngineError
 from drs_engine.prefix_hash import block_hashes
+
+log = logging.getLogger("drs_engine")
 
 #: padded prompt tokens of one batched prefill pass (:class:`~.batching.PrefillQueue`'s budget)
 PREFILL_BATCH_TOKENS = 16384
@@ -204,18 +208,31 @@ class ModelRunner:
             torch.cuda.synchronize(self._device)
 
     def _warm_pool(self, kv: Any, n: int, token: int) -> None:
-        """The decode pool allocated and its smallest graphs captured (1 and 2 rows), through the
-        real step with throwaway sequences that then leave."""
+        """The decode pool allocated and its step run at each of the decoder's warm-up batch sizes
+        (:meth:`~.decoder.BatchDecoder.warm_rows`: graphs captured, FlexAttention compiled), through
+        the real step with throwaway sequences that then leave. With the paged layout each takes
+        one block (its first ``tokensPerBlock - 1`` tokens), so the widest batch fits the store."""
         if not self.decoder.fits(n):
             return
+        rows = self.decoder.warm_rows()
+        if isinstance(self.decoder, PagedDecoder):
+            n = min(n, self.decoder.store.tokens_per_block - 1)
         greedy = Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0)
         seqs = [
             DecodeSeq(kv, n, token, greedy, [token], check=lambda _: (None, None), banned=lambda _: None)
-            for _ in range(2)
+            for _ in range(max(rows))
         ]
-        self._step(seqs[:1], [])
-        self._step(seqs, [])
+        started = time.monotonic()
+        for r in rows:
+            self._step(seqs[:r], [])
         self._step([], seqs)
+        if len(rows) > 2:
+            log.info(
+                "decode step warmed at %d batch sizes (1..%d rows) in %.1f s",
+                len(rows),
+                max(rows),
+                time.monotonic() - started,
+            )
 
     def _warm_turns(self, ids: list[int]) -> None:
         """The paged store's prefill path (:mod:`.kv.turns`) run cold and then as a prefix hit (the
