@@ -33,7 +33,9 @@ Needs a CUDA GPU and PyTorch; engines are ``drs engine`` processes (``tests/gpu/
 ``make gpu`` runs it after the GPU tests. ``--decode-only [--anchor] [--rounds N]``: the decode sweep
 alone; ``--no-decode``: everything else (handoff, prefix, refit, TTFT). ``--kv-layout slots,paged``
 (also ``paged-gather``): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``),
-each measured in turn with ``--decode-only``, the first one otherwise.
+each measured in turn with ``--decode-only``, the first one otherwise (the prefix engine's too).
+``--prefix-only [--kv-layout slots,paged]``: the ``prefix`` figures alone, one engine per layout
+(with ``paged`` the cached blocks are shared in place from the store, with ``slots`` copied).
 """
 
 from __future__ import annotations
@@ -279,7 +281,7 @@ async def main(with_decode: bool = True, layout: str = "slots") -> dict[str, Any
             procs.engine_config("decode", DECODE, MODEL, kvTransport="cuda_ipc", **no_cache, **small)
         ) as d_ipc,
         procs.engine(procs.engine_config("decode", DECODE, MODEL, kvTransport="http", **no_cache, **small)) as d_http,
-        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **small)) as cached,
+        procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **small, **KV_LAYOUTS[layout])) as cached,
         httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
     ):
         prefix = await prefix_reuse(client, cached)
@@ -411,6 +413,37 @@ async def decode_only(rounds: int, anchor_too: bool, layouts: list[str]) -> dict
     }
 
 
+async def prefix_only(layouts: list[str]) -> dict[str, Any]:
+    """``--prefix-only [--kv-layout slots,paged]``: the prefix-reuse figures alone (:func:`prefix_reuse`),
+    one engine per layout (its prefix cache on, ``SMALL_POOL`` decode rows), one after the other: with
+    ``paged`` the cached prefix is shared in place from the store's blocks, with ``slots`` it is
+    copied into the prompt's KV. Fits one short device call."""
+    by_layout: dict[str, Any] = {}
+    for layout in layouts:
+        spec = {"maxDecodeBatch": SMALL_POOL, **KV_LAYOUTS[layout]}
+        async with (
+            procs.engine(procs.engine_config("prefill", "cuda:0", MODEL, **spec)) as e,
+            httpx.AsyncClient(timeout=httpx.Timeout(600.0)) as client,
+        ):
+            by_layout[layout] = await prefix_reuse(client, e)
+    return {
+        "bench": "gpu_disagg --prefix-only",
+        "kv_layouts": layouts,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%MZ"),
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "model": f"{MODEL} bfloat16",
+        "prefix_reuse": by_layout,
+        "targets": {
+            **{
+                f"{n}_prefill_2048_cached_of_2112_le_0.5x_cold": v["cached_over_cold"] <= 0.5
+                for n, v in by_layout.items()
+            },
+            **{f"{n}_first_hit_le_2x_warm_hit": v["first_hit_over_warm_hit"] <= 2.0 for n, v in by_layout.items()},
+        },
+    }
+
+
 def _flag_value(name: str, default: int) -> int:
     return int(sys.argv[sys.argv.index(name) + 1]) if name in sys.argv else default
 
@@ -420,6 +453,8 @@ if __name__ == "__main__":
     run = (
         decode_only(_flag_value("--rounds", 2), "--anchor" in sys.argv, kv_layouts())
         if only
+        else prefix_only(kv_layouts())
+        if "--prefix-only" in sys.argv
         else main("--no-decode" not in sys.argv, kv_layouts()[0])
     )
     print(json.dumps(asyncio.run(run)), flush=True)

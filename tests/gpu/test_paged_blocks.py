@@ -1,7 +1,9 @@
 """Paged KV bookkeeping (:mod:`drs_engine.backends.torch.kv.blocks`), driven by hypothesis.
 
 Sequences join (their prompt's cached blocks shared in place), grow token by token, publish their
-full blocks to the cache and leave, in any order, against a model of the KV memory: each written
+full blocks to the cache, are taken over by another identity (a prefilled turn becoming a decoding
+sequence) and leave, and the cache is forgotten (new weights), in any order, against a model of the
+KV memory: each written
 token's "KV" is the tuple of ids up to it (what real KV depends on). After every operation: every
 block is exactly one of free, cached-and-idle or referenced; refcounts equal the tables'
 references; every sequence reads its own ids' KV at every position (so a shared block was never
@@ -19,12 +21,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 TPB = 4
-#: ("join", prompt) | ("step", (k, token)) | ("leave", k): k picks a running sequence (mod count)
+#: ("join", prompt) | ("step", (k, token)) | ("leave", k) | ("rename", k) | ("forget", 0): k picks
+#: a running sequence (mod count)
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("join"), st.lists(st.integers(0, 1), min_size=1, max_size=14)),
         st.tuples(st.just("step"), st.tuples(st.integers(0, 20), st.integers(0, 1))),
         st.tuples(st.just("leave"), st.integers(0, 20)),
+        st.tuples(st.just("rename"), st.integers(0, 20)),
+        st.tuples(st.just("forget"), st.just(0)),
     ),
     max_size=60,
 )
@@ -111,6 +116,14 @@ def test_blocks_are_shared_by_refcount_written_only_by_their_own_sequence_and_ev
                 m.ids[seq].pop()
         elif op == "leave" and running:
             m.pool.close(running[arg % len(running)])
+        elif op == "rename" and running:
+            seq, new = running[arg % len(running)], m.next_seq
+            m.next_seq += 1
+            m.pool.rename(seq, new)
+            m.ids[new] = m.ids.pop(seq)
+        elif op == "forget":
+            m.pool.forget_cached()
+            assert m.pool.cached_blocks == 0 and not m.pool._idle  # idle cached blocks are free now
         m.check()
 
 
@@ -148,3 +161,16 @@ def test_idle_cached_blocks_are_evicted_least_recently_used_first_and_a_full_poo
     with pytest.raises(PoolExhausted, match=r"needs 2 more blocks of 4 tokens, 1 of the store's 3 are free"):
         pool.grow("d", 12)
     assert (pool.table("d"), pool.length("d"), pool.free_blocks) == before  # nothing changed
+
+
+def test_a_renamed_table_keeps_its_blocks_and_a_taken_name_is_refused() -> None:
+    pool: BlockPool[str, tuple[int, ...]] = BlockPool(4, TPB)
+    pool.open("turn", [], limit=0)
+    pool.grow("turn", 6)
+    table = pool.table("turn")
+    pool.rename("turn", "seq")
+    assert "turn" not in pool and pool.table("seq") == table and pool.length("seq") == 6
+    assert [pool.refs(b) for b in table] == [1, 1]
+    pool.open("other", [], limit=0)
+    with pytest.raises(ValueError, match="already has a block table"):
+        pool.rename("other", "seq")

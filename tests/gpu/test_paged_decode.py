@@ -191,8 +191,9 @@ async def test_an_engine_with_paged_kv_decodes_the_tokens_of_one_with_the_slot_p
 
 def test_the_paged_decoder_steps_the_stores_sequences_and_the_rest_eagerly_in_the_batchs_order() -> None:
     """A store of two 8-token blocks: of four sequences two fit, the others step eagerly (one more
-    once it outgrows its block); the logits come back in the batch's order, and a sequence that
-    leaves the store keeps its KV."""
+    once it outgrows its block); the logits come back in the batch's order, a sequence the store
+    has no more blocks for goes on with its KV gathered out, and one that leaves gives its blocks
+    back without a copy."""
     import torch
     from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
     from drs_engine.backends.torch.paged_decoder import PagedDecoder
@@ -233,8 +234,9 @@ def test_the_paged_decoder_steps_the_stores_sequences_and_the_rest_eagerly_in_th
     # 6 and 3 tokens took a block each, 11 and 9 found none; the 6-token one left at its block's end
     assert [s.pooled for s in seqs] == [False, False, True, False] and decoder.exhausted >= 3
     assert decoder.paged_steps == 4 and decoder.eager_rows == 2 + 2 + 3 + 3
+    assert torch.allclose(seqs[0].kv[:, :, :, :10], mirrors[0].kv[:, :, :, :10], atol=1e-5)  # gathered out
     decoder.release(seqs)
-    assert not seqs[2].pooled and torch.allclose(seqs[2].kv[:, :, :, :7], mirrors[2].kv[:, :, :, :7], atol=1e-5)
+    assert not seqs[2].pooled and seqs[2].kv is None  # left without a copy out: its blocks are given back
     assert decoder.store.pool.free_blocks == 2
 
 

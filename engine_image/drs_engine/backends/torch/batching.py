@@ -171,7 +171,8 @@ class PrefillQueue(Generic[J, R]):
     """Prefill jobs batched on the GPU worker: :meth:`submit` waits for its job's result; jobs that
     arrive while one batch runs (or waits for the GPU thread) form the next, up to ``budget``
     padded tokens (:func:`take_within`). ``run_many`` runs on the GPU thread and gives each job its
-    result or its exception (one job's failure fails only that job)."""
+    result or its exception (one job's failure fails only that job). A result nobody takes (its
+    client left) goes to ``discard`` (its hold on the device let go)."""
 
     def __init__(
         self,
@@ -180,8 +181,10 @@ class PrefillQueue(Generic[J, R]):
         *,
         budget: int,
         tokens: Callable[[J], int],
+        discard: Callable[[R], None] = lambda result: None,
     ) -> None:
         self._worker = worker
+        self._discard = discard
         self._run_many = run_many
         self.budget = budget
         self._tokens = tokens
@@ -195,7 +198,12 @@ class PrefillQueue(Generic[J, R]):
         self._waiting.append(_Pending(job, self._tokens(job), done))
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._drain(), name="drs-prefill-batcher")
-        return await done
+        try:
+            return await done
+        except asyncio.CancelledError:
+            if done.done() and not done.cancelled() and done.exception() is None:
+                self._discard(done.result())  # set, but this waiter was cancelled before taking it
+            raise
 
     async def _drain(self) -> None:
         while self._waiting:
@@ -218,6 +226,8 @@ class PrefillQueue(Generic[J, R]):
             self.prompts += len(batch)
             for p, result in zip(batch, results, strict=True):
                 if p.done.done():
+                    if not isinstance(result, Exception):
+                        self._discard(result)
                     continue
                 if isinstance(result, Exception):
                     p.done.set_exception(result)

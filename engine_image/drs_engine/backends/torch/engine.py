@@ -10,7 +10,8 @@ components, each with its own state, and supplies the steps of
   :mod:`.pooled`, :mod:`.graphs`), all on one GPU thread (:mod:`.worker`), tokens picked by
   :mod:`.sampling`;
 - the KV store (:mod:`.kv`): a real block prefix cache (a prompt's full blocks keyed by chained
-  hashes seeded with the weights; a hit copies the cached KV instead of recomputing it);
+  hashes seeded with the weights; a hit copies the cached KV instead of recomputing it; with
+  ``kvLayout: paged`` the cache is the paged store's blocks, shared in place: :mod:`.kv.turns`);
 - the handoff (:mod:`.handoff`): a context-only leg leaves its KV on the GPU; the decode engine
   fetches it by CUDA IPC (same host) or as bytes over HTTP, and decodes from it;
 - the weights manager (:mod:`.weights`): refit from safetensors (``/control/weights/load``), by
@@ -55,6 +56,7 @@ from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError
 from drs_engine.prefix_cache import prefix_held
+from drs_engine.prefix_hash import block_hashes
 from drs_engine.weights.stream import WeightsExport
 from drs_engine.wire import RequestType
 
@@ -165,8 +167,7 @@ class TorchBackend(EngineBackend):
             "layers": self._shape.layers,
             "kv_bytes_per_token": self._shape.kv_bytes_per_token(self._dtype),
             **handoff,
-            "prefix_cache_blocks": len(self._kv),
-            "prefix_cache_capacity_blocks": self._kv.cache.capacity_blocks,
+            **self._cache_info(),
             "context_states_held": len(self._handoff),
             "decode_batching": {
                 "max_batch": b.max_batch,
@@ -185,6 +186,14 @@ class TorchBackend(EngineBackend):
             "last_refit": self._weights.last_refit,
         }
 
+    def _cache_info(self) -> dict[str, int]:
+        """The prefix cache's blocks: the paged store's pool (``kvLayout: paged``) or :class:`PrefixKv`."""
+        turns = self._runner.turns
+        if turns is not None:
+            pool = turns.store.pool
+            return {"prefix_cache_blocks": pool.cached_blocks, "prefix_cache_capacity_blocks": pool.blocks}
+        return {"prefix_cache_blocks": len(self._kv), "prefix_cache_capacity_blocks": self._kv.cache.capacity_blocks}
+
     # ---- serving: the steps of drs_engine.backends.leg.run_leg -------------------------------
 
     def generate(self, leg: LegRequest) -> AsyncGenerator[LegEvent, None]:
@@ -201,30 +210,37 @@ class TorchBackend(EngineBackend):
         runner = self._runner
         prompt = leg.prompt_token_ids
         seed, version = self._weights.seed, self._weights.version
-        hit = self._kv.lookup(seed, prompt)
         only_context = leg.request_type is RequestType.CONTEXT_ONLY
+        paged = runner.turns is not None
+        keys = None
+        if paged and not (only_context and self._kv.keeps_nothing):  # the store's pool is the cache
+            keys = block_hashes(seed, prompt, self._kv.tokens_per_block)
+        hit = self._kv.lookup(seed, prompt) if not paged else None
         capacity = len(prompt) if only_context else runner.decode_capacity(leg)
         s = sampling_for(leg, self._device)
         region = self._handoff.region(capacity) if only_context else None
         try:
             done = await runner.prefill(
                 prompt,
-                hit.tokens,
-                hit.runs,
+                hit.tokens if hit else 0,
+                hit.runs if hit else [],
                 capacity,
                 s,
                 runner.ban(leg, 0),
                 self._handoff.arena,
                 region,
                 cache_keeps_nothing=self._kv.keeps_nothing,
+                keys=keys,
+                decodes=not only_context,
             )
         except BaseException:
             self._handoff.free_region(region)
             raise
-        if seed == self._weights.seed and (done.kv is not done.ctx_kv or done.arena is None):
-            self._kv.remember(seed, prompt, done.kv, hit.blocks)  # the weights did not change meanwhile
+        remember = hit is not None and seed == self._weights.seed  # the weights did not change meanwhile
+        if hit is not None and remember and (done.kv is not done.ctx_kv or done.arena is None):
+            self._kv.remember(seed, prompt, done.kv, hit.blocks)
         state = TorchLeg(done.kv, s, done.gen, ctx_kv=done.ctx_kv, arena=done.arena, region=region)
-        return Prefilled(state, done.first, hit.tokens, len(prompt), version)
+        return Prefilled(state, done.first, done.cached, len(prompt), version)
 
     def leave(self, leg: LegRequest, prefilled: Prefilled[TorchLeg, Choice]) -> ContextHandoff:
         s = prefilled.state
@@ -238,19 +254,22 @@ class TorchBackend(EngineBackend):
         runner, state, first = self._runner, prefilled.state, prefilled.first
         seq = runner.new_seq(leg, state.kv, first, state.sampling, state.gen)
         seed = self._weights.seed
-        yield token_step(first, leg)
-        seq.finish = finish_after(leg, seq.generated, self._eos)
-        if seq.finish[0] is None:
-            runner.batcher.add(seq)
-            try:
-                while (item := await seq.queue.get()) is not None:
-                    if isinstance(item, BaseException):
-                        raise _as_engine_error(item)
-                    yield token_step(item, leg)
-            finally:
-                runner.batcher.remove(seq)
-            await seq.released.wait()  # out of the decode pool: its KV is its own again
-        cache = not seq.pooled and seed == self._weights.seed
+        try:
+            yield token_step(first, leg)
+            seq.finish = finish_after(leg, seq.generated, self._eos)
+            if seq.finish[0] is None:
+                runner.batcher.add(seq)
+                try:
+                    while (item := await seq.queue.get()) is not None:
+                        if isinstance(item, BaseException):
+                            raise _as_engine_error(item)
+                        yield token_step(item, leg)
+                finally:
+                    runner.batcher.remove(seq)
+                await seq.released.wait()  # out of the decode pool: its KV is its own again (paged: cached)
+        finally:
+            runner.drop_turn(seq.kv)  # paged: a prefilled turn that never stepped gives its blocks back
+        cache = runner.turns is None and not seq.pooled and seed == self._weights.seed
         if leg.request_type is RequestType.CONTEXT_AND_GENERATION and cache:
             computed = (leg.prompt_token_ids + seq.generated)[: seq.length]
             self._kv.remember(seed, computed, seq.kv, len(leg.prompt_token_ids) // self._kv.tokens_per_block)
@@ -277,8 +296,8 @@ class TorchBackend(EngineBackend):
 
     # ---- control: weights (swapped by the weights manager; the prefix cache goes with them) ----
 
-    def _switched(self, previous: str, result: dict[str, Any]) -> dict[str, Any]:
-        evicted = self._kv.reset()
+    async def _switched(self, previous: str, result: dict[str, Any]) -> dict[str, Any]:
+        evicted = await self._forget_prefixes()
         return {
             "version": self._weights.version,
             "previous_version": previous,
@@ -290,7 +309,7 @@ class TorchBackend(EngineBackend):
         return await self._weights.measure_digest()
 
     async def load_weights(self, path: str, version: str) -> dict[str, Any]:
-        return self._switched(*await self._weights.load(path, version))
+        return await self._switched(*await self._weights.load(path, version))
 
     async def export_weights(self) -> WeightsExport:
         return self._weights.export()
@@ -298,7 +317,7 @@ class TorchBackend(EngineBackend):
     async def load_weights_from_stream(
         self, header: WeightsStreamHeader, pieces: AsyncIterator[bytes], version: str
     ) -> dict[str, Any]:
-        return self._switched(*await self._weights.load_stream(header, pieces, version))
+        return await self._switched(*await self._weights.load_stream(header, pieces, version))
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
         return await self._weights.init_collective(params)
@@ -307,10 +326,10 @@ class TorchBackend(EngineBackend):
         return await self._weights.prepare(params)
 
     async def update_weights_from_collective(self, params: CollectiveUpdate) -> dict[str, Any]:
-        return self._switched(*await self._weights.update_from_collective(params))
+        return await self._switched(*await self._weights.update_from_collective(params))
 
     async def update_weights_from_ipc(self, params: IpcUpdate) -> dict[str, Any]:
-        return self._switched(*await self._weights.update_from_ipc(params))
+        return await self._switched(*await self._weights.update_from_ipc(params))
 
     async def abort_collective(self, reason: str) -> dict[str, Any]:
         return {"aborted": self._weights.abort_group()}
@@ -318,18 +337,29 @@ class TorchBackend(EngineBackend):
     # ---- control: caches, memory, profile ---------------------------------------------------
 
     def prefix_held(self, prompt_ids: Sequence[int]) -> PrefixHeld:
-        """The blocks of KV a prefill of ``prompt_ids`` would copy now instead of computing."""
-        return prefix_held(self._kv.cache, self._weights.seed, prompt_ids)
+        """The blocks of KV a prefill of ``prompt_ids`` would reuse now instead of computing (paged:
+        the store's cached blocks, shared in place; else :class:`PrefixKv`'s, copied)."""
+        turns = self._runner.turns
+        if turns is None:
+            return prefix_held(self._kv.cache, self._weights.seed, prompt_ids)
+        tpb = self._kv.tokens_per_block
+        hashes = block_hashes(self._weights.seed, prompt_ids, tpb)
+        held = turns.store.pool.cached_run(hashes) if turns.caching else 0
+        return PrefixHeld(tokens=len(prompt_ids), blocks=len(hashes), held_blocks=held, tokens_per_block=tpb)
+
+    async def _forget_prefixes(self) -> int:
+        """Every cached prefix block dropped (new weights: its KV is stale; a reset; sleep); how many."""
+        return self._kv.reset() + await self._worker.run(self._runner.forget_cached)
 
     async def reset_prefix_cache(self) -> dict[str, Any]:
-        return {"prefix_cache_blocks_evicted": self._kv.reset()}
+        return {"prefix_cache_blocks_evicted": await self._forget_prefixes()}
 
     async def release_memory(self, tags: list[str]) -> dict[str, Any]:
         released = list(tags) or list(ALL_MEMORY_TAGS)
         before = await self._worker.run(device_memory.free_bytes, self._device)
         dropped_blocks = dropped_states = 0
         if "kv_cache" in released:
-            dropped_blocks = self._kv.reset()
+            dropped_blocks = await self._forget_prefixes()
             dropped_states = await self._handoff.clear()
             self._runner.batcher.fail_all(EngineError("the engine released its KV cache (sleep)"))
             await self._worker.run(self._runner.free_pool)

@@ -4,13 +4,17 @@
 for :mod:`.paged`: the same calls on the GPU thread, once per batched step of
 :class:`~drs_engine.backends.torch.batching.DecodeBatcher`:
 
-1. sequences that left give their blocks back, their KV gathered into a tensor of their own first
-   (the engine caches it in the prefix cache after, as with the slot pool);
-2. a sequence new to the batch gets a block table and its KV written into its blocks once (the
-   prompt's KV as prefilled); every sequence in the store gets room for its next token (a new block
-   at each block boundary). When the store is out of blocks
-   (:class:`~drs_engine.backends.torch.kv.blocks.PoolExhausted`) the sequence stays outside and
-   steps eagerly, as one longer than a slot does with the slot pool;
+1. sequences that left publish their full blocks to the pool's cache under their tokens' chained
+   keys (KV of the weights now served only) and give their references back: nothing is copied
+   out, the blocks stay cached until the pool's LRU evicts them;
+2. a sequence new to the batch takes over its prefilled turn's table
+   (:class:`~drs_engine.backends.torch.kv.turns.PagedTurn`: the prompt's cached prefix shared in
+   place, the rest written at prefill), or, with KV of its own (received from a prefill engine, or
+   prefilled when the store was full), gets a table and that KV written into its blocks once; every
+   sequence in the store gets room for its next token (a new block at each block boundary). When
+   the store is out of blocks (:class:`~drs_engine.backends.torch.kv.blocks.PoolExhausted`) the
+   sequence goes outside, its KV gathered into a tensor of its own, and steps eagerly, as one
+   longer than a slot does with the slot pool;
 3. the store's sequences step together through :func:`~drs_engine.backends.torch.paged.paged_logits`
    (FlexAttention over their block tables, or the gather fallback), the others through
    :func:`~drs_engine.backends.torch.model.decode_step` in the same call.
@@ -18,14 +22,13 @@ for :mod:`.paged`: the same calls on the GPU thread, once per batched step of
 The store holds ``maxDecodeBatch x decodeSlotTokens`` tokens (the slot pool's memory) in blocks
 of ``tokensPerBlock``; a sequence uses only the blocks it has filled. No CUDA graphs on this path
 (the block mask is built on the host each step); ``compileDecode`` fuses the elementwise chains and
-FlexAttention is compiled on CUDA. The prefix cache still hands a hit over as a copy into the
-prompt's own KV (:mod:`.kv.prefix`); sharing the cached blocks in place is what
-:meth:`~drs_engine.backends.torch.kv.blocks.BlockPool.open` does, not yet wired here.
+FlexAttention is compiled on CUDA. The pool is the engine's prefix cache in this layout
+(:mod:`.kv.turns`); a refit, ``reset_prefix_cache`` and sleep drop its cached blocks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -35,9 +38,11 @@ from drs_engine.backends.torch.batching import DecodeSeq
 from drs_engine.backends.torch.fused import EAGER, StepOps, fused_ops
 from drs_engine.backends.torch.kv.blocks import PoolExhausted
 from drs_engine.backends.torch.kv.paged import PagedKv
+from drs_engine.backends.torch.kv.turns import PagedTurn, PagedTurns
 from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv
 from drs_engine.backends.torch.paged import flex_rows, paged_logits
 from drs_engine.backends.torch.pooled import Projections, fuse_projections
+from drs_engine.errors import EngineError
 
 
 class PagedDecoder:
@@ -54,11 +59,15 @@ class PagedDecoder:
         device: Any,
         dtype: Any,
         compiled: bool = False,
+        caching: bool = True,
     ) -> None:
         blocks = -(-tokens // tokens_per_block)
         self.store = PagedKv(
             shape, blocks=blocks, tokens_per_block=tokens_per_block, device=device, dtype=dtype, rows=rows
         )
+        self.turns = PagedTurns(self.store, caching=caching)
+        #: a leaving sequence's full blocks' cache keys (none: its KV is not of the weights served)
+        self.keys: Callable[[DecodeSeq], Sequence[Any]] = lambda seq: []
         self.attention = attention
         self.compiled = compiled and device.type == "cuda"
         self.ops: StepOps = fused_ops() if self.compiled else EAGER
@@ -83,7 +92,13 @@ class PagedDecoder:
             "compiled": self.compiled,
             "paged_steps": self.paged_steps,
             "eager_rows": self.eager_rows,
-            "exhausted": self.exhausted,
+            "exhausted": self.exhausted + self.turns.exhausted,
+            "cached_blocks": pool.cached_blocks,
+            "prefix_hit_blocks": pool.hits,
+            "evictions": pool.evictions,
+            "cow_copies": pool.copies,
+            "tokens_written": self.store.written,
+            "tokens_gathered": self.store.gathered,
         }
 
     def warm_rows(self) -> list[int]:
@@ -107,18 +122,41 @@ class PagedDecoder:
         self.store.free()
 
     def release(self, seqs: list[DecodeSeq]) -> None:
-        """``seqs`` give their blocks back; each keeps its KV in a tensor of its own."""
+        """``seqs`` left: their full blocks published to the cache (:attr:`keys`), their references
+        given back; nothing copied out (a sequence's KV after it left is what the cache keeps)."""
+        pool = self.store.pool
         for seq in seqs:
-            if seq in self.store.pool:
-                seq.kv = self.store.gather(seq, seq.length, seq.length + 1)
-                self.store.pool.close(seq)
-                seq.pooled = False
+            if isinstance(seq.kv, PagedTurn):  # left before its first step
+                self.turns.drop(seq.kv)
+                seq.kv = None
+            elif seq in pool:
+                if self.turns.caching:
+                    pool.publish(seq, self.keys(seq))
+                pool.close(seq)
+                seq.kv, seq.pooled = None, False
+
+    def _unseat(self, seq: DecodeSeq) -> None:
+        """``seq`` out of the store (no blocks for its next token): its KV in a tensor of its own."""
+        seq.kv = self.store.gather(seq, seq.length, seq.length + 1)
+        self.store.pool.close(seq)
+        seq.pooled = False
 
     def rewrite(self, seq: DecodeSeq, fill: Callable[[Any], None]) -> None:
         """A pooled ``seq``'s KV recomputed (new weights): ``fill`` writes its ``seq.length`` tokens
-        into a fresh tensor, copied into its blocks."""
+        into a fresh tensor, copied into fresh blocks of its own (its old ones may be shared, cached
+        under the old weights). No blocks for that: it goes on outside with the fresh tensor."""
         fresh = new_kv(self.store.shape, seq.length + 1, device=self.store.device, dtype=self.store.dtype)
         fill(fresh)
+        pool = self.store.pool
+        pool.close(seq)
+        pool.open(seq, [], limit=0)
+        try:
+            self.store.grow(seq, seq.length + 1)
+        except PoolExhausted:
+            self.exhausted += 1
+            pool.close(seq)
+            seq.kv, seq.pooled = fresh, False
+            return
         self.store.write(seq, fresh, 0, seq.length)
 
     def seat(self, batch: list[DecodeSeq]) -> None:
@@ -126,6 +164,11 @@ class PagedDecoder:
         token; a sequence the store has no blocks for stays (or goes) outside."""
         pool = self.store.pool
         for seq in batch:
+            if isinstance(seq.kv, PagedTurn):  # prefilled into the store: its table becomes the sequence's
+                if seq.kv not in pool:
+                    raise EngineError("the engine released its KV cache (sleep) after this prompt's prefill")
+                pool.rename(seq.kv, seq)
+                seq.kv, seq.pooled = None, True
             try:
                 if not seq.pooled:
                     pool.open(seq, [], limit=0)
@@ -137,7 +180,7 @@ class PagedDecoder:
             except PoolExhausted:
                 self.exhausted += 1
                 if seq.pooled:
-                    self.release([seq])
+                    self._unseat(seq)
                 elif seq in pool:
                     pool.close(seq)
 

@@ -1,8 +1,9 @@
 """The ``torch`` backend's model runner: the model's forward passes as jobs on the GPU thread.
 
 :class:`ModelRunner` runs a prompt's prefill (after the cached prefix blocks copied into the new
-sequence's KV; into a handoff-arena region when the context is to be handed over; cold prompts
-that arrive together in one batched pass, :class:`~drs_engine.backends.torch.batching.PrefillQueue`), and the
+sequence's KV, or with ``kvLayout: paged`` shared in place in the store, :mod:`.kv.turns`; into a
+handoff-arena region when the context is to be handed over; cold prompts that arrive together in
+one batched pass, :class:`~drs_engine.backends.torch.batching.PrefillQueue`), and the
 batched decode steps of :class:`~drs_engine.backends.torch.batching.DecodeBatcher` through
 :class:`~drs_engine.backends.torch.decoder.BatchDecoder` (the decode pool and its CUDA graphs) or,
 with ``kvLayout: paged``, :class:`~drs_engine.backends.torch.paged_decoder.PagedDecoder` (block tables).
@@ -27,12 +28,14 @@ from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq, Prefill
 from drs_engine.backends.torch.decoder import BatchDecoder
 from drs_engine.backends.torch.kv.arena import KvArena
 from drs_engine.backends.torch.kv.prefix import CopyRun
+from drs_engine.backends.torch.kv.turns import PagedTurn, PagedTurns
 from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv, prefill, prefill_batch
 from drs_engine.backends.torch.paged_decoder import PagedDecoder
 from drs_engine.backends.torch.sampling import BanMasks, Choice, Sampling, choose_tokens
 from drs_engine.backends.torch.weights.manager import WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.errors import EngineError
+from drs_engine.prefix_hash import block_hashes
 
 log = logging.getLogger("drs_engine")
 
@@ -53,6 +56,10 @@ class PrefillJob:
     arena: KvArena | None
     region: int | None
     cache_keeps_nothing: bool
+    #: ``kvLayout: paged``: the prompt's full blocks' cache keys (None: the slot layout)
+    keys: list[bytes] | None = None
+    #: the sequence decodes here (paged: its table stays in the store)
+    decodes: bool = False
 
     @property
     def cold(self) -> bool:
@@ -73,6 +80,8 @@ class PrefillResult:
     gen: int
     #: the arena region's description for the decode engine (None: not in the arena)
     arena: dict[str, Any] | None
+    #: prompt tokens not computed (the cached prefix)
+    cached: int = 0
 
 
 class ModelRunner:
@@ -108,9 +117,11 @@ class ModelRunner:
                 rows=spec.max_decode_batch,
                 attention=spec.paged_attention,
                 compiled=spec.compile_decode,
+                caching=spec.cache_capacity_tokens >= spec.tokens_per_block,
                 device=device,
                 dtype=dtype,
             )
+            self.decoder.keys = self._cache_keys
         else:
             self.decoder = BatchDecoder(
                 shape,
@@ -123,8 +134,39 @@ class ModelRunner:
             )
         self.batcher = DecodeBatcher(worker, self._step, max_batch=spec.max_decode_batch)
         self.prefills: PrefillQueue[PrefillJob, PrefillResult] = PrefillQueue(
-            worker, self._prefill_many, budget=PREFILL_BATCH_TOKENS, tokens=lambda job: len(job.prompt) - job.start
+            worker,
+            self._prefill_many,
+            budget=PREFILL_BATCH_TOKENS,
+            tokens=lambda job: len(job.prompt) - job.start,
+            discard=self._discard,
         )
+
+    @property
+    def turns(self) -> PagedTurns | None:
+        """The paged store's prompts (``kvLayout: paged``: the pool is the prefix cache), or None."""
+        return self.decoder.turns if isinstance(self.decoder, PagedDecoder) else None
+
+    def _cache_keys(self, seq: DecodeSeq) -> list[bytes]:
+        """A sequence's computed tokens' full-block keys, under the weights served (on the GPU thread)."""
+        if seq.weights_gen != self._weights.gen:
+            return []
+        ids = (seq.prompt + seq.generated)[: seq.length]
+        return block_hashes(self._weights.seed, ids, self._spec.tokens_per_block)
+
+    def _discard(self, result: PrefillResult) -> None:
+        """A prefill whose client left before taking it: its turn's references go."""
+        self.drop_turn(result.kv)
+
+    def drop_turn(self, kv: Any) -> None:
+        """``kv`` a turn still in the store (its sequence never stepped): dropped on the GPU thread."""
+        turns = self.turns
+        if turns is not None and isinstance(kv, PagedTurn):
+            self._worker.post(turns.drop, kv)
+
+    def forget_cached(self) -> int:
+        """The paged store's cached blocks dropped (new weights, a reset, sleep: on the GPU thread)."""
+        turns = self.turns
+        return turns.store.pool.forget_cached() if turns is not None else 0
 
     async def start(self, tokens_per_block: int) -> None:
         """The banned-id masks, made on the device (by the GPU thread), then every path a request
@@ -161,6 +203,7 @@ class ModelRunner:
             step = decode_step(self._weights.params, self._shape, [ids[-1], ids[-1]], [cold, hit], [n, n])
             choose_tokens(step, [greedy, greedy], [mask, mask])
             self._warm_pool(cold, n, ids[-1])
+            self._warm_turns(ids)
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
 
@@ -191,6 +234,20 @@ class ModelRunner:
                 time.monotonic() - started,
             )
 
+    def _warm_turns(self, ids: list[int]) -> None:
+        """The paged store's prefill path (:mod:`.kv.turns`) run cold and then as a prefix hit (the
+        hit's past gathered from shared blocks), under throwaway keys forgotten after."""
+        turns, n = self.turns, len(ids)
+        if turns is None or not self.decoder.fits(n):
+            return
+        keys = [("warm-up", i) for i in range(n // self._spec.tokens_per_block)]
+        for _ in range(2):
+            turn = turns.open(keys, n)
+            kv = turns.past(turn, n + 1)
+            prefill(self._weights.params, self._shape, ids[turn.hit :], kv, turn.hit)
+            turns.settle(turn, kv, keys, n, stays=False)
+        turns.store.pool.forget_cached()
+
     def decode_capacity(self, leg: LegRequest) -> int:
         """KV capacity of a sequence that decodes here (grown by ``decodeGrowthTokens`` as it goes)."""
         return len(leg.prompt_token_ids) + min(leg.max_tokens, self._spec.decode_growth_tokens)
@@ -212,15 +269,25 @@ class ModelRunner:
         region: int | None = None,
         *,
         cache_keeps_nothing: bool = False,
+        keys: list[bytes] | None = None,
+        decodes: bool = False,
     ) -> PrefillResult:
-        job = PrefillJob(prompt, start, runs, capacity, sampling, ban, arena, region, cache_keeps_nothing)
+        job = PrefillJob(
+            prompt, start, runs, capacity, sampling, ban, arena, region, cache_keeps_nothing, keys, decodes
+        )
         return await self.prefills.submit(job)
 
     def _prefill_many(self, jobs: list[PrefillJob]) -> list[PrefillResult | Exception]:
         """The jobs that waited together (on the GPU thread): the cold ones in one batched pass when
         there are two or more, the others one by one; each job gets its result or its error."""
         out: dict[int, PrefillResult | Exception] = {}
-        cold = [i for i, job in enumerate(jobs) if job.cold] if sum(job.cold for job in jobs) > 1 else []
+        turns = self.turns
+        cold = [
+            i
+            for i, job in enumerate(jobs)
+            if job.cold and (turns is None or job.keys is None or not turns.store.pool.cached_run(job.keys))
+        ]
+        cold = cold if len(cold) > 1 else []
         if cold:
             try:
                 for i, result in zip(cold, self._prefill_cold([jobs[i] for i in cold]), strict=True):
@@ -241,8 +308,15 @@ class ModelRunner:
         kvs = [new_kv(self._shape, job.capacity, device=self._device, dtype=self._dtype) for job in jobs]
         logits = prefill_batch(self._weights.params, self._shape, [job.prompt for job in jobs], kvs)
         firsts = choose_tokens(logits, [job.sampling for job in jobs], [job.ban for job in jobs])
-        gen = self._weights.gen
-        return [PrefillResult(kv, kv, first, gen, None) for kv, first in zip(kvs, firsts, strict=True)]
+        gen, turns = self._weights.gen, self.turns
+        out = []
+        for job, kv, first in zip(jobs, kvs, firsts, strict=True):
+            kept = kv
+            if turns is not None and job.keys is not None:  # into the store after (a batch mate's blocks shared)
+                turn = turns.open(job.keys, len(job.prompt))
+                kept = turns.settle(turn, kv, job.keys, len(job.prompt), stays=job.decodes) or kv
+            out.append(PrefillResult(kept, kv, first, gen, None))  # computed whole: nothing cached
+        return out
 
     def _prefill_job(self, job: PrefillJob) -> PrefillResult:
         """Prefill ``prompt`` from ``start``. With an arena ``region`` the context's KV lies there:
@@ -254,19 +328,31 @@ class ModelRunner:
         shape = (self._shape.layers, 2, self._shape.kv_heads, capacity, self._shape.head_dim)
         arena = arena if region is not None else None
         in_place = arena is not None and cache_keeps_nothing
-        if arena is not None and region is not None and in_place:
-            kv = arena.view(region, shape, self._dtype)
-        else:
-            kv = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
-        for dst, base, src, n in runs:  # cached prefix blocks, copied instead of recomputed
-            kv[:, :, :, dst : dst + n].copy_(base[:, :, :, src : src + n])
-        logits = prefill(self._weights.params, self._shape, prompt[start:], kv, start)
-        ctx_kv, where = kv, None
-        if arena is not None and region is not None:
-            ctx_kv = kv if in_place else arena.view(region, shape, self._dtype).copy_(kv)
-            where = arena.describe(region, shape, self._dtype)
-        first = choose_tokens(logits[None], [s], [ban])[0]
-        return PrefillResult(kv, ctx_kv, first, self._weights.gen, where)
+        turns = self.turns if job.keys is not None else None
+        turn = turns.open(job.keys or [], len(prompt)) if turns is not None else None
+        try:
+            if arena is not None and region is not None and in_place:
+                kv = arena.view(region, shape, self._dtype)
+            elif turns is not None and turn is not None:  # the cached prefix read from its shared blocks
+                kv, start = turns.past(turn, capacity), turn.hit
+            else:
+                kv = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
+            for dst, base, src, n in runs:  # cached prefix blocks, copied instead of recomputed
+                kv[:, :, :, dst : dst + n].copy_(base[:, :, :, src : src + n])
+            logits = prefill(self._weights.params, self._shape, prompt[start:], kv, start)
+            ctx_kv, where = kv, None
+            if arena is not None and region is not None:
+                ctx_kv = kv if in_place else arena.view(region, shape, self._dtype).copy_(kv)
+                where = arena.describe(region, shape, self._dtype)
+            first = choose_tokens(logits[None], [s], [ban])[0]
+            kept = kv
+            if turns is not None and turn is not None:
+                kept = turns.settle(turn, kv, job.keys or [], len(prompt), stays=job.decodes) or kv
+        except BaseException:
+            if turns is not None and turn is not None:
+                turns.drop(turn)
+            raise
+        return PrefillResult(kept, ctx_kv, first, self._weights.gen, where, start)
 
     def new_seq(self, leg: LegRequest, kv: Any, first: Choice, s: Sampling, gen: int) -> DecodeSeq:
         """A sequence that decodes on from ``kv`` (``gen`` -1: KV of other weights, recomputed first)."""

@@ -8,6 +8,7 @@ queue in submission order.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import sys
 from collections.abc import Callable
@@ -44,6 +45,12 @@ class GpuWorker:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def post(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the GPU thread after the jobs queued so far, without waiting (from
+        code that cannot await: a generator's ``finally``, a callback). Nothing once closed."""
+        with contextlib.suppress(RuntimeError):  # shut down: the device's state went with it
+            self._pool.submit(fn, *args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -97,6 +97,11 @@ class BlockPool(Generic[S, K]):
         return block in self._key_of
 
     @property
+    def cached_blocks(self) -> int:
+        """Blocks in the cache now (referenced by a table or idle)."""
+        return len(self._cached)
+
+    @property
     def free_blocks(self) -> int:
         """Blocks a sequence can take now: free ones and cached ones nobody references."""
         return len(self._free) + len(self._idle)
@@ -173,6 +178,14 @@ class BlockPool(Generic[S, K]):
             self._key_of[block] = key
             added += 1
         return added
+
+    def rename(self, seq: S, new: S) -> None:
+        """``seq``'s table is ``new``'s from now on (a prefilled turn becomes a decoding sequence);
+        no block or refcount changes."""
+        if new in self._tables:
+            raise ValueError("the new sequence already has a block table")
+        self._tables[new] = self._tables.pop(seq)
+        self._lengths[new] = self._lengths.pop(seq)
 
     def close(self, seq: S) -> None:
         """``seq`` leaves: its references go; its cached blocks stay cached, the rest are free."""

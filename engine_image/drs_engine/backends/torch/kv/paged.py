@@ -35,6 +35,10 @@ class PagedKv:
         #: buffers a step over the store keeps for the store's life, sleeps included (the paged
         #: block mask's: :class:`~drs_engine.backends.torch.paged.MaskBuffers`), by name
         self.scratch: dict[str, Any] = {}
+        #: tokens of KV written into the store from a sequence's own tensor (:meth:`write`), and
+        #: read out of it into one (:meth:`gather`): what paging still copies
+        self.written = 0
+        self.gathered = 0
 
     @property
     def tokens_per_block(self) -> int:
@@ -89,6 +93,7 @@ class PagedKv:
         """Positions ``start … end-1`` of a per-sequence KV tensor (computed by a prefill) into
         ``seq``'s blocks (grown to ``end`` first: :meth:`grow`)."""
         self.kv[:, :, :, self.token_index(seq, start, end)] = kv[:, :, :, start:end]
+        self.written += end - start
 
     def gather(self, seq: Any, length: int, capacity: int) -> Any:
         """``seq``'s first ``length`` tokens as a per-sequence KV tensor of ``capacity`` tokens (the
@@ -96,4 +101,5 @@ class PagedKv:
         s = self.shape
         out = torch.empty((s.layers, 2, s.kv_heads, capacity, s.head_dim), device=self.device, dtype=self.dtype)
         out[:, :, :, :length] = self.kv[:, :, :, self.token_index(seq, 0, length)]
+        self.gathered += length
         return out
