@@ -123,7 +123,14 @@ class TorchSpec(ConfigModel):
         description="cuda, cuda:N or cpu; default: cuda:$LOCAL_RANK (else cuda:0) when CUDA is there, else cpu.",
     )
     tokens_per_block: int = Field(default=64, ge=1, description="Prefix-cache block size in tokens.")
-    cache_capacity_tokens: int = Field(default=65536, ge=0, description="Prefix-cache capacity (LRU), in tokens.")
+    cache_capacity_tokens: int = Field(
+        default=65536,
+        ge=0,
+        description=(
+            "Prefix-cache capacity (LRU), in tokens, with kvLayout slots; with kvLayout paged the cache is the "
+            "block store's idle blocks (maxDecodeBatch x decodeSlotTokens tokens) and 0 only turns it off."
+        ),
+    )
     kv_transport: KvTransport = Field(
         default=KvTransport.AUTO,
         description="How a decode engine fetches KV: auto (CUDA IPC on the same host, else HTTP), http, cuda_ipc.",
