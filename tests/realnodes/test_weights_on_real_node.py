@@ -120,10 +120,10 @@ def refitted_under_policy(
     yield from refit_fleet(realcluster, realns, tmp_path, fleet)
 
 
-def refit_fleet(
+def checkpoint_fleet(
     realcluster: RunningCluster, realns: str, tmp_path: Path, example: dict[str, Any]
-) -> Iterator[dict[str, Any]]:
-    """``example`` (mounting a checkpoint volume) Ready, refitted by the trainer's pod: the desired weights."""
+) -> Iterator[None]:
+    """``example`` Ready, mounting a checkpoint volume (a host directory the trainer's pod writes)."""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     checkpoints.chmod(0o777)  # written by the trainer container's non-root user
@@ -134,6 +134,16 @@ def refit_fleet(
         fleet["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
         realcluster.kubectl("apply", "-n", realns, "-f", "-", input=yaml.safe_dump(fleet))
         wait("the fleet Ready", lambda: ready_fleet(realcluster, realns))
+        yield
+    finally:
+        realcluster.kubectl("delete", "pv", f"{realns}-{CLAIM}", "--wait=false", check=False)
+
+
+def refit_fleet(
+    realcluster: RunningCluster, realns: str, tmp_path: Path, example: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """``example`` (mounting a checkpoint volume) Ready, refitted by the trainer's pod: the desired weights."""
+    for _ in checkpoint_fleet(realcluster, realns, tmp_path, example):
         objs = inpod.trainer_objects("trainer", realns, NAME, TRAINER, CLAIM, DEFAULT_MODEL_MOUNT_PATH)
         realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
         phase = wait_phase(realcluster, realns, "trainer", {"Succeeded", "Failed"}, timeout=240)["status"]["phase"]
@@ -141,8 +151,6 @@ def refit_fleet(
         assert phase == "Succeeded", out
         desired: dict[str, Any] = drs(realcluster, realns)["status"]["weights"]["desired"]
         yield desired
-    finally:
-        realcluster.kubectl("delete", "pv", f"{realns}-{CLAIM}", "--wait=false", check=False)
 
 
 def pods_of(cluster: RunningCluster, ns: str, selector: str) -> list[dict[str, Any]]:
