@@ -153,6 +153,22 @@ def refit_fleet(
         yield desired
 
 
+def drop_path(cluster: RunningCluster, ns: str) -> None:
+    """The stored desired weights rewritten without their checkpoint path (as a broadcast leaves
+    them); returns once the weights ConfigMap has them so, with the fleet's engines as ``peers``."""
+    stored = json.loads(drs(cluster, ns)["metadata"]["annotations"][ANNOTATION_DESIRED_WEIGHTS])
+    stored.pop("path")
+    annotation = json.dumps(stored, separators=(",", ":"))
+    cluster.kubectl("annotate", "drs", NAME, "-n", ns, "--overwrite", f"{ANNOTATION_DESIRED_WEIGHTS}={annotation}")
+
+    def pathless() -> bool:
+        got = json.loads(cluster.kubectl("get", "configmap", f"{NAME}-weights", "-n", ns, "-o", "json").stdout)
+        data = got.get("data") or {}
+        return bool(data.get("peers")) and "path" not in json.loads(data.get("desired") or "{}")
+
+    wait("the weights ConfigMap with path-less desired weights and peers", pathless, timeout=60)
+
+
 def pods_of(cluster: RunningCluster, ns: str, selector: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = json.loads(
         cluster.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout
@@ -221,19 +237,7 @@ def test_a_replica_replaced_under_path_less_weights_catches_up_from_the_other_re
     stream the weights from replica 1's engines. What would break it: a replica policy that admits
     only its own replica's pods (the stream refused; the replacements never Ready)."""
     desired = refitted_under_policy
-    stored = json.loads(drs(realcluster, realns)["metadata"]["annotations"][ANNOTATION_DESIRED_WEIGHTS])
-    stored.pop("path")
-    annotation = json.dumps(stored, separators=(",", ":"))
-    realcluster.kubectl(
-        "annotate", "drs", NAME, "-n", realns, "--overwrite", f"{ANNOTATION_DESIRED_WEIGHTS}={annotation}"
-    )
-
-    def pathless() -> bool:
-        got = json.loads(realcluster.kubectl("get", "configmap", f"{NAME}-weights", "-n", realns, "-o", "json").stdout)
-        data = got.get("data") or {}
-        return bool(data.get("peers")) and "path" not in json.loads(data.get("desired") or "{}")
-
-    wait("the weights ConfigMap with path-less desired weights and peers", pathless, timeout=60)
+    drop_path(realcluster, realns)
     fresh = kill_under_load(realcluster, realns, "disagg.dev/role in (prefill,decode)", refitted_under_policy)
     urls = {e["name"]: e["url"] for e in engines(drs(realcluster, realns)["status"])}
     replica1 = {url for name, url in urls.items() if name.startswith(f"{NAME}-r1-")}
