@@ -90,7 +90,8 @@ class CutShort:
     """A refit whose trainer pod was killed: the desired weights it had stored, and when."""
 
     desired: DesiredWeights
-    store_to_kill_s: float
+    #: seconds from the SIGKILL to the refit's cut-over (``effective_at``; negative: after it)
+    kill_to_cutover_s: float | None
     #: engine -> the version it answered right after the kill (GET /control/weights)
     held_after_kill: dict[str, str | None] = field(default_factory=dict)
 
@@ -123,11 +124,11 @@ def kill_trainer_mid_refit(cluster: RunningCluster, ns: str, drs: str, name: str
     while (now := stored(cluster, ns, drs)) == before or now is None:  # back to back: ~0.1-0.3 s apart
         if time.monotonic() > deadline:
             raise SystemExit(f"{name}: no new desired weights stored after {STORE_S:.0f}s")
-    began = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    killed = time.monotonic() - began
+    killed_at = time.time()
     cluster.kubectl("delete", "pod", name, "-n", ns, "--grace-period=0", "--force")
-    return CutShort(now, round(killed, 3), held_versions(cluster, ns, drs))
+    lead = None if now.effective_at is None else round(now.effective_at - killed_at, 3)
+    return CutShort(now, lead, held_versions(cluster, ns, drs))
 
 
 def forget(cluster: RunningCluster, ns: str, drs: str) -> None:

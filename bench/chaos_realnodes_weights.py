@@ -81,6 +81,7 @@ class StatusWatch:
         self.cluster = cluster
         self.samples = self.stale = self.untrue = self.pending = 0
         self.first_untrue: dict[str, Any] | None = None
+        self.first_stale: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -114,6 +115,11 @@ class StatusWatch:
         ]
         if stale:
             self.stale += 1
+            self.first_stale = self.first_stale or {
+                "desired": want,
+                "ready_at_other_weights": stale,
+                "pending": pending,
+            }
             if not pending:
                 self.untrue += 1
                 self.first_untrue = self.first_untrue or {"desired": want, "ready_at_other_weights": stale}
@@ -127,6 +133,8 @@ class StatusWatch:
         }
         if self.first_untrue:
             out["first_untrue"] = self.first_untrue
+        if self.first_stale:
+            out["first_stale"] = self.first_stale
         return out
 
 
@@ -295,9 +303,9 @@ def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> Non
     cut = cut_short.kill_trainer_mid_refit(cluster, NS, NAME, name)
     desired = cut.desired
     REFITS.append((desired.effective_at or time.time(), desired.version))
-    NOTES["sidecar_killed_after_store_s"] = cut.store_to_kill_s
+    NOTES["sidecar_killed_before_cutover_s"] = cut.kill_to_cutover_s
     NOTES["held_after_kill"] = cut.held_after_kill
-    say(f"{name}: killed {cut.store_to_kill_s}s after storing {desired.version}; engines: {cut.held_after_kill}")
+    say(f"{name}: killed {cut.kill_to_cutover_s}s before {desired.version}'s cut-over; engines: {cut.held_after_kill}")
     if forget:
         cut_short.forget(cluster, NS, NAME)
         say("desired weights removed: the new trainer pod's sidecar finds none")
