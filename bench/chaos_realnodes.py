@@ -43,7 +43,8 @@ each a fresh client pod running through the event:
 * ``sidecar_killed_mid_refit`` — the trainer's refit step as a pod whose sidecar loads one engine at
   a time (``--concurrency 1``); as soon as it has stored the new desired weights, the sidecar's
   process is SIGKILLed from the host and the pod deleted (grace 0): the refit has engines still to
-  load (``held_after_kill``: each engine's own version right after). Then a new trainer pod
+  load (``held_after_kill``: each engine's own version right after;
+  ``sidecar_killed_before_cutover_s``: the kill's lead on the refit's cut-over). Then a new trainer pod
   (``examples/trainer/resume_in_pod.py``): its sidecar reads the desired weights back from the
   resource and loads them where they are missing; its trainer waits up to 90 s for every engine
   at the version (``resumed_trainer``: its phase; ``engines_at_refit_digest``).
