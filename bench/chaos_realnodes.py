@@ -40,6 +40,16 @@ each a fresh client pod running through the event:
 * ``refit_operator_killed`` — ``refit`` with the operator pod deleted (grace 0) as soon as the
   trainer pod's sidecar has stored the new desired weights on the resource (its refit has begun);
   records ``trainer_phase_at_kill``. Not by default.
+* ``sidecar_killed_mid_refit`` — the trainer's refit step as a pod whose sidecar loads one engine at
+  a time (``--concurrency 1``); as soon as it has stored the new desired weights, the sidecar's
+  process is SIGKILLed from the host and the pod deleted (grace 0): the refit has engines still to
+  load (``held_after_kill``: each engine's own version right after;
+  ``sidecar_killed_before_cutover_s``: the kill's lead on the refit's cut-over). Then a new trainer pod
+  (``examples/trainer/resume_in_pod.py``): its sidecar reads the desired weights back from the
+  resource and loads them where they are missing; its trainer waits up to 90 s for every engine
+  at the version (``resumed_trainer``: its phase; ``engines_at_refit_digest``).
+  ``sidecar_killed_forgotten`` is its control (run it last): the stored desired weights removed
+  between the kill and the new pod, so the new sidecar does not know them. Not by default.
 
 Every scenario's turns are also judged for their weights: the load client returns, per answered
 turn, the fleet's stamp and the version that answered it, and a turn is ``off_policy`` when it was
@@ -47,7 +57,11 @@ answered at another version than the one desired at its stamp (the last refit wh
 ``status.weights.desired.effectiveAt``, is not after it; ``weights_boundary`` turns excepted; none
 before the first refit). While the load runs the DisaggReplicaSet's status is sampled every
 second: ``stale_ready_samples`` counts samples in which an engine shown ``ready`` reports another
-``weightsVersion`` than the desired one, ``untrue_samples`` those of them with no
+``weightsVersion`` than the one desired at the sample's time, read as the engines do: the sample's
+own ``status.weights.desired`` once its ``effectiveAt`` is not after the moment the sample was
+asked for, else the refits so far (``desired_in``; before, a refit counted only from its trainer
+pod's end, so samples between its cut-over and that end counted engines already at it as stale),
+``untrue_samples`` those of them with no
 ``WeightsPending=True`` saying so, ``weights_pending_samples`` those where ``WeightsPending`` was
 True. After the scenario, once the fleet is Ready again, ``engines_at_desired`` counts the engines
 whose status digest is the desired one. ``forgotten_decode_killed`` is the control that shows the
@@ -93,12 +107,15 @@ from drs_protocol import routes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.chaos_realnodes_sidecar import container_init
 from bench.chaos_realnodes_weights import (
     NAME,
     NOTES,
     NS,
     PATHLESS,
     REFITS,
+    SIDECAR_FORGOTTEN,
+    SIDECAR_KILLED,
     TRAINER_S,
     UNADMITTED,
     StatusWatch,
@@ -107,6 +124,7 @@ from bench.chaos_realnodes_weights import (
     kill_operator_mid_refit,
     kill_replica_pathless,
     kill_replica_pathless_unadmitted,
+    kill_sidecar_mid_refit,
     pods,
     say,
     scale_up_pathless,
@@ -189,24 +207,6 @@ def busy_frontends(cluster: RunningCluster) -> list[dict[str, Any]]:
 
 def kill_frontends(cluster: RunningCluster) -> None:
     kill(cluster, NS, busy_frontends(cluster))
-
-
-def container_init(container_id: str) -> int:
-    """The host pid of a container's first process: the process in the container's cgroup whose
-    pid in its own namespace is 1 (``NSpid`` of ``/proc/<pid>/status``)."""
-    cid = container_id.split("://", 1)[-1]
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if cid not in (proc / "cgroup").read_text():
-                continue
-            nspid = next(line for line in (proc / "status").read_text().splitlines() if line.startswith("NSpid:"))
-        except (OSError, StopIteration):
-            continue
-        if nspid.split()[-1] == "1":
-            return int(proc.name)
-    raise SystemExit(f"no process of container {cid} found in /proc")
 
 
 def kill_frontend_processes(cluster: RunningCluster) -> None:
@@ -305,7 +305,11 @@ EVENTS: dict[str, Callable[[RunningCluster], None]] = {
     "replica_killed_pathless": kill_replica_pathless,
     "scaled_up_pathless": scale_up_pathless,
     UNADMITTED: kill_replica_pathless_unadmitted,
+    SIDECAR_KILLED: kill_sidecar_mid_refit,
+    SIDECAR_FORGOTTEN: lambda cluster: kill_sidecar_mid_refit(cluster, forget=True),
 }
+#: the controls: scenarios whose fleet is not expected at the desired digest afterwards
+CONTROLS = (FORGOTTEN, SIDECAR_FORGOTTEN)
 
 
 def keep_evidence(cluster: RunningCluster, scenario: str) -> Path:
@@ -362,7 +366,7 @@ def run_scenario(cluster: RunningCluster, scenario: str, seconds: float) -> dict
         say(f"{scenario}: {json.dumps(result)}")
         return result
     wait("the fleet Ready again", lambda: converged(cluster))
-    if scenario == FORGOTTEN or not REFITS:
+    if scenario in CONTROLS or not REFITS:
         result["engines_at_desired"] = engines_at_desired(cluster)
     else:  # the replacement reaches them before it is Ready; the operator looks every 5 s
         wait("every engine's status digest the desired one", lambda: _all_at_desired(cluster), timeout=60)
@@ -381,7 +385,7 @@ def run_all(
         inpod.helm_install(cluster.cluster, release="drs", namespace="drs-system")
         cluster.kubectl("create", "namespace", NS)
         cluster.kubectl("wait", "--for=create", "serviceaccount/default", "-n", NS, "--timeout=60s")
-        checkpoints = "refit" in scenarios
+        checkpoints = any(s.startswith("refit") or s in (SIDECAR_KILLED, SIDECAR_FORGOTTEN) for s in scenarios)
         if checkpoints:  # on this machine (every real node is): written by the trainer's non-root user
             host_dir = Path(tempfile.mkdtemp(prefix="drs-chaos-checkpoints-"))
             cleanup.append(host_dir)

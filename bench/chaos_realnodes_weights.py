@@ -3,7 +3,8 @@ with it (``say``, ``get_json``, ``pods``, ``wait``, ``kill``): off-policy turns 
 refits so far (:data:`REFITS`), the status sampled while a scenario runs (:class:`StatusWatch`),
 the path-less events (the desired weights stored without their checkpoint path, then replica 0's
 engines deleted, or one replica added; the control with the replicas' NetworkPolicies narrowed to
-their own pods) and the operator deleted mid-refit. What each measures: the module doc of
+their own pods), the operator deleted mid-refit, and the trainer pod killed mid-refit then started
+again (its parts: ``bench/chaos_realnodes_sidecar.py``). What each measures: the module doc of
 ``bench/chaos_realnodes.py``."""
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS
+
+from bench import chaos_realnodes_sidecar as cut_short
 
 NAME = "pod-sim"
 NS = "chaos"
@@ -30,6 +34,9 @@ REFITS: list[tuple[float, str]] = []
 #: NetworkPolicies on, so they run only when named (after ``refit``), not by default
 UNADMITTED = "replica_killed_pathless_unadmitted"
 PATHLESS = ("replica_killed_pathless", "scaled_up_pathless", UNADMITTED)
+#: the trainer pod killed mid-refit, then a new one; its control (the stored desired weights removed)
+SIDECAR_KILLED = "sidecar_killed_mid_refit"
+SIDECAR_FORGOTTEN = "sidecar_killed_forgotten"
 #: what a scenario's event observed beyond the load (merged into its result)
 NOTES: dict[str, Any] = {}
 
@@ -41,6 +48,18 @@ def say(msg: str) -> None:
 def desired_at(when: float) -> str | None:
     """The version desired at ``when`` (wall clock): the last refit whose cut-over is not after it."""
     return next((version for at, version in reversed(REFITS) if at <= when), None)
+
+
+def desired_in(st: dict[str, Any], at: float) -> str | None:
+    """The version desired at ``at`` as the engines judge it: the status's desired weights
+    (``status.weights.desired``, the operator's copy of the stored ones) once their cut-over
+    ``effectiveAt`` is not after ``at``; before it (or with none shown) the refits so far
+    (:func:`desired_at`). So a refit's version counts from its cut-over, not from its trainer's end."""
+    desired = (st.get("weights") or {}).get("desired") or {}
+    version, effective = desired.get("version"), desired.get("effectiveAt")
+    if version and (effective is None or datetime.fromisoformat(effective.replace("Z", "+00:00")).timestamp() <= at):
+        return str(version)
+    return desired_at(at)
 
 
 def weights_figures(answers: list[list[Any]]) -> dict[str, int]:
@@ -62,6 +81,7 @@ class StatusWatch:
         self.cluster = cluster
         self.samples = self.stale = self.untrue = self.pending = 0
         self.first_untrue: dict[str, Any] | None = None
+        self.first_stale: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -75,10 +95,12 @@ class StatusWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(STATUS_POLL_S):
+            at = time.time()  # the sample's time: before the read (a cut-over after it is not yet due)
             got = self.cluster.kubectl("get", "drs", NAME, "-n", NS, "-o", "json", check=False)
             if got.returncode != 0:
                 continue
-            self.look(json.loads(got.stdout).get("status") or {}, desired_at(time.time()))
+            st = json.loads(got.stdout).get("status") or {}
+            self.look(st, desired_in(st, at))
 
     def look(self, st: dict[str, Any], want: str | None) -> None:
         self.samples += 1
@@ -93,6 +115,11 @@ class StatusWatch:
         ]
         if stale:
             self.stale += 1
+            self.first_stale = self.first_stale or {
+                "desired": want,
+                "ready_at_other_weights": stale,
+                "pending": pending,
+            }
             if not pending:
                 self.untrue += 1
                 self.first_untrue = self.first_untrue or {"desired": want, "ready_at_other_weights": stale}
@@ -106,6 +133,8 @@ class StatusWatch:
         }
         if self.first_untrue:
             out["first_untrue"] = self.first_untrue
+        if self.first_stale:
+            out["first_stale"] = self.first_stale
         return out
 
 
@@ -263,3 +292,25 @@ def scale_up_pathless(cluster: RunningCluster) -> None:
     cluster.kubectl("patch", "drs", NAME, "-n", NS, "--type=merge", "-p", json.dumps(patch))
     say(f"scaling up to {replicas + 1} replicas")
     await_caught_up(cluster, f"disagg.dev/replicaset={NAME},disagg.dev/replica={replicas},{ENGINES}", set(), 2)
+
+
+def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> None:
+    """The trainer pod killed mid-refit (:func:`bench.chaos_realnodes_sidecar.kill_trainer_mid_refit`),
+    then a new trainer pod whose sidecar restores the stored desired weights; ``forget`` (the
+    control): the stored desired weights removed before the new pod starts."""
+    name = f"trainer-{len(REFITS) + 1}"
+    say(f"{name}: refitting one engine at a time; its sidecar killed once the desired weights are stored")
+    cut = cut_short.kill_trainer_mid_refit(cluster, NS, NAME, name)
+    desired = cut.desired
+    REFITS.append((desired.effective_at or time.time(), desired.version))
+    NOTES["sidecar_killed_before_cutover_s"] = cut.kill_to_cutover_s
+    NOTES["held_after_kill"] = cut.held_after_kill
+    say(f"{name}: killed {cut.kill_to_cutover_s}s before {desired.version}'s cut-over; engines: {cut.held_after_kill}")
+    if forget:
+        cut_short.forget(cluster, NS, NAME)
+        say("desired weights removed: the new trainer pod's sidecar finds none")
+    phase, log = cut_short.resume(cluster, NS, NAME, f"{name}-resumed", desired.version)
+    NOTES["resumed_trainer"] = phase
+    NOTES["resumed_log_tail"] = log.strip().splitlines()[-2:]
+    NOTES["engines_at_refit_digest"] = cut_short.engines_at(cluster, NS, NAME, desired.digest)
+    say(f"{name}-resumed: {phase}; engines at the refit's digest {NOTES['engines_at_refit_digest']}")

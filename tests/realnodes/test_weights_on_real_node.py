@@ -120,10 +120,10 @@ def refitted_under_policy(
     yield from refit_fleet(realcluster, realns, tmp_path, fleet)
 
 
-def refit_fleet(
+def checkpoint_fleet(
     realcluster: RunningCluster, realns: str, tmp_path: Path, example: dict[str, Any]
-) -> Iterator[dict[str, Any]]:
-    """``example`` (mounting a checkpoint volume) Ready, refitted by the trainer's pod: the desired weights."""
+) -> Iterator[None]:
+    """``example`` Ready, mounting a checkpoint volume (a host directory the trainer's pod writes)."""
     checkpoints = tmp_path / "checkpoints"
     checkpoints.mkdir()
     checkpoints.chmod(0o777)  # written by the trainer container's non-root user
@@ -134,6 +134,16 @@ def refit_fleet(
         fleet["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
         realcluster.kubectl("apply", "-n", realns, "-f", "-", input=yaml.safe_dump(fleet))
         wait("the fleet Ready", lambda: ready_fleet(realcluster, realns))
+        yield
+    finally:
+        realcluster.kubectl("delete", "pv", f"{realns}-{CLAIM}", "--wait=false", check=False)
+
+
+def refit_fleet(
+    realcluster: RunningCluster, realns: str, tmp_path: Path, example: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """``example`` (mounting a checkpoint volume) Ready, refitted by the trainer's pod: the desired weights."""
+    for _ in checkpoint_fleet(realcluster, realns, tmp_path, example):
         objs = inpod.trainer_objects("trainer", realns, NAME, TRAINER, CLAIM, DEFAULT_MODEL_MOUNT_PATH)
         realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
         phase = wait_phase(realcluster, realns, "trainer", {"Succeeded", "Failed"}, timeout=240)["status"]["phase"]
@@ -141,8 +151,22 @@ def refit_fleet(
         assert phase == "Succeeded", out
         desired: dict[str, Any] = drs(realcluster, realns)["status"]["weights"]["desired"]
         yield desired
-    finally:
-        realcluster.kubectl("delete", "pv", f"{realns}-{CLAIM}", "--wait=false", check=False)
+
+
+def drop_path(cluster: RunningCluster, ns: str) -> None:
+    """The stored desired weights rewritten without their checkpoint path (as a broadcast leaves
+    them); returns once the weights ConfigMap has them so, with the fleet's engines as ``peers``."""
+    stored = json.loads(drs(cluster, ns)["metadata"]["annotations"][ANNOTATION_DESIRED_WEIGHTS])
+    stored.pop("path")
+    annotation = json.dumps(stored, separators=(",", ":"))
+    cluster.kubectl("annotate", "drs", NAME, "-n", ns, "--overwrite", f"{ANNOTATION_DESIRED_WEIGHTS}={annotation}")
+
+    def pathless() -> bool:
+        got = json.loads(cluster.kubectl("get", "configmap", f"{NAME}-weights", "-n", ns, "-o", "json").stdout)
+        data = got.get("data") or {}
+        return bool(data.get("peers")) and "path" not in json.loads(data.get("desired") or "{}")
+
+    wait("the weights ConfigMap with path-less desired weights and peers", pathless, timeout=60)
 
 
 def pods_of(cluster: RunningCluster, ns: str, selector: str) -> list[dict[str, Any]]:
@@ -213,19 +237,7 @@ def test_a_replica_replaced_under_path_less_weights_catches_up_from_the_other_re
     stream the weights from replica 1's engines. What would break it: a replica policy that admits
     only its own replica's pods (the stream refused; the replacements never Ready)."""
     desired = refitted_under_policy
-    stored = json.loads(drs(realcluster, realns)["metadata"]["annotations"][ANNOTATION_DESIRED_WEIGHTS])
-    stored.pop("path")
-    annotation = json.dumps(stored, separators=(",", ":"))
-    realcluster.kubectl(
-        "annotate", "drs", NAME, "-n", realns, "--overwrite", f"{ANNOTATION_DESIRED_WEIGHTS}={annotation}"
-    )
-
-    def pathless() -> bool:
-        got = json.loads(realcluster.kubectl("get", "configmap", f"{NAME}-weights", "-n", realns, "-o", "json").stdout)
-        data = got.get("data") or {}
-        return bool(data.get("peers")) and "path" not in json.loads(data.get("desired") or "{}")
-
-    wait("the weights ConfigMap with path-less desired weights and peers", pathless, timeout=60)
+    drop_path(realcluster, realns)
     fresh = kill_under_load(realcluster, realns, "disagg.dev/role in (prefill,decode)", refitted_under_policy)
     urls = {e["name"]: e["url"] for e in engines(drs(realcluster, realns)["status"])}
     replica1 = {url for name, url in urls.items() if name.startswith(f"{NAME}-r1-")}

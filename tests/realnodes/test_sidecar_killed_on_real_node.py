@@ -1,0 +1,90 @@
+"""The trainer pod killed mid-refit on a real node (issue 22: "kill the sidecar mid-refit, then
+restart it: the desired weights are still known and reached").
+
+Under Gym-shaped load from a client pod over the status URLs, the trainer's refit step as a pod
+refits by checkpoint path, its sidecar loading one engine at a time; as soon as the sidecar has
+stored the new desired weights, its process is SIGKILLed from the host and the pod deleted, with
+engines still at the old weights. A new trainer pod's sidecar reads the desired weights back from
+the resource and loads them on the engines behind. Every turn is at the weights desired at its
+stamp (the refit's from its cut-over), none lost, and every engine ends at the desired digest.
+What would break it: desired weights a sidecar keeps only in memory. Shown once by removing the
+stored annotation between the kill and the new pod (``bench.chaos_realnodes_sidecar.forget``, as
+``sidecar_killed_forgotten`` of ``bench/chaos_realnodes.py`` does): the new trainer pod fails,
+the fleet never reaching the version.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from drs_devcluster import inpod
+from drs_devcluster.testing import RunningCluster
+
+from .pods import logs, wait_phase
+from .test_weights_on_real_node import EXAMPLE, LOAD, NAME, checkpoint_fleet, drs, engines, wait
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench import chaos_realnodes_sidecar as cut_short
+
+pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
+
+#: the client's load: long enough to span the kill, the new pod's start and its catch-up
+LOAD_S = 90
+
+
+@pytest.fixture(scope="module")
+def operator(realcluster: RunningCluster) -> Iterator[str]:
+    inpod.helm_install(realcluster.cluster, release="drs", namespace="drs-system")
+    yield "drs-system"
+
+
+@pytest.fixture
+def fleet(realcluster: RunningCluster, operator: str, realns: str, tmp_path: Path) -> Iterator[None]:
+    yield from checkpoint_fleet(realcluster, realns, tmp_path, EXAMPLE)
+
+
+def off_policy(answers: list[list[Any]], version: str, effective_at: float) -> list[list[Any]]:
+    """Answers of turns stamped at or after the cut-over at another version (boundary turns excepted)."""
+    return [a for a in answers if a[0] is not None and a[0] >= effective_at and not a[2] and a[1] != version]
+
+
+def test_a_trainer_pod_killed_mid_refit_leaves_desired_weights_a_new_trainer_pod_brings_every_engine_to(
+    realcluster: RunningCluster, fleet: None, realns: str
+) -> None:
+    args = ["--name", NAME, "--namespace", realns, "--seconds", str(LOAD_S), "--sessions", "8", "--answers"]
+    objs = inpod.client_objects("load-killed", realns, LOAD, args)
+    realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
+    wait(
+        "the client's first turn",
+        lambda: "[load] started" in realcluster.kubectl("logs", "load-killed", "-n", realns, check=False).stdout,
+    )
+    cut = cut_short.kill_trainer_mid_refit(realcluster, realns, NAME, "trainer")
+    desired = cut.desired
+    # the kill came mid-refit: some engine had not been loaded by the dead sidecar
+    assert any(v != desired.version for v in cut.held_after_kill.values()), cut
+    assert cut_short.stored(realcluster, realns, NAME) == desired  # nothing took it back
+    phase, out = cut_short.resume(realcluster, realns, NAME, "trainer-resumed", desired.version)
+    assert phase == "Succeeded", out
+
+    def all_at_desired() -> bool:
+        shown = engines(drs(realcluster, realns)["status"])
+        return len(shown) == 4 and all(e.get("weightsDigest") == desired.digest for e in shown)
+
+    wait("every engine's status digest the desired one", all_at_desired, timeout=60)
+    assert drs(realcluster, realns)["status"]["weights"]["desired"]["digest"] == desired.digest
+    client = wait_phase(realcluster, realns, "load-killed", {"Succeeded", "Failed"}, timeout=LOAD_S + 120)
+    out = logs(realcluster, realns, "load-killed")
+    assert client["status"]["phase"] == "Succeeded", out
+    load = json.loads(out.strip().splitlines()[-1])["load"]
+    answers = load.pop("answers")
+    assert load["lost"] == 0 and load["turns"] > 0, load
+    assert desired.effective_at is not None
+    # the load outlasted the catch-up: turns after the cut-over were answered, all at the refit's weights
+    after = [a for a in answers if a[0] is not None and a[0] >= desired.effective_at]
+    assert after and not off_policy(answers, desired.version, desired.effective_at), (load, cut.held_after_kill)
