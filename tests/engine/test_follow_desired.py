@@ -23,7 +23,7 @@ from drs_protocol.weights_digest import digest_files
 from drs_protocol.weights_state import DesiredWeights
 
 from .conftest import CONTROL_TOKEN, auth, sim_config
-from .test_peer_catchup import CATCH_UP_WAIT_S, checkpoint, peer_at, tokens
+from .test_peer_catchup import CATCH_UP_WAIT_S, checkpoint, failed_once, peer_at, tokens
 
 CHAT = "/v1/chat/completions"
 TURN = {"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
@@ -145,3 +145,23 @@ async def test_desired_weights_older_than_the_sidecars_load_are_not_followed(tmp
         assert engine.server.state.follower.tick() is Action.STALE
         assert engine.server.state.catch_up is None
         assert (await client.post(engine.url + CHAT, json=TURN)).status_code == 200
+
+
+async def test_pathless_desired_weights_no_peer_holds_keep_a_running_engine_refusing(tmp_path: Path) -> None:
+    """The start-time rule on a running engine: nothing gives the desired weights (no path, no
+    peer holds them), so it refuses every leg, saying why, and stays up trying again."""
+    async with (
+        start_engine(sim_config(), control_token=CONTROL_TOKEN) as behind,
+        following(tmp_path, peers=[behind.url]) as (engine, desired_file),
+        httpx.AsyncClient(timeout=30) as client,
+    ):
+        wanted = DesiredWeights(version="step-9", digest=digest_files(checkpoint(tmp_path, "x", {"w": b"9"})))
+        desired_file.write_text(wanted.model_copy(update={"effective_at": time.time()}).dump())
+        state = engine.server.state
+        assert state.follower is not None and state.follower.tick() in (Action.CATCH_UP, Action.FOLLOWING)
+        catch_up = state.catch_up
+        assert catch_up is not None
+        await failed_once(engine)
+        await refused_while_pending(client, engine, says="step-9")
+        assert catch_up.pending and catch_up.last_error is not None and behind.url in catch_up.last_error
+        assert state.follower.tick() is Action.FOLLOWING  # the next poll leaves the catch-up running
