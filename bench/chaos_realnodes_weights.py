@@ -39,6 +39,9 @@ SIDECAR_KILLED = "sidecar_killed_mid_refit"
 SIDECAR_FORGOTTEN = "sidecar_killed_forgotten"
 #: what a scenario's event observed beyond the load (merged into its result)
 NOTES: dict[str, Any] = {}
+#: seconds between the trainer pod's kill and the new trainer pod (``--resume-after``: later than the
+#: engines' target lease, 30 s, they are on their own meanwhile)
+RESUME_AFTER_S = [0.0]
 
 
 def say(msg: str) -> None:
@@ -301,6 +304,7 @@ def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> Non
     name = f"trainer-{len(REFITS) + 1}"
     say(f"{name}: refitting one engine at a time; its sidecar killed once the desired weights are stored")
     cut = cut_short.kill_trainer_mid_refit(cluster, NS, NAME, name)
+    killed_at = time.time()
     desired = cut.desired
     REFITS.append((desired.effective_at or time.time(), desired.version))
     NOTES["sidecar_killed_before_cutover_s"] = cut.kill_to_cutover_s
@@ -309,6 +313,12 @@ def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> Non
     if forget:
         cut_short.forget(cluster, NS, NAME)
         say("desired weights removed: the new trainer pod's sidecar finds none")
+    if RESUME_AFTER_S[0] > 0:  # the scenario's parameter: the new trainer pod comes this much later
+        NOTES["resume_after_s"] = RESUME_AFTER_S[0]
+        say(f"{name}: no trainer pod for {RESUME_AFTER_S[0]:.0f}s (the target lease is 30 s)")
+        time.sleep(max(0.0, RESUME_AFTER_S[0] - (time.time() - killed_at)))
+        NOTES["held_before_resume"] = cut_short.held_versions(cluster, NS, NAME)
+        say(f"{name}: engines before the new trainer pod: {NOTES['held_before_resume']}")
     phase, log = cut_short.resume(cluster, NS, NAME, f"{name}-resumed", desired.version)
     NOTES["resumed_trainer"] = phase
     NOTES["resumed_log_tail"] = log.strip().splitlines()[-2:]
