@@ -7,13 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from drs_engine.weights.desired import DesiredWeightsError, desired_file_from_env, weights_from_env
-from drs_engine.weights.follow import Action, Held, decide, read_desired_file
+from drs_engine.weights.desired import DesiredWeightsError, desired_file_from_env, holds, weights_from_env
+from drs_engine.weights.follow import Action, Held, decide, read_desired_file, stale
 from drs_engine.weights.target import TargetGate
 from drs_protocol import env
 from drs_protocol.control import WeightsTarget
 from drs_protocol.weights_digest import digest_bytes
 from drs_protocol.weights_state import DesiredWeights
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 V1 = digest_bytes(b"v1")
 V2 = digest_bytes(b"v2")
@@ -114,3 +116,38 @@ def test_the_engine_follows_the_file_of_the_mounted_weights_configmap() -> None:
     assert desired_file_from_env({}) is None
     assert desired_file_from_env({env.WEIGHTS_DIR: "/etc/drs/weights"}) == Path("/etc/drs/weights/desired")
     assert weights_from_env({env.WEIGHTS_DIR: "/w"})["desired_file"] == Path("/w") / env.DESIRED_WEIGHTS_KEY
+
+
+cut_overs = st.one_of(st.none(), st.sampled_from([NOW - 60, NOW, NOW + 60]))
+some_desired = st.builds(
+    desired, st.sampled_from(["v1", "v2"]), st.sampled_from([None, V1, V2]), cut_overs, st.sampled_from([None, "/c"])
+)
+
+
+@given(
+    some_desired,
+    st.sampled_from(["v1", "v2"]),
+    st.sampled_from([None, V1, V2]),
+    st.booleans(),
+    st.one_of(st.none(), some_desired),
+    st.one_of(st.none(), some_desired),
+    st.one_of(st.none(), st.sampled_from([NOW - 30, NOW + 30])),
+)
+@settings(max_examples=300, deadline=None)
+def test_an_engine_catches_up_exactly_when_it_should(
+    wanted: DesiredWeights,
+    version: str,
+    digest: str | None,
+    binds: bool,
+    pending: DesiredWeights | None,
+    known: DesiredWeights | None,
+    control_at: float | None,
+) -> None:
+    """CATCH_UP exactly when: not already following them, not older than the engine's newer
+    word, not held, and no target binds it; never while a target binds it."""
+    state = held(version, digest, target_binds=binds, pending=pending, known=known, control_at=control_at)
+    action = decide(wanted, state)
+    want = pending != wanted and not stale(wanted, state) and not holds(version, digest, wanted) and not binds
+    assert (action is Action.CATCH_UP) == want
+    if binds:
+        assert action is not Action.CATCH_UP
