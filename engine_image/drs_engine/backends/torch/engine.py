@@ -238,7 +238,7 @@ class TorchBackend(EngineBackend):
         except BaseException:
             self._handoff.free_region(region)
             raise
-        remember = hit is not None and seed == self._weights.seed  # the weights did not change meanwhile (nor the hit)
+        remember = hit is not None and seed == self._weights.seed  # the weights did not change meanwhile
         if hit is not None and remember and (done.kv is not done.ctx_kv or done.arena is None):
             self._kv.remember(seed, prompt, done.kv, hit.blocks)
         state = TorchLeg(done.kv, s, done.gen, ctx_kv=done.ctx_kv, arena=done.arena, region=region)
