@@ -10,8 +10,10 @@ components, each with its own state, and supplies the steps of
   :mod:`.pooled`, :mod:`.graphs`), all on one GPU thread (:mod:`.worker`), tokens picked by
   :mod:`.sampling`;
 - the KV store (:mod:`.kv`): a real block prefix cache (a prompt's full blocks keyed by chained
-  hashes seeded with the weights; a hit copies the cached KV instead of recomputing it; with
-  ``kvLayout: paged`` the cache is the paged store's blocks, shared in place: :mod:`.kv.turns`);
+  hashes seeded with the weights, their version and generation; a hit copies the cached KV instead
+  of recomputing it; with ``kvLayout: paged`` the cache is the paged store's blocks, shared in
+  place: :mod:`.kv.turns`). A prefill's hit counts only under the weights its job runs with on the
+  GPU thread (a refit queued before it: computed whole, :mod:`.runner`);
 - the handoff (:mod:`.handoff`): a context-only leg leaves its KV on the GPU; the decode engine
   fetches it by CUDA IPC (same host) or as bytes over HTTP, and decodes from it;
 - the weights manager (:mod:`.weights`): refit from safetensors (``/control/weights/load``), by
@@ -209,12 +211,11 @@ class TorchBackend(EngineBackend):
     async def prefill(self, leg: LegRequest) -> Prefilled[TorchLeg, Choice]:
         runner = self._runner
         prompt = leg.prompt_token_ids
-        seed, version = self._weights.seed, self._weights.version
+        gen = self._weights.gen  # the generation the hit is looked up under (the runner checks it is still served)
+        seed, version = self._weights.seed_at(gen), self._weights.version
         only_context = leg.request_type is RequestType.CONTEXT_ONLY
         paged = runner.turns is not None
-        keys = None
-        if paged and not (only_context and self._kv.keeps_nothing):  # the store's pool is the cache
-            keys = block_hashes(seed, prompt, self._kv.tokens_per_block)
+        keyed = paged and not (only_context and self._kv.keeps_nothing)  # the store's pool is the cache
         hit = self._kv.lookup(seed, prompt) if not paged else None
         capacity = len(prompt) if only_context else runner.decode_capacity(leg)
         s = sampling_for(leg, self._device)
@@ -230,7 +231,8 @@ class TorchBackend(EngineBackend):
                 self._handoff.arena,
                 region,
                 cache_keeps_nothing=self._kv.keeps_nothing,
-                keys=keys,
+                gen=gen,
+                keyed=keyed,
                 decodes=not only_context,
             )
         except BaseException:

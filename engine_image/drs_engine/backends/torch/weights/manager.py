@@ -1,11 +1,12 @@
 """The ``torch`` backend's weights: where they are swapped.
 
 :class:`WeightsManager` owns the served weights (packed in one buffer, :mod:`.packed`), their
-version and the prefix-hash seed derived from it, and a generation counter bumped on the GPU
-thread whenever the tensors change (a decoding sequence compares it with its KV's, and recomputes
-its KV under the new weights: refit safety). It swaps them four ways: from safetensors
-(:meth:`load`), by collective broadcast (:meth:`update_from_collective`, after
-:meth:`init_collective` and :meth:`prepare`), by CUDA IPC from a colocated trainer
+version, and a generation counter bumped on the GPU thread whenever the tensors change (a decoding
+sequence compares it with its KV's, and recomputes its KV under the new weights: refit safety), and
+the prefix-hash seed derived from both (a prefill's cache keys, taken on the GPU thread when it
+runs, name the weights it runs under: :mod:`drs_engine.backends.torch.runner`). It swaps them four
+ways: from safetensors (:meth:`load`), by collective broadcast (:meth:`update_from_collective`,
+after :meth:`init_collective` and :meth:`prepare`), by CUDA IPC from a colocated trainer
 (:meth:`update_from_ipc`; both in :mod:`.refit`), and out to host memory and back for sleep
 (:meth:`offload`, :meth:`restore`). Each swap answers the fields of the control op's result that
 the weights know; the engine adds what else changed (the prefix cache it reset).
@@ -84,8 +85,15 @@ class WeightsManager:
 
     @property
     def seed(self) -> bytes:
-        """The prefix-hash seed of the served weights (a new version never matches old blocks)."""
-        return self._seed
+        """The prefix-hash seed of the served weights (:meth:`seed_at` their generation)."""
+        return self.seed_at(self._gen)
+
+    def seed_at(self, gen: int) -> bytes:
+        """The prefix-hash seed of KV computed under weights generation ``gen``: the version's seed
+        chained with the generation. The GPU thread bumps the generation in the job that swaps the
+        tensors, so a block cached under other weights never matches, even while the version (set on
+        the event loop after the swap) still names the old ones."""
+        return hashlib.blake2b(self._seed + gen.to_bytes(8, "little", signed=True), digest_size=16).digest()
 
     @property
     def gen(self) -> int:
