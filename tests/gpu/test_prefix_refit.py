@@ -131,3 +131,54 @@ async def test_a_prefill_queued_behind_a_refit_computes_its_cached_prefix_again_
         again = await _answer(client, e.url, ids)
         again = again if again.cached else await _answer(client, e.url, ids)
         assert again.cached == 32 and again.tokens == cold.tokens  # a hit under the new weights
+
+
+async def test_a_context_leg_prefilled_after_a_refits_swap_is_labelled_with_the_new_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A context-only leg that arrives while the engine still says its old version, and whose
+    prefill runs after the load's swap (on the GPU thread, before the event loop declares the new
+    version), is the new weights' KV: its answer and its handoff name the new version, so a decode
+    engine still at the old weights recomputes it rather than decoding on it as its own."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES, random_state_dict
+    from safetensors.torch import save_file
+
+    save_file(
+        random_state_dict(SIZES["tiny"], seed=5, device="cpu", dtype=torch.float32), str(tmp_path / "w.safetensors")
+    )
+    ids = prompt_ids(40, offset=900)
+    swap, run = threading.Event(), threading.Event()
+    async with (
+        start_engine(torch_config(tokensPerBlock=TPB), control_token=CONTROL_TOKEN) as e,
+        httpx.AsyncClient(timeout=GATE_S) as client,
+    ):
+        worker = _worker(e)
+        queued = _jobs_queued(worker, monkeypatch)
+        try:
+            worker.post(swap.wait, GATE_S)
+            load = asyncio.create_task(
+                client.post(
+                    e.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path), "version": "v5"}
+                )
+            )
+            await queued("read_safetensors")
+            worker.post(run.wait, GATE_S)
+            swap.set()
+            await queued("_install")  # the swap waits behind `run`: the engine still says its old version
+            leg = asyncio.create_task(
+                client.post(
+                    e.url + COMPLETIONS,
+                    json=completion_body(ids, max_tokens=4, disaggregated_params={"request_type": "context_only"}),
+                )
+            )
+            await queued("_prefill_many")  # the leg's prefill, queued behind the swap
+            run.set()
+            answer = await leg
+            assert (await load).status_code == 200
+        finally:
+            swap.set()
+            run.set()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["weights_version"] == "v5", answer.json()
+    assert answer.headers["x-drs-weights-version"] == "v5"

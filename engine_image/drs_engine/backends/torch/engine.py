@@ -53,7 +53,7 @@ from drs_engine.backends.torch.kv.prefix import PrefixKv
 from drs_engine.backends.torch.model import parse_dtype, pick_device, resolve_model
 from drs_engine.backends.torch.runner import ModelRunner
 from drs_engine.backends.torch.sampling import Choice, Sampling, sampling_for
-from drs_engine.backends.torch.weights.manager import WeightsManager
+from drs_engine.backends.torch.weights.manager import KEPT_VERSIONS, WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError
@@ -203,8 +203,10 @@ class TorchBackend(EngineBackend):
 
     async def receive(self, leg: LegRequest) -> Prefilled[TorchLeg, Choice]:
         got = await self._handoff.receive(leg)
-        # KV computed under other weights than this engine serves is recomputed before the first step.
-        gen = self._weights.gen if got.weights_version == self._weights.version else -1
+        # KV computed under other weights than this engine serves is recomputed before the first step
+        # (the served generation's own version: a swap's tensors are in before the event loop says so).
+        served = self._weights.gen
+        gen = served if got.weights_version == self._weights.version_of(served) else -1
         state = TorchLeg(kv=got.kv, sampling=sampling_for(leg, self._device), gen=gen)
         return Prefilled(state, got.first, got.cached_tokens, 0, self._weights.version)
 
@@ -212,7 +214,7 @@ class TorchBackend(EngineBackend):
         runner = self._runner
         prompt = leg.prompt_token_ids
         gen = self._weights.gen  # the generation the hit is looked up under (the runner checks it is still served)
-        seed, version = self._weights.seed_at(gen), self._weights.version
+        seed = self._weights.seed_at(gen)
         only_context = leg.request_type is RequestType.CONTEXT_ONLY
         paged = runner.turns is not None
         keyed = paged and not (only_context and self._kv.keeps_nothing)  # the store's pool is the cache
@@ -242,6 +244,14 @@ class TorchBackend(EngineBackend):
         if hit is not None and remember and (done.kv is not done.ctx_kv or done.arena is None):
             self._kv.remember(seed, prompt, done.kv, hit.blocks)
         state = TorchLeg(done.kv, s, done.gen, ctx_kv=done.ctx_kv, arena=done.arena, region=region)
+        # labelled with the weights the prefill ran under, not those served at the request's arrival:
+        # a context leg computed after a refit's swap is the new weights' (a decode engine still at
+        # the old ones must recompute it, not take it as its own)
+        version = self._weights.version_of(done.gen)
+        if version is None:  # only for a prompt queued across more swaps than the manager remembers
+            self._handoff.free_region(region)
+            runner.drop_turn(done.kv)
+            raise EngineError(f"the weights changed {KEPT_VERSIONS} times or more while this prompt waited")
         return Prefilled(state, done.first, done.cached, len(prompt), version)
 
     def leave(self, leg: LegRequest, prefilled: Prefilled[TorchLeg, Choice]) -> ContextHandoff:
