@@ -25,6 +25,8 @@ BLOCK = 32  # the sim engine's tokens per cache block
 CONCURRENCY = 32
 BALANCE = 1.25  # the spread the test asks for when rendezvous alone would be within it
 SHARE_TOLERANCE = 0.02  # an engine's query-token share vs its predicted conversation share
+RETRIES = 3  # a turn's retries after a 5xx (as NeMo-Gym's client), each after a longer pause
+RETRY_BACKOFF_S = 0.5
 
 
 @dataclass
@@ -85,10 +87,15 @@ async def take_turn(client: httpx.AsyncClient, replica: Replica, conv: Conversat
     }
     url = gym_frontend(conv.session, [f.url for f in replica.frontends])
     resp = await client.post(url + "/v1/chat/completions", json=body)
-    if resp.status_code == 502 and "cannot fetch context state" in resp.text:
-        # The sim decode engine's KV fetch from the prefill engine can lose a keep-alive race
-        # (an engine-side issue, reported); NeMo-Gym retries a 5xx, and so does this client.
-        conv.retried += 1
+    for attempt in range(RETRIES):
+        # NeMo-Gym retries a 5xx, and so does this client: the sim decode engine's KV fetch from
+        # the prefill engine can lose a keep-alive race (502, an engine-side issue, reported), and
+        # on a loaded machine a restarted frontend's first probes can time out (503, none is up).
+        if not (resp.status_code == 503 or (resp.status_code == 502 and "cannot fetch context state" in resp.text)):
+            break
+        if attempt == 0:  # turns retried, not attempts
+            conv.retried += 1
+        await asyncio.sleep(RETRY_BACKOFF_S * (attempt + 1))
         resp = await client.post(url + "/v1/chat/completions", json=body)
     assert resp.status_code == 200, resp.text
     data = resp.json()
@@ -130,6 +137,16 @@ async def engine_totals(client: httpx.AsyncClient, replica: Replica) -> tuple[li
     return queries, hits
 
 
+async def context_reruns(client: httpx.AsyncClient, replica: Replica) -> float:
+    """Context legs the frontends ran again (a decode engine lost the context state): such a
+    turn's first leg counted its hit on the engine, not in the reply."""
+    total = 0.0
+    for frontend in replica.frontends:
+        text = (await client.get(frontend.url + "/metrics")).text
+        total += metric_value(text, "drs_frontend_retries_total", '{role="context_rerun"}')
+    return total
+
+
 async def affinity_run(replica_factory: ReplicaFactory, *, restart: bool) -> tuple[float, Spread, list[Conversation]]:
     async with replica_factory(prefill=4, decode=2, frontends=2, tokenize=True) as replica:
         engine_urls = [e.url for e in replica.prefill]
@@ -137,13 +154,16 @@ async def affinity_run(replica_factory: ReplicaFactory, *, restart: bool) -> tup
         async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as client:
             convs = [Conversation(f"session-{i:04d}") for i in range(CONVERSATIONS)]
             await run_turns(client, replica, convs, range(TURNS // 2))
-            if restart:
+            reruns = 0.0
+            if restart:  # the restarted frontend's counters start again at zero
+                reruns += await context_reruns(client, replica)
                 await replica.restart_frontend(1)
             await run_turns(client, replica, convs, range(TURNS // 2, TURNS))
+            reruns += await context_reruns(client, replica)
             queries, hits = await engine_totals(client, replica)
     retried = sum(c.retried for c in convs)
-    assert retried <= CONVERSATIONS * TURNS // 100
-    if retried == 0:  # a retried turn's first context leg counted its hit on the engine only
+    assert retried + reruns <= CONVERSATIONS * TURNS // 100
+    if retried == 0 and reruns == 0:  # a retried turn's first context leg counted its hit on the engine only
         assert sum(c.cached_tokens for c in convs) == sum(hits)  # per-turn figures are the engines' own
     else:
         assert sum(c.cached_tokens for c in convs) <= sum(hits)

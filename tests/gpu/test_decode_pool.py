@@ -91,8 +91,8 @@ def _seq(kv: Any, length: int, token: int) -> Any:
 
 def test_projections_back_to_back_in_one_buffer_are_one_matrix_without_a_copy() -> None:
     import torch
+    from drs_engine.backends.torch.layers import back_to_back, fuse_projections
     from drs_engine.backends.torch.model import SIZES, random_state_dict
-    from drs_engine.backends.torch.pooled import back_to_back, fuse_projections
     from drs_engine.backends.torch.weights.packed import pack
 
     shape = SIZES["tiny"]

@@ -18,6 +18,7 @@ system prompt): affinity below 1."""
 from __future__ import annotations
 
 import json
+import random
 import time
 from typing import Any
 
@@ -25,6 +26,8 @@ import pytest
 import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
+from drs_frontend.routing.groups import opening_of
+from drs_frontend.routing.rendezvous import hrw_order
 
 from .pods import logs, wait_phase
 from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, operator, wait_drs
@@ -49,18 +52,25 @@ METRIC = (
     "text = urllib.request.urlopen(sys.argv[1], timeout=10).read().decode(); "
     "print(sum(float(l.rsplit(' ', 1)[1]) for l in text.splitlines() if l.startswith(sys.argv[2] + ' ')))"
 )
+#: A prompt's opening messages (the client's and the test's: the test predicts where each opens).
+OPENING = """
+SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
+
+def opening(group):
+    rng = random.Random(1000 + group)
+    task = " ".join(f"w{rng.randrange(10000)}" for _ in range(160))
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {group}: {task}"}]
+"""
 #: The client: one turn of every sibling, rebuilt from a seed and the earlier answers; prints one
 #: JSON line {session: {engine, cached, prompt, content}}.
 CLIENT = """
 import argparse, asyncio, json, random
 import httpx
 
-SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
+OPENING
 
 def messages(group, sibling, turn, history):
-    rng = random.Random(1000 + group)
-    task = " ".join(f"w{rng.randrange(10000)}" for _ in range(160))
-    out = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {group}: {task}"}]
+    out = opening(group)
     for t, answer in enumerate(history):
         out.append({"role": "assistant", "content": answer})
         out.append({"role": "user", "content": f"Observation {t + 1} for g{group}-s{sibling}: the tool returned 42."})
@@ -90,20 +100,21 @@ async def one(http, url, group, sibling, turn, history):
 async def main(args):
     history = json.loads(args.history)
     async with httpx.AsyncClient(timeout=httpx.Timeout(60.0)) as http:
-        async def group(g):
-            await asyncio.sleep(0.05 * g)
+        async def group(i, g):
+            await asyncio.sleep(0.05 * i)
             return await asyncio.gather(*(one(http, args.url, g, s, args.turn, history) for s in range(args.siblings)))
-        done = await asyncio.gather(*(group(g) for g in range(args.groups)))
+        groups = [int(g) for g in args.groups.split(",")]
+        done = await asyncio.gather(*(group(i, g) for i, g in enumerate(groups)))
     print(json.dumps(dict(pair for pairs in done for pair in pairs)))
 
 p = argparse.ArgumentParser()
 p.add_argument("--url", required=True)
 p.add_argument("--turn", type=int, required=True)
-p.add_argument("--groups", type=int, required=True)
+p.add_argument("--groups", required=True)  # prompt numbers, in the order sent
 p.add_argument("--siblings", type=int, required=True)
 p.add_argument("--history", default="{}")
 asyncio.run(main(p.parse_args()))
-"""
+""".replace("OPENING", OPENING)
 
 
 def grpo_fleet() -> dict[str, Any]:
@@ -150,9 +161,28 @@ def restart_frontends(cluster: RunningCluster, ns: str) -> None:
     wait_drs(cluster, ns, fronts_ready, "frontends Ready after the restart")
 
 
-def take_turn(cluster: RunningCluster, ns: str, url: str, turn: int, history: dict[str, list[str]]) -> dict[str, Any]:
+def crowded_prompts(engine_urls: list[str]) -> list[int]:
+    """Eight prompt numbers, the first three opening first (rendezvous order) on one engine: more
+    groups than the load bound lets one engine take early on, so the bound moves at least one group
+    whatever names the engines got (with prompts 0-7 it moved none in some namespaces)."""
+    scope: dict[str, Any] = {"random": random}
+    exec(OPENING, scope)
+
+    def first(p: int) -> str:
+        key = opening_of(scope["opening"](p))
+        assert key is not None
+        return hrw_order(key.key, engine_urls)[0]
+
+    crowded = [p for p in range(1000) if first(p) == engine_urls[0]][:3]
+    return crowded + [p for p in range(1000) if p not in crowded][: GROUPS - len(crowded)]
+
+
+def take_turn(
+    cluster: RunningCluster, ns: str, url: str, turn: int, history: dict[str, list[str]], prompts: list[int]
+) -> dict[str, Any]:
     name = f"grpo-turn{turn}"
-    args = ["--url", url, "--turn", str(turn), "--groups", str(GROUPS), "--siblings", str(SIBLINGS)]
+    groups = ",".join(map(str, prompts))
+    args = ["--url", url, "--turn", str(turn), "--groups", groups, "--siblings", str(SIBLINGS)]
     objs = inpod.client_objects(name, ns, CLIENT, [*args, "--history", json.dumps(history)])
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
     phase = wait_phase(cluster, ns, name, {"Succeeded", "Failed"}, timeout=CLIENT_S)
@@ -181,8 +211,10 @@ def test_grpo_later_turns_reach_their_engine_after_the_frontend_pods_restart(
     body = wait_drs(realcluster, realns, fronts_ready, "pod-sim Ready, 4 prefill engines")
     urls = body["status"]["urls"]
     assert len(urls) == 1 and len(frontend_pods(realcluster, realns)) == FRONTEND_PODS, urls
+    engines = body["status"]["replicaStatuses"][0]["engines"]
+    prompts = crowded_prompts([e["url"] for e in engines if e["role"] == "prefill"])
 
-    turn0 = take_turn(realcluster, realns, urls[0], 0, {})
+    turn0 = take_turn(realcluster, realns, urls[0], 0, {}, prompts)
     moved = sum(metric(realcluster, realns, p, MOVED) for p in frontend_pods(realcluster, realns))
     groups = {name.split("-")[0]: a["engine"] for name, a in turn0.items()}
     by_group = {g: {a["engine"] for n, a in turn0.items() if n.startswith(g + "-")} for g in groups}
@@ -191,7 +223,7 @@ def test_grpo_later_turns_reach_their_engine_after_the_frontend_pods_restart(
     history = {name: [a["content"]] for name, a in turn0.items()}
 
     restart_frontends(realcluster, realns)
-    turn1 = take_turn(realcluster, realns, urls[0], 1, history)
+    turn1 = take_turn(realcluster, realns, urls[0], 1, history, prompts)
     share, missed = affinity(turn0, turn1)
     lookups = {
         outcome: sum(
@@ -214,7 +246,7 @@ def test_grpo_later_turns_reach_their_engine_after_the_frontend_pods_restart(
     restart_frontends(realcluster, realns)
     for name, a in turn1.items():
         history[name].append(a["content"])
-    turn2 = take_turn(realcluster, realns, urls[0], 2, history)
+    turn2 = take_turn(realcluster, realns, urls[0], 2, history, prompts)
     share_off, missed_off = affinity(turn1, turn2)
     print(f"grpo restart, groupLookupEngines 0: turn 2 affinity {share_off:.3f}, missed {missed_off}")
     assert share_off < 1.0, "with no lookup the groups the bound moved should have missed their engine"

@@ -15,19 +15,16 @@ the fleet never reaching the version.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
-from .pods import logs, wait_phase
-from .test_weights_on_real_node import EXAMPLE, LOAD, NAME, checkpoint_fleet, drs, engines, wait
+from .load import load_answers, off_policy, start_load
+from .test_weights_on_real_node import EXAMPLE, NAME, checkpoint_fleet, drs, engines, wait
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import chaos_realnodes_sidecar as cut_short
@@ -49,21 +46,10 @@ def fleet(realcluster: RunningCluster, operator: str, realns: str, tmp_path: Pat
     yield from checkpoint_fleet(realcluster, realns, tmp_path, EXAMPLE)
 
 
-def off_policy(answers: list[list[Any]], version: str, effective_at: float) -> list[list[Any]]:
-    """Answers of turns stamped at or after the cut-over at another version (boundary turns excepted)."""
-    return [a for a in answers if a[0] is not None and a[0] >= effective_at and not a[2] and a[1] != version]
-
-
 def test_a_trainer_pod_killed_mid_refit_leaves_desired_weights_a_new_trainer_pod_brings_every_engine_to(
     realcluster: RunningCluster, fleet: None, realns: str
 ) -> None:
-    args = ["--name", NAME, "--namespace", realns, "--seconds", str(LOAD_S), "--sessions", "8", "--answers"]
-    objs = inpod.client_objects("load-killed", realns, LOAD, args)
-    realcluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs))
-    wait(
-        "the client's first turn",
-        lambda: "[load] started" in realcluster.kubectl("logs", "load-killed", "-n", realns, check=False).stdout,
-    )
+    start_load(realcluster, realns, "load-killed", LOAD_S)
     cut = cut_short.kill_trainer_mid_refit(realcluster, realns, NAME, "trainer")
     desired = cut.desired
     # the kill came mid-refit: some engine had not been loaded by the dead sidecar
@@ -78,11 +64,7 @@ def test_a_trainer_pod_killed_mid_refit_leaves_desired_weights_a_new_trainer_pod
 
     wait("every engine's status digest the desired one", all_at_desired, timeout=60)
     assert drs(realcluster, realns)["status"]["weights"]["desired"]["digest"] == desired.digest
-    client = wait_phase(realcluster, realns, "load-killed", {"Succeeded", "Failed"}, timeout=LOAD_S + 120)
-    out = logs(realcluster, realns, "load-killed")
-    assert client["status"]["phase"] == "Succeeded", out
-    load = json.loads(out.strip().splitlines()[-1])["load"]
-    answers = load.pop("answers")
+    load, answers = load_answers(realcluster, realns, "load-killed", LOAD_S)
     assert load["lost"] == 0 and load["turns"] > 0, load
     assert desired.effective_at is not None
     # the load outlasted the catch-up: turns after the cut-over were answered, all at the refit's weights

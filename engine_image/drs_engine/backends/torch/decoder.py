@@ -30,8 +30,9 @@ from drs_engine.backends.torch.batching import DecodeSeq
 from drs_engine.backends.torch.fused import EAGER, StepOps, fused_ops
 from drs_engine.backends.torch.graphs import DecodeGraphs
 from drs_engine.backends.torch.kv.slots import batch_bucket, token_bucket
+from drs_engine.backends.torch.layers import Projections, fuse_projections
 from drs_engine.backends.torch.model import ModelShape, decode_step
-from drs_engine.backends.torch.pooled import DecodePool, Projections, fuse_projections, pooled_logits
+from drs_engine.backends.torch.pooled import DecodePool, pooled_logits
 
 
 class BatchDecoder:

@@ -10,8 +10,10 @@ components, each with its own state, and supplies the steps of
   :mod:`.pooled`, :mod:`.graphs`), all on one GPU thread (:mod:`.worker`), tokens picked by
   :mod:`.sampling`;
 - the KV store (:mod:`.kv`): a real block prefix cache (a prompt's full blocks keyed by chained
-  hashes seeded with the weights; a hit copies the cached KV instead of recomputing it; with
-  ``kvLayout: paged`` the cache is the paged store's blocks, shared in place: :mod:`.kv.turns`);
+  hashes seeded with the weights, their version and generation; a hit copies the cached KV instead
+  of recomputing it; with ``kvLayout: paged`` the cache is the paged store's blocks, shared in
+  place: :mod:`.kv.turns`). A prefill's hit counts only under the weights its job runs with on the
+  GPU thread (a refit queued before it: computed whole, :mod:`.runner`);
 - the handoff (:mod:`.handoff`): a context-only leg leaves its KV on the GPU; the decode engine
   fetches it by CUDA IPC (same host) or as bytes over HTTP, and decodes from it;
 - the weights manager (:mod:`.weights`): refit from safetensors (``/control/weights/load``), by
@@ -51,7 +53,7 @@ from drs_engine.backends.torch.kv.prefix import PrefixKv
 from drs_engine.backends.torch.model import parse_dtype, pick_device, resolve_model
 from drs_engine.backends.torch.runner import ModelRunner
 from drs_engine.backends.torch.sampling import Choice, Sampling, sampling_for
-from drs_engine.backends.torch.weights.manager import WeightsManager
+from drs_engine.backends.torch.weights.manager import KEPT_VERSIONS, WeightsManager
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.config import BackendName, EngineConfig
 from drs_engine.errors import BadRequestError, EngineError
@@ -201,20 +203,21 @@ class TorchBackend(EngineBackend):
 
     async def receive(self, leg: LegRequest) -> Prefilled[TorchLeg, Choice]:
         got = await self._handoff.receive(leg)
-        # KV computed under other weights than this engine serves is recomputed before the first step.
-        gen = self._weights.gen if got.weights_version == self._weights.version else -1
+        # KV computed under other weights than this engine serves is recomputed before the first step
+        # (the served generation's own version: a swap's tensors are in before the event loop says so).
+        served = self._weights.gen
+        gen = served if got.weights_version == self._weights.version_of(served) else -1
         state = TorchLeg(kv=got.kv, sampling=sampling_for(leg, self._device), gen=gen)
         return Prefilled(state, got.first, got.cached_tokens, 0, self._weights.version)
 
     async def prefill(self, leg: LegRequest) -> Prefilled[TorchLeg, Choice]:
         runner = self._runner
         prompt = leg.prompt_token_ids
-        seed, version = self._weights.seed, self._weights.version
+        gen = self._weights.gen  # the generation the hit is looked up under (the runner checks it is still served)
+        seed = self._weights.seed_at(gen)
         only_context = leg.request_type is RequestType.CONTEXT_ONLY
         paged = runner.turns is not None
-        keys = None
-        if paged and not (only_context and self._kv.keeps_nothing):  # the store's pool is the cache
-            keys = block_hashes(seed, prompt, self._kv.tokens_per_block)
+        keyed = paged and not (only_context and self._kv.keeps_nothing)  # the store's pool is the cache
         hit = self._kv.lookup(seed, prompt) if not paged else None
         capacity = len(prompt) if only_context else runner.decode_capacity(leg)
         s = sampling_for(leg, self._device)
@@ -230,7 +233,8 @@ class TorchBackend(EngineBackend):
                 self._handoff.arena,
                 region,
                 cache_keeps_nothing=self._kv.keeps_nothing,
-                keys=keys,
+                gen=gen,
+                keyed=keyed,
                 decodes=not only_context,
             )
         except BaseException:
@@ -240,6 +244,14 @@ class TorchBackend(EngineBackend):
         if hit is not None and remember and (done.kv is not done.ctx_kv or done.arena is None):
             self._kv.remember(seed, prompt, done.kv, hit.blocks)
         state = TorchLeg(done.kv, s, done.gen, ctx_kv=done.ctx_kv, arena=done.arena, region=region)
+        # labelled with the weights the prefill ran under, not those served at the request's arrival:
+        # a context leg computed after a refit's swap is the new weights' (a decode engine still at
+        # the old ones must recompute it, not take it as its own)
+        version = self._weights.version_of(done.gen)
+        if version is None:  # only for a prompt queued across more swaps than the manager remembers
+            self._handoff.free_region(region)
+            runner.drop_turn(done.kv)
+            raise EngineError(f"the weights changed {KEPT_VERSIONS} times or more while this prompt waited")
         return Prefilled(state, done.first, done.cached, len(prompt), version)
 
     def leave(self, leg: LegRequest, prefilled: Prefilled[TorchLeg, Choice]) -> ContextHandoff:

@@ -41,8 +41,7 @@ from drs_protocol.enums import PagedAttention
 
 from drs_engine.backends.torch.fused import EAGER, StepOps
 from drs_engine.backends.torch.kv.paged import PagedKv
-from drs_engine.backends.torch.model import _lm_head, rope_tables
-from drs_engine.backends.torch.pooled import Projections, _project
+from drs_engine.backends.torch.layers import Projections, decode_layers
 
 #: FlexAttention's query block (one decode token per sequence: a block holds it, padded)
 Q_BLOCK = 128
@@ -188,43 +187,10 @@ def paged_logits(
                 k, v = keys[:, index].transpose(0, 1), values[:, index].transpose(0, 1)
                 return F.scaled_dot_product_attention(queries, k, v, attn_mask=dense).view(rows, heads, d)
 
-        return _paged_layers(params, store, ids, pos, where, attend, ops, fused)
+        def store_and_attend(layer: int, q: Any, k: Any, v: Any) -> Any:
+            keys, values = store.kv[layer, 0], store.kv[layer, 1]  # [kv_heads, blocks * tpb, head_dim]
+            keys[:, where] = k.transpose(0, 1)
+            values[:, where] = v.transpose(0, 1)
+            return attend(q, keys, values)  # [rows, heads, head_dim]
 
-
-def _paged_layers(
-    params: dict[str, Any],
-    store: PagedKv,
-    ids: Any,
-    pos: Any,
-    where: Any,
-    attend: Any,
-    ops: StepOps,
-    fused: list[Projections] | None,
-) -> Any:
-    shape, kv = store.shape, store.kv
-    rows, eps = ids.shape[0], shape.rms_eps
-    x = params["model.embed_tokens.weight"][ids]
-    cos, sin = rope_tables(pos, shape, x.dtype)
-    h = ops.rms(x, params["model.layers.0.input_layernorm.weight"], eps)
-    for i in range(shape.layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        layer = fused[i] if fused is not None else Projections(None, None)
-        q, k, v = _project(h, layer.qkv, params, (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"))
-        q = ops.norm_rope(q.view(rows, shape.heads, shape.head_dim), params[a + "q_norm.weight"], eps, cos, sin)
-        k = ops.norm_rope(k.view(rows, shape.kv_heads, shape.head_dim), params[a + "k_norm.weight"], eps, cos, sin)
-        keys, values = kv[i, 0], kv[i, 1]  # [kv_heads, blocks * tpb, head_dim]
-        keys[:, where] = k.transpose(0, 1)
-        values[:, where] = v.view(rows, shape.kv_heads, shape.head_dim).transpose(0, 1)
-        attn = attend(q, keys, values)  # [rows, heads, head_dim]
-        x, h = ops.add_norm(
-            x,
-            attn.reshape(rows, -1) @ params[a + "o_proj.weight"].T,
-            params[p + "post_attention_layernorm.weight"],
-            eps,
-        )
-        m = p + "mlp."
-        gate, up = _project(h, layer.gate_up, params, (m + "gate_proj.weight", m + "up_proj.weight"))
-        after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < shape.layers else "model.norm.weight"
-        x, h = ops.add_norm(x, ops.silu_mul(gate, up) @ params[m + "down_proj.weight"].T, params[after], eps)
-    return (h @ _lm_head(params, shape).T).to(torch.float32)
+        return decode_layers(params, store.shape, ids, pos, store_and_attend, ops, fused)

@@ -39,9 +39,9 @@ from drs_engine.backends.torch.fused import EAGER, StepOps, fused_ops
 from drs_engine.backends.torch.kv.blocks import PoolExhausted
 from drs_engine.backends.torch.kv.paged import PagedKv
 from drs_engine.backends.torch.kv.turns import PagedTurn, PagedTurns
+from drs_engine.backends.torch.layers import Projections, fuse_projections
 from drs_engine.backends.torch.model import ModelShape, decode_step, new_kv
 from drs_engine.backends.torch.paged import flex_rows, paged_logits
-from drs_engine.backends.torch.pooled import Projections, fuse_projections
 from drs_engine.errors import EngineError
 
 

@@ -21,7 +21,6 @@ elementwise chains come from :mod:`.fused` (compiled by inductor on CUDA).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,7 +28,8 @@ import torch.nn.functional as F
 
 from drs_engine.backends.torch.fused import EAGER, StepOps
 from drs_engine.backends.torch.kv.slots import Move, SlotTable
-from drs_engine.backends.torch.model import ModelShape, _lm_head, rope_tables
+from drs_engine.backends.torch.layers import Projections, decode_layers
+from drs_engine.backends.torch.model import ModelShape
 
 
 class DecodePool:
@@ -101,47 +101,6 @@ class DecodePool:
         return own, move
 
 
-def back_to_back(first: Any, *rest: Any) -> Any | None:
-    """``first`` and ``rest`` (row-major matrices of one dtype and width) as one matrix of all their
-    rows, when they lie back to back in one storage: a view, no copy. The packed refit layout keeps
-    a layer's q, k, v projections so, and its gate and up projections, so a decode step multiplies
-    once by each pair instead of once by each matrix. None when they do not (weights not packed)."""
-    if not first.is_contiguous():
-        return None
-    storage = first.untyped_storage().data_ptr()
-    end = first.data_ptr() + first.numel() * first.element_size()
-    rows = first.shape[0]
-    for t in rest:
-        same = t.dtype == first.dtype and t.shape[1:] == first.shape[1:] and t.is_contiguous()
-        if not same or t.untyped_storage().data_ptr() != storage or t.data_ptr() != end:
-            return None
-        end += t.numel() * t.element_size()
-        rows += t.shape[0]
-    return first.as_strided((rows, *first.shape[1:]), first.stride())
-
-
-@dataclass(frozen=True, slots=True)
-class Projections:
-    """A layer's q/k/v and gate/up weights as one matrix each (:func:`back_to_back`), or None."""
-
-    qkv: Any
-    gate_up: Any
-
-
-def fuse_projections(params: dict[str, Any], shape: ModelShape) -> list[Projections]:
-    """Per layer, the matrices :func:`pooled_logits` multiplies by at once (views of ``params``)."""
-    out = []
-    for i in range(shape.layers):
-        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        out.append(
-            Projections(
-                qkv=back_to_back(params[a + "q_proj.weight"], params[a + "k_proj.weight"], params[a + "v_proj.weight"]),
-                gate_up=back_to_back(params[m + "gate_proj.weight"], params[m + "up_proj.weight"]),
-            )
-        )
-    return out
-
-
 def pooled_logits(
     params: dict[str, Any],
     pool: DecodePool,
@@ -153,18 +112,11 @@ def pooled_logits(
     """One decode step of the pool's first ``rows`` slots: row ``b`` feeds ``pool.tokens[b]`` at
     ``pool.positions[b]`` and attends over its positions ``0 … positions[b]`` (within the first
     ``tokens``). ``ops``: the step's elementwise chains (:mod:`.fused`); ``fused``: the layers'
-    back-to-back projections (:func:`fuse_projections`; None: one matmul per matrix). Returns float32
+    back-to-back projections (:func:`~.layers.fuse_projections`; None: one matmul per matrix). Returns float32
     logits ``[rows, vocab]``."""
     with torch.inference_mode():
         ids, pos = pool.tokens[:rows], pool.positions[:rows]
         return _pooled_logits(params, pool.shape, pool.kv, ids, pos, tokens, ops, fused)
-
-
-def _project(h: Any, joined: Any, params: dict[str, Any], names: tuple[str, ...]) -> tuple[Any, ...]:
-    """``h`` times each named matrix: one matmul over ``joined`` when there is one, split after."""
-    if joined is None:
-        return tuple(h @ params[n].T for n in names)
-    return tuple((h @ joined.T).split([params[n].shape[0] for n in names], dim=-1))
 
 
 def _pooled_logits(
@@ -179,39 +131,17 @@ def _pooled_logits(
 ) -> Any:
     rows = ids.shape[0]
     group = shape.heads // shape.kv_heads
-    eps = shape.rms_eps
-    x = params["model.embed_tokens.weight"][ids]
-    cos, sin = rope_tables(pos, shape, x.dtype)
     cols = torch.arange(tokens, device=ids.device)
     mask = (cols[None, :] <= pos[:, None])[:, None, None, :]  # [rows, 1, 1, tokens]
     row = torch.arange(rows, device=ids.device)
-    h = ops.rms(x, params["model.layers.0.input_layernorm.weight"], eps)
-    for i in range(shape.layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        layer = fused[i] if fused is not None else Projections(None, None)
-        q, k, v = _project(h, layer.qkv, params, (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"))
-        q = q.view(rows, shape.heads, shape.head_dim)
-        k = k.view(rows, shape.kv_heads, shape.head_dim)
-        v = v.view(rows, shape.kv_heads, shape.head_dim)
-        q = ops.norm_rope(q, params[a + "q_norm.weight"], eps, cos, sin)
-        k = ops.norm_rope(k, params[a + "k_norm.weight"], eps, cos, sin)
-        keys, values = kv[i, 0], kv[i, 1]  # [slots, kv_heads, slot_tokens, head_dim]
+
+    def attend(layer: int, q: Any, k: Any, v: Any) -> Any:
+        keys, values = kv[layer, 0], kv[layer, 1]  # [slots, kv_heads, slot_tokens, head_dim]
         keys[row, :, pos] = k
         values[row, :, pos] = v
         queries = q.view(rows, shape.kv_heads, group, shape.head_dim)  # a K/V head's query heads as its rows
-        attn = F.scaled_dot_product_attention(
+        return F.scaled_dot_product_attention(
             queries, keys[:rows, :, :tokens], values[:rows, :, :tokens], attn_mask=mask
         )
-        x, h = ops.add_norm(
-            x,
-            attn.reshape(rows, -1) @ params[a + "o_proj.weight"].T,
-            params[p + "post_attention_layernorm.weight"],
-            eps,
-        )
-        m = p + "mlp."
-        gate, up = _project(h, layer.gate_up, params, (m + "gate_proj.weight", m + "up_proj.weight"))
-        gated = ops.silu_mul(gate, up)
-        after = f"model.layers.{i + 1}.input_layernorm.weight" if i + 1 < shape.layers else "model.norm.weight"
-        x, h = ops.add_norm(x, gated @ params[m + "down_proj.weight"].T, params[after], eps)
-    return (h @ _lm_head(params, shape).T).to(torch.float32)
+
+    return decode_layers(params, shape, ids, pos, attend, ops, fused)

@@ -10,13 +10,23 @@ with ``kvLayout: paged``, :class:`~drs_engine.backends.torch.paged_decoder.Paged
 Before each step a sequence outside the pool gets room for one more token, and KV computed under
 other weights is recomputed (refit safety, :func:`~drs_engine.backends.base.restate_after_refit`).
 The weights are read through :class:`~drs_engine.backends.torch.weights.manager.WeightsManager`.
+
+A prefill's cached prefix is decided on the GPU thread when its job runs, under the weights served
+then: a refit swaps the tensors in a GPU-thread job and the cached blocks are forgotten only by a
+later one, so a job queued behind the swap would otherwise start from KV of the old weights and
+compute the rest under the new ones, stamped with the new generation (the decode step would never
+recompute it). With ``kvLayout: paged`` the job takes its prompt's cache keys then, seeded with the
+served generation (:meth:`~drs_engine.backends.torch.weights.manager.WeightsManager.seed_at`: old
+blocks never match); with the slot layout the hit looked up on the event loop (copy runs of
+:class:`~drs_engine.backends.torch.kv.prefix.PrefixKv`, keyed the same way) is used only when the
+generation it was looked up under is still served, else the prompt is computed whole.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -56,8 +66,12 @@ class PrefillJob:
     arena: KvArena | None
     region: int | None
     cache_keeps_nothing: bool
-    #: ``kvLayout: paged``: the prompt's full blocks' cache keys (None: the slot layout)
-    keys: list[bytes] | None = None
+    #: the weights generation ``start`` and ``runs`` were looked up under (not served when the job
+    #: runs: they are dropped and the prompt computed whole)
+    gen: int = -1
+    #: ``kvLayout: paged``: the prompt's blocks are looked up and published in the store, under
+    #: keys taken when the job runs (:meth:`ModelRunner._keys`)
+    keyed: bool = False
     #: the sequence decodes here (paged: its table stays in the store)
     decodes: bool = False
 
@@ -269,40 +283,63 @@ class ModelRunner:
         region: int | None = None,
         *,
         cache_keeps_nothing: bool = False,
-        keys: list[bytes] | None = None,
+        gen: int = -1,
+        keyed: bool = False,
         decodes: bool = False,
     ) -> PrefillResult:
+        """``gen``: the weights generation ``start`` and ``runs`` were looked up under; ``keyed``
+        (``kvLayout: paged``): the store looks the prompt's blocks up when the job runs."""
         job = PrefillJob(
-            prompt, start, runs, capacity, sampling, ban, arena, region, cache_keeps_nothing, keys, decodes
+            prompt, start, runs, capacity, sampling, ban, arena, region, cache_keeps_nothing, gen, keyed, decodes
         )
         return await self.prefills.submit(job)
 
+    # ---- prefill, on the GPU thread ----------------------------------------------------------
+
+    def _served(self, job: PrefillJob) -> PrefillJob:
+        """``job`` as it runs now: a cached prefix looked up under other weights than those served
+        (a refit swapped them since) dropped, the prompt computed whole."""
+        if job.gen == self._weights.gen or not (job.start or job.runs):
+            return job
+        return replace(job, start=0, runs=[], gen=self._weights.gen)
+
+    def _keys(self, job: PrefillJob) -> list[bytes] | None:
+        """A ``keyed`` job's full-block cache keys, seeded with the weights served now."""
+        if not job.keyed or self.turns is None:
+            return None
+        return block_hashes(self._weights.seed, job.prompt, self._spec.tokens_per_block)
+
     def _prefill_many(self, jobs: list[PrefillJob]) -> list[PrefillResult | Exception]:
-        """The jobs that waited together (on the GPU thread): the cold ones in one batched pass when
-        there are two or more, the others one by one; each job gets its result or its error."""
+        """The jobs that waited together: the cold ones in one batched pass when there are two or
+        more, the others one by one; each job gets its result or its error. Their cached prefixes
+        are decided here, under the weights served (:meth:`_served`, :meth:`_keys`)."""
+        jobs = [self._served(job) for job in jobs]
+        keys = [self._keys(job) for job in jobs]
         out: dict[int, PrefillResult | Exception] = {}
         turns = self.turns
         cold = [
             i
-            for i, job in enumerate(jobs)
-            if job.cold and (turns is None or job.keys is None or not turns.store.pool.cached_run(job.keys))
+            for i, (job, k) in enumerate(zip(jobs, keys, strict=True))
+            if job.cold and (turns is None or k is None or not turns.store.pool.cached_run(k))
         ]
         cold = cold if len(cold) > 1 else []
         if cold:
             try:
-                for i, result in zip(cold, self._prefill_cold([jobs[i] for i in cold]), strict=True):
-                    out[i] = result
+                batch = self._prefill_cold([jobs[i] for i in cold], [keys[i] for i in cold])
+                out.update(zip(cold, batch, strict=True))
             except Exception as exc:
                 out.update(dict.fromkeys(cold, exc))
-        for i, job in enumerate(jobs):
+        for i, (job, k) in enumerate(zip(jobs, keys, strict=True)):
             if i not in out:
                 try:
-                    out[i] = self._prefill_job(job)
+                    out[i] = (
+                        self._prefill_job(job) if turns is None or k is None else self._prefill_paged(turns, job, k)
+                    )
                 except Exception as exc:
                     out[i] = exc
         return [out[i] for i in range(len(jobs))]
 
-    def _prefill_cold(self, jobs: list[PrefillJob]) -> list[PrefillResult]:
+    def _prefill_cold(self, jobs: list[PrefillJob], keys: list[list[bytes] | None]) -> list[PrefillResult]:
         """Cold prompts in one forward pass (:func:`~.model.prefill_batch`), first tokens in one pick."""
         self._weights.check_complete()
         kvs = [new_kv(self._shape, job.capacity, device=self._device, dtype=self._dtype) for job in jobs]
@@ -310,49 +347,58 @@ class ModelRunner:
         firsts = choose_tokens(logits, [job.sampling for job in jobs], [job.ban for job in jobs])
         gen, turns = self._weights.gen, self.turns
         out = []
-        for job, kv, first in zip(jobs, kvs, firsts, strict=True):
+        for job, k, kv, first in zip(jobs, keys, kvs, firsts, strict=True):
             kept = kv
-            if turns is not None and job.keys is not None:  # into the store after (a batch mate's blocks shared)
-                turn = turns.open(job.keys, len(job.prompt))
-                kept = turns.settle(turn, kv, job.keys, len(job.prompt), stays=job.decodes) or kv
+            if turns is not None and k is not None:  # into the store after (a batch mate's blocks shared)
+                turn = turns.open(k, len(job.prompt))
+                kept = turns.settle(turn, kv, k, len(job.prompt), stays=job.decodes) or kv
             out.append(PrefillResult(kept, kv, first, gen, None))  # computed whole: nothing cached
         return out
 
     def _prefill_job(self, job: PrefillJob) -> PrefillResult:
-        """Prefill ``prompt`` from ``start``. With an arena ``region`` the context's KV lies there:
-        computed in place when the prefix cache keeps nothing, else copied there (the cache's blocks
-        must outlive the region)."""
-        prompt, start, runs, capacity, s, ban = job.prompt, job.start, job.runs, job.capacity, job.sampling, job.ban
-        arena, region, cache_keeps_nothing = job.arena, job.region, job.cache_keeps_nothing
+        """Prefill ``prompt`` from ``start``, after its cached ``runs`` copied in. With an arena
+        ``region`` the context's KV lies there: computed in place when the prefix cache keeps
+        nothing, else copied there (the cache's blocks must outlive the region)."""
         self._weights.check_complete()
-        shape = (self._shape.layers, 2, self._shape.kv_heads, capacity, self._shape.head_dim)
-        arena = arena if region is not None else None
-        in_place = arena is not None and cache_keeps_nothing
-        turns = self.turns if job.keys is not None else None
-        turn = turns.open(job.keys or [], len(prompt)) if turns is not None else None
+        in_place = False
+        if job.arena is not None and job.region is not None and job.cache_keeps_nothing:
+            kv, in_place = job.arena.view(job.region, self._kv_shape(job.capacity), self._dtype), True
+        else:
+            kv = new_kv(self._shape, job.capacity, device=self._device, dtype=self._dtype)
+        for dst, base, src, n in job.runs:  # cached prefix blocks, copied instead of recomputed
+            kv[:, :, :, dst : dst + n].copy_(base[:, :, :, src : src + n])
+        logits = prefill(self._weights.params, self._shape, job.prompt[job.start :], kv, job.start)
+        ctx_kv, where = self._to_arena(job, kv, in_place=in_place)
+        first = choose_tokens(logits[None], [job.sampling], [job.ban])[0]
+        return PrefillResult(kv, ctx_kv, first, self._weights.gen, where, job.start)
+
+    def _prefill_paged(self, turns: PagedTurns, job: PrefillJob, keys: list[bytes]) -> PrefillResult:
+        """Prefill into the paged store (:mod:`.kv.turns`): the prompt's cached blocks under
+        ``keys`` shared in place, the rest computed and written into new blocks of its turn."""
+        self._weights.check_complete()
+        turn = turns.open(keys, len(job.prompt))
         try:
-            if arena is not None and region is not None and in_place:
-                kv = arena.view(region, shape, self._dtype)
-            elif turns is not None and turn is not None:  # the cached prefix read from its shared blocks
-                kv, start = turns.past(turn, capacity), turn.hit
-            else:
-                kv = new_kv(self._shape, capacity, device=self._device, dtype=self._dtype)
-            for dst, base, src, n in runs:  # cached prefix blocks, copied instead of recomputed
-                kv[:, :, :, dst : dst + n].copy_(base[:, :, :, src : src + n])
-            logits = prefill(self._weights.params, self._shape, prompt[start:], kv, start)
-            ctx_kv, where = kv, None
-            if arena is not None and region is not None:
-                ctx_kv = kv if in_place else arena.view(region, shape, self._dtype).copy_(kv)
-                where = arena.describe(region, shape, self._dtype)
-            first = choose_tokens(logits[None], [s], [ban])[0]
-            kept = kv
-            if turns is not None and turn is not None:
-                kept = turns.settle(turn, kv, job.keys or [], len(prompt), stays=job.decodes) or kv
+            kv, start = turns.past(turn, job.capacity), turn.hit  # the cached prefix read from its blocks
+            logits = prefill(self._weights.params, self._shape, job.prompt[start:], kv, start)
+            ctx_kv, where = self._to_arena(job, kv, in_place=False)
+            first = choose_tokens(logits[None], [job.sampling], [job.ban])[0]
+            kept = turns.settle(turn, kv, keys, len(job.prompt), stays=job.decodes) or kv
         except BaseException:
-            if turns is not None and turn is not None:
-                turns.drop(turn)
+            turns.drop(turn)
             raise
         return PrefillResult(kept, ctx_kv, first, self._weights.gen, where, start)
+
+    def _kv_shape(self, capacity: int) -> tuple[int, ...]:
+        return (self._shape.layers, 2, self._shape.kv_heads, capacity, self._shape.head_dim)
+
+    def _to_arena(self, job: PrefillJob, kv: Any, *, in_place: bool) -> tuple[Any, dict[str, Any] | None]:
+        """The KV a context leg leaves, and its arena region's description: ``kv`` itself when it
+        was computed there (``in_place``) or there is no region, else its copy into the region."""
+        if job.arena is None or job.region is None:
+            return kv, None
+        shape = self._kv_shape(job.capacity)
+        ctx_kv = kv if in_place else job.arena.view(job.region, shape, self._dtype).copy_(kv)
+        return ctx_kv, job.arena.describe(job.region, shape, self._dtype)
 
     def new_seq(self, leg: LegRequest, kv: Any, first: Choice, s: Sampling, gen: int) -> DecodeSeq:
         """A sequence that decodes on from ``kv`` (``gen`` -1: KV of other weights, recomputed first)."""

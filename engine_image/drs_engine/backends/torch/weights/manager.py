@@ -1,11 +1,12 @@
 """The ``torch`` backend's weights: where they are swapped.
 
 :class:`WeightsManager` owns the served weights (packed in one buffer, :mod:`.packed`), their
-version and the prefix-hash seed derived from it, and a generation counter bumped on the GPU
-thread whenever the tensors change (a decoding sequence compares it with its KV's, and recomputes
-its KV under the new weights: refit safety). It swaps them four ways: from safetensors
-(:meth:`load`), by collective broadcast (:meth:`update_from_collective`, after
-:meth:`init_collective` and :meth:`prepare`), by CUDA IPC from a colocated trainer
+version, and a generation counter bumped on the GPU thread whenever the tensors change (a decoding
+sequence compares it with its KV's, and recomputes its KV under the new weights: refit safety), and
+the prefix-hash seed derived from both (a prefill's cache keys, taken on the GPU thread when it
+runs, name the weights it runs under: :mod:`drs_engine.backends.torch.runner`). It swaps them four
+ways: from safetensors (:meth:`load`), by collective broadcast (:meth:`update_from_collective`,
+after :meth:`init_collective` and :meth:`prepare`), by CUDA IPC from a colocated trainer
 (:meth:`update_from_ipc`; both in :mod:`.refit`), and out to host memory and back for sleep
 (:meth:`offload`, :meth:`restore`). Each swap answers the fields of the control op's result that
 the weights know; the engine adds what else changed (the prefix cache it reset).
@@ -36,6 +37,9 @@ from drs_engine.weights.stream import WeightsExport
 #: Seconds past a collective step's ``timeout_s`` before the engine stops waiting for its thread and
 #: aborts the group (a backstop: the step's own operations are bounded by ``timeout_s`` already).
 BACKSTOP_S: Final = 5.0
+#: generations whose version :meth:`WeightsManager.version_of` still answers (a prefill queued
+#: across more swaps than that is refused, not mislabelled)
+KEPT_VERSIONS: Final = 4
 
 
 class WeightsManager:
@@ -55,6 +59,9 @@ class WeightsManager:
         self._group: refit.RefitGroup | None = None
         #: bumped on the GPU thread whenever the weights change (a sequence's KV records its own)
         self._gen = 0
+        #: the version of each recent generation, set on the GPU thread in the job that swaps the
+        #: tensors (a prefill is labelled with the weights it ran under: :meth:`version_of`)
+        self._versions: dict[int, str] = {0: version}
         #: ``(gen, digest)`` a stream load proved of the weights it swapped in
         self._verified: tuple[int, str] | None = None
         self.last_refit: dict[str, Any] | None = None
@@ -84,8 +91,21 @@ class WeightsManager:
 
     @property
     def seed(self) -> bytes:
-        """The prefix-hash seed of the served weights (a new version never matches old blocks)."""
-        return self._seed
+        """The prefix-hash seed of the served weights (:meth:`seed_at` their generation)."""
+        return self.seed_at(self._gen)
+
+    def seed_at(self, gen: int) -> bytes:
+        """The prefix-hash seed of KV computed under weights generation ``gen``: the version's seed
+        chained with the generation. The GPU thread bumps the generation in the job that swaps the
+        tensors, so a block cached under other weights never matches, even while the version (set on
+        the event loop after the swap) still names the old ones."""
+        return hashlib.blake2b(self._seed + gen.to_bytes(8, "little", signed=True), digest_size=16).digest()
+
+    def version_of(self, gen: int) -> str | None:
+        """The version of weights generation ``gen`` (known from the job that swapped them in, before
+        the event loop declares it); None for a swap that failed part way (its weights are
+        incomplete: nothing is computed with them) or a generation older than the last few."""
+        return self._versions.get(gen)
 
     @property
     def gen(self) -> int:
@@ -114,13 +134,21 @@ class WeightsManager:
             return None
         return {"backend": self._group.backend, "rank": self._group.rank, "world_size": self._group.world_size}
 
-    def _install(self, params: dict[str, Any] | None, incomplete: str | None = None) -> None:
+    def _install(self, params: dict[str, Any] | None, version: str | None, incomplete: str | None = None) -> None:
         """New weights (or the same tensors, changed in place; ``incomplete``: only part of them):
         on the GPU thread, between steps."""
         if params is not None:
             self._weights = pack(params, self._device)
-        self._gen += 1
+        self._new_gen(version)
         self.incomplete = incomplete
+
+    def _new_gen(self, version: str | None) -> None:
+        """The tensors changed (on the GPU thread): a new generation, of ``version`` (None: a swap
+        that failed part way)."""
+        self._gen += 1
+        self._versions = {g: v for g, v in self._versions.items() if g > self._gen - KEPT_VERSIONS}
+        if version is not None:
+            self._versions[self._gen] = version
 
     def check_complete(self) -> None:
         """On the GPU thread, before a prefill or a decode step: :class:`WeightsIncompleteError`
@@ -141,7 +169,7 @@ class WeightsManager:
         started = time.perf_counter()
         params = await self._worker.run(read_safetensors, path, self._shape, self._device, self._dtype)
         nbytes = sum(int(t.numel()) * int(t.element_size()) for t in params.values())
-        await self._worker.run(self._install, params)
+        await self._worker.run(self._install, params, version)
         result = {"source": path, "bytes": nbytes, "seconds": round(time.perf_counter() - started, 6)}
         return self._switched(version, result), result
 
@@ -156,13 +184,13 @@ class WeightsManager:
         started = time.perf_counter()
         specs = stream.check_layout(header, self.params)
         received = await stream.receive(header, pieces, specs, self._device, self._worker)
-        await self._worker.run(self._adopt, received, stream.verified_digest(header))
+        await self._worker.run(self._adopt, received, stream.verified_digest(header), version)
         result = {"source": "peer stream", "bytes": header.nbytes, "seconds": round(time.perf_counter() - started, 6)}
         return self._switched(version, result), result
 
-    def _adopt(self, received: PackedWeights, digest: str) -> None:
+    def _adopt(self, received: PackedWeights, digest: str, version: str) -> None:
         self._weights = received
-        self._gen += 1
+        self._new_gen(version)
         self._verified = (self._gen, digest)
 
     async def init_collective(self, params: CollectiveInit) -> dict[str, Any]:
@@ -183,7 +211,7 @@ class WeightsManager:
         marked incomplete until a good load."""
         group = self._require_group()
         deadline = time.monotonic() + params.timeout_s
-        receiving = asyncio.ensure_future(self._worker.run(self._receive, group, deadline))
+        receiving = asyncio.ensure_future(self._worker.run(self._receive, group, deadline, params.version))
         try:
             result = await asyncio.wait_for(asyncio.shield(receiving), params.timeout_s + BACKSTOP_S)
         except TimeoutError:  # the GPU thread is stuck in the collective (NCCL): abort it
@@ -206,30 +234,33 @@ class WeightsManager:
             refit.abort_group(group)
         return group is not None
 
-    def _receive(self, group: refit.RefitGroup, deadline: float) -> dict[str, Any]:
+    def _receive(self, group: refit.RefitGroup, deadline: float, version: str) -> dict[str, Any]:
         try:
             result = refit.receive_update(group, self._weights, self._device, deadline)
         except CollectiveError as exc:
-            self._install(None, str(exc) if exc.weights_changed else self.incomplete)
+            self._install(None, None, str(exc) if exc.weights_changed else self.incomplete)
             raise
         except BadRequestError:  # refused before any batch (no prepare_refit_info)
             raise
         except BaseException as exc:
-            self._install(None, f"the update failed part way: {type(exc).__name__}: {exc}")
+            self._install(None, None, f"the update failed part way: {type(exc).__name__}: {exc}")
             raise
-        self._install(None)  # tensors changed in place
+        self._install(None, version)  # tensors changed in place
         return result
 
     async def update_from_ipc(self, params: IpcUpdate) -> tuple[str, dict[str, Any]]:
         specs = refit.check_specs(params.state_dict_info, self.params)
-        result = await self._worker.run(self._receive_ipc, specs, params.buffers)
+        result = await self._worker.run(self._receive_ipc, specs, params.buffers, params.version)
         return self._switched(params.version, result), result
 
-    def _receive_ipc(self, specs: list[TensorSpec], buffers: list[IpcBuffer]) -> dict[str, Any]:
+    def _receive_ipc(self, specs: list[TensorSpec], buffers: list[IpcBuffer], version: str) -> dict[str, Any]:
         try:
-            return refit.receive_ipc(self._ipc_maps, self._weights, specs, buffers, self._device)
-        finally:
-            self._install(None)  # changed in place (a partial copy: the server sees another digest)
+            result = refit.receive_ipc(self._ipc_maps, self._weights, specs, buffers, self._device)
+        except BaseException:
+            self._install(None, self._version)  # a partial copy, served as before (the server sees another digest)
+            raise
+        self._install(None, version)  # changed in place
+        return result
 
     def _require_group(self) -> refit.RefitGroup:
         if self._group is None:
