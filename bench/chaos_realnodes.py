@@ -50,6 +50,9 @@ each a fresh client pod running through the event:
   at the version (``resumed_trainer``: its phase; ``engines_at_refit_digest``).
   ``sidecar_killed_forgotten`` is its control (run it last): the stored desired weights removed
   between the kill and the new pod, so the new sidecar does not know them. Not by default.
+  ``--resume-after S`` starts the new trainer pod S seconds after the kill (default 0): later than
+  the target lease (30 s), the engines the dead sidecar had not loaded are on their own meanwhile
+  (``held_before_resume``: each engine's own version right before the new pod; ``resume_after_s``).
 
 Every scenario's turns are also judged for their weights: the load client returns, per answered
 turn, the fleet's stamp and the version that answered it, and a turn is ``off_policy`` when it was
@@ -114,6 +117,7 @@ from bench.chaos_realnodes_weights import (
     NS,
     PATHLESS,
     REFITS,
+    RESUME_AFTER_S,
     SIDECAR_FORGOTTEN,
     SIDECAR_KILLED,
     TRAINER_S,
@@ -411,8 +415,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=40.0, help="load per scenario (the roll scenarios double it)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--no-standby", action="store_true", help="spec.frontend.standby off (one process per URL)")
+    parser.add_argument(
+        "--resume-after",
+        type=float,
+        default=0.0,
+        help="sidecar_killed_*: seconds from the kill to the new trainer pod (default 0: at once)",
+    )
     args = parser.parse_args()
     STANDBY[0] = not args.no_standby
+    RESUME_AFTER_S[0] = args.resume_after
     scenarios = [s for s in args.scenarios.split(",") if s]
     POLICY[0] = any(s in PATHLESS for s in scenarios)
     unknown = [s for s in scenarios if s not in EVENTS]

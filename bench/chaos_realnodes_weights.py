@@ -20,6 +20,9 @@ from typing import Any
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS
+from drs_protocol import env
+from drs_protocol.weights_state import DesiredWeights
+from drs_protocol.weights_stream import WEIGHTS_MOUNT_PATH
 
 from bench import chaos_realnodes_sidecar as cut_short
 
@@ -39,6 +42,11 @@ SIDECAR_KILLED = "sidecar_killed_mid_refit"
 SIDECAR_FORGOTTEN = "sidecar_killed_forgotten"
 #: what a scenario's event observed beyond the load (merged into its result)
 NOTES: dict[str, Any] = {}
+#: the desired weights' file every engine pod mounts (the weights ConfigMap)
+DESIRED_FILE = f"{WEIGHTS_MOUNT_PATH}/{env.DESIRED_WEIGHTS_KEY}"
+#: seconds between the trainer pod's kill and the new trainer pod (``--resume-after``: later than the
+#: engines' target lease, 30 s, they are on their own meanwhile)
+RESUME_AFTER_S = [0.0]
 
 
 def say(msg: str) -> None:
@@ -62,16 +70,21 @@ def desired_in(st: dict[str, Any], at: float) -> str | None:
     return desired_at(at)
 
 
-def weights_figures(answers: list[list[Any]]) -> dict[str, int]:
-    """Off-policy turns among the load client's answers (``[stamp, version, boundary]``)."""
+def weights_figures(answers: list[list[Any]]) -> dict[str, Any]:
+    """Off-policy turns among the load client's answers (``[stamp, version, boundary]``), and the
+    first and last one's stamp after the cut-over of the refit desired at it (``off_policy_s``)."""
     off = unstamped = 0
+    after: list[float] = []
     for stamp, version, boundary in answers:
         if stamp is None:
             unstamped += 1
             continue
         want = desired_at(stamp)
-        off += int(not boundary and want is not None and version != want)
-    return {"off_policy": off, "unstamped": unstamped}
+        if not boundary and want is not None and version != want:
+            off += 1
+            after.append(stamp - next(at for at, v in reversed(REFITS) if at <= stamp))
+    window = [round(min(after), 1), round(max(after), 1)] if after else None
+    return {"off_policy": off, "unstamped": unstamped, "off_policy_s": window}
 
 
 class StatusWatch:
@@ -294,6 +307,27 @@ def scale_up_pathless(cluster: RunningCluster) -> None:
     await_caught_up(cluster, f"disagg.dev/replicaset={NAME},disagg.dev/replica={replicas},{ENGINES}", set(), 2)
 
 
+def watch_engines(cluster: RunningCluster, until: float, desired: DesiredWeights) -> dict[str, dict[str, float]]:
+    """Until ``until`` (wall clock), each engine looked at in turn: the first time (seconds after
+    ``desired``'s cut-over) its mounted desired file named ``desired`` (``file``), it was catching up
+    (``pending``), and it held them (``held``)."""
+    seen: dict[str, dict[str, float]] = {}
+    cut = desired.effective_at or time.time()
+    engines = list(cut_short.held_versions(cluster, NS, NAME))
+    while time.time() < until:
+        for pod in engines:
+            marks = seen.setdefault(pod, {})
+            got = cluster.kubectl("exec", pod, "-n", NS, "--", "cat", DESIRED_FILE, check=False).stdout
+            if "file" not in marks and desired.version in got:
+                marks["file"] = round(time.time() - cut, 1)
+            held = held_weights(cluster, pod)
+            if "pending" not in marks and (held.get("catch_up") or {}).get("phase") == "pending":
+                marks["pending"] = round(time.time() - cut, 1)
+            if "held" not in marks and held.get("weights_version") == desired.version:
+                marks["held"] = round(time.time() - cut, 1)
+    return seen
+
+
 def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> None:
     """The trainer pod killed mid-refit (:func:`bench.chaos_realnodes_sidecar.kill_trainer_mid_refit`),
     then a new trainer pod whose sidecar restores the stored desired weights; ``forget`` (the
@@ -301,6 +335,7 @@ def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> Non
     name = f"trainer-{len(REFITS) + 1}"
     say(f"{name}: refitting one engine at a time; its sidecar killed once the desired weights are stored")
     cut = cut_short.kill_trainer_mid_refit(cluster, NS, NAME, name)
+    killed_at = time.time()
     desired = cut.desired
     REFITS.append((desired.effective_at or time.time(), desired.version))
     NOTES["sidecar_killed_before_cutover_s"] = cut.kill_to_cutover_s
@@ -309,6 +344,12 @@ def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> Non
     if forget:
         cut_short.forget(cluster, NS, NAME)
         say("desired weights removed: the new trainer pod's sidecar finds none")
+    if RESUME_AFTER_S[0] > 0:  # the scenario's parameter: the new trainer pod comes this much later
+        NOTES["resume_after_s"] = RESUME_AFTER_S[0]
+        say(f"{name}: no trainer pod for {RESUME_AFTER_S[0]:.0f}s (the target lease is 30 s)")
+        NOTES["seen_after_cutover_s"] = watch_engines(cluster, killed_at + RESUME_AFTER_S[0], desired)
+        NOTES["held_before_resume"] = cut_short.held_versions(cluster, NS, NAME)
+        say(f"{name}: engines before the new trainer pod: {NOTES['held_before_resume']}")
     phase, log = cut_short.resume(cluster, NS, NAME, f"{name}-resumed", desired.version)
     NOTES["resumed_trainer"] = phase
     NOTES["resumed_log_tail"] = log.strip().splitlines()[-2:]

@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from drs_protocol import fields, routes
@@ -67,6 +68,7 @@ def create_app(
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
     weights_peers: Sequence[str] | Peers = (),
+    desired_file: Path | None = None,
 ) -> FastAPI:
     """The app of one engine; the model loads in the app's lifespan (startup), or, for the leader
     of an engine wider than a node, in the background once every rank joined."""
@@ -77,6 +79,7 @@ def create_app(
         gang=gang,
         desired_weights=desired_weights,
         weights_peers=weights_peers,
+        desired_file=desired_file,
     )
 
     @asynccontextmanager

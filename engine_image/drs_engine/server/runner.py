@@ -16,6 +16,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 import uvicorn
@@ -89,6 +90,7 @@ def uvicorn_server(
     gang: GangSpec | None = None,
     desired_weights: DesiredWeights | None = None,
     weights_peers: Sequence[str] | Peers = (),
+    desired_file: Path | None = None,
 ) -> DrainingServer:
     app = create_app(
         config,
@@ -97,6 +99,7 @@ def uvicorn_server(
         gang=gang,
         desired_weights=desired_weights,
         weights_peers=weights_peers,
+        desired_file=desired_file,
     )
     uv_config = uvicorn.Config(app, lifespan="on", log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
     server = DrainingServer(uv_config, app.state.engine, config.drain_seconds)
@@ -134,6 +137,7 @@ async def start_engine(
     log_level: str = "warning",
     desired_weights: DesiredWeights | None = None,
     weights_peers: Sequence[str] | Peers = (),
+    desired_file: Path | None = None,
 ) -> AsyncIterator[RunningEngine]:
     """Serve ``config`` (``port`` 0 picks a free port) until the block exits."""
     sock = bind_socket(config.host, config.port)
@@ -146,6 +150,7 @@ async def start_engine(
         log_level=log_level,
         desired_weights=desired_weights,
         weights_peers=weights_peers,
+        desired_file=desired_file,
     )
     task = asyncio.create_task(_serve(server, sock, port))
     try:

@@ -11,6 +11,7 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final
 
 from drs_protocol.chat import load_tokenizer
@@ -27,6 +28,7 @@ from drs_engine.metrics import EngineMetrics
 from drs_engine.prefill_work import PrefillWork
 from drs_engine.weights import desired
 from drs_engine.weights.catchup import CatchUp
+from drs_engine.weights.follow import Action, DesiredFollower, Held, decide
 from drs_engine.weights.target import TargetGate
 
 log = logging.getLogger("drs_engine")
@@ -77,6 +79,7 @@ class EngineState:
         gang: GangSpec | None = None,
         desired_weights: DesiredWeights | None = None,
         weights_peers: Sequence[str] | desired.Peers = (),
+        desired_file: Path | None = None,
     ) -> None:
         self.config = config
         #: The fleet's control and serving tokens (``drs_protocol.auth``, ``token_source``): callers
@@ -85,7 +88,7 @@ class EngineState:
         self.control_tokens = TokenSource.of(control_token)
         self.serving_tokens = TokenSource.of(serving_token)
         self._token_task: asyncio.Task[None] | None = None
-        #: The fleet's desired weights when the engine started (reached before it serves).
+        #: The fleet's newest desired weights: those it started under, or follows since (reached before it serves).
         self.desired_weights = desired_weights
         #: The engines that hold them (a catch-up without a path asks them; re-read on every attempt).
         self.weights_peers = (
@@ -93,7 +96,13 @@ class EngineState:
         )
         #: The way to the desired weights while the engine does not hold them (None: it did at start).
         self.catch_up: CatchUp | None = None
-        self._catch_up_task: asyncio.Task[None] | None = None
+        self._catch_up_tasks: list[asyncio.Task[None]] = []
+        #: The mounted desired weights a running engine follows (``drs_engine.weights.follow``; None: not mounted).
+        self.desired_file = desired_file
+        self.follower: DesiredFollower | None = None
+        self._follow_task: asyncio.Task[None] | None = None
+        #: When (epoch seconds) a weights operation of the control API last completed (None: never).
+        self.control_weights_at: float | None = None
         #: The leader of an engine wider than a node (``drs_engine.gang.leader``); None for one pod.
         self.gang_spec = gang
         self.gang: Any = None
@@ -186,17 +195,58 @@ class EngineState:
         self.admission = Admission(limit=self.config.max_batch_size, metrics=metrics)
         wanted = self.desired_weights
         if wanted is not None and not desired.holds(backend.weights_version, self.weights_digest, wanted):
-            own = self.config.resolved_advertise_url().rstrip("/")
-            given = self.weights_peers
-
-            def peers() -> list[str]:  # read again on every attempt; never itself
-                return [url for url in given.current() if url.rstrip("/") != own]
-
-            self.catch_up = CatchUp(wanted, peers, self.control_tokens)
-            self._catch_up_task = asyncio.create_task(
-                self.catch_up.run(backend, self.control_lock, self._caught_up), name="weights-catch-up"
-            )
+            self._catch_up(backend, wanted)
         self.backend = backend
+        if self.desired_file is not None:
+            self.follower = DesiredFollower(self.desired_file, self.follow_desired)
+            self._follow_task = asyncio.create_task(self.follower.run(), name="follow-desired-weights")
+
+    def _peers(self) -> list[str]:
+        """The peers a catch-up asks: read again on every attempt; never this engine itself."""
+        own = self.config.resolved_advertise_url().rstrip("/")
+        return [url for url in self.weights_peers.current() if url.rstrip("/") != own]
+
+    def _catch_up(self, backend: EngineBackend, wanted: DesiredWeights) -> None:
+        """Gate the engine and bring it to ``wanted`` (``drs_engine.weights.catchup``); a catch-up
+        still pending to other desired weights ends (``wanted`` is newer)."""
+        if self.catch_up is not None:
+            self.catch_up.end(f"newer desired weights {wanted.version}")
+        self.desired_weights = wanted
+        self.catch_up = CatchUp(wanted, self._peers, self.control_tokens)
+        task = asyncio.create_task(
+            self.catch_up.run(backend, self.control_lock, self._caught_up), name="weights-catch-up"
+        )
+        self._catch_up_tasks = [t for t in self._catch_up_tasks if not t.done()] + [task]
+
+    def follow_desired(self, wanted: DesiredWeights) -> Action:
+        """The stored desired weights as the mounted file names them now (``drs_engine.weights.follow``):
+        decide, and catch up when no announced target binds this engine and it holds other weights."""
+        backend = self.backend
+        if backend is None:
+            return Action.NONE
+        pending = self.catch_up.desired if self.catch_up is not None and self.catch_up.pending else None
+        held = Held(
+            version=backend.weights_version,
+            digest=self.weights_digest,
+            target_binds=self.target.current() is not None,
+            pending=pending,
+            known=self.desired_weights,
+            control_at=self.control_weights_at,
+        )
+        action = decide(wanted, held)
+        if action is Action.CATCH_UP:
+            log.warning(
+                "the fleet's desired weights are %s and this engine holds %s with no target binding it: "
+                "it serves nothing until it holds them",
+                wanted.version,
+                backend.weights_version,
+            )
+            self._catch_up(backend, wanted)
+        elif action is Action.HOLDS:
+            self.desired_weights = wanted
+            if self.catch_up is not None:  # one to older desired weights: this engine holds the newer ones
+                self.catch_up.end(f"holds the newer desired weights {wanted.version}")
+        return action
 
     async def _caught_up(self, digest: str | None, reached: bool) -> None:
         """After each catch-up attempt: the digest held now (measured again after a failure)."""
@@ -208,7 +258,9 @@ class EngineState:
             self.metrics.set_weights_version(backend.weights_version, loaded=True)
 
     def weights_changed(self, version: str) -> None:
-        """A weights operation of the control API succeeded: a catch-up still pending ends."""
+        """A weights operation of the control API succeeded: a catch-up still pending ends, and
+        desired weights whose cut-over came before now are older than this word."""
+        self.control_weights_at = self.target.wall()
         if self.catch_up is not None:
             self.catch_up.superseded(version)
 
@@ -217,10 +269,11 @@ class EngineState:
             self._token_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._token_task
-        if self._catch_up_task is not None:
-            self._catch_up_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._catch_up_task
+        for task in [self._follow_task, *self._catch_up_tasks]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._bring_up is not None:
             self._bring_up.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -236,7 +289,7 @@ class EngineState:
 
     @property
     def weights_pending(self) -> bool:
-        """Not at the desired weights it started under yet (it serves nothing until then)."""
+        """Not at the desired weights it started under, or follows, yet (it serves nothing until then)."""
         return self.catch_up is not None and self.catch_up.pending
 
     def require_backend(self) -> EngineBackend:

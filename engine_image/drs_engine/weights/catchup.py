@@ -90,9 +90,14 @@ class CatchUp:
 
     def superseded(self, version: str) -> None:
         """A weights operation of the control API succeeded: the engine serves what it was given."""
+        self.end(f"control API ({version})")
+
+    def end(self, why: str) -> None:
+        """End a pending catch-up without reaching its weights (``why`` shows as ``reached_from``):
+        newer word came (the control API's, or newer desired weights, :mod:`.follow`)."""
         if self.pending:
-            log.info("catch-up to %s ends: a control operation loaded %s", self.desired.version, version)
-            self.reached_from = f"control API ({version})"
+            log.info("catch-up to %s ends: %s", self.desired.version, why)
+            self.reached_from = why
             self.done.set()
 
     async def run(

@@ -32,18 +32,24 @@ log = logging.getLogger(__name__)
 
 
 class DesiredWeightsError(ValueError):
-    """``DRS_DESIRED_WEIGHTS_JSON`` or ``DRS_WEIGHTS_PEERS_JSON`` is set and not valid."""
+    """``DRS_DESIRED_WEIGHTS_JSON`` or ``DRS_WEIGHTS_PEERS_JSON`` is set and not valid, or the mounted
+    desired weights' file (``drs_engine.weights.follow``) cannot be read or parsed."""
 
 
 def desired_from_env(environ: Mapping[str, str]) -> DesiredWeights | None:
     """The desired weights the pod was given (None: none, the variable unset or empty)."""
-    text = environ.get(env.DESIRED_WEIGHTS_JSON, "").strip()
-    if not text:
+    return parse_desired(environ.get(env.DESIRED_WEIGHTS_JSON, ""), env.DESIRED_WEIGHTS_JSON)
+
+
+def parse_desired(text: str, where: str) -> DesiredWeights | None:
+    """The desired weights in ``text`` (None: empty, a fleet with none); :class:`DesiredWeightsError`
+    naming ``where`` (the variable, the file) when they are not valid."""
+    if not text.strip():
         return None
     try:
         return DesiredWeights.model_validate_json(text)
     except ValueError as exc:
-        raise DesiredWeightsError(f"{env.DESIRED_WEIGHTS_JSON}: not valid desired weights: {exc}") from exc
+        raise DesiredWeightsError(f"{where}: not valid desired weights: {exc}") from exc
 
 
 def peers_from_env(environ: Mapping[str, str]) -> tuple[str, ...]:
@@ -96,11 +102,19 @@ def peers_file_from_env(environ: Mapping[str, str]) -> Path | None:
     return Path(directory) / env.WEIGHTS_PEERS_KEY if directory else None
 
 
+def desired_file_from_env(environ: Mapping[str, str]) -> Path | None:
+    """The desired weights' file in the mounted weights ConfigMap, which a running engine follows
+    (``drs_engine.weights.follow``; None: no directory given)."""
+    directory = environ.get(env.WEIGHTS_DIR, "").strip()
+    return Path(directory) / env.DESIRED_WEIGHTS_KEY if directory else None
+
+
 class StartWeights(TypedDict):
     """What an engine is started with about the fleet's weights (``uvicorn_server``'s keywords)."""
 
     desired_weights: DesiredWeights | None
     weights_peers: Peers
+    desired_file: Path | None
 
 
 def weights_from_env(environ: Mapping[str, str]) -> StartWeights:
@@ -108,6 +122,7 @@ def weights_from_env(environ: Mapping[str, str]) -> StartWeights:
     return StartWeights(
         desired_weights=desired_from_env(environ),
         weights_peers=Peers(peers_from_env(environ), peers_file_from_env(environ)),
+        desired_file=desired_file_from_env(environ),
     )
 
 
