@@ -165,3 +165,37 @@ async def test_pathless_desired_weights_no_peer_holds_keep_a_running_engine_refu
         await refused_while_pending(client, engine, says="step-9")
         assert catch_up.pending and catch_up.last_error is not None and behind.url in catch_up.last_error
         assert state.follower.tick() is Action.FOLLOWING  # the next poll leaves the catch-up running
+
+
+async def test_a_target_that_lapsed_unreached_keeps_refusing_until_the_stored_weights_decide(tmp_path: Path) -> None:
+    """The sidecar announced step-2 (cut-over passed, lease 1 s) and died before loading this
+    engine; the kubelet has not updated the mounted file yet when the lease lapses. The engine
+    keeps refusing the legs the target refused (it does not answer them at its old weights) until
+    the file names step-2; then it catches up and serves them."""
+    path = checkpoint(tmp_path, "step-2", {"model.safetensors": b"the weights of step 2"})
+    cut = time.time() - 0.1
+    wanted = DesiredWeights(version="step-2", path=str(path), digest=digest_files(path), effective_at=cut)
+    async with following(tmp_path) as (engine, desired_file), httpx.AsyncClient(timeout=30) as client:
+        state = engine.server.state
+        assert state.follower is not None
+        announce = {"version": "step-2", "digest": wanted.digest, "lease_s": 1.0, "effective_at": cut}
+        assert (
+            await client.post(engine.url + "/control/weights/target", json=announce, headers=auth())
+        ).status_code == 200
+        async with asyncio.timeout(CATCH_UP_WAIT_S):
+            while state.target.current() is not None:  # the lease running out (a time)
+                await asyncio.sleep(0.02)
+        assert state.follower.tick() is Action.NONE  # the file still empty: the kubelet is behind
+        refused = await client.post(engine.url + CHAT, json=TURN)
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == WEIGHTS_PENDING_ERROR_TYPE
+        assert "lapsed" in refused.json()["error"]["message"]
+        assert state.catch_up is None and state.target.lapsed() is not None
+        desired_file.write_text(wanted.dump())  # the kubelet catches up
+        assert state.follower.tick() in (Action.CATCH_UP, Action.FOLLOWING)
+        assert state.target.lapsed() is None  # the stored weights decide now
+        assert state.catch_up is not None
+        await reached(state.catch_up)
+        answer = await client.post(engine.url + CHAT, json=TURN)
+        assert answer.status_code == 200
+        held = (await client.get(engine.url + CONTROL_WEIGHTS, headers=auth())).json()
+        assert held["weights_version"] == "step-2" and held["weights_digest"] == wanted.digest

@@ -151,3 +151,36 @@ def test_an_engine_catches_up_exactly_when_it_should(
     assert (action is Action.CATCH_UP) == want
     if binds:
         assert action is not Action.CATCH_UP
+
+
+def test_a_lapsed_target_refuses_until_settled_by_desired_weights_as_new_or_until_its_hold_ends() -> None:
+    """The gate's lapsed hold (``hold_lapsed_s``): off, a lapsed target admits at once; on, legs
+    stamped at or after its cut-over are refused until desired weights at least as new settle it
+    (an older file does not), or the hold runs out; an engine holding the target is admitted."""
+    from drs_engine.errors import WeightsPendingError
+
+    now = [0.0]
+    target = WeightsTarget(version="v2", digest=None, lease_s=30.0, effective_at=NOW)
+    plain = TargetGate(clock=lambda: now[0], wall=lambda: NOW)
+    plain.announce(target, "v1", None)
+    held = TargetGate(clock=lambda: now[0], wall=lambda: NOW, hold_lapsed_s=90.0)
+    held.announce(target, "v1", None)
+    now[0] = 31.0  # both leases lapsed
+    assert plain.admit("v1", None, NOW + 1) is False and plain.lapsed() is None
+    with pytest.raises(WeightsPendingError, match="lapsed"):
+        held.admit("v1", None, NOW + 1)
+    assert held.admit("v1", None, NOW - 1) is False  # stamped before the cut-over: served as before
+    assert held.admit("v2", None, NOW + 1) is False  # an engine holding the target
+    held.announce(target, "v1", None)
+    now[0] = 62.0
+    assert held.settle_lapsed("v1", NOW - 5) is False  # a file older than the target: the kubelet is behind
+    with pytest.raises(WeightsPendingError):
+        held.admit("v1", None, NOW + 1)
+    assert held.settle_lapsed("v1", NOW) is True  # as new as the target, naming v1: withdrawn, serve v1
+    assert held.admit("v1", None, NOW + 1) is False
+    held.announce(target, "v1", None)
+    now[0] = 93.0
+    with pytest.raises(WeightsPendingError):
+        held.admit("v1", None, NOW + 1)
+    now[0] = 93.0 + 90.0  # the hold ran out: the target was never stored
+    assert held.admit("v1", None, NOW + 1) is False and held.lapsed() is None

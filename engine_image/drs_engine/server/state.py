@@ -29,7 +29,7 @@ from drs_engine.prefill_work import PrefillWork
 from drs_engine.weights import desired
 from drs_engine.weights.catchup import CatchUp
 from drs_engine.weights.follow import Action, DesiredFollower, Held, decide
-from drs_engine.weights.target import TargetGate
+from drs_engine.weights.target import HOLD_LAPSED_S, TargetGate
 
 log = logging.getLogger("drs_engine")
 
@@ -119,7 +119,7 @@ class EngineState:
         self.weights_incomplete: str | None = None
         self.released_tags: set[str] = set()
         #: The fleet's announced target weights: new legs wait for them (``drs_engine.weights.target``).
-        self.target = TargetGate()
+        self.target = TargetGate(hold_lapsed_s=HOLD_LAPSED_S if desired_file is not None else 0.0)
         self.control_lock = asyncio.Lock()
         self._local_ids = itertools.count(1)
         self.metrics: EngineMetrics | None = None
@@ -234,6 +234,8 @@ class EngineState:
             control_at=self.control_weights_at,
         )
         action = decide(wanted, held)
+        if action is not Action.DEFER:  # a target that lapsed unreached: these desired weights decide it
+            self.target.settle_lapsed(wanted.version, wanted.effective_at)
         if action is Action.CATCH_UP:
             log.warning(
                 "the fleet's desired weights are %s and this engine holds %s with no target binding it: "

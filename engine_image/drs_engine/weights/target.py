@@ -29,6 +29,13 @@ Invariants:
   the digests are equal (the digest is the engine's own measurement, never what it was told);
 * a target binds for ``lease_s`` seconds after its last announce, then lapses as if withdrawn:
   a sidecar that died between its announce and its loads never leaves an engine refusing for good;
+* except on an engine that follows the stored desired weights (:mod:`.follow`, ``hold_lapsed_s``
+  above 0): a target that lapsed before the engine held it keeps refusing the legs it refused
+  until the stored desired weights decide (:meth:`TargetGate.settle_lapsed`: a file at least as
+  new as the target, and then the engine catches up to them or holds them) or ``hold_lapsed_s``
+  passes (the sidecar died before it stored them: the file never names them). Without this,
+  the legs the frontends held for the target, and every new one, were answered at the previous
+  weights from the lapse until the kubelet had updated the mounted file (8-14 s on the real node);
 * an announce replaces the previous target (the newest announce wins; ``version`` None withdraws).
 
 Pure apart from the clocks (a test can give its own): no I/O, no lock (the announce does not wait
@@ -51,6 +58,11 @@ from drs_engine.errors import WeightsPendingError
 
 #: Answered legs remembered (stamp, version) for an announce that comes after its cut-over.
 RECENT_LEGS: Final = 4096
+#: How long a target that lapsed unreached keeps refusing on an engine that follows the stored
+#: desired weights, at most: the kubelet updates a mounted ConfigMap within its sync period (one
+#: minute by default) plus its cache's; after that the target was never stored (the sidecar died
+#: between its announce and its store) and the engine serves what it holds.
+HOLD_LAPSED_S: Final = 90.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +86,20 @@ def holds(target: Target, version: str, digest: str | None) -> bool:
 class TargetGate:
     """One engine's announced target (none at start: an engine admits every leg until told)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        *,
+        hold_lapsed_s: float = 0.0,
+    ) -> None:
         self._clock = clock
         self.wall = wall
         self._target: Target | None = None
+        #: seconds a target that lapsed unreached keeps refusing (0: it lapses at once, as withdrawn)
+        self.hold_lapsed_s = hold_lapsed_s
+        #: the target that lapsed last, and since when (gate clock), until the desired weights settle it
+        self._lapsed: tuple[Target, float] | None = None
         #: (stamp, version, digest) of the last answered legs not marked ``weights_boundary``
         self._recent: collections.deque[tuple[float, str, str | None]] = collections.deque(maxlen=RECENT_LEGS)
         #: the last target whose late announce was judged against the recent legs
@@ -87,6 +109,7 @@ class TargetGate:
         """Take ``request``; the engine holds ``version``/``digest``. Returns the legs already
         answered at other weights whose turns started at or after its cut-over (an announce that
         came late; 0 when on time)."""
+        self._lapsed = None  # the sidecar speaks again: its word decides
         if request.version is None:
             self._target = None
             return 0
@@ -113,11 +136,34 @@ class TargetGate:
         return holds(Target(request.version, request.digest, 0.0), version, digest)
 
     def current(self) -> Target | None:
-        """The target while its lease runs (a lapsed one is dropped)."""
+        """The target while its lease runs (a lapsed one is dropped: see :meth:`lapsed`)."""
         target = self._target
         if target is not None and target.expires_at <= self._clock():
-            self._target = target = None
+            self._target = None
+            if self.hold_lapsed_s > 0:
+                self._lapsed = (target, target.expires_at)
+            target = None
         return target
+
+    def lapsed(self) -> Target | None:
+        """The target that lapsed within the last ``hold_lapsed_s`` and is not settled yet."""
+        self.current()
+        if self._lapsed is not None and self._clock() - self._lapsed[1] >= self.hold_lapsed_s:
+            self._lapsed = None
+        return None if self._lapsed is None else self._lapsed[0]
+
+    def settle_lapsed(self, version: str, effective_at: float | None) -> bool:
+        """The stored desired weights (``version``, cut-over ``effective_at``) as the engine reads
+        them now: a lapsed target they are at least as new as stops refusing (they decide: the
+        engine catches up to them, or holds them). True when one was settled."""
+        target = self.lapsed()
+        if target is None:
+            return False
+        newer = target.effective_at is None or (effective_at is not None and effective_at >= target.effective_at)
+        if version == target.version or newer:
+            self._lapsed = None
+            return True
+        return False
 
     def state(self, version: str, digest: str | None) -> TargetState | None:
         """The target as ``GET /control/weights`` shows it (None: no target binds)."""
@@ -139,6 +185,7 @@ class TargetGate:
         after the cut-over (any leg, without one) and the engine does not hold the target."""
         target = self.current()
         if target is None:
+            self._refuse_lapsed(version, digest, stamp)
             return False
         held = holds(target, version, digest)
         if target.effective_at is not None and stamp < target.effective_at:
@@ -149,6 +196,23 @@ class TargetGate:
         raise WeightsPendingError(
             f"this engine holds weights {version} and the fleet's target is {target.version}: it takes new legs "
             f"once it holds them (or in {left:.1f}s at most, when the target lapses); send this leg to another engine",
+            retry_after_s=max(1, min(math.ceil(left), 60)),
+        )
+
+    def _refuse_lapsed(self, version: str, digest: str | None, stamp: float) -> None:
+        """:class:`WeightsPendingError` for a leg a lapsed, unsettled target would refuse."""
+        target = self.lapsed()
+        if target is None or (target.effective_at is not None and stamp < target.effective_at):
+            return
+        if holds(target, version, digest):
+            self._lapsed = None
+            return
+        assert self._lapsed is not None
+        left = self.hold_lapsed_s - (self._clock() - self._lapsed[1])
+        raise WeightsPendingError(
+            f"this engine holds weights {version}; the fleet's target {target.version} lapsed before it held them "
+            f"and it waits for the stored desired weights to say whether they stand ({left:.1f}s at most); "
+            "send this leg to another engine",
             retry_after_s=max(1, min(math.ceil(left), 60)),
         )
 
