@@ -98,8 +98,9 @@ def create_app(
     install_error_handlers(app, log)
     _add_serving_routes(app, state)
     _add_info_routes(app, state)
-    control.register(app, state)
+    control_endpoints = control.register(app, state)
     peer_stream.register(app, state)
+    app.add_middleware(control.ControlDispatch, endpoints=control_endpoints)  # inside EngineAuth: added first
     app.add_middleware(EngineAuth, state=state)
     return app
 
