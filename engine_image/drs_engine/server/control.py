@@ -361,30 +361,32 @@ def _endpoint(state: EngineState, op: ControlOp, handler: Handler) -> Endpoint:
 
 
 class ControlDispatch:
-    """ASGI middleware: a request whose exact path and method are a control route's goes straight
-    to that route's endpoint by one dict lookup, ahead of the app's router (which walks its routes
-    in order, matching each one's pattern: a load walked 11 of them, an announce 17, and with the
-    router's own layers that cost about as much CPU as the control call itself: 256 engines in one
-    process answer three rounds of 256 such calls per refit). Anything else (another method, a
-    trailing slash, a path under a ``root_path``) goes on to the app as before, so its answers
-    (404, 405, redirects) are the router's. It sits inside :class:`~.auth.EngineAuth`: the token
-    is checked before it, as for every route. An error the endpoint raises instead of answering
-    gets the app's error body (:func:`~drs_protocol.fastapi_errors.api_error_response`); anything
-    else (a bug) goes up to the app's 500 handler, as from the router."""
+    """The control calls, answered ahead of the app's middleware stack and router: a request whose
+    exact path and method are a control route's goes to that route's endpoint by one dict lookup
+    (:meth:`takes`). Through the app it passed FastAPI's and Starlette's layers and then the
+    router's walk over the routes in order, matching each one's pattern (a load walked 11 of them,
+    an announce 17): together about as much CPU as the control call itself, and 256 engines in one
+    process answer three rounds of 256 such calls per refit. ``guard`` wraps the answering app in
+    what every route has in front of it (``drs_engine.server.app``: the app's 500 handler and
+    :class:`~.auth.EngineAuth`'s token check). Anything else (another method, a trailing slash, a
+    path under a ``root_path``) goes through the app as before, so its answers (404, 405,
+    redirects) are the router's. An API error the endpoint raises instead of answering gets the
+    app's error body (:func:`~drs_protocol.fastapi_errors.api_error_response`), as from the
+    router."""
 
-    def __init__(self, app: ASGIApp, endpoints: Mapping[tuple[str, str], Endpoint]) -> None:
-        self.app = app
+    def __init__(self, endpoints: Mapping[tuple[str, str], Endpoint], guard: Callable[[ASGIApp], ASGIApp]) -> None:
         self.endpoints = dict(endpoints)
+        self.app = guard(self._answer)
+
+    def takes(self, scope: Scope) -> bool:
+        """Whether ``scope`` (an HTTP request) is exactly a control route's path and method."""
+        return not scope.get("root_path") and (scope["path"], scope["method"]) in self.endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = (
-            self.endpoints.get((scope["path"], scope["method"]))
-            if scope["type"] == "http" and not scope.get("root_path")
-            else None
-        )
-        if endpoint is None:
-            await self.app(scope, receive, send)
-            return
+        await self.app(scope, receive, send)
+
+    async def _answer(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = self.endpoints[scope["path"], scope["method"]]
         try:
             response = await endpoint(Request(scope, receive))
         except ApiError as exc:
