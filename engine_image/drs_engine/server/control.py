@@ -47,6 +47,10 @@ update holds the lock, and ``POST /control/weights/target`` (:mod:`drs_engine.we
 announces the target weights before the sidecar loads any engine (an announce queued behind a load
 would come after it). A load that carries its announce (``LoadWeights.announce``: one call per
 engine) takes it on arrival, before it queues for the lock, and answers ``told_lead_s``.
+
+The routes are registered on the app's router as plain Starlette routes, and a call whose exact
+path and method are one of them is answered ahead of the app's middleware stack and router
+(:class:`ControlDispatch`), behind the same 500 handler and token check.
 """
 
 from __future__ import annotations
