@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from drs_engine.server.app import EngineApp
 from drs_engine.server.runner import RunningEngine
 from drs_engine.server.state import EngineState
 from drs_protocol import routes
@@ -39,9 +40,15 @@ class RouterProbe(BaseRoute):
         raise NoMatchFound(name, path_params)
 
 
+def engine_app(engine: RunningEngine) -> EngineApp:
+    app = engine.server.config.app
+    assert isinstance(app, EngineApp)
+    return app
+
+
 def probe(engine: RunningEngine) -> RouterProbe:
     route = RouterProbe()
-    engine.server.config.app.router.routes.insert(0, route)
+    engine_app(engine).router.routes.insert(0, route)
     return route
 
 
@@ -71,7 +78,7 @@ async def test_a_refits_control_calls_never_walk_the_router(
 async def test_a_control_call_that_hits_a_bug_answers_the_apps_500_body(
     client: httpx.AsyncClient, prefill: RunningEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    state: EngineState = prefill.server.config.app.state.engine
+    state: EngineState = engine_app(prefill).state.engine
 
     def broken() -> Any:
         raise RuntimeError("a bug in the backend's lookup")  # fault injection: no real path raises it
