@@ -16,7 +16,10 @@ Routes:
   engine and forgets it (sim: JSON; torch: ``?transport=http|cuda_ipc``, a binary KV frame;
   trtllm moves KV with its cache transceiver: 501);
 - ``/control/...`` — the control API behind a bearer token (:mod:`.control`), and the weights
-  stream a peer catching up reads (:mod:`.peer_stream`).
+  stream a peer catching up reads (:mod:`.peer_stream`). A call whose exact path and method are a
+  control route's is answered ahead of the middleware stack and the router
+  (:class:`.control.ControlDispatch`, behind the same 500 handler and token check): a refit sends
+  each engine about three of them, and 256 engines may share one process.
 
 Every route but ``/health`` and ``/metrics`` needs a bearer token (:mod:`.auth`, in front of all
 of them): ``/control/...`` the control token, the others the fleet's serving token (when the
@@ -43,8 +46,10 @@ from drs_protocol.model_list import model_list
 from drs_protocol.token_source import GENERATIONS_HEADER, TokenSource, format_generations
 from drs_protocol.weights_state import DesiredWeights
 from fastapi import FastAPI, Query
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from drs_engine import __version__
 from drs_engine.config import BackendName, EngineConfig
@@ -69,7 +74,7 @@ def create_app(
     desired_weights: DesiredWeights | None = None,
     weights_peers: Sequence[str] | Peers = (),
     desired_file: Path | None = None,
-) -> FastAPI:
+) -> EngineApp:
     """The app of one engine; the model loads in the app's lifespan (startup), or, for the leader
     of an engine wider than a node, in the background once every rank joined."""
     state = EngineState(
@@ -96,15 +101,36 @@ def create_app(
         finally:
             await state.close()
 
-    app = FastAPI(title="drs engine", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = EngineApp(title="drs engine", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.engine = state
     install_error_handlers(app, log)
     _add_serving_routes(app, state)
     _add_info_routes(app, state)
-    control.register(app, state)
+    control_endpoints = control.register(app, state)
     peer_stream.register(app, state)
     app.add_middleware(EngineAuth, state=state)
+
+    def guard(answer: ASGIApp) -> ASGIApp:
+        """What every route has in front of it: the app's 500 handler (a bug's JSON body), then the tokens."""
+        handler = app.exception_handlers.get(Exception) or app.exception_handlers.get(500)
+        return ServerErrorMiddleware(EngineAuth(answer, state=state), handler=handler)
+
+    app.control = control.ControlDispatch(control_endpoints, guard)
     return app
+
+
+class EngineApp(FastAPI):
+    """The engine's app: its control calls (:class:`~.control.ControlDispatch`) are answered ahead
+    of the middleware stack and the router, everything else as any FastAPI app answers it."""
+
+    control: control.ControlDispatch | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.control is not None and scope["type"] == "http" and self.control.takes(scope):
+            scope["app"] = self
+            await self.control(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def _add_serving_routes(app: FastAPI, state: EngineState) -> None:
