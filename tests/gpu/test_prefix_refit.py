@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import pytest
@@ -27,6 +27,8 @@ from .test_paged_prefix import PAGED, TPB
 
 if TYPE_CHECKING:
     from drs_engine.backends.torch.worker import GpuWorker
+
+T = TypeVar("T")
 
 #: seconds a gate job holds the GPU thread at most (a failing test lets it go sooner, in ``finally``)
 GATE_S = 60.0
@@ -78,6 +80,42 @@ def _jobs_queued(worker: GpuWorker, monkeypatch: pytest.MonkeyPatch) -> Callable
     return queued
 
 
+async def behind_a_swap(
+    engine: RunningEngine,
+    client: httpx.AsyncClient,
+    checkpoint: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    send: Callable[[], Coroutine[Any, Any, T]],
+) -> T:
+    """``send()``'s result, its prefill queued on the GPU thread right behind the swap of a load of
+    ``checkpoint`` as ``v5`` (the engine still saying its old version when it arrived; the load
+    then succeeds). The GPU thread is held with two gates: one lets the file read run, the other
+    the swap."""
+    worker = _worker(engine)
+    queued = _jobs_queued(worker, monkeypatch)
+    swap, run = threading.Event(), threading.Event()
+    try:
+        worker.post(swap.wait, GATE_S)
+        load = asyncio.create_task(
+            client.post(
+                engine.url + "/control/weights/load", headers=auth(), json={"path": str(checkpoint), "version": "v5"}
+            )
+        )
+        await queued("read_safetensors")
+        worker.post(run.wait, GATE_S)
+        swap.set()
+        await queued("_install")  # the swap waits behind `run`: the engine still serves the old version
+        sent: asyncio.Task[T] = asyncio.create_task(send())
+        await queued("_prefill_many")  # the request's prefill, queued behind the swap
+        run.set()
+        got = await sent
+        assert (await load).status_code == 200
+    finally:
+        swap.set()
+        run.set()
+    return got
+
+
 @pytest.mark.parametrize("layout", ["slots", "paged"])
 async def test_a_prefill_queued_behind_a_refit_computes_its_cached_prefix_again_under_the_new_weights(
     layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -95,7 +133,6 @@ async def test_a_prefill_queued_behind_a_refit_computes_its_cached_prefix_again_
     )
     spec = PAGED if layout == "paged" else {"tokensPerBlock": TPB}
     ids = prompt_ids(40, offset=600)
-    swap, run = threading.Event(), threading.Event()  # the gates: let the read run; let the swap run
     async with (
         start_engine(torch_config(**spec), control_token=CONTROL_TOKEN) as e,
         start_engine(torch_config(model="random:tiny@5", tokensPerBlock=TPB), control_token=CONTROL_TOKEN) as five,
@@ -104,27 +141,7 @@ async def test_a_prefill_queued_behind_a_refit_computes_its_cached_prefix_again_
         cold = await _answer(client, five.url, ids)  # the new weights, nothing cached
         old = await _answer(client, e.url, ids)
         assert old.cached == 0 and (await _answer(client, e.url, ids)).cached == 32  # two blocks cached
-        worker = _worker(e)
-        queued = _jobs_queued(worker, monkeypatch)
-        try:
-            worker.post(swap.wait, GATE_S)
-            load = asyncio.create_task(
-                client.post(
-                    e.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path), "version": "v5"}
-                )
-            )
-            await queued("read_safetensors")
-            worker.post(run.wait, GATE_S)
-            swap.set()
-            await queued("_install")  # the swap waits behind `run`: the engine still serves the old version
-            turn = asyncio.create_task(_answer(client, e.url, ids))
-            await queued("_prefill_many")  # the prompt's prefill, queued behind the swap
-            run.set()
-            got = await turn
-            assert (await load).status_code == 200
-        finally:
-            swap.set()
-            run.set()
+        got = await behind_a_swap(e, client, tmp_path, monkeypatch, lambda: _answer(client, e.url, ids))
         assert old.tokens != cold.tokens  # the two weights answer differently
         assert got.cached == 0 and got.tokens == cold.tokens
         assert got.logprobs == pytest.approx(cold.logprobs, abs=1e-4)
@@ -148,37 +165,14 @@ async def test_a_context_leg_prefilled_after_a_refits_swap_is_labelled_with_the_
         random_state_dict(SIZES["tiny"], seed=5, device="cpu", dtype=torch.float32), str(tmp_path / "w.safetensors")
     )
     ids = prompt_ids(40, offset=900)
-    swap, run = threading.Event(), threading.Event()
+    context_only = completion_body(ids, max_tokens=4, disaggregated_params={"request_type": "context_only"})
     async with (
         start_engine(torch_config(tokensPerBlock=TPB), control_token=CONTROL_TOKEN) as e,
         httpx.AsyncClient(timeout=GATE_S) as client,
     ):
-        worker = _worker(e)
-        queued = _jobs_queued(worker, monkeypatch)
-        try:
-            worker.post(swap.wait, GATE_S)
-            load = asyncio.create_task(
-                client.post(
-                    e.url + "/control/weights/load", headers=auth(), json={"path": str(tmp_path), "version": "v5"}
-                )
-            )
-            await queued("read_safetensors")
-            worker.post(run.wait, GATE_S)
-            swap.set()
-            await queued("_install")  # the swap waits behind `run`: the engine still says its old version
-            leg = asyncio.create_task(
-                client.post(
-                    e.url + COMPLETIONS,
-                    json=completion_body(ids, max_tokens=4, disaggregated_params={"request_type": "context_only"}),
-                )
-            )
-            await queued("_prefill_many")  # the leg's prefill, queued behind the swap
-            run.set()
-            answer = await leg
-            assert (await load).status_code == 200
-        finally:
-            swap.set()
-            run.set()
+        answer = await behind_a_swap(
+            e, client, tmp_path, monkeypatch, lambda: client.post(e.url + COMPLETIONS, json=context_only)
+        )
     assert answer.status_code == 200, answer.text
     assert answer.json()["weights_version"] == "v5", answer.json()
     assert answer.headers["x-drs-weights-version"] == "v5"
