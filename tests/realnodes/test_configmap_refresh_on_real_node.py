@@ -13,6 +13,7 @@ import json
 import time
 
 import pytest
+from drs_devcluster import nodeconfig
 from drs_devcluster.testing import RunningCluster
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS_TOUCH
 from drs_protocol.env import DESIRED_WEIGHTS_KEY
@@ -65,7 +66,8 @@ def _seen(cluster: RunningCluster, ns: str, name: str, value: str) -> float | No
 def test_an_annotation_patch_makes_the_kubelet_refresh_the_mounted_configmap_at_once(
     realcluster: RunningCluster, realns: str
 ) -> None:
-    version = json.loads(realcluster.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
+    node = json.loads(realcluster.kubectl("get", "node", nodeconfig.node_name(0), "-o", "json").stdout)
+    version = node["status"]["nodeInfo"]["kubeletVersion"]
     apply(realcluster, _configmap(realns, "old"), _watcher(realns, "patched"), _watcher(realns, "control"))
     for name in ("patched", "control"):
         wait_phase(realcluster, realns, name, {"Running"})
