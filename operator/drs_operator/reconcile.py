@@ -15,6 +15,8 @@
    every ``policy_peers.RECHECK_S``; the ``PolicyPeersMatch`` condition);
 6. apply the actions, concurrently within the throttle's limits (``kube/throttle.py``), in
    phases: configs, Services, the Secret and NetworkPolicies, then engine pods, then frontends;
+   then annotate the engine pods whose annotation does not name the desired weights just written
+   into the weights ConfigMap (``weights_touch.py``: their kubelets refresh the mounted file at once);
 7. compute the status (pure) and write it only if it changed, also when a write of step 6
    failed (the placement those writes acted on must be in the memory); post Events for
    transitions.
@@ -73,6 +75,7 @@ from drs_operator.rollout import Action, ActionReason
 from drs_operator.status_events import EventNote
 from drs_operator.status_write import status_dict, status_patch
 from drs_operator.validation import Problem, validate_name, validate_spec_data
+from drs_operator.weights_touch import touch_pods, touches
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +185,9 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         if any(r.placed for r in placement.replicas):  # the token Secrets: created, then rotated
             action_notes, rotation_due, rotations = await _sync_secrets(ctx, owner, meta, live, now)
         await _apply_all(ctx.applier, namespace, rollout.actions)
+        # 6b. new desired weights in the ConfigMap: touch the engine pods so their kubelets
+        # refresh the mounted file now, not at their periodic sync (never fails the pass)
+        await touch_pods(ctx.applier, namespace, touches(live_by_kind["Pod"], desired_weights))
         action_notes += _action_notes(rollout.actions, moved, placement)
     finally:
         peers = await checking

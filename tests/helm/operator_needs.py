@@ -75,6 +75,7 @@ NEEDS: tuple[Need, ...] = (
         "blockOwnerDeletion in manifests/common.py Owner.reference",
     ),
     *_rows("create update delete", "", "pods", "workloads", "kube/apply.py Applier"),
+    *_rows("patch", "", "pods", "workloads", "kube/apply.py Applier.annotate_pod (weights_touch.py)"),
     *_rows("create update delete", "", "services", "workloads", "kube/apply.py Applier"),
     *_rows("create update delete", "", "configmaps", "workloads", "kube/apply.py Applier"),
     *_rows("create update delete", "", "secrets", "workloads", "kube/apply.py Applier"),

@@ -62,6 +62,11 @@ ANNOTATION_ENGINE_WEIGHTS: Final = f"{GROUP}/engine-weights"
 #: fleet must hold, written by the trainer's sidecar as a refit starts; the operator copies it into
 #: ``status.weights.desired`` and the fleet's weights ConfigMap.
 ANNOTATION_DESIRED_WEIGHTS: Final = f"{GROUP}/desired-weights"
+#: On each engine pod: a digest of the desired weights the operator last stored in the weights
+#: ConfigMap (``weights_touch``). Writing it is an update of the pod object, which makes the kubelet
+#: sync the pod at once and so refresh its mounted ConfigMap within seconds instead of at its
+#: periodic sync (a minute by default). Not in the pod template: nothing rolls.
+ANNOTATION_DESIRED_WEIGHTS_TOUCH: Final = f"{GROUP}/desired-weights-touch"
 #: On the DisaggReplicaSet: any new value rotates both token Secrets (``manifests.rotation``).
 ANNOTATION_ROTATE_TOKENS: Final = f"{GROUP}/rotate-tokens"
 #: On the DisaggReplicaSet: seconds each rotation phase lasts (default ``rotation.WINDOW_S``).

@@ -148,6 +148,29 @@ class Applier:
         if informer is not None:
             informer.mark_deleting(namespace, name, datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
+    async def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> bool:
+        """Merge ``annotations`` into a pod's metadata (a pod-object update, not its spec); False
+        when the pod is gone (404). The patched pod goes into the watch cache."""
+        self._count("patch", "Pod")
+        body = {"metadata": {"annotations": annotations}}
+        try:
+            made = await self._send(
+                lambda: self.core.patch_namespaced_pod(  # type: ignore[call-arg]
+                    name,
+                    namespace,
+                    body,
+                    _content_type="application/merge-patch+json",
+                    _preload_content=False,
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        self._remember({**made, "kind": "Pod"})
+        return True
+
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self._count("patch", "DisaggReplicaSet/status")
         await self._send(
