@@ -82,6 +82,16 @@ class KvLayout(StrEnum):
     PAGED = "paged"
 
 
+class SlotAttention(StrEnum):
+    """``spec.engine.torch.slotAttention``: the attention of the ``slots`` layout's decode step (the
+    decode pool, replayed as CUDA graphs): ``sdpa`` (scaled_dot_product_attention over the step's
+    token bucket, masked to each row's length) or ``flex`` (FlexAttention's decoding kernel, compiled
+    on CUDA, reading only each row's blocks up to its length)."""
+
+    SDPA = "sdpa"
+    FLEX = "flex"
+
+
 class PagedAttention(StrEnum):
     """``spec.engine.torch.pagedAttention``: the attention of the ``paged`` layout's decode step:
     ``flex`` (FlexAttention with a paged block mask, compiled on CUDA) or ``gather`` (the fallback:
