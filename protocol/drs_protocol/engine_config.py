@@ -159,10 +159,11 @@ class TorchSpec(ConfigModel):
         ),
     )
     slot_attention: SlotAttention = Field(
-        default=SlotAttention.SDPA,
+        default=SlotAttention.AUTO,
         description=(
-            "The slots layout's attention: sdpa (scaled_dot_product_attention over the step's token bucket) or "
-            "flex (FlexAttention's decoding kernel, compiled on CUDA; decodeSlotTokens a multiple of 128)."
+            "The slots layout's attention: sdpa (scaled_dot_product_attention over the step's token bucket), "
+            "flex (FlexAttention's decoding kernel, compiled on CUDA; decodeSlotTokens a multiple of 128) or auto "
+            "(flex on CUDA when decodeSlotTokens allows, else sdpa)."
         ),
     )
     paged_attention: PagedAttention = Field(
@@ -195,6 +196,12 @@ class TorchSpec(ConfigModel):
             )
         return self
 
+    def slot_attention_on(self, device_type: str) -> SlotAttention:
+        """``slotAttention`` resolved for a device type (``auto``: flex on CUDA where it can run)."""
+        if self.slot_attention is not SlotAttention.AUTO:
+            return self.slot_attention
+        flex = device_type == "cuda" and self.decode_slot_tokens % SLOT_FLEX_BLOCK == 0
+        return SlotAttention.FLEX if flex else SlotAttention.SDPA
 
 
 class EngineConfig(ConfigModel):

@@ -85,9 +85,11 @@ class KvLayout(StrEnum):
 class SlotAttention(StrEnum):
     """``spec.engine.torch.slotAttention``: the attention of the ``slots`` layout's decode step (the
     decode pool, replayed as CUDA graphs): ``sdpa`` (scaled_dot_product_attention over the step's
-    token bucket, masked to each row's length) or ``flex`` (FlexAttention's decoding kernel, compiled
-    on CUDA, reading only each row's blocks up to its length)."""
+    token bucket, masked to each row's length), ``flex`` (FlexAttention's decoding kernel, compiled
+    on CUDA, reading only each row's blocks up to its length) or ``auto`` (the default: ``flex`` on
+    CUDA when ``decodeSlotTokens`` is a multiple of its key block, 128; else ``sdpa``)."""
 
+    AUTO = "auto"
     SDPA = "sdpa"
     FLEX = "flex"
 
