@@ -27,17 +27,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drs_engine.backends.torch.decoder import BatchDecoder
 from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, random_state_dict
+from drs_protocol.enums import SlotAttention
 
 LENGTH = 640
 STEPS = 20
 ROUNDS = 5
 #: (result key, CUDA graphs, elementwise chains compiled by inductor, weights packed as the engine
-#: holds them: q/k/v and gate/up multiplied at once, ``pooled.fuse_projections``)
+#: holds them: q/k/v and gate/up multiplied at once, ``pooled.fuse_projections``, the attention:
+#: ``slotAttention`` sdpa or flex)
 VARIANTS = (
-    ("pooled_eager_ms", False, False, False),
-    ("pooled_graph_ms", True, False, False),
-    ("pooled_graph_compiled_ms", True, True, False),
-    ("pooled_graph_compiled_packed_ms", True, True, True),
+    ("pooled_eager_ms", False, False, False, "sdpa"),
+    ("pooled_graph_ms", True, False, False, "sdpa"),
+    ("pooled_graph_compiled_ms", True, True, False, "sdpa"),
+    ("pooled_graph_compiled_packed_ms", True, True, True, "sdpa"),
+    ("pooled_graph_compiled_packed_flex_ms", True, True, True, "flex"),
 )
 
 
@@ -69,7 +72,7 @@ def _copy_gbps() -> float:
     return float(2 * 10 * (1 << 30) / (began.elapsed_time(ended) / 1000) / 1e9)
 
 
-def profile(batches: tuple[int, ...], out: Path) -> dict[str, Any]:
+def profile(batches: tuple[int, ...], out: Path, attention: str = "sdpa") -> dict[str, Any]:
     """Where a served decode step's time goes: per batch size, the compiled pooled step run eagerly
     (every kernel visible; with CUDA graphs a replay shows as one launch) and the batch's token
     choice (:func:`~drs_engine.backends.torch.sampling.choose_tokens`, greedy, the host sync), under
@@ -92,7 +95,14 @@ def profile(batches: tuple[int, ...], out: Path) -> dict[str, Any]:
         row: dict[str, Any] = {}
         for graphs in (False, True):
             decoder = BatchDecoder(
-                shape, slots=64, slot_tokens=2048, cuda_graphs=graphs, compiled=True, device=device, dtype=dtype
+                shape,
+                slots=64,
+                slot_tokens=2048,
+                cuda_graphs=graphs,
+                compiled=True,
+                device=device,
+                dtype=dtype,
+                attention=SlotAttention(attention),
             )
             seqs = [
                 DecodeSeq(kv, LENGTH, 1000 + j, greedy, [0], lambda _: (None, None), lambda _: None)
@@ -116,7 +126,7 @@ def profile(batches: tuple[int, ...], out: Path) -> dict[str, Any]:
                         job()
                     torch.cuda.synchronize()
                 table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=40)
-                (out / f"decode_profile_b{batch}.txt").write_text(table)
+                (out / f"decode_profile_{attention}_b{batch}.txt").write_text(table)
                 print(table, file=sys.stderr, flush=True)
             decoder.free()
         result[str(batch)] = row
@@ -140,10 +150,17 @@ def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -
         row: dict[str, Any] = {}
         kvs = [new_kv(shape, LENGTH + 1, device=device, dtype=dtype).normal_() for _ in range(batch)]
         logits: dict[str, Any] = {}
-        for name, graphs, compiled, is_packed in VARIANTS:
+        for name, graphs, compiled, is_packed, attention in VARIANTS:
             params = packed if is_packed else loose
             decoder = BatchDecoder(
-                shape, slots=64, slot_tokens=2048, cuda_graphs=graphs, compiled=compiled, device=device, dtype=dtype
+                shape,
+                slots=64,
+                slot_tokens=2048,
+                cuda_graphs=graphs,
+                compiled=compiled,
+                device=device,
+                dtype=dtype,
+                attention=SlotAttention(attention),
             )
             seqs = [
                 DecodeSeq(kv, LENGTH, 1000 + j, greedy, [0], lambda _: (None, None), lambda _: None)
@@ -170,6 +187,9 @@ def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -
         row["compiled_over_graph"] = round(
             row["pooled_graph_compiled_ms"]["median"] / row["pooled_graph_ms"]["median"], 3
         )
+        row["flex_over_sdpa"] = round(
+            row["pooled_graph_compiled_packed_flex_ms"]["median"] / row["pooled_graph_compiled_packed_ms"]["median"], 3
+        )
         row["compiled_tok_s"] = round(batch * 1000 / row["pooled_graph_compiled_ms"]["median"], 1)
         row["packed_over_compiled"] = round(
             row["pooled_graph_compiled_packed_ms"]["median"] / row["pooled_graph_compiled_ms"]["median"], 3
@@ -195,9 +215,14 @@ if __name__ == "__main__":
     cli.add_argument("--batches", default="1,8,32,64", help="comma-separated batch sizes")
     cli.add_argument("--no-per-sequence", action="store_true", help="skip the per-sequence eager step")
     cli.add_argument("--profile", metavar="DIR", help="only profile the served step (tables into DIR)")
+    cli.add_argument("--attention", default="sdpa", choices=["sdpa", "flex"], help="the profiled step's attention")
     args = cli.parse_args()
     if args.profile:
         batches = tuple(int(b) for b in args.batches.split(","))
-        print(json.dumps({"bench": "decode_step --profile", "batches": profile(batches, Path(args.profile))}))
+        print(
+            json.dumps(
+                {"bench": "decode_step --profile", "batches": profile(batches, Path(args.profile), args.attention)}
+            )
+        )
         sys.exit(0)
     print(json.dumps(main(tuple(int(b) for b in args.batches.split(",")), not args.no_per_sequence)), flush=True)

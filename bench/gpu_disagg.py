@@ -32,7 +32,7 @@ Prints one JSON line. Everything is measured in this run, on this machine:
 Needs a CUDA GPU and PyTorch; engines are ``drs engine`` processes (``tests/gpu/procs.py``).
 ``make gpu`` runs it after the GPU tests. ``--decode-only [--anchor] [--rounds N]``: the decode sweep
 alone; ``--no-decode``: everything else (handoff, prefix, refit, TTFT). ``--kv-layout slots,paged``
-(also ``paged-gather``): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``),
+(also ``slots-flex``, ``paged-gather``): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``),
 each measured in turn with ``--decode-only``, the first one otherwise (the prefix engine's too).
 ``--prefix-only [--kv-layout slots,paged]``: the ``prefix`` figures alone, one engine per layout
 (with ``paged`` the cached blocks are shared in place from the store, with ``slots`` copied).
@@ -338,6 +338,7 @@ async def main(with_decode: bool = True, layout: str = "slots") -> dict[str, Any
 #: ``--kv-layout``'s names: the torch spec each one serves with
 KV_LAYOUTS: dict[str, dict[str, Any]] = {
     "slots": {"kvLayout": "slots"},
+    "slots-flex": {"kvLayout": "slots", "slotAttention": "flex"},
     "paged": {"kvLayout": "paged", "pagedAttention": "flex"},
     "paged-gather": {"kvLayout": "paged", "pagedAttention": "gather"},
 }

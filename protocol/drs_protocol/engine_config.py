@@ -26,7 +26,7 @@ from typing import Any, Final, Self
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drs_protocol.config import ConfigModel
-from drs_protocol.enums import EngineBackend, KvLayout, KvTransport, PagedAttention, Precision, Role
+from drs_protocol.enums import EngineBackend, KvLayout, KvTransport, PagedAttention, Precision, Role, SlotAttention
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
 from drs_protocol.limits import (
     DEFAULT_ENGINE_MAX_REQUEST_BYTES,
@@ -115,6 +115,10 @@ class SimSpec(ConfigModel):
     kv_store_ttl_seconds: float = Field(default=300.0, gt=0.0, description="Unfetched context states expire after.")
 
 
+#: FlexAttention's key block in the slot pool's step: ``decodeSlotTokens`` a multiple of it with ``flex``
+SLOT_FLEX_BLOCK: Final = 128
+
+
 class TorchSpec(ConfigModel):
     """The ``torch`` backend (a reference GPU engine in PyTorch, one GPU per engine)."""
 
@@ -154,6 +158,14 @@ class TorchSpec(ConfigModel):
             "maxDecodeBatch x decodeSlotTokens tokens in all, batched FlexAttention; no CUDA graphs)."
         ),
     )
+    slot_attention: SlotAttention = Field(
+        default=SlotAttention.AUTO,
+        description=(
+            "The slots layout's attention: sdpa (scaled_dot_product_attention over the step's token bucket), "
+            "flex (FlexAttention's decoding kernel, compiled on CUDA; decodeSlotTokens a multiple of 128) or auto "
+            "(flex on CUDA when decodeSlotTokens allows, else sdpa)."
+        ),
+    )
     paged_attention: PagedAttention = Field(
         default=PagedAttention.FLEX,
         description="The paged layout's attention: flex (FlexAttention, paged block mask) or gather (+ SDPA).",
@@ -174,6 +186,22 @@ class TorchSpec(ConfigModel):
             "engines, which copy it by CUDA IPC mapped once; 0: none (each context's own handle)."
         ),
     )
+
+    @model_validator(mode="after")
+    def _check_slot_attention(self) -> Self:
+        if self.slot_attention is SlotAttention.FLEX and self.decode_slot_tokens % SLOT_FLEX_BLOCK:
+            raise ValueError(
+                f"decodeSlotTokens must be a multiple of {SLOT_FLEX_BLOCK} with slotAttention flex "
+                f"(FlexAttention's key block), got {self.decode_slot_tokens}"
+            )
+        return self
+
+    def slot_attention_on(self, device_type: str) -> SlotAttention:
+        """``slotAttention`` resolved for a device type (``auto``: flex on CUDA where it can run)."""
+        if self.slot_attention is not SlotAttention.AUTO:
+            return self.slot_attention
+        flex = device_type == "cuda" and self.decode_slot_tokens % SLOT_FLEX_BLOCK == 0
+        return SlotAttention.FLEX if flex else SlotAttention.SDPA
 
 
 class EngineConfig(ConfigModel):

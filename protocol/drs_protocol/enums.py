@@ -82,6 +82,18 @@ class KvLayout(StrEnum):
     PAGED = "paged"
 
 
+class SlotAttention(StrEnum):
+    """``spec.engine.torch.slotAttention``: the attention of the ``slots`` layout's decode step (the
+    decode pool, replayed as CUDA graphs): ``sdpa`` (scaled_dot_product_attention over the step's
+    token bucket, masked to each row's length), ``flex`` (FlexAttention's decoding kernel, compiled
+    on CUDA, reading only each row's blocks up to its length) or ``auto`` (the default: ``flex`` on
+    CUDA when ``decodeSlotTokens`` is a multiple of its key block, 128; else ``sdpa``)."""
+
+    AUTO = "auto"
+    SDPA = "sdpa"
+    FLEX = "flex"
+
+
 class PagedAttention(StrEnum):
     """``spec.engine.torch.pagedAttention``: the attention of the ``paged`` layout's decode step:
     ``flex`` (FlexAttention with a paged block mask, compiled on CUDA) or ``gather`` (the fallback:

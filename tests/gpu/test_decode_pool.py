@@ -20,6 +20,7 @@ from drs_engine.server.runner import start_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from .agree import assert_agree_up_to_near_ties, greedy_with_gaps
 from .conftest import CONTROL_TOKEN, prompt_ids, torch_config
 from .test_torch_engine import tokens
 
@@ -111,28 +112,43 @@ def test_projections_back_to_back_in_one_buffer_are_one_matrix_without_a_copy() 
     assert back_to_back(rows[:2], rows[2:4].view(1, 8)) is None  # another width
 
 
-@pytest.mark.parametrize("packed", [True, False], ids=["packed weights", "separate tensors"])
+@pytest.mark.parametrize(
+    ("packed", "attention"),
+    [(True, "sdpa"), (False, "sdpa"), (True, "flex")],
+    ids=["packed weights", "separate tensors", "packed weights, flex attention"],
+)
 def test_the_pooled_step_equals_the_eager_step_across_joins_leaves_and_a_sequence_outgrowing_its_slot(
-    packed: bool,
+    packed: bool, attention: str
 ) -> None:
+    """SDPA over 40-token slots; FlexAttention (its block mask over the slot's 128-token key
+    blocks, the rows' lengths read from the static positions) over 256-token slots, one row crossing
+    a block and one outgrowing its slot."""
     import torch
     from drs_engine.backends.torch.decoder import BatchDecoder
     from drs_engine.backends.torch.model import SIZES, decode_step, new_kv, prefill, random_state_dict
     from drs_engine.backends.torch.weights.packed import pack
+    from drs_protocol.enums import SlotAttention
 
     shape = SIZES["tiny"]
     params = random_state_dict(shape, seed=5, device="cpu", dtype=torch.float32)
     if packed:  # as the engine holds them: q/k/v and gate/up multiplied at once (views of one buffer)
         params = pack(params, torch.device("cpu")).params
+    flex = attention == "flex"
     decoder = BatchDecoder(
-        shape, slots=4, slot_tokens=40, cuda_graphs=True, device=torch.device("cpu"), dtype=torch.float32
+        shape,
+        slots=4,
+        slot_tokens=256 if flex else 40,
+        cuda_graphs=True,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        attention=SlotAttention(attention),
     )
-    lengths = (5, 33, 17, 9)
+    lengths = (5, 249, 125, 9) if flex else (5, 33, 17, 9)
     pooled: list[Any] = []
     eager: list[Any] = []
     for n in lengths:
         for out in (pooled, eager):
-            kv = new_kv(shape, 64, device="cpu", dtype=torch.float32)
+            kv = new_kv(shape, max(64, n + 16), device="cpu", dtype=torch.float32)
             prefill(params, shape, prompt_ids(n, offset=50 * n), kv, 0)
             out.append(_seq(kv, n, 11 + n))
     batch = pooled[:3]
@@ -198,3 +214,32 @@ async def test_cuda_graphs_decode_the_tokens_of_the_eager_pooled_step_on_the_gpu
         assert list(together) == expected
         info = (await client.get(g.url + "/server_info")).json()["engine"]["decode_batching"]["pool"]
         assert info["cuda_graphs"] and info["graphs_captured"] >= 3 and info["eager_rows"] == 0
+
+
+@pytest.mark.gpu(1)
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+async def test_flex_attention_in_the_graphs_decodes_the_tokens_of_sdpa_on_the_gpu(precision: str) -> None:
+    """``slotAttention: flex`` (FlexAttention's decoding kernel, compiled, captured in the pool's CUDA
+    graphs) against ``sdpa``: the same greedy tokens, alone and eight at once, across key blocks of
+    128; float32 exactly, bfloat16 up to near-ties (:mod:`.agree`)."""
+    from . import procs
+
+    prompts = [prompt_ids(30 + 97 * i, offset=4000 + i) for i in range(8)]
+    config = {"role": "prefill", "device": "cuda:0", "model": "random:small", "precision": precision}
+    async with (  # engine processes, as served: each compiles in its own process
+        procs.engine(procs.engine_config(**config, slotAttention="sdpa")) as sdpa,
+        procs.engine(procs.engine_config(**config, slotAttention="flex")) as flex,
+        httpx.AsyncClient(timeout=300) as client,
+    ):
+        reference = [await greedy_with_gaps(client, sdpa, ids, max_tokens=48) for ids in prompts]
+        alone = [await greedy_with_gaps(client, flex, ids, max_tokens=48) for ids in prompts]
+        together = list(await asyncio.gather(*(greedy_with_gaps(client, flex, ids, max_tokens=48) for ids in prompts)))
+        info = (await client.get(flex + "/server_info")).json()["engine"]["decode_batching"]["pool"]
+    assert info["attention"] == "flex" and info["cuda_graphs"] and info["eager_rows"] == 0
+    assert info["graphs_captured"] >= 3
+    if precision == "float32":
+        expected = [r[0] for r in reference]
+        assert [a[0] for a in alone] == expected and [t[0] for t in together] == expected
+        return
+    for got in (alone, together):
+        assert_agree_up_to_near_ties(got, reference)

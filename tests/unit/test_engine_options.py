@@ -159,3 +159,29 @@ def test_a_bad_cache_transceiver_config_is_a_problem_not_an_exception(where: dic
     parsed, problems = validate_spec_data(spec)
     assert parsed is None
     assert any(p.path.startswith(f"{path}.cache_transceiver_config.") for p in problems), problems
+
+
+def test_flex_slot_attention_with_slots_not_a_multiple_of_its_key_block_is_a_problem_naming_both_fields() -> None:
+    spec = _spec({"backend": "torch", "torch": {"slotAttention": "flex", "decodeSlotTokens": 1000}})
+    parsed, problems = validate_spec_data(spec)
+    assert parsed is None
+    assert any("decodeSlotTokens" in p.message and "slotAttention flex" in p.message for p in problems), problems
+    ok = _spec({"backend": "torch", "torch": {"slotAttention": "flex", "decodeSlotTokens": 1024}})
+    assert validate_spec_data(ok)[0] is not None
+
+
+@pytest.mark.parametrize(
+    ("given", "tokens", "device", "resolved"),
+    [
+        ("auto", 2048, "cuda", "flex"),
+        ("auto", 2048, "cpu", "sdpa"),
+        ("auto", 1000, "cuda", "sdpa"),  # auto never refuses: sdpa where flex cannot run
+        ("sdpa", 2048, "cuda", "sdpa"),
+        ("flex", 2048, "cpu", "flex"),  # asked for by name: eager FlexAttention on the CPU
+    ],
+)
+def test_slot_attention_auto_is_flex_on_cuda_where_the_slots_allow(
+    given: str, tokens: int, device: str, resolved: str
+) -> None:
+    spec = TorchSpec.model_validate({"slotAttention": given, "decodeSlotTokens": tokens})
+    assert spec.slot_attention_on(device) is enums.SlotAttention(resolved)

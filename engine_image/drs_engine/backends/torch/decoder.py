@@ -12,7 +12,9 @@ sequence fits, eagerly where it does not.
    buffers and the step's bucket's CUDA graph replays (:mod:`.graphs`); sequences outside the pool
    (longer than a slot, or no slot free) step through
    :func:`~drs_engine.backends.torch.model.decode_step` in the same call. With ``compiled`` (on
-   CUDA) the pooled step's elementwise chains are inductor's fused kernels (:mod:`.fused`).
+   CUDA) the pooled step's elementwise chains are inductor's fused kernels (:mod:`.fused`); with
+   ``attention`` flex its attention is FlexAttention's compiled decoding kernel
+   (:class:`~drs_engine.backends.torch.pooled.SlotMask`), captured in the same graphs.
 
 Logits come back in the batch's order. Before step 3 the runner's ``prepare`` gives an outside
 sequence room for one more token and recomputes any KV computed under other weights (written back
@@ -25,11 +27,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from drs_protocol.enums import SlotAttention
 
 from drs_engine.backends.torch.batching import DecodeSeq
 from drs_engine.backends.torch.fused import EAGER, StepOps, fused_ops
 from drs_engine.backends.torch.graphs import DecodeGraphs
-from drs_engine.backends.torch.kv.slots import batch_bucket, token_bucket
+from drs_engine.backends.torch.kv.slots import BATCH_BUCKETS, batch_bucket, token_bucket
 from drs_engine.backends.torch.layers import Projections, fuse_projections
 from drs_engine.backends.torch.model import ModelShape, decode_step
 from drs_engine.backends.torch.pooled import DecodePool, pooled_logits
@@ -48,10 +51,12 @@ class BatchDecoder:
         device: Any,
         dtype: Any,
         compiled: bool = False,
+        attention: SlotAttention = SlotAttention.SDPA,
     ) -> None:
         self.pool = DecodePool(shape, slots=slots, slot_tokens=slot_tokens, device=device, dtype=dtype)
         self.graphs = DecodeGraphs(device, enabled=cuda_graphs)
         self.compiled = compiled and device.type == "cuda"
+        self.attention = attention
         self.ops: StepOps = fused_ops() if self.compiled else EAGER
         #: the layers' back-to-back projections of the weights the graphs were captured for
         self.fused: list[Projections] | None = None
@@ -61,6 +66,7 @@ class BatchDecoder:
     def info(self) -> dict[str, Any]:
         return {
             "layout": "slots",
+            "attention": self.attention.value,
             "slots": self.pool.slots,
             "slot_tokens": self.pool.slot_tokens,
             "pool_bytes": self.pool.nbytes,
@@ -75,8 +81,11 @@ class BatchDecoder:
 
     def warm_rows(self) -> list[int]:
         """The batch sizes the engine's warm-up steps (each captured as a graph on CUDA): one and two
-        rows; larger batches capture theirs on first use."""
-        return [1, 2]
+        rows, larger batches capturing theirs on first use; with compiled FlexAttention every batch
+        bucket up to the pool's slots (one compile each, paid at start, not by a request)."""
+        if not (self.compiled and self.attention is SlotAttention.FLEX):
+            return [1, 2]
+        return [b for b in BATCH_BUCKETS if b < self.pool.slots] + [self.pool.slots]
 
     def fits(self, length: int) -> bool:
         """A sequence of ``length`` tokens so far can take one more step in a slot."""
@@ -165,5 +174,7 @@ class BatchDecoder:
         pool.tokens[:rows].copy_(host[0])
         pool.positions[:rows].copy_(host[1])
         self.pooled_steps += 1
-        run: Callable[[], Any] = lambda: pooled_logits(params, pool, rows, tokens, self.ops, self.fused)  # noqa: E731
+        run: Callable[[], Any] = lambda: pooled_logits(  # noqa: E731
+            params, pool, rows, tokens, self.ops, self.fused, self.attention
+        )
         return self.graphs.run((rows, tokens), run)

@@ -48,7 +48,7 @@ Q_BLOCK = 128
 
 
 @cache
-def _flex(compiled: bool) -> Any:
+def flex_attention(compiled: bool) -> Any:
     """``flex_attention`` compiled (CUDA), or run eagerly without Dynamo (the CPU): eagerly it
     still traces itself through Dynamo unless its debug switch is on, and that crashed (a segfault
     in fake-tensor conversion, torch 2.11) when a second engine's GPU thread called it in one
@@ -56,9 +56,10 @@ def _flex(compiled: bool) -> Any:
     from torch.nn.attention import flex_attention as module
 
     if compiled:
-        # one compile per padded batch size (:func:`flex_rows`): 7 up to 64 rows, 9 up to 256;
-        # Dynamo's default limit (8) would send a larger ``maxDecodeBatch`` to the dense fallback
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
+        # one compile per padded batch size (:func:`flex_rows`: 7 up to 64 rows, 9 up to 256; the slot
+        # pool's batch buckets: 9 up to 64, 13 up to 256); Dynamo's default limit (8) would send a
+        # larger ``maxDecodeBatch`` to the dense fallback
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 32)
         return torch.compile(module.flex_attention, dynamic=False)
 
     def eager(*args: Any, **kwargs: Any) -> Any:
@@ -167,7 +168,7 @@ def paged_logits(
             rows, padded = len(tables), flex_rows(len(tables))
             at = torch.cat((pos, pos.new_zeros(padded - rows)))
             flex, mask = (
-                _flex(store.device.type == "cuda"),
+                flex_attention(store.device.type == "cuda"),
                 paged_block_mask(store, tables + [[]] * (padded - rows), at),
             )
 

@@ -14,7 +14,12 @@ points into a slot that is reused. Which sequence holds which slot is
 ``positions``), so it can be captured once as a CUDA graph per bucket and replayed
 (:mod:`.graphs`). Per layer the new K/V are written into the pool at each row's position, and one
 ``scaled_dot_product_attention`` call attends over the rows' first ``tokens`` positions (a strided
-view of the pool, nothing gathered), each row masked to its own length. Numerics are those of
+view of the pool, nothing gathered), each row masked to its own length; with ``slotAttention:
+flex`` instead one FlexAttention call over each row's whole slot, whose block mask
+(:class:`SlotMask`, worked out on the device from the static positions, inside the graph) lists
+only the key blocks up to the row's position, so the flex-decoding kernel reads no more of the slot
+than the row has written (split over the keys: one row's attention is spread over the GPU, where
+SDPA's kernel gives it a few blocks). Numerics are those of
 :func:`~drs_engine.backends.torch.model.decode_step`; ``tests/gpu`` compares the two. Its
 elementwise chains come from :mod:`.fused` (compiled by inductor on CUDA).
 """
@@ -25,6 +30,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from drs_protocol.engine_config import SLOT_FLEX_BLOCK
+from drs_protocol.enums import SlotAttention
 
 from drs_engine.backends.torch.fused import EAGER, StepOps
 from drs_engine.backends.torch.kv.slots import Move, SlotTable
@@ -42,8 +49,11 @@ class DecodePool:
         self.dtype = dtype
         self.table: SlotTable[Any] = SlotTable(slots)
         self.kv: Any = None
+        #: the step's static inputs, kept through sleeps (a few bytes; a compiled FlexAttention's
+        #: ``mask_mod`` reads ``positions``, and a new tensor would compile it again)
         self.tokens: Any = None
         self.positions: Any = None
+        self.mask: SlotMask | None = None
 
     @property
     def slots(self) -> int:
@@ -60,14 +70,23 @@ class DecodePool:
         s = self.shape
         dims = (s.layers, 2, self.slots, s.kv_heads, self.slot_tokens, s.head_dim)
         self.kv = torch.zeros(dims, device=self.device, dtype=self.dtype)
-        self.tokens = torch.zeros(self.slots, device=self.device, dtype=torch.long)
-        self.positions = torch.zeros(self.slots, device=self.device, dtype=torch.long)
+        if self.tokens is None:
+            self.tokens = torch.zeros(self.slots, device=self.device, dtype=torch.long)
+            self.positions = torch.zeros(self.slots, device=self.device, dtype=torch.long)
         return True
 
     def free(self) -> None:
-        """Drop the tensors and every holder (sleep); :meth:`allocate` makes new ones."""
-        self.kv = self.tokens = self.positions = None
+        """Drop the KV and every holder (sleep); :meth:`allocate` makes a new one. The step's small
+        static inputs stay (see ``positions``)."""
+        self.kv = None
         self.table = SlotTable(self.slots)
+
+    def slot_mask(self) -> SlotMask:
+        """The FlexAttention mask's buffers and ``mask_mod`` (made once, with the static inputs)."""
+        self.allocate()
+        if self.mask is None:
+            self.mask = SlotMask(self)
+        return self.mask
 
     def view(self, slot: int) -> Any:
         """Slot ``slot``'s KV, ``[layers, 2, kv_heads, slot_tokens, head_dim]``."""
@@ -101,6 +120,40 @@ class DecodePool:
         return own, move
 
 
+class SlotMask:
+    """The slot pool's FlexAttention block mask inputs: per slot the key blocks' indices ``0 … n-1``
+    (constant) and one ``mask_mod`` (keys up to the row's position), the same objects every step so
+    that a compiled ``flex_attention`` is traced once per batch size. How many blocks a row visits is
+    worked out on the device each step (:meth:`block_mask`), inside the captured graph."""
+
+    def __init__(self, pool: DecodePool) -> None:
+        self.blocks = pool.slot_tokens // SLOT_FLEX_BLOCK
+        self.slot_tokens = pool.slot_tokens
+        ordered = torch.arange(self.blocks, dtype=torch.int32, device=pool.device)
+        self.indices = ordered.repeat(pool.slots, 1, 1, 1).contiguous()  # [slots, 1, 1, blocks]
+        positions = pool.positions
+
+        def mask_mod(b: Any, h: Any, q: Any, kv: Any) -> Any:
+            return kv <= positions[b]
+
+        self.mask_mod = mask_mod
+
+    def block_mask(self, pos: Any) -> Any:
+        """The mask of a step of ``len(pos)`` rows: row ``b`` visits blocks ``0 … pos[b] // 128``."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        rows = pos.shape[0]
+        counts = (torch.div(pos, SLOT_FLEX_BLOCK, rounding_mode="floor") + 1).to(torch.int32).view(rows, 1, 1)
+        return BlockMask.from_kv_blocks(
+            counts,
+            self.indices[:rows],
+            BLOCK_SIZE=(SLOT_FLEX_BLOCK, SLOT_FLEX_BLOCK),
+            mask_mod=self.mask_mod,
+            seq_lengths=(1, self.slot_tokens),
+            compute_q_blocks=False,
+        )
+
+
 def pooled_logits(
     params: dict[str, Any],
     pool: DecodePool,
@@ -108,15 +161,38 @@ def pooled_logits(
     tokens: int,
     ops: StepOps = EAGER,
     fused: list[Projections] | None = None,
+    attention: SlotAttention = SlotAttention.SDPA,
 ) -> Any:
     """One decode step of the pool's first ``rows`` slots: row ``b`` feeds ``pool.tokens[b]`` at
     ``pool.positions[b]`` and attends over its positions ``0 … positions[b]`` (within the first
     ``tokens``). ``ops``: the step's elementwise chains (:mod:`.fused`); ``fused``: the layers'
-    back-to-back projections (:func:`~.layers.fuse_projections`; None: one matmul per matrix). Returns float32
-    logits ``[rows, vocab]``."""
+    back-to-back projections (:func:`~.layers.fuse_projections`; None: one matmul per matrix);
+    ``attention``: SDPA over the token bucket, or FlexAttention over the row's blocks (``tokens``
+    then unused). Returns float32 logits ``[rows, vocab]``."""
     with torch.inference_mode():
         ids, pos = pool.tokens[:rows], pool.positions[:rows]
+        if attention is SlotAttention.FLEX:
+            return _flex_logits(params, pool, ids, pos, ops, fused)
         return _pooled_logits(params, pool.shape, pool.kv, ids, pos, tokens, ops, fused)
+
+
+def _flex_logits(
+    params: dict[str, Any], pool: DecodePool, ids: Any, pos: Any, ops: StepOps, fused: list[Projections] | None
+) -> Any:
+    from drs_engine.backends.torch.paged import flex_attention
+
+    rows, kv = ids.shape[0], pool.kv
+    flex = flex_attention(pool.device.type == "cuda")
+    mask = pool.slot_mask().block_mask(pos)
+    row = torch.arange(rows, device=ids.device)
+
+    def attend(layer: int, q: Any, k: Any, v: Any) -> Any:
+        keys, values = kv[layer, 0], kv[layer, 1]  # [slots, kv_heads, slot_tokens, head_dim]
+        keys[row, :, pos] = k
+        values[row, :, pos] = v
+        return flex(q[:, :, None], keys[:rows], values[:rows], block_mask=mask, enable_gqa=True)
+
+    return decode_layers(params, pool.shape, ids, pos, attend, ops, fused)
 
 
 def _pooled_logits(

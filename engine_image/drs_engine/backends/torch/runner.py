@@ -143,6 +143,7 @@ class ModelRunner:
                 slot_tokens=spec.decode_slot_tokens,
                 cuda_graphs=spec.cuda_graphs,
                 compiled=spec.compile_decode,
+                attention=spec.slot_attention_on(device.type),
                 device=device,
                 dtype=dtype,
             )
