@@ -1,4 +1,5 @@
-"""A refit and the ``torch`` engine's prefix cache, on the CPU: no prefill starts from KV of the old weights.
+"""A refit and the ``torch`` engine's prefix cache, on the CPU: no prefill starts from KV of the old weights,
+and a decode engine recomputes received KV labelled with other weights than its own.
 
 A refit swaps the weights in one job on the GPU thread; the cached prefix blocks are forgotten by a
 later one, after the event loop learns of the swap. A prefill whose job runs between them, or whose
@@ -176,3 +177,58 @@ async def test_a_context_leg_prefilled_after_a_refits_swap_is_labelled_with_the_
     assert answer.status_code == 200, answer.text
     assert answer.json()["weights_version"] == "v5", answer.json()
     assert answer.headers["x-drs-weights-version"] == "v5"
+
+
+async def test_a_decode_engine_recomputes_received_kv_labelled_with_other_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decode engine at ``v5`` receives a context prefilled under the prefill engine's weights
+    (``0``): it judges the KV by the version its GPU thread's weights carry, recomputes the prompt's
+    KV under ``v5`` before its first step, and decodes what an engine at ``v5`` decodes after the
+    context's first token (float32: equal greedy tokens); KV labelled ``v5`` it decodes on as is."""
+    import torch
+    from drs_engine.backends.torch import runner
+    from drs_engine.backends.torch.model import SIZES, random_state_dict
+    from safetensors.torch import save_file
+
+    from .test_torch_engine import disaggregated, tokens
+
+    recomputed: list[int] = []  # the runner's recompute of a sequence's KV, observed
+    restate = runner.restate_after_refit
+
+    def observed(prompt: list[int], generated: list[int], length: int) -> Any:
+        recomputed.append(length)
+        return restate(prompt, generated, length)
+
+    monkeypatch.setattr(runner, "restate_after_refit", observed)
+
+    save_file(
+        random_state_dict(SIZES["tiny"], seed=5, device="cpu", dtype=torch.float32), str(tmp_path / "w.safetensors")
+    )
+    ids = prompt_ids(40, offset=1300)
+    async with (
+        start_engine(torch_config(), control_token=CONTROL_TOKEN) as old,
+        start_engine(torch_config(model="random:tiny@5"), control_token=CONTROL_TOKEN) as five,
+        start_engine(torch_config("decode"), control_token=CONTROL_TOKEN) as decode,
+        httpx.AsyncClient(timeout=GATE_S) as client,
+    ):
+        load = await client.post(
+            decode.url + "/control/weights/load",
+            headers=auth(),
+            json={"path": str(tmp_path / "w.safetensors"), "version": "v5"},
+        )
+        assert load.status_code == 200, load.text
+        got = await disaggregated(client, old.url, decode.url, ids, max_tokens=8)
+        after_first = await tokens(client, five.url, ids + got[:1], max_tokens=7)
+        on_old_kv = await tokens(client, old.url, ids, max_tokens=8)
+        assert got[1:] == after_first  # decoded under v5 from the prompt's KV computed again
+        assert len(recomputed) == 1
+        assert got != on_old_kv  # and the two weights decode differently
+        await client.post(
+            five.url + "/control/weights/load",
+            headers=auth(),
+            json={"path": str(tmp_path / "w.safetensors"), "version": "v5"},
+        )
+        same = await disaggregated(client, five.url, decode.url, ids, max_tokens=8)
+        assert same == await tokens(client, five.url, ids, max_tokens=8)
+        assert len(recomputed) == 1  # KV labelled v5: decoded on as is
