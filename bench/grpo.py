@@ -9,7 +9,8 @@ siblings of one prompt start within ``--spread-ms`` (100 ms) of each other, the 
 ``--gap-ms`` apart. Before turn 1 every frontend is restarted (``--no-restart`` to keep them): later
 turns must find their engine without the frontends' memory.
 
-Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved: ``bounded``
+Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved (in reverse order every
+other round, so neither mode always runs first): ``bounded``
 (``groupLookupEngines: 4``: by opening, a new group on the first of its rendezvous engines within
 the load bound over the recent prefill work the engines report in the prefix-held answer, a turn
 unknown to its frontend placed where that lookup finds its opening held or in flight, a new
@@ -39,7 +40,10 @@ rendezvous engine whatever the load, no lookup) and ``today``
 * ``turn0_loop_lag_s_*``: how late the frontends' event loop (one process with this client) wakes a
   10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs.
 
-The last line is one JSON object with every figure and the ratios bounded / groups and groups / today.
+The last line is one JSON object with every figure and the ratios bounded / groups and groups / today
+of the medians, and (``*_paired``) of each round's latencies to the other mode's in the same round
+(the rounds alternate modes, so a pair ran under about the same machine load): their median, spread
+and in how many pairs the first mode was slower.
 
     .venv/bin/python bench/grpo.py [--prefill 2,4] [--prompts 8] [--siblings 8] [--turns 3] [--rounds 3]
         [--modes bounded,groups,today]
@@ -74,6 +78,8 @@ BLOCK = 32  # the sim engine's tokens per block
 MODES = ("bounded", "groups", "today")
 SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
 CLAIMS = "drs_frontend_group_claims_total"
+#: latencies compared round by round (``*_paired`` in the summary)
+PAIRED = ("group_completion_s", "sibling_turn0_s_mean", "sibling_turn0_s_max")
 LAG_TICK_S = 0.01  # the event loop's lag is sampled this often during turn 0
 SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
 
@@ -425,7 +431,8 @@ def summarize(rounds: dict[tuple[int, str], list[dict[str, float]]]) -> dict[str
             }
             for name in figures[0]
         }
-    for entry in out.values():
+    for m_label, entry in out.items():
+        m = int(m_label.removeprefix("M="))
         for a, b in (("bounded", "groups"), ("groups", "today"), ("bounded", "today")):
             if a in entry and b in entry:
                 entry[f"{a}_over_{b}"] = {
@@ -433,6 +440,22 @@ def summarize(rounds: dict[tuple[int, str], list[dict[str, float]]]) -> dict[str
                     for name in entry[a]
                     if entry[b][name]["median"]
                 }
+                entry[f"{a}_over_{b}_paired"] = paired(rounds[(m, a)], rounds[(m, b)])
+    return out
+
+
+def paired(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict[str, Any]:
+    """Round by round (the two modes' rounds alternate, so each pair ran under about the same
+    load): ``a``'s latency over ``b``'s, median and spread, and in how many pairs ``a`` was slower."""
+    out: dict[str, Any] = {}
+    for name in PAIRED:
+        ratios = [x[name] / y[name] for x, y in zip(a, b, strict=True) if y[name]]
+        if ratios:
+            out[name] = {
+                "median": round(statistics.median(ratios), 4),
+                "spread": [round(min(ratios), 4), round(max(ratios), 4)],
+                "slower_in": f"{sum(r > 1 for r in ratios)}/{len(ratios)}",
+            }
     return out
 
 
@@ -445,7 +468,8 @@ async def main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     for number in range(args.warmup + args.rounds):
         for m in ms:
-            for mode in args.modes.split(","):
+            modes = args.modes.split(",")
+            for mode in modes if number % 2 == 0 else modes[::-1]:  # neither mode always goes first
                 figures = await one_round(args, m, mode, seed=1000 * number + m)
                 counted = number >= args.warmup
                 label = f"round {number + 1 - args.warmup}" if counted else "warm-up"
