@@ -63,6 +63,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -74,12 +75,13 @@ from drs_frontend.server import RunningFrontend, start_frontend
 from drs_protocol import fields, routes
 from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.grpo_summary import summarize
+
 BLOCK = 32  # the sim engine's tokens per block
 MODES = ("bounded", "groups", "today")
 SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
 CLAIMS = "drs_frontend_group_claims_total"
-#: latencies compared round by round (``*_paired`` in the summary)
-PAIRED = ("group_completion_s", "sibling_turn0_s_mean", "sibling_turn0_s_max")
 LAG_TICK_S = 0.01  # the event loop's lag is sampled this often during turn 0
 SYSTEM = "You are a careful agent. Think step by step, call a tool when it helps, answer briefly. " * 8
 
@@ -418,45 +420,6 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         "lookups_found_after_restart": found,
         "lookups_unanswered_after_restart": unanswered,
     }
-
-
-def summarize(rounds: dict[tuple[int, str], list[dict[str, float]]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for (m, mode), figures in rounds.items():
-        entry = out.setdefault(f"M={m}", {})
-        entry[mode] = {
-            name: {
-                "median": round(statistics.median(f[name] for f in figures), 4),
-                "spread": [round(min(f[name] for f in figures), 4), round(max(f[name] for f in figures), 4)],
-            }
-            for name in figures[0]
-        }
-    for m_label, entry in out.items():
-        m = int(m_label.removeprefix("M="))
-        for a, b in (("bounded", "groups"), ("groups", "today"), ("bounded", "today")):
-            if a in entry and b in entry:
-                entry[f"{a}_over_{b}"] = {
-                    name: round(entry[a][name]["median"] / entry[b][name]["median"], 4)
-                    for name in entry[a]
-                    if entry[b][name]["median"]
-                }
-                entry[f"{a}_over_{b}_paired"] = paired(rounds[(m, a)], rounds[(m, b)])
-    return out
-
-
-def paired(a: list[dict[str, float]], b: list[dict[str, float]]) -> dict[str, Any]:
-    """Round by round (the two modes' rounds alternate, so each pair ran under about the same
-    load): ``a``'s latency over ``b``'s, median and spread, and in how many pairs ``a`` was slower."""
-    out: dict[str, Any] = {}
-    for name in PAIRED:
-        ratios = [x[name] / y[name] for x, y in zip(a, b, strict=True) if y[name]]
-        if ratios:
-            out[name] = {
-                "median": round(statistics.median(ratios), 4),
-                "spread": [round(min(ratios), 4), round(max(ratios), 4)],
-                "slower_in": f"{sum(r > 1 for r in ratios)}/{len(ratios)}",
-            }
-    return out
 
 
 async def main(args: argparse.Namespace) -> None:

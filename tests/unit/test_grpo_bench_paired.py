@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench import grpo
+from bench import grpo_summary as grpo
 
 
 def figures(completion: float) -> dict[str, float]:
