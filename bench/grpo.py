@@ -9,7 +9,8 @@ siblings of one prompt start within ``--spread-ms`` (100 ms) of each other, the 
 ``--gap-ms`` apart. Before turn 1 every frontend is restarted (``--no-restart`` to keep them): later
 turns must find their engine without the frontends' memory.
 
-Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved: ``bounded``
+Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved (in reverse order every
+other round, so neither mode always runs first): ``bounded``
 (``groupLookupEngines: 4``: by opening, a new group on the first of its rendezvous engines within
 the load bound over the recent prefill work the engines report in the prefix-held answer, a turn
 unknown to its frontend placed where that lookup finds its opening held or in flight, a new
@@ -39,7 +40,10 @@ rendezvous engine whatever the load, no lookup) and ``today``
 * ``turn0_loop_lag_s_*``: how late the frontends' event loop (one process with this client) wakes a
   10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs.
 
-The last line is one JSON object with every figure and the ratios bounded / groups and groups / today.
+The last line is one JSON object with every figure and the ratios bounded / groups and groups / today
+of the medians, and (``*_paired``) of each round's latencies to the other mode's in the same round
+(the rounds alternate modes, so a pair ran under about the same machine load): their median, spread
+and in how many pairs the first mode was slower.
 
     .venv/bin/python bench/grpo.py [--prefill 2,4] [--prompts 8] [--siblings 8] [--turns 3] [--rounds 3]
         [--modes bounded,groups,today]
@@ -59,6 +63,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -69,6 +74,9 @@ from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
 from drs_protocol import fields, routes
 from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.grpo_summary import summarize
 
 BLOCK = 32  # the sim engine's tokens per block
 MODES = ("bounded", "groups", "today")
@@ -414,28 +422,6 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
     }
 
 
-def summarize(rounds: dict[tuple[int, str], list[dict[str, float]]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for (m, mode), figures in rounds.items():
-        entry = out.setdefault(f"M={m}", {})
-        entry[mode] = {
-            name: {
-                "median": round(statistics.median(f[name] for f in figures), 4),
-                "spread": [round(min(f[name] for f in figures), 4), round(max(f[name] for f in figures), 4)],
-            }
-            for name in figures[0]
-        }
-    for entry in out.values():
-        for a, b in (("bounded", "groups"), ("groups", "today"), ("bounded", "today")):
-            if a in entry and b in entry:
-                entry[f"{a}_over_{b}"] = {
-                    name: round(entry[a][name]["median"] / entry[b][name]["median"], 4)
-                    for name in entry[a]
-                    if entry[b][name]["median"]
-                }
-    return out
-
-
 async def main(args: argparse.Namespace) -> None:
     ms = [int(x) for x in args.prefill.split(",")]
     unknown = sorted(set(args.modes.split(",")) - set(MODES))
@@ -445,7 +431,8 @@ async def main(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     for number in range(args.warmup + args.rounds):
         for m in ms:
-            for mode in args.modes.split(","):
+            modes = args.modes.split(",")
+            for mode in modes if number % 2 == 0 else modes[::-1]:  # neither mode always goes first
                 figures = await one_round(args, m, mode, seed=1000 * number + m)
                 counted = number >= args.warmup
                 label = f"round {number + 1 - args.warmup}" if counted else "warm-up"
