@@ -7,6 +7,7 @@ exactly as ``json`` then the model refused it, naming the field."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +18,19 @@ from drs_engine.metrics import CONTROL_ERROR, CONTROL_OK, EngineMetrics
 from drs_engine.server.app import EngineApp
 from drs_engine.server.auth import CHECKED_REALM, check_control
 from drs_engine.server.body import validate
+from drs_engine.server.control import _JsonAnswer
 from drs_engine.server.runner import RunningEngine
 from drs_protocol.auth import Realm
 from drs_protocol.body import parse_json_object
 from drs_protocol.control import LoadWeights, WeightsTarget
+from drs_protocol.limits import MAX_CONTROL_BODY_BYTES
 from drs_protocol.routes import CONTROL_ROUTES, ControlOp
 from pydantic import BaseModel
 from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Message
 
-from .conftest import auth, metric_value
+from .conftest import CONTROL_TOKEN, auth, metric_value
 
 TARGET = CONTROL_ROUTES[ControlOp.ANNOUNCE_WEIGHTS_TARGET]
 LOAD = CONTROL_ROUTES[ControlOp.LOAD_WEIGHTS]
@@ -148,3 +153,48 @@ async def test_a_load_counts_in_the_metrics_as_before(
     assert metric_value(text, "drs_engine_weights_version", '{version="2"}') == 2
     assert metric_value(text, "drs_engine_control_ops_total", '{op="load_weights",status="ok"}') == 2
     assert metric_value(text, "drs_engine_control_ops_total", '{op="load_weights",status="error"}') == 1
+
+
+async def over_the_cap(pieces: int) -> AsyncIterator[bytes]:
+    for _ in range(pieces):
+        yield b"y" * (MAX_CONTROL_BODY_BYTES // 4)
+
+
+@pytest.mark.parametrize(
+    "chunked",
+    [pytest.param(False, id="in-one-piece-with-its-length"), pytest.param(True, id="chunked-without-a-length")],
+)
+async def test_a_control_body_over_the_cap_is_still_refused_with_413_and_the_engine_keeps_answering(
+    client: httpx.AsyncClient, prefill: RunningEngine, chunked: bool
+) -> None:
+    content: bytes | AsyncIterator[bytes] = over_the_cap(5) if chunked else b"y" * (MAX_CONTROL_BODY_BYTES + 1)
+    refused = await client.post(prefill.url + TARGET, headers=auth(), content=content)
+    assert refused.status_code == 413, refused.text
+    assert str(MAX_CONTROL_BODY_BYTES) in refused.json()["error"]["message"]
+    within = await client.post(prefill.url + TARGET, headers=auth(), content=over_the_cap(1))  # chunked, a 400
+    assert within.status_code == 400 and "malformed JSON" in within.json()["error"]["message"], within.text
+    good = await client.post(prefill.url + TARGET, headers=auth(), json={"version": "2", "lease_s": 5})
+    assert good.status_code == 200, good.text
+
+
+def test_a_control_answers_headers_are_starlettes_for_the_same_json() -> None:
+    body = b'{"op": "announce_weights_target"}'
+    assert _JsonAnswer(body).raw_headers == Response(body, media_type="application/json").raw_headers
+
+
+async def test_a_body_over_the_cap_in_one_message_without_a_length_is_refused_with_413(prefill: RunningEngine) -> None:
+    app = prefill.server.config.app
+    assert isinstance(app, EngineApp)
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"y" * (MAX_CONTROL_BODY_BYTES + 1), "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    headers = [(b"authorization", b"Bearer " + CONTROL_TOKEN.encode())]
+    scope = {"type": "http", "method": "POST", "path": TARGET, "root_path": "", "headers": headers, "query_string": b""}
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 413
+    assert str(MAX_CONTROL_BODY_BYTES) in json.loads(sent[1]["body"])["error"]["message"]

@@ -67,7 +67,7 @@ from typing import Any, Final
 
 from drs_protocol import auth
 from drs_protocol.auth import Realm
-from drs_protocol.body import parse_json_object, read_body
+from drs_protocol.body import parse_json_object
 from drs_protocol.control import (
     OPS,
     CollectiveAbort,
@@ -97,7 +97,7 @@ from drs_engine.backends.base import EngineBackend
 from drs_engine.errors import EngineError, UnauthorizedError, WeightsLoadError
 from drs_engine.metrics import CONTROL_ERROR, CONTROL_OK
 from drs_engine.server.auth import check_control
-from drs_engine.server.body import validate
+from drs_engine.server.body import read_whole_body, validate
 from drs_engine.server.state import EngineState
 from drs_engine.weights import incomplete
 
@@ -124,7 +124,7 @@ def check_token(state: EngineState, request: Request) -> None:
 
 
 async def _body(request: Request, model: type[BaseModel] | None) -> Any:
-    raw = await read_body(request, MAX_CONTROL_BODY_BYTES)
+    raw = await read_whole_body(request, MAX_CONTROL_BODY_BYTES)
     if model is None:  # no parameters: an empty body or any JSON object (checked, then ignored)
         if raw.strip():
             parse_json_object(raw)
@@ -198,8 +198,25 @@ async def _measure(backend: EngineBackend) -> str | None:
         return None
 
 
+class _JsonAnswer(Response):
+    """A 200 ``application/json`` answer with its two headers written directly: what Starlette's
+    ``Response(body, media_type="application/json")`` sends (``content-length``, then
+    ``content-type``, no charset), without assembling them per call."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", _JSON_TYPE)]
+
+
+_JSON_TYPE: Final = b"application/json"
+
+
 def _answer(answer: BaseModel) -> Response:
-    return Response(answer_bytes(answer), media_type="application/json")
+    return _JsonAnswer(answer_bytes(answer))
 
 
 def _error(exc: EngineError) -> Response:
