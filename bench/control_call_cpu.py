@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from drs_engine.config import build_config
@@ -28,15 +31,22 @@ from starlette.types import ASGIApp, Message
 TOKEN = "control-call-cpu-token"
 #: Calls before the measured batches.
 WARM_UP = 200
-#: name -> (method, path, body) of each route measured.
-CALLS: dict[str, tuple[str, str, bytes]] = {
-    "announce": (
-        "POST",
-        CONTROL_ROUTES[ControlOp.ANNOUNCE_WEIGHTS_TARGET],
-        json.dumps({"version": "v2", "lease_s": 60}).encode(),
-    ),
-    "get_weights": ("GET", CONTROL_WEIGHTS, b""),
-}
+
+
+def calls(checkpoint: Path) -> dict[str, tuple[str, str, bytes]]:
+    """name -> (method, path, body) of each route measured: the announce and the load a refit
+    sends each engine (the load of a 64-byte checkpoint with a cut-over already past, so it
+    swaps at once: the sim backend's read, digest and swap are in its figure), and the GET."""
+    load = {"path": str(checkpoint), "version": "v2", "effective_at": time.time()}
+    return {
+        "announce": (
+            "POST",
+            CONTROL_ROUTES[ControlOp.ANNOUNCE_WEIGHTS_TARGET],
+            json.dumps({"version": "v2", "lease_s": 60}).encode(),
+        ),
+        "load": ("POST", CONTROL_ROUTES[ControlOp.LOAD_WEIGHTS], json.dumps(load).encode()),
+        "get_weights": ("GET", CONTROL_WEIGHTS, b""),
+    }
 
 
 def http_scope(method: str, path: str, body: bytes) -> dict[str, Any]:
@@ -77,26 +87,30 @@ async def call(app: ASGIApp, method: str, path: str, body: bytes) -> None:
         raise SystemExit(f"{method} {path}: {sent}")
 
 
-async def measure(calls: int, batches: int) -> dict[str, Any]:
+async def measure(count: int, batches: int) -> dict[str, Any]:
     sim = {"speed": 0, "weightsLoadSeconds": 0}
     config = build_config({"backend": "sim", "role": "prefill", "host": "127.0.0.1", "port": 0, "sim": sim})
     app = create_app(config, control_token=TOKEN)
     state = app.state.engine
     await state.start()
-    out: dict[str, Any] = {"bench": "control_call_cpu", "calls": calls, "batches": batches}
+    out: dict[str, Any] = {"bench": "control_call_cpu", "calls": count, "batches": batches}
+    tmp = tempfile.TemporaryDirectory()
+    checkpoint = Path(tmp.name) / "model.safetensors"
+    checkpoint.write_bytes(os.urandom(64))
     try:
-        for name, (method, path, body) in CALLS.items():
+        for name, (method, path, body) in calls(checkpoint).items():
             for _ in range(WARM_UP):
                 await call(app, method, path, body)
             per_call = []
             for _ in range(batches):
                 started = time.process_time()
-                for _ in range(calls):
+                for _ in range(count):
                     await call(app, method, path, body)
-                per_call.append((time.process_time() - started) / calls * 1e6)
+                per_call.append((time.process_time() - started) / count * 1e6)
             out[f"{name}_us"] = round(min(per_call), 1)
     finally:
         await state.close()
+        tmp.cleanup()
     return out
 
 

@@ -22,10 +22,16 @@ drs_engine_token_prefix_total{outcome}             counter  token prefixes splic
 
 from __future__ import annotations
 
+from typing import Final
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-__all__ = ["CONTENT_TYPE_LATEST", "EngineMetrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "CONTROL_ERROR", "CONTROL_OK", "EngineMetrics"]
+
+#: ``drs_engine_control_ops_total``'s ``status`` label values.
+CONTROL_OK: Final = "ok"
+CONTROL_ERROR: Final = "error"
 
 
 class EngineMetrics:
@@ -57,11 +63,15 @@ class EngineMetrics:
         )
         self._weights_loads = 0
         self._weights_label: str | None = None
+        #: the gauge's child of ``_weights_label``, bound when the label changes
+        self._weights_child: Gauge | None = None
         self.kv_exports = Counter(
             "drs_engine_kv_exports", "Context states handed to decode engines.", ["status"], registry=r
         )
         self.asleep = Gauge("drs_engine_asleep", "1 while memory is released.", registry=r)
         self.control_ops = Counter("drs_engine_control_ops", "Control API calls.", ["op", "status"], registry=r)
+        #: ``control_ops``'s children by (op, status), each bound on its first call (:meth:`count_control_op`)
+        self._control_ops: dict[tuple[str, str], Counter] = {}
         self.token_prefix = Counter("drs_engine_token_prefix", "Token prefixes spliced.", ["outcome"], registry=r)
         self.late_target_legs = Counter(
             "drs_engine_late_target_legs",
@@ -74,10 +84,22 @@ class EngineMetrics:
         """Point the weights gauge at ``version`` (``loaded``: a load happened, bump the count)."""
         if loaded:
             self._weights_loads += 1
-        if self._weights_label is not None and self._weights_label != version:
-            self._weights.remove(self._weights_label)
-        self._weights_label = version
-        self._weights.labels(version=version).set(self._weights_loads)
+        child = self._weights_child
+        if child is None or self._weights_label != version:
+            if self._weights_label is not None and self._weights_label != version:
+                self._weights.remove(self._weights_label)
+            self._weights_label = version
+            child = self._weights_child = self._weights.labels(version=version)
+        child.set(self._weights_loads)
+
+    def count_control_op(self, op: str, status: str) -> None:
+        """One control call of ``op`` answered with ``status`` (``ok``/``error``). The labelled
+        child is looked up once per pair: ``labels()`` per call validated and hashed the label
+        values every time, and 256 engines in one process count a refit's calls together."""
+        child = self._control_ops.get((op, status))
+        if child is None:
+            child = self._control_ops[op, status] = self.control_ops.labels(op=op, status=status)
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

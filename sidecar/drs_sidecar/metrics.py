@@ -25,6 +25,17 @@ class SidecarMetrics:
             "drs_sidecar_engine_calls", "Control calls to engines.", ["op", "result"], registry=r
         )
         self.engines_behind = Gauge("drs_sidecar_engines_behind", "Engines not at the desired weights.", registry=r)
+        #: ``engine_calls``'s children by (op, ok), each bound on its first call (:meth:`count_engine_call`)
+        self._engine_calls: dict[tuple[str, bool], Counter] = {}
+
+    def count_engine_call(self, op: str, ok: bool) -> None:
+        """One control call of ``op`` to an engine, answered (``ok``) or failed. The labelled
+        child is looked up once per pair: a refit counts two calls per engine, 512 at 256 engines,
+        and ``labels()`` validated and hashed the label values every time."""
+        child = self._engine_calls.get((op, ok))
+        if child is None:
+            child = self._engine_calls[op, ok] = self.engine_calls.labels(op=op, result="ok" if ok else "failed")
+        child.inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -476,7 +476,7 @@ class Refitter:
             assert engine.url is not None
             async with gate:
                 result = await call(engine.url)
-            self.metrics.engine_calls.labels(op=op.value, result="ok" if result.ok else "failed").inc()
+            self.metrics.count_engine_call(op.value, result.ok)
             detail = result.detail if result.status is None or result.ok else f"{result.status}: {result.detail}"
             return EngineOutcome(
                 engine.name,

@@ -153,7 +153,7 @@ class TargetAnnouncer:
         results = await asyncio.gather(*(self.control.op(u, OP, body, timeout=timeout) for u in urls))
         done.slowest_s = max(r.elapsed_s for r in results)
         for result in results:
-            self.metrics.engine_calls.labels(op=OP.value, result="ok" if result.ok else "failed").inc()
+            self.metrics.count_engine_call(OP.value, result.ok)
             if result.ok:
                 done.reached.append(result.url)
                 answer = result.answer

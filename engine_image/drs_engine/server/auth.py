@@ -10,7 +10,8 @@ the body. The comparison is constant-time; the token is never logged or echoed.
 An engine started without a serving token serves the serving realm to anyone (logged at start);
 one started without a control token refuses the whole control API (403, :func:`check_control`,
 which the control routes call too, so a control route registered outside this app's middleware,
-e.g. in a test, is still guarded).
+e.g. in a test, is still guarded). A request whose control token the middleware accepted carries
+that in its scope (:data:`CHECKED_REALM`), and :func:`check_control` does not compare it again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from drs_engine.errors import ForbiddenError, UnauthorizedError
 from drs_engine.server.state import EngineState
 
 _AUTH_HEADER = auth.AUTH_HEADER.encode()
+#: The scope key :class:`EngineAuth` sets to the realm whose token it has just accepted, so that
+#: :func:`check_control` behind it does not parse and compare the same header again.
+CHECKED_REALM = "drs_engine.auth.checked_realm"
 
 
 def _presented(scope: Scope) -> tuple[str | None, bool]:
@@ -50,6 +54,8 @@ def check_control(state: EngineState, request: Request) -> None:
         raise ForbiddenError(
             f"the control API is disabled on this engine: start it with --control-token-file or {env.CONTROL_TOKEN}"
         )
+    if request.scope.get(CHECKED_REALM) is Realm.CONTROL:  # EngineAuth accepted this request's token
+        return
     header = request.headers.get(auth.AUTH_HEADER)
     presented = auth.presented_token(header)
     if not tokens.matches(presented):
@@ -81,6 +87,7 @@ class EngineAuth:
             return
         presented, had_header = _presented(scope)
         if tokens.matches(presented):
+            scope[CHECKED_REALM] = realm
             await self.app(scope, receive, send)
             return
         answer: dict[str, Any] = auth.unauthorized(

@@ -5,8 +5,11 @@ Called by the trainer-side sidecar on every engine (never through a frontend). E
 environment (:data:`drs_protocol.env.CONTROL_TOKEN`). Paths and operation names are
 :mod:`drs_protocol.routes`'s; request and answer models :mod:`drs_protocol.control`'s
 (:data:`~drs_protocol.control.OPS`). No header or a wrong token → 401 (``drs_protocol.auth``;
-the app's middleware, :mod:`.auth`, answers it before the route, and :func:`check_token` again
-inside it); an engine started without a token refuses the whole control API (403 saying so). Calls are serialised: one
+the app's middleware, :mod:`.auth`, answers it before the route; :func:`check_token` inside it
+compares the token again only where that middleware did not accept it, e.g. a route registered
+outside the app); an engine started without a token refuses the whole control API (403 saying so).
+A body is parsed and validated in one pass (``model_validate_json``); one that pass refuses is
+parsed by ``json`` and validated again, so its 400 is the one it always was, naming the field. Calls are serialised: one
 ``asyncio.Lock`` per server, so two overlapping updates run one after the other and both report.
 
 ==========================================  ==================================================  =====
@@ -64,7 +67,7 @@ from typing import Any, Final
 
 from drs_protocol import auth
 from drs_protocol.auth import Realm
-from drs_protocol.body import parse_json_object, read_body
+from drs_protocol.body import parse_json_object
 from drs_protocol.control import (
     OPS,
     CollectiveAbort,
@@ -92,8 +95,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from drs_engine.backends.base import EngineBackend
 from drs_engine.errors import EngineError, UnauthorizedError, WeightsLoadError
+from drs_engine.metrics import CONTROL_ERROR, CONTROL_OK
 from drs_engine.server.auth import check_control
-from drs_engine.server.body import validate
+from drs_engine.server.body import read_whole_body, validate
 from drs_engine.server.state import EngineState
 from drs_engine.weights import incomplete
 
@@ -120,13 +124,18 @@ def check_token(state: EngineState, request: Request) -> None:
 
 
 async def _body(request: Request, model: type[BaseModel] | None) -> Any:
-    raw = await read_body(request, MAX_CONTROL_BODY_BYTES)
+    raw = await read_whole_body(request, MAX_CONTROL_BODY_BYTES)
     if model is None:  # no parameters: an empty body or any JSON object (checked, then ignored)
         if raw.strip():
             parse_json_object(raw)
         return None
-    data = parse_json_object(raw) if raw.strip() else {}
-    return validate(model, data)
+    if not raw.strip():
+        return validate(model, {})
+    try:  # one pass of pydantic's JSON parser and validator (a body the refit sends every engine)
+        return model.model_validate_json(raw)
+    except ValidationError:
+        pass  # the answer is the one it always was: parsed by json, then validated, naming the field
+    return validate(model, parse_json_object(raw))
 
 
 async def run_op(state: EngineState, request: Request, op: ControlOp, handler: Handler) -> Response:
@@ -164,10 +173,10 @@ async def run_op(state: EngineState, request: Request, op: ControlOp, handler: H
             raise EngineError(f"{op.value}: the {backend.name} backend's report breaks the contract: {exc}") from exc
     except EngineError as exc:
         if metrics is not None:
-            metrics.control_ops.labels(op=op.value, status="error").inc()
+            metrics.count_control_op(op.value, CONTROL_ERROR)
         return _error(exc)
     if metrics is not None:
-        metrics.control_ops.labels(op=op.value, status="ok").inc()
+        metrics.count_control_op(op.value, CONTROL_OK)
     answer = _ANSWER(
         op=op,
         result=result,
@@ -189,8 +198,25 @@ async def _measure(backend: EngineBackend) -> str | None:
         return None
 
 
+class _JsonAnswer(Response):
+    """A 200 ``application/json`` answer with its two headers written directly: what Starlette's
+    ``Response(body, media_type="application/json")`` sends (``content-length``, then
+    ``content-type``, no charset), without assembling them per call."""
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes) -> None:
+        self.status_code = 200
+        self.body = body
+        self.background = None
+        self.raw_headers = [(b"content-length", str(len(body)).encode("latin-1")), (b"content-type", _JSON_TYPE)]
+
+
+_JSON_TYPE: Final = b"application/json"
+
+
 def _answer(answer: BaseModel) -> Response:
-    return Response(answer_bytes(answer), media_type="application/json")
+    return _JsonAnswer(answer_bytes(answer))
 
 
 def _error(exc: EngineError) -> Response:
