@@ -187,6 +187,7 @@ async def test_a_decode_engine_recomputes_received_kv_labelled_with_other_weight
     KV under ``v5`` before its first step, and decodes what an engine at ``v5`` decodes after the
     context's first token (float32: equal greedy tokens); KV labelled ``v5`` it decodes on as is."""
     import torch
+    from drs_engine.backends.base import restate_after_refit as restate
     from drs_engine.backends.torch import runner
     from drs_engine.backends.torch.model import SIZES, random_state_dict
     from safetensors.torch import save_file
@@ -194,7 +195,6 @@ async def test_a_decode_engine_recomputes_received_kv_labelled_with_other_weight
     from .test_torch_engine import disaggregated, tokens
 
     recomputed: list[int] = []  # the runner's recompute of a sequence's KV, observed
-    restate = runner.restate_after_refit
 
     def observed(prompt: list[int], generated: list[int], length: int) -> Any:
         recomputed.append(length)
