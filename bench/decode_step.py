@@ -72,13 +72,36 @@ def _copy_gbps() -> float:
     return float(2 * 10 * (1 << 30) / (began.elapsed_time(ended) / 1000) / 1e9)
 
 
+def _seated(
+    shape: Any, kvs: list[Any], greedy: Any, *, graphs: bool, compiled: bool, attention: str
+) -> tuple[BatchDecoder, list[Any]]:
+    """A decode pool as the engine makes it (64 slots of 2,048 tokens, bf16) with ``kvs`` seated,
+    each a sequence of :data:`LENGTH` tokens."""
+    from drs_engine.backends.torch.batching import DecodeSeq
+
+    decoder = BatchDecoder(
+        shape,
+        slots=64,
+        slot_tokens=2048,
+        cuda_graphs=graphs,
+        compiled=compiled,
+        device=torch.device("cuda:0"),
+        dtype=torch.bfloat16,
+        attention=SlotAttention(attention),
+    )
+    seqs = [
+        DecodeSeq(kv, LENGTH, 1000 + j, greedy, [0], lambda _: (None, None), lambda _: None) for j, kv in enumerate(kvs)
+    ]
+    decoder.seat(seqs)
+    return decoder, seqs
+
+
 def profile(batches: tuple[int, ...], out: Path, attention: str = "sdpa") -> dict[str, Any]:
     """Where a served decode step's time goes: per batch size, the compiled pooled step run eagerly
     (every kernel visible; with CUDA graphs a replay shows as one launch) and the batch's token
     choice (:func:`~drs_engine.backends.torch.sampling.choose_tokens`, greedy, the host sync), under
     ``torch.profiler`` over ``STEPS`` steps: each batch's table by device time into ``out``, and the
     graph-replayed step with the choice timed by CUDA events (what the batcher's job costs)."""
-    from drs_engine.backends.torch.batching import DecodeSeq
     from drs_engine.backends.torch.sampling import BanMasks, Sampling, choose_tokens
     from drs_engine.backends.torch.weights.packed import pack
     from torch.profiler import ProfilerActivity
@@ -94,21 +117,7 @@ def profile(batches: tuple[int, ...], out: Path, attention: str = "sdpa") -> dic
         kvs = [new_kv(shape, LENGTH + 1, device=device, dtype=dtype).normal_() for _ in range(batch)]
         row: dict[str, Any] = {}
         for graphs in (False, True):
-            decoder = BatchDecoder(
-                shape,
-                slots=64,
-                slot_tokens=2048,
-                cuda_graphs=graphs,
-                compiled=True,
-                device=device,
-                dtype=dtype,
-                attention=SlotAttention(attention),
-            )
-            seqs = [
-                DecodeSeq(kv, LENGTH, 1000 + j, greedy, [0], lambda _: (None, None), lambda _: None)
-                for j, kv in enumerate(kvs)
-            ]
-            decoder.seat(seqs)
+            decoder, seqs = _seated(shape, kvs, greedy, graphs=graphs, compiled=True, attention=attention)
             mask = bans.mask(produced=1, min_tokens=0)
 
             def job(d: Any = decoder, s: Any = seqs, m: Any = mask) -> Any:
@@ -134,7 +143,6 @@ def profile(batches: tuple[int, ...], out: Path, attention: str = "sdpa") -> dic
 
 
 def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -> dict[str, Any]:
-    from drs_engine.backends.torch.batching import DecodeSeq
     from drs_engine.backends.torch.sampling import Sampling
 
     shape, device, dtype = SIZES["0.6b"], torch.device("cuda:0"), torch.bfloat16
@@ -152,21 +160,7 @@ def main(batches: tuple[int, ...] = (1, 8, 32, 64), per_sequence: bool = True) -
         logits: dict[str, Any] = {}
         for name, graphs, compiled, is_packed, attention in VARIANTS:
             params = packed if is_packed else loose
-            decoder = BatchDecoder(
-                shape,
-                slots=64,
-                slot_tokens=2048,
-                cuda_graphs=graphs,
-                compiled=compiled,
-                device=device,
-                dtype=dtype,
-                attention=SlotAttention(attention),
-            )
-            seqs = [
-                DecodeSeq(kv, LENGTH, 1000 + j, greedy, [0], lambda _: (None, None), lambda _: None)
-                for j, kv in enumerate(kvs)
-            ]
-            decoder.seat(seqs)
+            decoder, seqs = _seated(shape, kvs, greedy, graphs=graphs, compiled=compiled, attention=attention)
             began = time.monotonic()
             logits[name] = decoder.step(params, "w", seqs).clone()
             row[name.replace("_ms", "_first_step_s")] = round(time.monotonic() - began, 2)

@@ -9,6 +9,7 @@ would not)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -39,6 +40,29 @@ async def greedy_with_gaps(
     return list(choice["token_ids"]), gaps, [float(v) for v in choice["logprobs"]["token_logprobs"]]
 
 
+Answer = tuple[list[int], list[float], list[float]]
+
+
+async def alone_and_together(
+    client: httpx.AsyncClient, reference: str, other: str, prompts: list[list[int]], max_tokens: int = 48
+) -> tuple[list[Answer], list[Answer], list[Answer]]:
+    """:func:`greedy_with_gaps` of every prompt: from ``reference`` one at a time, from ``other`` one
+    at a time and then all at once."""
+    expected = [await greedy_with_gaps(client, reference, ids, max_tokens) for ids in prompts]
+    alone = [await greedy_with_gaps(client, other, ids, max_tokens) for ids in prompts]
+    together = list(await asyncio.gather(*(greedy_with_gaps(client, other, ids, max_tokens) for ids in prompts)))
+    return expected, alone, together
+
+
+def assert_same_or_near_ties(precision: str, reference: list[Answer], *answers: list[Answer]) -> None:
+    """float32: the same greedy tokens; bfloat16: :func:`assert_agree_up_to_near_ties`."""
+    for got in answers:
+        if precision == "float32":
+            assert [g[0] for g in got] == [r[0] for r in reference]
+        else:
+            assert_agree_up_to_near_ties(got, reference)
+
+
 def first_differences(got: list[list[int]], expected: list[list[int]], gaps: list[list[float]]) -> list[Any]:
     """Per stream that differs: (stream, first differing step, the reference's gap there)."""
     out = []
@@ -49,9 +73,7 @@ def first_differences(got: list[list[int]], expected: list[list[int]], gaps: lis
     return out
 
 
-def assert_agree_up_to_near_ties(
-    got: list[tuple[list[int], list[float], list[float]]], reference: list[tuple[list[int], list[float], list[float]]]
-) -> None:
+def assert_agree_up_to_near_ties(got: list[Answer], reference: list[Answer]) -> None:
     """Every difference starts at a near-tie of the reference (:data:`NEAR_TIE`), and the chosen
     tokens' log-probabilities agree before it (:data:`LOGPROB_TOLERANCE`)."""
     expected, gaps = [r[0] for r in reference], [r[1] for r in reference]

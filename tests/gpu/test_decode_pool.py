@@ -20,7 +20,7 @@ from drs_engine.server.runner import start_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from .agree import assert_agree_up_to_near_ties, greedy_with_gaps
+from .agree import alone_and_together, assert_same_or_near_ties
 from .conftest import CONTROL_TOKEN, prompt_ids, torch_config
 from .test_torch_engine import tokens
 
@@ -231,15 +231,8 @@ async def test_flex_attention_in_the_graphs_decodes_the_tokens_of_sdpa_on_the_gp
         procs.engine(procs.engine_config(**config, slotAttention="flex")) as flex,
         httpx.AsyncClient(timeout=300) as client,
     ):
-        reference = [await greedy_with_gaps(client, sdpa, ids, max_tokens=48) for ids in prompts]
-        alone = [await greedy_with_gaps(client, flex, ids, max_tokens=48) for ids in prompts]
-        together = list(await asyncio.gather(*(greedy_with_gaps(client, flex, ids, max_tokens=48) for ids in prompts)))
+        reference, alone, together = await alone_and_together(client, sdpa, flex, prompts)
         info = (await client.get(flex + "/server_info")).json()["engine"]["decode_batching"]["pool"]
     assert info["attention"] == "flex" and info["cuda_graphs"] and info["eager_rows"] == 0
     assert info["graphs_captured"] >= 3
-    if precision == "float32":
-        expected = [r[0] for r in reference]
-        assert [a[0] for a in alone] == expected and [t[0] for t in together] == expected
-        return
-    for got in (alone, together):
-        assert_agree_up_to_near_ties(got, reference)
+    assert_same_or_near_ties(precision, reference, alone, together)

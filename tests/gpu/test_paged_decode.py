@@ -19,7 +19,7 @@ import httpx
 import pytest
 from drs_engine.server.runner import start_engine
 
-from .agree import assert_agree_up_to_near_ties, greedy_with_gaps
+from .agree import alone_and_together, assert_same_or_near_ties
 from .conftest import CONTROL_TOKEN, auth, prompt_ids, torch_config
 from .test_torch_engine import tokens
 
@@ -256,17 +256,10 @@ async def test_paged_kv_on_the_gpu_decodes_the_tokens_of_the_slot_pool(precision
         procs.engine(procs.engine_config(**config, kvLayout="paged")) as paged,
         httpx.AsyncClient(timeout=300) as client,
     ):
-        reference = [await greedy_with_gaps(client, slots, ids, max_tokens=48) for ids in prompts]
-        alone = [await greedy_with_gaps(client, paged, ids, max_tokens=48) for ids in prompts]
-        together = list(await asyncio.gather(*(greedy_with_gaps(client, paged, ids, max_tokens=48) for ids in prompts)))
+        reference, alone, together = await alone_and_together(client, slots, paged, prompts)
         info = (await client.get(paged + "/server_info")).json()["engine"]["decode_batching"]["pool"]
     assert info["layout"] == "paged" and info["paged_steps"] > 0 and info["eager_rows"] == 0
-    if precision == "float32":
-        expected = [r[0] for r in reference]
-        assert [a[0] for a in alone] == expected and [t[0] for t in together] == expected
-        return
-    for got in (alone, together):
-        assert_agree_up_to_near_ties(got, reference)
+    assert_same_or_near_ties(precision, reference, alone, together)
 
 
 def test_the_warm_up_steps_every_batch_size_compiled_flex_attention_will_see() -> None:
