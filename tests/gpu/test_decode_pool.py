@@ -112,6 +112,30 @@ def test_projections_back_to_back_in_one_buffer_are_one_matrix_without_a_copy() 
     assert back_to_back(rows[:2], rows[2:4].view(1, 8)) is None  # another width
 
 
+def test_the_slot_mask_lists_each_rows_key_blocks_up_to_its_position_and_masks_the_rest() -> None:
+    """The compiled kernel reads only the blocks the mask counts (the CPU's eager FlexAttention reads
+    them all, so the step's CPU test cannot see a wrong count): row ``b`` visits blocks
+    ``0 … pos[b] // 128`` and, within them, keys up to ``pos[b]``."""
+    import torch
+    from drs_engine.backends.torch.model import SIZES
+    from drs_engine.backends.torch.pooled import DecodePool
+
+    pool = DecodePool(SIZES["tiny"], slots=4, slot_tokens=512, device=torch.device("cpu"), dtype=torch.float32)
+    pool.allocate()
+    pool.positions.copy_(torch.tensor([0, 127, 128, 511]))
+    slot_mask = pool.slot_mask()
+    mask = slot_mask.block_mask(pool.positions[:3])
+    assert mask.kv_num_blocks.view(-1).tolist() == [1, 1, 2]
+    assert mask.kv_indices.shape == (3, 1, 1, 4) and mask.kv_indices[2, 0, 0].tolist() == [0, 1, 2, 3]
+    keys = torch.arange(512)
+    for b in range(4):
+        assert torch.equal(slot_mask.mask_mod(b, 0, 0, keys), keys <= int(pool.positions[b]))
+    assert pool.slot_mask() is slot_mask  # one mask_mod for the pool's life: no recompile per step
+    pool.free()
+    pool.allocate()
+    assert pool.slot_mask() is slot_mask  # nor after a sleep
+
+
 @pytest.mark.parametrize(
     ("packed", "attention"),
     [(True, "sdpa"), (False, "sdpa"), (True, "flex")],
