@@ -4,7 +4,10 @@
   each) to one engine; a round gives the aggregate decode tokens/s (tokens after each stream's
   first, over the span from the first stream's first token to the last stream's last), the median
   per-stream rate and the median TTFT. ``arrival_s`` spreads the requests' start uniformly at
-  random over that many seconds (continuous batching: requests join and leave a running batch).
+  random over that many seconds (continuous batching: requests join and leave a running batch);
+  such a round also gives the rate while every stream runs (``all_running_tok_s``: the tokens that
+  arrived between the last stream's first token and the first stream's last, over that window), since
+  the whole span's rate is bounded by the arrival window itself when streams are short.
 - :func:`transformers_anchor`: transformers' ``generate`` with a static cache (compiled by
   transformers itself on CUDA) on the same weights (``random:0.6b``'s seeded tensors loaded
   into ``Qwen3ForCausalLM``), at the same stream counts: decode tokens/s =
@@ -23,7 +26,7 @@ import random
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import torch
@@ -68,60 +71,105 @@ def spread(values: list[float], digits: int = 1) -> dict[str, float]:
     }
 
 
+class Stream(NamedTuple):
+    """One streaming request's timings (``perf_counter`` clock): when it was sent, its first and last
+    token's arrival, its token count, and every chunk's (arrival, tokens)."""
+
+    sent: float
+    first: float
+    last: float
+    count: int
+    chunks: list[tuple[float, int]]
+
+
 async def _timed_stream(
-    client: httpx.AsyncClient, url: str, ids: list[int], delay: float
-) -> tuple[float, float, float, int]:
-    """(sent, first token, last token, tokens) of one streaming request, ``perf_counter`` clock."""
+    client: httpx.AsyncClient, url: str, ids: list[int], delay: float, new_tokens: int = NEW_TOKENS
+) -> Stream:
     await asyncio.sleep(delay)
     payload = {
         "model": "m",
         "prompt_token_ids_b64": encode_token_ids_b64(ids),
-        "max_tokens": NEW_TOKENS,
+        "max_tokens": new_tokens,
         "temperature": 0,
         "ignore_eos": True,
         "stream": True,
     }
     sent = time.perf_counter()
-    first = last = 0.0
-    count = 0
+    chunks: list[tuple[float, int]] = []
     async with client.stream("POST", url + COMPLETIONS, json=payload) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
             if got := event_tokens(url, line):
-                last = time.perf_counter()
-                first = first or last
-                count += got
-    return sent, first, last, count
+                chunks.append((time.perf_counter(), got))
+    first, last = (chunks[0][0], chunks[-1][0]) if chunks else (0.0, 0.0)
+    return Stream(sent, first, last, sum(n for _, n in chunks), chunks)
+
+
+class Round(NamedTuple):
+    """One round's figures: decode tokens/s over the whole span, the median stream's rate, the
+    median TTFT (s), and the rate while every stream ran with that window's length (s; both
+    ``None`` when no moment had them all running)."""
+
+    aggregate: float
+    per_stream: float
+    ttft: float
+    all_running: float | None
+    all_running_s: float | None
+
+
+def round_figures(runs: list[Stream]) -> Round:
+    """A round's figures from its streams (pure: tested on made-up timings)."""
+    tokens = sum(r.count - 1 for r in runs)
+    span = max(r.last for r in runs) - min(r.first for r in runs)
+    per_stream = statistics.median((r.count - 1) / (r.last - r.first) for r in runs if r.last > r.first)
+    ttft = statistics.median(r.first - r.sent for r in runs)
+    # every stream running: after the last one's first token, up to the first one's last token
+    start, end = max(r.first for r in runs), min(r.last for r in runs)
+    if end <= start:
+        return Round(tokens / span, per_stream, ttft, None, None)
+    inside = sum(n for r in runs for at, n in r.chunks if start < at <= end)
+    return Round(tokens / span, per_stream, ttft, inside / (end - start), end - start)
 
 
 async def _streams_round(
-    client: httpx.AsyncClient, url: str, streams: int, salt: int, arrival_s: float
-) -> tuple[float, float, float]:
+    client: httpx.AsyncClient, url: str, streams: int, salt: int, arrival_s: float, new_tokens: int
+) -> Round:
     rng = random.Random(salt)
     delays = [rng.uniform(0, arrival_s) if arrival_s else 0.0 for _ in range(streams)]
     runs = await asyncio.gather(
-        *(_timed_stream(client, url, prompt(PROMPT_TOKENS, salt * 1000 + i), d) for i, d in enumerate(delays))
+        *(
+            _timed_stream(client, url, prompt(PROMPT_TOKENS, salt * 1000 + i), d, new_tokens)
+            for i, d in enumerate(delays)
+        )
     )
-    tokens = sum(c - 1 for _, _, _, c in runs)
-    span = max(last for _, _, last, _ in runs) - min(first for _, first, _, _ in runs)
-    per_stream = statistics.median((c - 1) / (last - first) for _, first, last, c in runs if last > first)
-    ttft = statistics.median(first - sent for sent, first, _, _ in runs)
-    return tokens / span, per_stream, ttft
+    return round_figures(list(runs))
 
 
 async def engine_streams(
-    client: httpx.AsyncClient, url: str, streams: int, *, salt: int, arrival_s: float = 0.0, rounds: int = ROUNDS
+    client: httpx.AsyncClient,
+    url: str,
+    streams: int,
+    *,
+    salt: int,
+    arrival_s: float = 0.0,
+    rounds: int = ROUNDS,
+    new_tokens: int = NEW_TOKENS,
 ) -> dict[str, Any]:
     """Our engine's decode rate with ``streams`` concurrent requests (a warm-up round first)."""
-    await _streams_round(client, url, streams, salt, arrival_s)
-    results = [await _streams_round(client, url, streams, salt + 1 + r, arrival_s) for r in range(rounds)]
+    await _streams_round(client, url, streams, salt, arrival_s, new_tokens)
+    results = [await _streams_round(client, url, streams, salt + 1 + r, arrival_s, new_tokens) for r in range(rounds)]
     out: dict[str, Any] = {
-        "aggregate_tok_s": spread([a for a, _, _ in results]),
-        "per_stream_tok_s": spread([p for _, p, _ in results]),
-        "ttft_ms": spread([1000 * t for _, _, t in results]),
+        "aggregate_tok_s": spread([r.aggregate for r in results]),
+        "per_stream_tok_s": spread([r.per_stream for r in results]),
+        "ttft_ms": spread([1000 * r.ttft for r in results]),
     }
+    if new_tokens != NEW_TOKENS:
+        out["new_tokens"] = new_tokens
     if arrival_s:
         out["arrival_s"] = arrival_s
+        running = [r for r in results if r.all_running is not None]
+        out["all_running_tok_s"] = spread([r.all_running or 0.0 for r in running]) if running else None
+        out["all_running_s"] = spread([r.all_running_s or 0.0 for r in running], 2) if running else None
     return out
 
 
