@@ -73,12 +73,12 @@ def spread(values: list[float], digits: int = 1) -> dict[str, float]:
 
 class Stream(NamedTuple):
     """One streaming request's timings (``perf_counter`` clock): when it was sent, its first and last
-    token's arrival, its token count, and every chunk's (arrival, tokens)."""
+    token's arrival, its token count (``tokens``), and every chunk's (arrival, tokens)."""
 
     sent: float
     first: float
     last: float
-    count: int
+    tokens: int
     chunks: list[tuple[float, int]]
 
 
@@ -119,9 +119,9 @@ class Round(NamedTuple):
 
 def round_figures(runs: list[Stream]) -> Round:
     """A round's figures from its streams (pure: tested on made-up timings)."""
-    tokens = sum(r.count - 1 for r in runs)
+    tokens = sum(r.tokens - 1 for r in runs)
     span = max(r.last for r in runs) - min(r.first for r in runs)
-    per_stream = statistics.median((r.count - 1) / (r.last - r.first) for r in runs if r.last > r.first)
+    per_stream = statistics.median((r.tokens - 1) / (r.last - r.first) for r in runs if r.last > r.first)
     ttft = statistics.median(r.first - r.sent for r in runs)
     # every stream running: after the last one's first token, up to the first one's last token
     start, end = max(r.first for r in runs), min(r.last for r in runs)
