@@ -48,8 +48,14 @@ each a fresh client pod running through the event:
   (``examples/trainer/resume_in_pod.py``): its sidecar reads the desired weights back from the
   resource and loads them where they are missing; its trainer waits up to 90 s for every engine
   at the version (``resumed_trainer``: its phase; ``engines_at_refit_digest``).
-  ``sidecar_killed_forgotten`` is its control (run it last): the stored desired weights removed
-  between the kill and the new pod, so the new sidecar does not know them. Not by default.
+  ``sidecar_killed_forgotten`` is its control (run it last): desired weights that were never
+  durable. The operator is stopped (its Deployment scaled to 0) before the refit, so the store
+  reaches neither the weights ConfigMap nor any engine's mounted file; after the kill the stored
+  annotation is removed and the operator started again (it empties the ConfigMap's ``desired``;
+  ``configmap_at_removal``: the version the ConfigMap named then, ``operator_back_after_kill_s``),
+  so the new sidecar knows nothing either. The engines the dead sidecar had not loaded refuse the
+  refit's legs for its target's lease and the lapsed hold (30 + 90 s after its last announce),
+  then serve their previous weights: give it ``--seconds`` well past that (200). Not by default.
   ``--resume-after S`` starts the new trainer pod S seconds after the kill (default 0): later than
   the target lease (30 s), the engines the dead sidecar had not loaded are on their own meanwhile
   (``held_before_resume``: each engine's own version right before the new pod; ``resume_after_s``).

@@ -8,16 +8,26 @@ container id) and the pod deleted with grace 0. Which engines the dead sidecar h
 asked of each engine (``held_after_kill``). Then a new trainer pod
 (``examples/trainer/resume_in_pod.py``) runs a new sidecar, which reads the desired weights back
 from the resource and loads them on the engines behind; its trainer only waits for the status to
-show the version on every engine. The control (``forget``): the stored desired weights removed
-between the kill and the new pod, as a sidecar that kept them only in memory would leave them.
+show the version on every engine.
+
+The control models desired weights that were never durable, as a sidecar that kept them only in
+memory would leave them: the operator is stopped (:func:`operator_stopped`: its Deployment scaled
+to 0) before the refit, so the store reaches neither the weights ConfigMap nor, through it, any
+engine's mounted file; after the kill the stored annotation is removed (:func:`unstore`) and the
+operator started again (:func:`await_forgotten`: it empties the ConfigMap's ``desired``). Removing
+the annotation with the operator running (the control before) came too late: the operator touches
+the engine pods when the desired weights change, so every engine's file named them within seconds
+of the store, and the engines followed them once the dead sidecar's lease lapsed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +46,9 @@ CLAIM = "checkpoints"
 STORE_S = 240.0
 RESUME_S = 90.0
 SIDECAR = "refit-sidecar"
+#: the operator's namespace (the chart's), and how long its pods may take to go, or to come back and act
+OPERATOR_NS = "drs-system"
+OPERATOR_S = 180.0
 
 
 def container_init(container_id: str) -> int:
@@ -131,15 +144,46 @@ def kill_trainer_mid_refit(cluster: RunningCluster, ns: str, drs: str, name: str
     return CutShort(now, lead, held_versions(cluster, ns, drs))
 
 
-def forget(cluster: RunningCluster, ns: str, drs: str) -> None:
-    """The control: the desired weights removed from the resource, and the operator's weights
-    ConfigMap emptied of them, before the new trainer pod starts."""
-    cluster.kubectl("annotate", "drs", drs, "-n", ns, f"{ANNOTATION_DESIRED_WEIGHTS}-", check=False)
-    deadline = time.monotonic() + 60
-    while (_get(cluster, "configmap", f"{drs}-weights", "-n", ns).get("data") or {}).get("desired"):
+def _until(what: str, check: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
         if time.monotonic() > deadline:
-            raise SystemExit("the weights ConfigMap still has desired weights after 60s")
+            raise SystemExit(f"{what}: not reached after {timeout:.0f}s")
         time.sleep(1.0)
+
+
+@contextlib.contextmanager
+def operator_stopped(cluster: RunningCluster) -> Iterator[None]:
+    """The control: the operator's Deployment scaled to 0 for the block (its pod gone; it gives its
+    Lease up on the way out), then back to its replicas. Meanwhile nothing copies stored desired
+    weights into the weights ConfigMap or touches the engine pods."""
+    [deployment] = cluster.kubectl("get", "deployment", "-n", OPERATOR_NS, "-o", "name").stdout.split()
+    replicas = int(_get(cluster, deployment, "-n", OPERATOR_NS)["spec"]["replicas"])
+    cluster.kubectl("scale", deployment, "-n", OPERATOR_NS, "--replicas=0")
+    _until("the operator's pods gone", lambda: not _get(cluster, "pods", "-n", OPERATOR_NS)["items"], OPERATOR_S)
+    try:
+        yield
+    finally:
+        cluster.kubectl("scale", deployment, "-n", OPERATOR_NS, f"--replicas={replicas}")
+
+
+def configmap_desired(cluster: RunningCluster, ns: str, drs: str) -> str | None:
+    """The version of the desired weights the weights ConfigMap holds (what the engines' files will
+    name; None: none)."""
+    text = (_get(cluster, "configmap", f"{drs}-weights", "-n", ns).get("data") or {}).get("desired")
+    return str(json.loads(text).get("version")) if text else None
+
+
+def unstore(cluster: RunningCluster, ns: str, drs: str) -> str | None:
+    """The control, the operator stopped: the stored desired weights removed from the resource.
+    Returns the version the weights ConfigMap named then (the store never reached it: the one before)."""
+    cluster.kubectl("annotate", "drs", drs, "-n", ns, f"{ANNOTATION_DESIRED_WEIGHTS}-", check=False)
+    return configmap_desired(cluster, ns, drs)
+
+
+def await_forgotten(cluster: RunningCluster, ns: str, drs: str) -> None:
+    """The control, the operator started again: wait until it has emptied the ConfigMap's ``desired``."""
+    _until("the weights ConfigMap without desired weights", lambda: not configmap_desired(cluster, ns, drs), OPERATOR_S)
 
 
 def resume(cluster: RunningCluster, ns: str, drs: str, name: str, version: str) -> tuple[str, str]:

@@ -9,6 +9,7 @@ again (its parts: ``bench/chaos_realnodes_sidecar.py``). What each measures: the
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -331,19 +332,27 @@ def watch_engines(cluster: RunningCluster, until: float, desired: DesiredWeights
 def kill_sidecar_mid_refit(cluster: RunningCluster, forget: bool = False) -> None:
     """The trainer pod killed mid-refit (:func:`bench.chaos_realnodes_sidecar.kill_trainer_mid_refit`),
     then a new trainer pod whose sidecar restores the stored desired weights; ``forget`` (the
-    control): the stored desired weights removed before the new pod starts."""
+    control: desired weights that were never durable): the operator stopped before the refit, the
+    stored desired weights removed after the kill, then the operator started again, so neither the
+    weights ConfigMap nor any engine's file ever names them and the new sidecar finds none."""
     name = f"trainer-{len(REFITS) + 1}"
     say(f"{name}: refitting one engine at a time; its sidecar killed once the desired weights are stored")
-    cut = cut_short.kill_trainer_mid_refit(cluster, NS, NAME, name)
-    killed_at = time.time()
+    with cut_short.operator_stopped(cluster) if forget else contextlib.nullcontext():
+        if forget:
+            say("operator stopped: the store reaches no ConfigMap and no engine's file")
+        cut = cut_short.kill_trainer_mid_refit(cluster, NS, NAME, name)
+        killed_at = time.time()
+        if forget:  # what the engines' files could name: the ConfigMap as the stopped operator left it
+            NOTES["configmap_at_removal"] = cut_short.unstore(cluster, NS, NAME)
     desired = cut.desired
     REFITS.append((desired.effective_at or time.time(), desired.version))
     NOTES["sidecar_killed_before_cutover_s"] = cut.kill_to_cutover_s
     NOTES["held_after_kill"] = cut.held_after_kill
     say(f"{name}: killed {cut.kill_to_cutover_s}s before {desired.version}'s cut-over; engines: {cut.held_after_kill}")
     if forget:
-        cut_short.forget(cluster, NS, NAME)
-        say("desired weights removed: the new trainer pod's sidecar finds none")
+        cut_short.await_forgotten(cluster, NS, NAME)
+        NOTES["operator_back_after_kill_s"] = round(time.time() - killed_at, 1)
+        say(f"desired weights removed (the ConfigMap named {NOTES['configmap_at_removal']}), operator back: none known")
     if RESUME_AFTER_S[0] > 0:  # the scenario's parameter: the new trainer pod comes this much later
         NOTES["resume_after_s"] = RESUME_AFTER_S[0]
         say(f"{name}: no trainer pod for {RESUME_AFTER_S[0]:.0f}s (the target lease is 30 s)")

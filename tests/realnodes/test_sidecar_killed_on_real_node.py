@@ -7,10 +7,14 @@ stored the new desired weights, its process is SIGKILLed from the host and the p
 engines still at the old weights. A new trainer pod's sidecar reads the desired weights back from
 the resource and loads them on the engines behind. Every turn is at the weights desired at its
 stamp (the refit's from its cut-over), none lost, and every engine ends at the desired digest.
-What would break it: desired weights a sidecar keeps only in memory. Shown once by removing the
-stored annotation between the kill and the new pod (``bench.chaos_realnodes_sidecar.forget``, as
-``sidecar_killed_forgotten`` of ``bench/chaos_realnodes.py`` does): the new trainer pod fails,
-the fleet never reaching the version.
+What would break it: desired weights a sidecar keeps only in memory. Shown by
+``sidecar_killed_forgotten`` of ``bench/chaos_realnodes.py`` (not by this test): the operator
+stopped before the refit (``bench.chaos_realnodes_sidecar.operator_stopped``), so the store
+reaches no engine's mounted file, the stored annotation removed after the kill (``unstore``),
+then the operator back: the new trainer pod fails, the engines the dead sidecar had not loaded
+serve their previous weights once its target's lease and the lapsed hold are over. (Removing the
+annotation with the operator running, as this docstring once described, no longer fails: the
+operator touches the engine pods on the store, so their files already named the weights.)
 """
 
 from __future__ import annotations
