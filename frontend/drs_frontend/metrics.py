@@ -37,7 +37,8 @@ drs_frontend_group_claims_total{outcome}        counter    new groups' placement
                                                            goes on), unanswered (the placement stands unclaimed)
 drs_frontend_group_placement_seconds            histogram  a routing miss's lookup and claims before its context leg
 drs_frontend_group_round_trip_seconds{phase}    histogram  one round trip of it: lookup (the engines asked at once),
-                                                           claim, reask (every engine's live work after a refusal)
+                                                           claim, reask (every engine's live work after a refusal),
+                                                           lookup_claim (the lookup with the claim: one round trip)
 drs_frontend_group_holds_total{outcome}         counter    first turns held for their group's first context leg:
                                                            released (it ended), timed_out (groupHoldSeconds)
 drs_frontend_group_hold_seconds                 histogram  how long one such first turn was held
