@@ -35,7 +35,8 @@ rendezvous engine whatever the load, no lookup) and ``today``
   reported cached tokens cover the previous prompt's full blocks);
 * ``prefill_work_max_over_mean`` / ``decode_turns_max_over_mean``: per replica, the busiest prefill
   engine's computed tokens and decode engine's turns over their mean (worst replica);
-* ``claims_*``: the frontends' claims during turn 0 (claimed, refused, unanswered);
+* ``claims_*``: the frontends' claims during turn 0 (claimed, refused, unanswered, taken_back: a
+  claim sent with the lookup that did not stand);
 * ``turn0_*_s_mean``: where turn 0 waits, from the frontends' histograms (means over every frontend):
   the lookup and claims of a routing miss (``placement``) and each of its round trips (``lookup``,
   ``claim``, ``reask``: every engine asked again after a refusal, ``lookup_claim``: the one round
@@ -279,7 +280,7 @@ async def turn0_figures(client: httpx.AsyncClient, urls: list[str]) -> dict[str,
     """The frontends' own figures of turn 0 (read before they restart): groups the bound moved,
     claims by outcome, and where turn 0 waits (the histograms' means)."""
     out = {"groups_moved_by_the_bound": await frontend_sum(client, urls, SIBLINGS_MOVED)}
-    for outcome in ("claimed", "refused", "unanswered"):
+    for outcome in ("claimed", "refused", "unanswered", "taken_back"):
         out[f"claims_{outcome}"] = await frontend_sum(client, urls, f'{CLAIMS}{{outcome="{outcome}"}}')
     for name, series in (
         ("placement", "drs_frontend_group_placement_seconds"),

@@ -153,6 +153,7 @@ class PrefixLookup:
         return dataclasses.replace(route, held=held), claimed is None
 
     def _spawn_release(self, url: str, route: RouteRequest) -> None:
+        self.metrics.group_claims_of("taken_back").inc()
         body = self._body(route, route.messages or [], release=True)
         task = asyncio.get_running_loop().create_task(self._ask_one(url, body))
         self._releases.add(task)

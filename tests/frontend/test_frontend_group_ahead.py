@@ -222,7 +222,9 @@ def test_no_claim_ahead_for_a_known_group_a_later_turn_or_missing_figures() -> N
     claim = router.claim_ahead(req, urls, figures)
     order = hrw_order(opening_of(messages).key, urls)  # type: ignore[union-attr]
     assert claim is not None and (claim.url, claim.tokens) == (order[0], 300)  # named without figures
-    assert claim.limit == work_bound(0, 300, 4, FACTOR)
+    assert claim.limit is None  # the bound is checked over the live figures (claim_kept)
+    busy = {**figures, order[0]: 10_000}
+    assert router.claim_ahead(req, urls, busy) is None  # the walk would move it: the lookup first
     assert router.claim_ahead(req, urls, {u: 0 for u in urls[:3]}) is None  # an engine without a figure
     assert ConversationRouter(lookup_engines=0).claim_ahead(req, urls, figures) is None
     later = [*messages, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "go on"}]

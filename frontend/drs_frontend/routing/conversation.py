@@ -43,6 +43,7 @@ turn on another engine moves the pin with it. ``groups=False`` is the routing be
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -65,7 +66,6 @@ from drs_frontend.routing.placement import (
     claim_within,
     found_engine,
     reported_work,
-    work_bound,
 )
 from drs_frontend.routing.prefix import (
     BlockChain,
@@ -172,21 +172,24 @@ class ConversationRouter:
         return None if reported is None else self._claim(request, asked, reported)
 
     def claim_ahead(self, request: RouteRequest, urls: Sequence[str], work: Mapping[str, int]) -> Claim | None:
-        """The claim to send *with* the lookup (one round trip): on the opening's first engine in
-        rendezvous order, the one every frontend of the replica names without any figures (so two
-        frontends that see a group's siblings at once claim alike), with the walk's bound over
-        ``work``, the engines' figures from earlier answers (:class:`.placement.ReportedWork`): the
-        engine refuses where that bound has no room for the prompt, and the relay walks on over the
-        live figures the same round trip brought. None where :meth:`claim_target` would name none,
-        or an engine asked has no figure."""
+        """The claim to send *with* the lookup (one round trip), when the walk over ``work``, the
+        engines' figures from earlier answers (:class:`.placement.ReportedWork`), leaves the group on
+        the opening's first engine in rendezvous order (the one every frontend of the replica names
+        without any figures, so two frontends that see a group's siblings at once claim alike; the
+        engine counts the second as the first's sibling, once). Without a limit: figures a round
+        trip old would refuse it for a few tokens of other groups' work, so :meth:`claim_kept`
+        checks the walk's bound over the live figures the same round trip brings instead, and the
+        relay takes back a claim that does not stand. None where the walk would move the group,
+        where :meth:`claim_target` would name none, or an engine asked has no figure: then the
+        lookup comes first and the claim after it, as before."""
         order = self._new_group_order(request, urls)
         if order is None:
             return None
         asked = order[: self.lookup_engines]
         if any(u not in work for u in asked):
             return None
-        size = self._size(request)
-        return Claim(asked[0], size, work_bound(sum(work[u] for u in asked), size, len(asked), self.load_factor))
+        claim = self._claim(request, asked, work)
+        return dataclasses.replace(claim, limit=None) if claim.url == asked[0] else None
 
     def claim_kept(self, request: RouteRequest, claimed: str, urls: Sequence[str]) -> bool:
         """Whether a claim sent with the lookup stands given the answers (``request.held``): no
