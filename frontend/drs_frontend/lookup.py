@@ -147,7 +147,7 @@ class PrefixLookup:
                 self.reported.update(held)
                 return dataclasses.replace(route, held=held, claimed=claim.url), True
             if not answer.will_cover:  # counted by this claim (else a sibling's claim or leg there already was)
-                self._spawn_release(claim.url, route)  # found elsewhere, or over the bound by now
+                self._spawn_release(claim.url, route)  # the group is held or in flight elsewhere
                 held[claim.url] = answer.model_copy(update={"recent_work": answer.recent_work - claim.tokens})
         self.reported.update(held)
         return dataclasses.replace(route, held=held), claimed is None

@@ -43,7 +43,6 @@ turn on another engine moves the pin with it. ``groups=False`` is the routing be
 
 from __future__ import annotations
 
-import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -63,7 +62,6 @@ from drs_frontend.routing.placement import (
     RecentWork,
     bounded_choice,
     bounded_walk,
-    claim_within,
     found_engine,
     reported_work,
 )
@@ -176,12 +174,11 @@ class ConversationRouter:
         engines' figures from earlier answers (:class:`.placement.ReportedWork`), leaves the group on
         the opening's first engine in rendezvous order (the one every frontend of the replica names
         without any figures, so two frontends that see a group's siblings at once claim alike; the
-        engine counts the second as the first's sibling, once). Without a limit: figures a round
-        trip old would refuse it for a few tokens of other groups' work, so :meth:`claim_kept`
-        checks the walk's bound over the live figures the same round trip brings instead, and the
-        relay takes back a claim that does not stand. None where the walk would move the group,
-        where :meth:`claim_target` would name none, or an engine asked has no figure: then the
-        lookup comes first and the claim after it, as before."""
+        engine counts the second as the first's sibling, once), with the walk's limit: the engine
+        refuses if other groups' work took the room since those figures (a refusal, as after any,
+        and the relay walks on over the live figures the same round trip brought). None where the
+        walk would move the group, where :meth:`claim_target` would name none, or an engine asked
+        has no figure: then the lookup comes first and the claim after it, as before."""
         order = self._new_group_order(request, urls)
         if order is None:
             return None
@@ -189,20 +186,20 @@ class ConversationRouter:
         if any(u not in work for u in asked):
             return None
         claim = self._claim(request, asked, work)
-        return dataclasses.replace(claim, limit=None) if claim.url == asked[0] else None
+        return claim if claim.url == asked[0] else None
 
     def claim_kept(self, request: RouteRequest, claimed: str, urls: Sequence[str]) -> bool:
-        """Whether a claim sent with the lookup stands given the answers (``request.held``): no
-        engine holds the group, and ``claimed`` is within the bound by the live figures
-        (:func:`.placement.claim_within`); else the relay takes it back and places as before."""
+        """Whether a claim sent with the lookup, and counted, stands given the answers
+        (``request.held``, the claimed engine's pending blocks as they stood before the claim): it
+        does unless an engine holds the group or has it in flight (the replica's other frontend
+        placed it a moment ago: :meth:`pick` follows that engine, and the relay takes the claim
+        back). The bound needs no second look: the engine counted the claim only within the limit
+        the walk gave it, a bound over figures no larger than the live ones (recent work within a
+        window only grows between two answers but for what ages out of it)."""
         order = self._new_group_order(request, urls)
-        if order is None or request.held is None or found_engine(order, request.held, whole=True) is not None:
+        if order is None or request.held is None or claimed not in urls:
             return False
-        asked = order[: self.lookup_engines]
-        reported = reported_work(asked, request.held)
-        if reported is None or claimed not in reported:
-            return False
-        return claim_within(claimed, reported, self._size(request), self.load_factor)
+        return found_engine(order, request.held, whole=True) is None
 
     def _new_group_order(self, request: RouteRequest, urls: Sequence[str]) -> list[str] | None:
         """The opening's rendezvous order when the turn is a new group's first turn that this router

@@ -10,10 +10,8 @@
 * :func:`bounded_choice`: the walk's engine and the bound it kept, the limit of the claim that
   counts the placement on that engine at once (so groups placed concurrently, from one snapshot
   of the loads, spread: a refused claim brings the engine's live work, and the walk goes on);
-* :func:`claim_within`: whether a claim sent with the lookup (one round trip, from the engines'
-  figures of earlier answers, :class:`ReportedWork`) stands by the live figures its answers
-  brought: the engine within the bound, or no more than an eighth of a prompt above the least
-  loaded (the walk's own no-room rule);
+* :class:`ReportedWork`: the engines' figures from their last answers, over which a new group's
+  claim is walked when it goes with the lookup (one round trip);
 * :func:`found_engine`: the engine a lookup found holding the longest prefix of the opening
   (``drs_protocol.prefix_lookup``); for a first turn only one that holds all of it (a partial hold,
   e.g. a system prompt that every group shares, says nothing about where this group is).
@@ -79,22 +77,6 @@ def bounded_choice(
     least = min(work(u) for u in walk)
     url = next(u for u in walk if TIE_PARTS * (work(u) - least) <= max(1, size))
     return url, work(url) + max(1, size)
-
-
-def claim_within(url: str, live: Mapping[str, int], size: int, factor: float) -> bool:
-    """Whether ``url``'s live work, which counts a claim of ``size`` tokens made there, keeps the
-    walk's rule over ``live`` (every engine asked): within :func:`work_bound` of the others' work
-    without this prompt, or, where that bound leaves no room, within an eighth of a prompt of the
-    least loaded other engine's work."""
-    unit = max(1, size)
-    before = live[url] - unit
-    total = sum(live.values()) - unit
-    if live[url] <= work_bound(total, unit, len(live), factor):
-        return True
-    least = min((w for u, w in live.items() if u != url), default=before)
-    return TIE_PARTS * (before - least) <= unit and all(
-        w + unit > work_bound(total, unit, len(live), factor) for u, w in live.items() if u != url
-    )
 
 
 class ReportedWork:
