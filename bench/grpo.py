@@ -156,7 +156,7 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
 
 async def serve_frontend(stack: contextlib.AsyncExitStack, config: FrontendConfig, *, ahead: bool) -> RunningFrontend:
     """A frontend, once its probes found every engine up; ``ahead``: a new group's claim goes with
-    its lookup (one round trip, the default), else after it (``bounded``, the rule before)."""
+    its lookup (one round trip; off by default), else after it (``bounded``, the default)."""
     running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
     running.app.relay.lookup.ahead = ahead
     pools = (running.app.relay.prefill, running.app.relay.decode)

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 class PrefixLookup:
     def __init__(
-        self, upstream: UpstreamClient, metrics: FrontendMetrics, *, timeout: float, ahead: bool = True
+        self, upstream: UpstreamClient, metrics: FrontendMetrics, *, timeout: float, ahead: bool = False
     ) -> None:
         self.upstream = upstream
         self.metrics = metrics
@@ -53,7 +53,9 @@ class PrefixLookup:
         self._in_flight: dict[tuple[bytes, tuple[str, ...]], asyncio.Future[dict[str, PrefixHeld]]] = {}
         #: the engines' figures from earlier answers: a new group's claim goes with its lookup when known
         self.reported = ReportedWork()
-        #: claim the placement with the lookup (one round trip); False: lookup, then claim (the rule before)
+        #: claim the placement with the lookup (one round trip); False, the default: lookup, then claim.
+        #: Off: measured no faster than lookup-then-claim (docs/grpo-routing.md, 2026-12-06); bench/grpo.py's
+        #: ``ahead`` mode turns it on
         self.ahead = ahead
         self._releases: set[asyncio.Task[PrefixHeld | None]] = set()
 
@@ -89,7 +91,7 @@ class PrefixLookup:
         claim, which its own lookup sees as pending, or which counts its sibling's claim once).
 
         One round trip where this frontend has every asked engine's figure from earlier answers
-        (``ahead``, the default): the claim the walk makes over those figures goes *with* the
+        (``ahead``; off by default, measured no faster): the claim the walk makes over those figures goes *with* the
         lookup (:meth:`_place_ahead`); only where it does not stand does the placement go on as
         above."""
         started = time.perf_counter()
