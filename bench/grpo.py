@@ -9,8 +9,11 @@ siblings of one prompt start within ``--spread-ms`` (100 ms) of each other, the 
 ``--gap-ms`` apart. Before turn 1 every frontend is restarted (``--no-restart`` to keep them): later
 turns must find their engine without the frontends' memory.
 
-Three modes (``--modes``), each with a fresh fleet per round, rounds interleaved (in reverse order every
-other round, so neither mode always runs first): ``bounded``
+Four modes (``--modes``), each with a fresh fleet per round, rounds interleaved (in reverse order every
+other round, so neither mode always runs first): ``ahead`` (``groupLookupEngines: 4``, since
+2026-12-06: as ``bounded``, but a frontend that has the engines' figures from earlier answers sends a
+new group's claim *with* its lookup, one round trip, and takes it back where the answers found the
+group elsewhere), ``bounded``
 (``groupLookupEngines: 4``: by opening, a new group on the first of its rendezvous engines within
 the load bound over the recent prefill work the engines report in the prefix-held answer, a turn
 unknown to its frontend placed where that lookup finds its opening held or in flight, a new
@@ -32,21 +35,23 @@ rendezvous engine whatever the load, no lookup) and ``today``
   reported cached tokens cover the previous prompt's full blocks);
 * ``prefill_work_max_over_mean`` / ``decode_turns_max_over_mean``: per replica, the busiest prefill
   engine's computed tokens and decode engine's turns over their mean (worst replica);
-* ``claims_*``: the frontends' claims during turn 0 (claimed, refused, unanswered);
+* ``claims_*``: the frontends' claims during turn 0 (claimed, refused, unanswered, taken_back: a
+  claim sent with the lookup that did not stand);
 * ``turn0_*_s_mean``: where turn 0 waits, from the frontends' histograms (means over every frontend):
   the lookup and claims of a routing miss (``placement``) and each of its round trips (``lookup``,
-  ``claim``, ``reask``: every engine asked again after a refusal), a held sibling's hold, the
+  ``claim``, ``reask``: every engine asked again after a refusal, ``lookup_claim``: the one round
+  trip of ``ahead``), a held sibling's hold, the
   context leg and the generation leg;
 * ``turn0_loop_lag_s_*``: how late the frontends' event loop (one process with this client) wakes a
   10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs.
 
-The last line is one JSON object with every figure and the ratios bounded / groups and groups / today
+The last line is one JSON object with every figure and the ratios of the modes' (ahead / bounded, ahead / groups, ahead / today, bounded / groups, groups / today)
 of the medians, and (``*_paired``) of each round's latencies to the other mode's in the same round
 (the rounds alternate modes, so a pair ran under about the same machine load): their median, spread
 and in how many pairs the first mode was slower.
 
     .venv/bin/python bench/grpo.py [--prefill 2,4] [--prompts 8] [--siblings 8] [--turns 3] [--rounds 3]
-        [--modes bounded,groups,today]
+        [--modes ahead,bounded,groups,today]
 """
 
 from __future__ import annotations
@@ -79,7 +84,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.grpo_summary import summarize
 
 BLOCK = 32  # the sim engine's tokens per block
-MODES = ("bounded", "groups", "today")
+MODES = ("ahead", "bounded", "groups", "today")
+#: the modes whose frontends look up (``groupLookupEngines: 4``); ``bounded`` claims after its lookup, as before 2026-12-06
+LOOKUP_MODES = ("ahead", "bounded")
 SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
 CLAIMS = "drs_frontend_group_claims_total"
 LAG_TICK_S = 0.01  # the event loop's lag is sampled this often during turn 0
@@ -138,7 +145,7 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
             "tokenize": True,
             "healthInterval": 1.0,
             "groupRouting": mode != "today",
-            "groupLookupEngines": SUGGESTED_LOOKUP_ENGINES if mode == "bounded" else 0,
+            "groupLookupEngines": SUGGESTED_LOOKUP_ENGINES if mode in LOOKUP_MODES else 0,
             # the frontends share this process's one event loop, the engines another's: on a loaded
             # machine a connect, a probe or a prefix lookup can wait for them longer than the
             # defaults (2 s, 2 s, 0.5 s); lookups_unanswered_after_restart counts what still did not answer
@@ -147,9 +154,11 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
     )
 
 
-async def serve_frontend(stack: contextlib.AsyncExitStack, config: FrontendConfig) -> RunningFrontend:
-    """A frontend, once its probes found every engine up."""
+async def serve_frontend(stack: contextlib.AsyncExitStack, config: FrontendConfig, *, ahead: bool) -> RunningFrontend:
+    """A frontend, once its probes found every engine up; ``ahead``: a new group's claim goes with
+    its lookup (one round trip; off by default), else after it (``bounded``, the default)."""
     running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
+    running.app.relay.lookup.ahead = ahead
     pools = (running.app.relay.prefill, running.app.relay.decode)
     async with asyncio.timeout(60):
         while any(pool.answering() < len(pool.engines) for pool in pools):
@@ -192,7 +201,7 @@ async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fl
                 for f in range(args.frontends):
                     own = await stack.enter_async_context(contextlib.AsyncExitStack())
                     config = frontend_config(prefill[r], decode[r], r * args.frontends + f, mode)
-                    frontends[r].append(await serve_frontend(own, config))
+                    frontends[r].append(await serve_frontend(own, config, ahead=mode == "ahead"))
                     stacks[r].append(own)
             yield Fleet(prefill, decode, frontends, stacks)
             for replica_stacks in stacks:
@@ -212,10 +221,10 @@ async def restart_all(fleet_: Fleet, outer: contextlib.AsyncExitStack) -> None:
     with the same config and port, as a restarted pod comes back."""
     for r, replica in enumerate(fleet_.frontends):
         for f, running in enumerate(replica):
-            config = running.app.config
+            config, ahead = running.app.config, running.app.relay.lookup.ahead
             await fleet_.stacks[r][f].aclose()
             own = await outer.enter_async_context(contextlib.AsyncExitStack())
-            fleet_.frontends[r][f] = await serve_frontend(own, config)
+            fleet_.frontends[r][f] = await serve_frontend(own, config, ahead=ahead)
             fleet_.stacks[r][f] = own
 
 
@@ -271,13 +280,14 @@ async def turn0_figures(client: httpx.AsyncClient, urls: list[str]) -> dict[str,
     """The frontends' own figures of turn 0 (read before they restart): groups the bound moved,
     claims by outcome, and where turn 0 waits (the histograms' means)."""
     out = {"groups_moved_by_the_bound": await frontend_sum(client, urls, SIBLINGS_MOVED)}
-    for outcome in ("claimed", "refused", "unanswered"):
+    for outcome in ("claimed", "refused", "unanswered", "taken_back"):
         out[f"claims_{outcome}"] = await frontend_sum(client, urls, f'{CLAIMS}{{outcome="{outcome}"}}')
     for name, series in (
         ("placement", "drs_frontend_group_placement_seconds"),
         ("lookup", 'drs_frontend_group_round_trip_seconds{phase="lookup"}'),
         ("claim", 'drs_frontend_group_round_trip_seconds{phase="claim"}'),
         ("reask", 'drs_frontend_group_round_trip_seconds{phase="reask"}'),
+        ("lookup_claim", 'drs_frontend_group_round_trip_seconds{phase="lookup_claim"}'),
         ("hold", "drs_frontend_group_hold_seconds"),
         ("context_leg", 'drs_frontend_leg_seconds{leg="context"}'),
         ("generation_leg", 'drs_frontend_leg_seconds{leg="generation"}'),

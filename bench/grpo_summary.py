@@ -24,7 +24,14 @@ def summarize(rounds: dict[tuple[int, str], list[dict[str, float]]]) -> dict[str
         }
     for m_label, entry in out.items():
         m = int(m_label.removeprefix("M="))
-        for a, b in (("bounded", "groups"), ("groups", "today"), ("bounded", "today")):
+        for a, b in (
+            ("ahead", "bounded"),
+            ("ahead", "groups"),
+            ("ahead", "today"),
+            ("bounded", "groups"),
+            ("groups", "today"),
+            ("bounded", "today"),
+        ):
             if a in entry and b in entry:
                 entry[f"{a}_over_{b}"] = {
                     name: round(entry[a][name]["median"] / entry[b][name]["median"], 4)

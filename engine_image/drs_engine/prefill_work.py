@@ -127,6 +127,15 @@ class PrefillWork:
         self._claims.append(Claim(list(prompt_ids), weights, tokens, self._clock() + self._claim_ttl))
         return True
 
+    def release(self, prompt_ids: Sequence[int], weights: str) -> int:
+        """Drop the claims of exactly this prompt under ``weights`` that no leg has taken (a frontend
+        that claimed with its lookup and found the group elsewhere); how many were dropped."""
+        ids = list(prompt_ids)
+        kept = [c for c in self._claims if c.weights != weights or list(c.prompt_ids) != ids]
+        dropped = len(self._claims) - len(kept)
+        self._claims = kept
+        return dropped
+
     def _counted(self) -> Iterator[tuple[Sequence[int], str]]:
         """The prompts whose work is counted here ahead of their end: legs in flight and claims."""
         for leg in self._in_flight:

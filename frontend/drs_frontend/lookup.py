@@ -37,17 +37,27 @@ from drs_frontend.errors import UpstreamError
 from drs_frontend.metrics import FrontendMetrics
 from drs_frontend.routing import Claim, CtxRouter, RouteRequest
 from drs_frontend.routing.groups import opening_messages
+from drs_frontend.routing.placement import ReportedWork
 from drs_frontend.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
 
 
 class PrefixLookup:
-    def __init__(self, upstream: UpstreamClient, metrics: FrontendMetrics, *, timeout: float) -> None:
+    def __init__(
+        self, upstream: UpstreamClient, metrics: FrontendMetrics, *, timeout: float, ahead: bool = False
+    ) -> None:
         self.upstream = upstream
         self.metrics = metrics
         self.timeout = timeout
         self._in_flight: dict[tuple[bytes, tuple[str, ...]], asyncio.Future[dict[str, PrefixHeld]]] = {}
+        #: the engines' figures from earlier answers: a new group's claim goes with its lookup when known
+        self.reported = ReportedWork()
+        #: claim the placement with the lookup (one round trip); False, the default: lookup, then claim.
+        #: Off: measured no faster than lookup-then-claim (docs/grpo-routing.md, 2026-12-06); bench/grpo.py's
+        #: ``ahead`` mode turns it on
+        self.ahead = ahead
+        self._releases: set[asyncio.Task[PrefixHeld | None]] = set()
 
     async def ask(self, urls: list[str], route: RouteRequest, *, live: bool = False) -> dict[str, PrefixHeld]:
         """What each of ``urls`` holds of the opening of ``route``'s messages (those that answered)."""
@@ -63,6 +73,7 @@ class PrefixLookup:
         held: dict[str, PrefixHeld] = {}
         try:
             held = await self._ask_all(urls, body)
+            self.reported.update(held)
         finally:  # an asker cancelled (its client left) leaves the others no answer: the load-free rule
             del self._in_flight[key]
             future.set_result(held)
@@ -77,11 +88,21 @@ class PrefixLookup:
         ``pick`` then reads the same figures, so it places the group where the claim counted it.
         ``drs_frontend_group_placement_seconds`` observes the whole. The engines are asked
         ``live`` (their work now, not the quote: the replica's other frontend agrees through the
-        claim, which its own lookup sees as pending, or which counts its sibling's claim once)."""
+        claim, which its own lookup sees as pending, or which counts its sibling's claim once).
+
+        One round trip where this frontend has every asked engine's figure from earlier answers
+        (``ahead``; off by default, measured no faster): the claim the walk makes over those figures goes *with* the
+        lookup (:meth:`_place_ahead`); only where it does not stand does the placement go on as
+        above."""
         started = time.perf_counter()
-        with self._phase("lookup"):
-            route = dataclasses.replace(route, held=await self.ask(asked, route, live=True))
-        for attempt in range(len(asked) + 1):
+        ahead = router.claim_ahead(route, asked, self.reported.figures()) if self.ahead else None
+        if ahead is not None:
+            route, done = await self._place_ahead(router, route, asked, ahead)
+        else:
+            with self._phase("lookup"):
+                route = dataclasses.replace(route, held=await self.ask(asked, route, live=True))
+            done = False
+        for attempt in range(0 if done else len(asked) + 1):
             claim = router.claim_target(route, asked)
             if claim is None:
                 break
@@ -93,9 +114,52 @@ class PrefixLookup:
                 break
             with self._phase("reask"):
                 live = await self._ask_all(asked, self._body(route, route.messages or [], live=True), count=False)
+            self.reported.update(live)
             route = dataclasses.replace(route, held={**(route.held or {}), **live, claim.url: answer})
         self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
         return route
+
+    async def _place_ahead(
+        self, router: CtxRouter, route: RouteRequest, asked: list[str], claim: Claim
+    ) -> tuple[RouteRequest, bool]:
+        """One round trip: the lookup to every engine asked (``live``), the claim with it to
+        ``claim.url``. The turn with the answers, and whether it is placed: where the claim counted
+        it when it stands (:meth:`.routing.ConversationRouter.claim_kept`: nobody holds the group,
+        the engine within the bound by the live figures), or following a holder the answers found.
+        A claim counted that does not stand is taken back (off the turn's path) and left out of the
+        figures; then, as after a refusal, the caller's claim loop walks on over the live answers
+        (no second lookup)."""
+        lookup = self._body(route, route.messages or [], live=True)
+        with_claim = self._body(
+            route, route.messages or [], PrefixClaim(tokens=claim.tokens, limit=claim.limit), live=True
+        )
+        with self._phase("lookup_claim"):
+            answers = await asyncio.gather(
+                *(self._ask_one(url, with_claim if url == claim.url else lookup) for url in asked)
+            )
+        held = {url: a for url, a in zip(asked, answers, strict=True) if a is not None}
+        outcome = "unanswered" if not held else "found" if any(a.held_blocks for a in held.values()) else "none"
+        self.metrics.group_lookups_of(outcome).inc()
+        answer = held.get(claim.url)
+        claimed = None if answer is None else answer.claimed
+        self.metrics.group_claims_of("unanswered" if claimed is None else "claimed" if claimed else "refused").inc()
+        if answer is not None and claimed and answer.recent_work is not None:
+            kept = router.claim_kept(dataclasses.replace(route, held=held), claim.url, asked)
+            if kept:
+                self.reported.update(held)
+                return dataclasses.replace(route, held=held, claimed=claim.url), True
+            if not answer.will_cover:  # counted by this claim (else a sibling's claim or leg there already was)
+                self._spawn_release(claim.url, route)  # the group is held or in flight elsewhere
+                held[claim.url] = answer.model_copy(update={"recent_work": answer.recent_work - claim.tokens})
+        self.reported.update(held)
+        return dataclasses.replace(route, held=held), claimed is None
+
+    def _spawn_release(self, url: str, route: RouteRequest) -> None:
+        self.metrics.group_claims_of("taken_back").inc()
+        body = self._body(route, route.messages or [], release=True)
+        task = asyncio.get_running_loop().create_task(self._ask_one(url, body))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     @contextlib.contextmanager
     def _phase(self, phase: str) -> Iterator[None]:
@@ -114,6 +178,8 @@ class PrefixLookup:
             return None
         body = self._body(route, route.messages, PrefixClaim(tokens=claim.tokens, limit=claim.limit))
         answer = await self._ask_one(url, body)
+        if answer is not None:
+            self.reported.update({url: answer})
         outcome = (
             "unanswered" if answer is None or answer.claimed is None else "claimed" if answer.claimed else "refused"
         )
@@ -127,6 +193,7 @@ class PrefixLookup:
         claim: PrefixClaim | None = None,
         *,
         live: bool = False,
+        release: bool = False,
     ) -> bytes:
         """A turn this frontend tokenized: its ids, which start with the opening's (the engine
         renders nothing; a first turn's lookup is on a new group's critical path, and its siblings'
@@ -134,15 +201,15 @@ class PrefixLookup:
         renders."""
         if route.prompt_ids:
             ids = list(route.prompt_ids)
-            PrefixHeldRequest(prompt_token_ids=ids, claim=claim, live=live)  # fails here, not on the engine
-            return wire_json.dumps({"prompt_token_ids": ids, **_extra_fields(claim, live)})
+            PrefixHeldRequest(prompt_token_ids=ids, claim=claim, live=live, release=release)  # fails here
+            return wire_json.dumps({"prompt_token_ids": ids, **_extra_fields(claim, live, release)})
         opening_ = [dict(m) for m in opening_messages(messages)]
         tools = route.tools if isinstance(route.tools, list) and route.tools else None
         request = PrefixHeldRequest(
-            messages=opening_, tools=tools, claim=claim, live=live
+            messages=opening_, tools=tools, claim=claim, live=live, release=release
         )  # fails here, not on the engine
         fields = {"messages": request.messages, **({"tools": tools} if tools else {})}
-        return wire_json.dumps({**fields, **_extra_fields(claim, live)})
+        return wire_json.dumps({**fields, **_extra_fields(claim, live, release)})
 
     async def _ask_all(self, urls: list[str], body: bytes, *, count: bool = True) -> dict[str, PrefixHeld]:
         held: dict[str, PrefixHeld] = {}
@@ -174,9 +241,11 @@ class PrefixLookup:
             return None
 
 
-def _extra_fields(claim: PrefixClaim | None, live: bool) -> dict[str, Any]:
+def _extra_fields(claim: PrefixClaim | None, live: bool, release: bool = False) -> dict[str, Any]:
     """Only what is set: an engine from before claims refuses either field (400: no answer)."""
     out: dict[str, Any] = {} if claim is None else {"claim": claim.model_dump(mode="json")}
     if live:
         out["live"] = True
+    if release:
+        out["release"] = True
     return out

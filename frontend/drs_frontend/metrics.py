@@ -34,10 +34,12 @@ drs_frontend_group_lookups_total{outcome}       counter    prefix-held lookups o
                                                            holds a prefix), none (nothing held), unanswered
 drs_frontend_group_claims_total{outcome}        counter    new groups' placements counted on their engine at once:
                                                            claimed, refused (over the bound there by now: the walk
-                                                           goes on), unanswered (the placement stands unclaimed)
+                                                           goes on), unanswered (the placement stands unclaimed),
+                                                           taken_back (sent with the lookup, it did not stand)
 drs_frontend_group_placement_seconds            histogram  a routing miss's lookup and claims before its context leg
 drs_frontend_group_round_trip_seconds{phase}    histogram  one round trip of it: lookup (the engines asked at once),
-                                                           claim, reask (every engine's live work after a refusal)
+                                                           claim, reask (every engine's live work after a refusal),
+                                                           lookup_claim (the lookup with the claim: one round trip)
 drs_frontend_group_holds_total{outcome}         counter    first turns held for their group's first context leg:
                                                            released (it ended), timed_out (groupHoldSeconds)
 drs_frontend_group_hold_seconds                 histogram  how long one such first turn was held

@@ -27,6 +27,15 @@ groups placed at once, from one snapshot of the loads, by any frontend of the re
 claim lasts until a leg of its prompt arrives or :data:`CLAIM_TTL_S`; an engine that already
 counts a claim or a leg in flight for every full block of the prompt (a sibling's) accepts without
 counting it twice. An engine from before claims refuses the field (400): no claim, as before.
+
+One round trip (since 2026-12-06): a frontend that has the engines' figures from earlier answers
+sends a new group's claim *with* its lookup (the claim on the engine its walk chooses from those
+figures, the lookup alone to the others, all at once). So the answer to a claim gives
+``pending_blocks`` as they stood *before* the claim (the frontend must see whether another
+frontend's sibling is there, not its own claim). Where the answers show the group held or pending
+elsewhere (the replica's other frontend placed it a moment ago), the frontend follows that engine
+and takes its claim back (``release``: the claims of exactly this prompt that no leg has taken are
+dropped; off the turn's path).
 """
 
 from __future__ import annotations
@@ -75,6 +84,8 @@ class PrefixHeldRequest(BaseModel):
     claim: PrefixClaim | None = None
     #: answer ``recent_work`` as it stands now, not quoted (a frontend whose claim was refused walks on with these)
     live: bool = False
+    #: drop this prompt's claims here that no leg has taken (a claim sent with a lookup that found the group elsewhere)
+    release: bool = False
 
     @model_validator(mode="after")
     def _one_prompt(self) -> PrefixHeldRequest:
@@ -82,6 +93,8 @@ class PrefixHeldRequest(BaseModel):
             raise ValueError("give exactly one of messages or prompt_token_ids")
         if self.tools is not None and self.messages is None:
             raise ValueError("tools go with messages")
+        if self.release and self.claim is not None:
+            raise ValueError("release goes without a claim")
         return self
 
 
@@ -96,7 +109,7 @@ class PrefixHeld(BaseModel):
     :data:`WORK_QUOTE_S` seconds (None from an engine that does not say). So every frontend that
     asks about a group reads the same figures, and a replica's frontends place it alike
     (docs/grpo-routing.md). An answer to a claim: ``claimed``, and ``recent_work`` live, the
-    claim included when counted."""
+    claim included when counted; its ``pending_blocks`` as they stood before the claim."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -78,7 +78,10 @@ async def test_the_engine_answers_a_claim_with_its_live_work(engine_factory: Eng
         quoted = await ask({"prompt_token_ids": [3] * 300})
         assert quoted.recent_work == 0 and quoted.claimed is None
         first = await ask({"prompt_token_ids": ids, "claim": {"tokens": 300, "limit": 375}})
-        assert (first.claimed, first.recent_work, first.pending_blocks) == (True, 300, 9)
+        # pending as it stood before the claim (a frontend claiming with its lookup asks whether a
+        # sibling is here, not its own claim); a lookup after it sees the claim pending
+        assert (first.claimed, first.recent_work, first.pending_blocks) == (True, 300, 0)
+        assert (await ask({"prompt_token_ids": ids, "live": True})).pending_blocks == 9
         refused = await ask({"prompt_token_ids": [3] * 300, "claim": {"tokens": 300, "limit": 375}})
         assert (refused.claimed, refused.recent_work) == (False, 300)
         assert (await ask({"prompt_token_ids": [3] * 300})).recent_work == 0  # the quote is unchanged
@@ -91,3 +94,33 @@ async def test_the_engine_answers_a_claim_with_its_live_work(engine_factory: Eng
         assert (after.claimed, after.recent_work) == (True, 300 + 64)  # the leg's computed work, not twice
         bad = await client.post(url, json={"prompt_token_ids": ids, "claim": {"tokens": 0}})
         assert bad.status_code == 400 and "claim" in bad.text
+        both = await client.post(url, json={"prompt_token_ids": ids, "claim": {"tokens": 1}, "release": True})
+        assert both.status_code == 400 and "release" in both.text
+
+
+async def test_a_claim_taken_back_no_longer_counts_nor_is_pending(engine_factory: EngineFactory) -> None:
+    """A frontend that claimed with its lookup and found the group elsewhere takes the claim back:
+    the engine's work and its pending blocks for the prompt drop, another prompt's claim stays."""
+    ids, other = list(range(1000, 1300)), list(range(5000, 5064))
+    async with engine_factory("prefill", sim={"speed": 1}) as engine, httpx.AsyncClient(timeout=60) as client:
+        url = engine.url + PREFIX_HELD
+
+        async def ask(body: dict[str, object]) -> PrefixHeld:
+            response = await client.post(url, json=body)
+            assert response.status_code == 200, response.text
+            return PrefixHeld.model_validate(response.json())
+
+        assert (await ask({"prompt_token_ids": ids, "claim": {"tokens": 300}})).claimed
+        assert (await ask({"prompt_token_ids": other, "claim": {"tokens": 64}})).claimed
+        released = await ask({"prompt_token_ids": ids, "release": True, "live": True})
+        assert (released.recent_work, released.pending_blocks) == (64, 0)
+        assert (await ask({"prompt_token_ids": other, "live": True})).pending_blocks == 2
+
+
+def test_release_drops_only_that_prompts_claims_under_those_weights() -> None:
+    work = PrefillWork()
+    work.claim(PROMPT, "v1", 100, limit=None, tokens_per_block=32)
+    work.claim(PROMPT, "v2", 100, limit=None, tokens_per_block=32)
+    assert work.release(PROMPT[:-32], "v1") == 0  # a prefix is another prompt
+    assert work.release(PROMPT, "v1") == 1
+    assert work.recent_work() == 100 and work.pending_blocks(PROMPT, "v1", 32) == 0

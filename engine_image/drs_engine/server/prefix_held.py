@@ -8,7 +8,9 @@ say), and the server adds what it keeps of every leg that prefills (:mod:`drs_en
 the blocks a leg in flight will store (``pending_blocks``) and its recent work (``recent_work``).
 A request with a ``claim`` (a frontend placed a new group here) is counted at once if the recent
 work stays within its limit (:meth:`drs_engine.prefill_work.PrefillWork.claim`); its answer says
-``claimed`` and gives the live recent work, not the quote (as does one asking ``live``).
+``claimed`` and gives the live recent work, not the quote (as does one asking ``live``), and the
+pending blocks as they stood before the claim; one with ``release`` drops this prompt's claims
+that no leg has taken (:meth:`drs_engine.prefill_work.PrefillWork.release`).
 Served while awake only, like a turn; behind the serving token like every serving route.
 """
 
@@ -55,7 +57,12 @@ async def prefix_held(state: EngineState, request: Request) -> Response:
         return JSONResponse(exc.to_body(), status_code=exc.status)
     work = state.prefill_work
     weights = backend.weights_version
-    update: dict[str, object] = {}
+    if req.release:
+        work.release(ids, weights)
+    # pending before the claim: the frontend asks whether a sibling is here, not whether its own claim is
+    update: dict[str, object] = {
+        "pending_blocks": min(work.pending_blocks(ids, weights, held.tokens_per_block), held.blocks)
+    }
     if req.claim is not None:
         claim = req.claim
         update["claimed"] = work.claim(
@@ -64,7 +71,6 @@ async def prefix_held(state: EngineState, request: Request) -> Response:
         update["recent_work"] = work.recent_work()
     else:
         update["recent_work"] = work.recent_work() if req.live else work.quote(ids)
-    update["pending_blocks"] = min(work.pending_blocks(ids, weights, held.tokens_per_block), held.blocks)
     return JSONResponse(held.model_copy(update=update).model_dump(mode="json", exclude_none=req.claim is None))
 
 

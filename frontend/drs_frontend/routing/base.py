@@ -68,6 +68,7 @@ class RouteRequest:
     computed it already (a first turn); else the router computes it from the messages if it needs it.
     ``held``: the answers of a prefix-held lookup (engine URL -> what it holds of the opening),
     when the router asked for one (:meth:`.ConversationRouter.lookup_targets`); None: not asked.
+    ``claimed``: where a claim sent with that lookup counted a new group (the router places it there).
     """
 
     conversation_id: str | None = None
@@ -77,6 +78,8 @@ class RouteRequest:
     tools: Any = None
     opening: Opening | None = None
     held: Mapping[str, PrefixHeld] | None = None
+    #: the engine a claim sent with the lookup counted this new group on, and it stands (:meth:`.ConversationRouter.claim_kept`)
+    claimed: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

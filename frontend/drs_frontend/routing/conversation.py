@@ -44,7 +44,7 @@ turn on another engine moves the pin with it. ``groups=False`` is the routing be
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from drs_protocol.frontend_config import (
@@ -58,7 +58,13 @@ from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES
 from drs_frontend.routing.balance import LeastLoadedRouter
 from drs_frontend.routing.base import Candidate, Claim, Decision, Reason, RouteRequest, Sibling
 from drs_frontend.routing.groups import Opening, estimate_tokens, message_chars, opening_of
-from drs_frontend.routing.placement import RecentWork, bounded_choice, bounded_walk, found_engine, reported_work
+from drs_frontend.routing.placement import (
+    RecentWork,
+    bounded_choice,
+    bounded_walk,
+    found_engine,
+    reported_work,
+)
 from drs_frontend.routing.prefix import (
     BlockChain,
     PrefixIndex,
@@ -154,7 +160,51 @@ class ConversationRouter:
         None when the turn is not a new group's first turn placed by the walk over the engines'
         reported work (pinned, a known or found opening, the lookup off, an engine that did not
         report): nothing to claim."""
-        if self.lookup_engines == 0 or not urls or request.held is None:
+        if request.held is None:
+            return None
+        order = self._new_group_order(request, urls)
+        if order is None or found_engine(order, request.held, whole=True) is not None:
+            return None
+        asked = order[: self.lookup_engines]
+        reported = reported_work(asked, request.held)
+        return None if reported is None else self._claim(request, asked, reported)
+
+    def claim_ahead(self, request: RouteRequest, urls: Sequence[str], work: Mapping[str, int]) -> Claim | None:
+        """The claim to send *with* the lookup (one round trip), when the walk over ``work``, the
+        engines' figures from earlier answers (:class:`.placement.ReportedWork`), leaves the group on
+        the opening's first engine in rendezvous order (the one every frontend of the replica names
+        without any figures, so two frontends that see a group's siblings at once claim alike; the
+        engine counts the second as the first's sibling, once), with the walk's limit: the engine
+        refuses if other groups' work took the room since those figures (a refusal, as after any,
+        and the relay walks on over the live figures the same round trip brought). None where the
+        walk would move the group, where :meth:`claim_target` would name none, or an engine asked
+        has no figure: then the lookup comes first and the claim after it, as before."""
+        order = self._new_group_order(request, urls)
+        if order is None:
+            return None
+        asked = order[: self.lookup_engines]
+        if any(u not in work for u in asked):
+            return None
+        claim = self._claim(request, asked, work)
+        return claim if claim.url == asked[0] else None
+
+    def claim_kept(self, request: RouteRequest, claimed: str, urls: Sequence[str]) -> bool:
+        """Whether a claim sent with the lookup, and counted, stands given the answers
+        (``request.held``, the claimed engine's pending blocks as they stood before the claim): it
+        does unless an engine holds the group or has it in flight (the replica's other frontend
+        placed it a moment ago: :meth:`pick` follows that engine, and the relay takes the claim
+        back). The bound needs no second look: the engine counted the claim only within the limit
+        the walk gave it, a bound over figures no larger than the live ones (recent work within a
+        window only grows between two answers but for what ages out of it)."""
+        order = self._new_group_order(request, urls)
+        if order is None or request.held is None or claimed not in urls:
+            return False
+        return found_engine(order, request.held, whole=True) is None
+
+    def _new_group_order(self, request: RouteRequest, urls: Sequence[str]) -> list[str] | None:
+        """The opening's rendezvous order when the turn is a new group's first turn that this router
+        places by the walk (lookup on, not pinned, opening unknown here, no prefix followed); else None."""
+        if self.lookup_engines == 0 or not urls:
             return None
         cid = request.conversation_id
         pin = self._pins.get(cid) if cid is not None else None
@@ -165,15 +215,11 @@ class ConversationRouter:
             return None
         if cid is None and self._follows_prefix(request, opening) is not None:
             return None
-        order = hrw_order(opening.key, urls)
-        if found_engine(order, request.held, whole=True) is not None:
-            return None
-        asked = order[: self.lookup_engines]
-        reported = reported_work(asked, request.held)
-        if reported is None:
-            return None
+        return hrw_order(opening.key, urls)
+
+    def _claim(self, request: RouteRequest, asked: Sequence[str], work: Mapping[str, int]) -> Claim:
         size = self._size(request)
-        url, limit = bounded_choice(asked, asked, lambda u: reported[u], size, self.load_factor, len(asked))
+        url, limit = bounded_choice(asked, asked, lambda u: work[u], size, self.load_factor, len(asked))
         return Claim(url, size, limit)
 
     def pinned(self, conversation_id: str) -> str | None:
@@ -272,6 +318,9 @@ class ConversationRouter:
             url = known
         elif (found := found_engine(order, request.held or {}, whole=opening.first_turn)) is not None:
             url, reason, placed = found, Reason.LOOKUP, Sibling.FOUND
+        elif opening.first_turn and request.claimed in urls:  # counted there with the lookup, within the bound
+            url = request.claimed
+            placed = Sibling.FIRST if url == order[0] else Sibling.MOVED
         elif opening.first_turn:
             url = self._walk(order, urls, request, size)
             placed = Sibling.FIRST if url == order[0] else Sibling.MOVED

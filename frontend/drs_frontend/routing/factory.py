@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from drs_protocol import enums
@@ -22,6 +22,10 @@ class CtxRouter(Protocol):
     def lookup_targets(self, request: RouteRequest, urls: Sequence[str]) -> list[str]: ...
 
     def claim_target(self, request: RouteRequest, urls: Sequence[str]) -> Claim | None: ...
+
+    def claim_ahead(self, request: RouteRequest, urls: Sequence[str], work: Mapping[str, int]) -> Claim | None: ...
+
+    def claim_kept(self, request: RouteRequest, claimed: str, urls: Sequence[str]) -> bool: ...
 
 
 class GenRouter(Protocol):
@@ -46,6 +50,12 @@ class _Stateless:
 
     def claim_target(self, request: RouteRequest, urls: Sequence[str]) -> Claim | None:
         return None
+
+    def claim_ahead(self, request: RouteRequest, urls: Sequence[str], work: Mapping[str, int]) -> Claim | None:
+        return None
+
+    def claim_kept(self, request: RouteRequest, claimed: str, urls: Sequence[str]) -> bool:
+        return False
 
 
 def build_ctx_router(config: FrontendConfig) -> CtxRouter:

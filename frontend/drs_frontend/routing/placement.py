@@ -10,6 +10,8 @@
 * :func:`bounded_choice`: the walk's engine and the bound it kept, the limit of the claim that
   counts the placement on that engine at once (so groups placed concurrently, from one snapshot
   of the loads, spread: a refused claim brings the engine's live work, and the walk goes on);
+* :class:`ReportedWork`: the engines' figures from their last answers, over which a new group's
+  claim is walked when it goes with the lookup (one round trip);
 * :func:`found_engine`: the engine a lookup found holding the longest prefix of the opening
   (``drs_protocol.prefix_lookup``); for a first turn only one that holds all of it (a partial hold,
   e.g. a system prompt that every group shares, says nothing about where this group is).
@@ -75,6 +77,24 @@ def bounded_choice(
     least = min(work(u) for u in walk)
     url = next(u for u in walk if TIE_PARTS * (work(u) - least) <= max(1, size))
     return url, work(url) + max(1, size)
+
+
+class ReportedWork:
+    """The engines' own recent work as their last answers gave it (``recent_work``), per engine URL:
+    what a claim sent with the next lookup is walked over (:meth:`.ConversationRouter.claim_ahead`).
+    Safe to lose: without a figure the placement takes two round trips, as before."""
+
+    def __init__(self, max_engines: int = 1024) -> None:
+        self._work: dict[str, int] = {}
+        self._max = max_engines
+
+    def update(self, answers: Mapping[str, PrefixHeld]) -> None:
+        for url, answer in answers.items():
+            if answer.recent_work is not None and (url in self._work or len(self._work) < self._max):
+                self._work[url] = answer.recent_work
+
+    def figures(self) -> dict[str, int]:
+        return dict(self._work)
 
 
 def found_engine(order: Sequence[str], held: Mapping[str, PrefixHeld], *, whole: bool) -> str | None:
