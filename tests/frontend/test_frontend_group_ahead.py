@@ -29,17 +29,7 @@ from drs_protocol.prefix_lookup import PrefixHeld, PrefixHeldRequest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-BLOCK = 32
-FACTOR = 1.25
-
-
-def pool(n: int) -> list[str]:
-    return [f"http://e{i}" for i in range(n)]
-
-
-def group(g: int, size: int) -> tuple[list[dict[str, Any]], list[int]]:
-    messages = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": f"task {g}"}]
-    return messages, [g * 100_000 + i for i in range(size)]  # no two groups share a block
+from .groups import BLOCK, FACTOR, group, pool
 
 
 class BookkeepingEngines:
