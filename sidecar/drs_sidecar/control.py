@@ -11,10 +11,19 @@ reading the fleet's control Secret again, mounted or through the API) answers an
 reading the token once more and, when it changed, repeating the call once with the new one (sent
 per request from then on; the session keeps the token it was made with); a 401 with the same
 token is the call's answer.
+
+An engine's name that does not resolve yet is looked up again for up to ``resolve_s`` (back-off
+from ``RESOLVE_FIRST_DELAY_S`` doubling to ``RESOLVE_MAX_DELAY_S``, within the call's own timeout):
+a pod's DNS record under the fleet's headless Service is published after the pod is ready (the
+EndpointSlice, then CoreDNS's watch and its cache), so a trainer that refits right after a rollout
+would otherwise find freshly replaced engines "unreachable". Nothing was sent on such a call, so
+repeating it is safe for every op. A refused or timed-out connection is not retried: the name
+resolved, and the engine is down or hung.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +32,7 @@ from typing import Final
 
 import aiohttp
 import yarl
+from aiohttp.abc import AbstractResolver
 from drs_protocol import fields
 from drs_protocol.control import LoadAnnounce, LoadWeights, WeightsInfo, answer_model
 from drs_protocol.routes import CONTROL_ROUTES, CONTROL_WEIGHTS, HEALTH, ControlOp
@@ -35,6 +45,11 @@ MAX_CONNECTIONS_PER_ENGINE: Final = 4
 KEEPALIVE_S: Final = 2.0
 #: Parsed engine route URLs kept (about 20 routes per engine: a few thousand engines' worth).
 MAX_PARSED_URLS: Final = 65536
+#: Seconds an engine's name is looked up again while it does not resolve (its DNS record follows
+#: the pod's readiness by the EndpointSlice's and CoreDNS's delays), and the back-off between tries.
+RESOLVE_S: Final = 20.0
+RESOLVE_FIRST_DELAY_S: Final = 0.1
+RESOLVE_MAX_DELAY_S: Final = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,11 +107,16 @@ class ControlClient:
         call_s: float = 30.0,
         load_s: float = 1800.0,
         connect_s: float = 5.0,
+        resolve_s: float = RESOLVE_S,
         refresh: Callable[[], Awaitable[str]] | None = None,
+        resolver: AbstractResolver | None = None,
     ) -> None:
         self.call_s = call_s
         self.load_s = load_s
         self.connect_s = connect_s
+        self.resolve_s = resolve_s
+        #: how engine names are resolved (None: aiohttp's default; tests pass a double)
+        self._resolver = resolver
         self.token = token
         self._refresh = refresh
         self._headers = fields.control_auth(token)
@@ -115,6 +135,7 @@ class ControlClient:
                 limit=0,  # no bound over all engines: the refit's own concurrency bounds the calls
                 limit_per_host=MAX_CONNECTIONS_PER_ENGINE,
                 keepalive_timeout=KEEPALIVE_S,
+                resolver=self._resolver,
             )
             self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
         return self._session
@@ -191,6 +212,22 @@ class ControlClient:
         ) as response:
             return response.status, await response.read()
 
+    async def _exchange_resolved(
+        self, method: str, url: str, body: Encoded | None, timeout: float
+    ) -> tuple[int, bytes]:
+        """:meth:`_exchange`, looking the engine's name up again while it does not resolve
+        (within ``resolve_s`` and ``timeout``)."""
+        give_up = time.perf_counter() + min(self.resolve_s, timeout)
+        delay = RESOLVE_FIRST_DELAY_S
+        while True:
+            try:
+                return await self._exchange(method, url, body, timeout)
+            except aiohttp.ClientConnectorDNSError:
+                if time.perf_counter() + delay > give_up:
+                    raise
+            await asyncio.sleep(delay)  # back-off before the next lookup, not a wait on an event
+            delay = min(delay * 2, RESOLVE_MAX_DELAY_S)
+
     async def _token_changed(self) -> bool:
         """After a 401: read the token again (``refresh``); True when it is another one."""
         if self._refresh is None:
@@ -215,7 +252,7 @@ class ControlClient:
     ) -> CallResult:
         started = time.perf_counter()
         try:
-            status, content = await self._exchange(method, url + route, body, timeout)
+            status, content = await self._exchange_resolved(method, url + route, body, timeout)
             if status == 401 and await self._token_changed():
                 status, content = await self._exchange(method, url + route, body, timeout)
         except TimeoutError:  # aiohttp's ServerTimeoutError is one too
