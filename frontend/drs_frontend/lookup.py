@@ -73,7 +73,7 @@ class PrefixLookup:
         held: dict[str, PrefixHeld] = {}
         try:
             held = await self._ask_all(urls, body)
-            self.reported.update(held)
+            self._note(held)
         finally:  # an asker cancelled (its client left) leaves the others no answer: the load-free rule
             del self._in_flight[key]
             future.set_result(held)
@@ -114,7 +114,7 @@ class PrefixLookup:
                 break
             with self._phase("reask"):
                 live = await self._ask_all(asked, self._body(route, route.messages or [], live=True), count=False)
-            self.reported.update(live)
+            self._note(live)
             route = dataclasses.replace(route, held={**(route.held or {}), **live, claim.url: answer})
         self.metrics.group_placement_seconds.observe(time.perf_counter() - started)
         return route
@@ -146,13 +146,19 @@ class PrefixLookup:
         if answer is not None and claimed and answer.recent_work is not None:
             kept = router.claim_kept(dataclasses.replace(route, held=held), claim.url, asked)
             if kept:
-                self.reported.update(held)
+                self._note(held)
                 return dataclasses.replace(route, held=held, claimed=claim.url), True
             if not answer.will_cover:  # counted by this claim (else a sibling's claim or leg there already was)
                 self._spawn_release(claim.url, route)  # the group is held or in flight elsewhere
                 held[claim.url] = answer.model_copy(update={"recent_work": answer.recent_work - claim.tokens})
-        self.reported.update(held)
+        self._note(held)
         return dataclasses.replace(route, held=held), claimed is None
+
+    def _note(self, answers: dict[str, PrefixHeld]) -> None:
+        """Keep the engines' figures of ``answers`` for the next claim ahead (only read with ``ahead``
+        on: off, the default, nothing is kept)."""
+        if self.ahead:
+            self.reported.update(answers)
 
     def _spawn_release(self, url: str, route: RouteRequest) -> None:
         self.metrics.group_claims_of("taken_back").inc()
@@ -179,7 +185,7 @@ class PrefixLookup:
         body = self._body(route, route.messages, PrefixClaim(tokens=claim.tokens, limit=claim.limit))
         answer = await self._ask_one(url, body)
         if answer is not None:
-            self.reported.update({url: answer})
+            self._note({url: answer})
         outcome = (
             "unanswered" if answer is None or answer.claimed is None else "claimed" if answer.claimed else "refused"
         )

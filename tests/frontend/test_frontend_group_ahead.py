@@ -101,6 +101,22 @@ def test_the_second_group_is_placed_in_one_round_trip_and_the_first_in_two() -> 
     assert len(claimed_on) == 2
 
 
+def test_without_the_claim_ahead_no_figures_are_kept_and_every_group_takes_two_round_trips() -> None:
+    async def run() -> tuple[list[int], dict[str, int]]:
+        engines = BookkeepingEngines(pool(2))
+        lookup, router = frontend(engines, ahead=False)
+        trips = []
+        for g in range(2):
+            before = len(engines.requests)
+            await place_group(lookup, router, engines, f"c{g}", g, 300)
+            trips.append(len({(e, r.claim is not None) for e, r in engines.requests[before:]}))
+        return trips, lookup.reported.figures()
+
+    trips, figures = asyncio.run(run())
+    assert trips == [3, 3]  # lookup to both engines, then the claim: for the second group too
+    assert figures == {}  # the engines' answers are not kept when nothing reads them
+
+
 def test_a_claim_ahead_on_another_engine_than_the_groups_is_taken_back_and_the_group_followed() -> None:
     """The replica's other frontend moved the group off its first engine a moment ago (a rival's
     work there, since gone) and its leg is in flight on the second. This frontend, whose figures say
