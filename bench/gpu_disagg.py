@@ -32,7 +32,8 @@ Prints one JSON line. Everything is measured in this run, on this machine:
 Needs a CUDA GPU and PyTorch; engines are ``drs engine`` processes (``tests/gpu/procs.py``).
 ``make gpu`` runs it after the GPU tests. ``--decode-only [--anchor] [--rounds N]``: the decode sweep
 alone; ``--no-decode``: everything else (handoff, prefix, refit, TTFT). ``--kv-layout slots,paged``
-(also ``slots-flex``, ``paged-gather``): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``),
+(also ``slots-flex``, ``paged-gather``, ``slots-runs``: up to 8 decode steps a GPU-thread job,
+``torch.decodeStepsPerJob``): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``),
 each measured in turn with ``--decode-only``, the first one otherwise (the prefix engine's too).
 ``--prefix-only [--kv-layout slots,paged]``: the ``prefix`` figures alone, one engine per layout
 (with ``paged`` the cached blocks are shared in place from the store, with ``slots`` copied).
@@ -358,6 +359,8 @@ KV_LAYOUTS: dict[str, dict[str, Any]] = {
     "slots-flex": {"kvLayout": "slots", "slotAttention": "flex"},
     "paged": {"kvLayout": "paged", "pagedAttention": "flex"},
     "paged-gather": {"kvLayout": "paged", "pagedAttention": "gather"},
+    #: today's default layout with runs of up to 8 decode steps a GPU-thread job (``decodeStepsPerJob``)
+    "slots-runs": {"kvLayout": "slots", "decodeStepsPerJob": 8},
 }
 
 

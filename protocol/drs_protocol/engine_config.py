@@ -143,6 +143,16 @@ class TorchSpec(ConfigModel):
     kv_store_ttl_seconds: float = Field(default=120.0, gt=0.0, description="Unfetched context KVs expire after.")
     max_decode_batch: int = Field(default=64, ge=1, description="Sequences in one batched decode step.")
     decode_growth_tokens: int = Field(default=256, ge=1, description="KV capacity added at a time while decoding.")
+    decode_steps_per_job: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Decode steps the GPU thread runs in a row while the batch is unchanged and no other job waits, each "
+            "step's tokens streamed as it ends; 1: one step per job, the event loop between steps (not yet measured "
+            "on a GPU: off by default)."
+        ),
+    )
     decode_slot_tokens: int = Field(
         default=2048,
         ge=1,

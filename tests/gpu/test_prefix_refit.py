@@ -68,7 +68,7 @@ def _jobs_queued(worker: GpuWorker, monkeypatch: pytest.MonkeyPatch) -> Callable
     submit = pool.submit
 
     def observed(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-        names.put_nowait(getattr(getattr(fn, "func", fn), "__name__", repr(fn)))  # run() queues a partial
+        names.put_nowait(getattr(getattr(fn, "func", fn), "__name__", repr(fn)))  # run() and post() queue a _Job
         return submit(fn, *args, **kwargs)
 
     monkeypatch.setattr(pool, "submit", observed)

@@ -9,6 +9,14 @@ pool slot back, its KV copied out: :class:`~drs_engine.backends.torch.decoder.Ba
 and its ``released`` event is set once that job ran, so the engine caches its KV only after.
 Choosing the token is :func:`~drs_engine.backends.torch.sampling.choose_tokens`.
 
+With ``steps_per_job`` above 1 (``decodeStepsPerJob``; off by default, not yet measured on a GPU)
+one job runs up to that many steps in a row on the GPU thread (:meth:`DecodeBatcher._run_steps`):
+each step's tokens are applied to its sequences there and handed to the event loop as the step
+ends (``call_soon_threadsafe``, in order), and the run ends after the step in which a sequence
+finished, a sequence joined or left (``_changed``, set on the loop), or another job (a prefill, a
+load) was submitted to the GPU thread (:attr:`GpuWorker.waiting`). The event loop's round trip
+between two steps is then off the decode's path while nothing changes.
+
 :class:`PrefillQueue` does the same for prompts: the prompts that arrive while the GPU thread is
 busy (a decode step, another prefill) wait together and go to it as one job, up to a token budget
 (the padded tokens of one batched forward pass), so 32 prompts sent at once prefill in a few
@@ -63,13 +71,17 @@ StepFn = Callable[[list[DecodeSeq], list[DecodeSeq]], Any]
 class DecodeBatcher:
     """Runs decode steps for every active sequence, batched, on the GPU worker."""
 
-    def __init__(self, worker: GpuWorker, step: StepFn, *, max_batch: int) -> None:
+    def __init__(self, worker: GpuWorker, step: StepFn, *, max_batch: int, steps_per_job: int = 1) -> None:
         self._worker = worker
         self._step = step
         self.max_batch = max_batch
+        self.steps_per_job = steps_per_job
         self._active: list[DecodeSeq] = []
         self._leaving: list[DecodeSeq] = []
         self._task: asyncio.Task[None] | None = None
+        #: a sequence joined or left since the running job's batch was taken (ends a run of steps)
+        self._changed = False
+        self.jobs = 0  #: GPU-thread jobs that ran steps (``steps`` over ``jobs``: steps a run)
         self.steps = 0
         self.tokens = 0
 
@@ -79,6 +91,7 @@ class DecodeBatcher:
 
     def add(self, seq: DecodeSeq) -> None:
         self._active.append(seq)
+        self._changed = True
         self._kick()
 
     def remove(self, seq: DecodeSeq) -> None:
@@ -86,6 +99,7 @@ class DecodeBatcher:
         with contextlib.suppress(ValueError):
             self._active.remove(seq)
             self._leaving.append(seq)
+            self._changed = True
             self._kick()
 
     def _kick(self) -> None:
@@ -108,6 +122,8 @@ class DecodeBatcher:
             raise
 
     async def _steps(self) -> None:
+        if self.steps_per_job > 1:
+            return await self._runs()
         while self._active or self._leaving:
             batch = self._active[: self.max_batch]
             leaving, self._leaving = self._leaving, []
@@ -121,6 +137,7 @@ class DecodeBatcher:
             finally:
                 for seq in leaving:
                     seq.released.set()
+            self.jobs += 1
             self.steps += 1
             self.tokens += len(batch)
             for seq, choice in zip(batch, choices, strict=True):
@@ -134,6 +151,52 @@ class DecodeBatcher:
                 if seq.finish[0] is not None:
                     self.remove(seq)
                     seq.queue.put_nowait(None)
+
+    async def _runs(self) -> None:
+        """:meth:`_steps` with up to ``steps_per_job`` steps a job (:meth:`_run_steps`)."""
+        loop = asyncio.get_running_loop()
+        while self._active or self._leaving:
+            batch = self._active[: self.max_batch]
+            leaving, self._leaving = self._leaving, []
+            self._changed = False
+            try:
+                await self._worker.run(self._run_steps, batch, leaving, loop)
+            except Exception as exc:
+                for seq in batch:
+                    self.remove(seq)
+                    seq.queue.put_nowait(exc)
+            finally:
+                for seq in leaving:
+                    seq.released.set()
+
+    def _run_steps(self, batch: list[DecodeSeq], leaving: list[DecodeSeq], loop: asyncio.AbstractEventLoop) -> None:
+        """On the GPU thread: steps of ``batch`` until one of them finishes a sequence, the batch
+        changed, another job waits, or ``steps_per_job`` ran; each step's tokens applied here and
+        handed to the loop (:meth:`_deliver`) as it ends."""
+        self.jobs += 1
+        for n in range(self.steps_per_job):
+            choices = self._run_step(batch, leaving if n == 0 else [])
+            self.steps += 1
+            self.tokens += len(batch)
+            finished = False
+            for seq, choice in zip(batch, choices, strict=True):
+                seq.length += 1
+                seq.next_token = choice.token_id
+                seq.generated.append(choice.token_id)
+                seq.finish = seq.check(seq.generated)
+                finished = finished or seq.finish[0] is not None
+                loop.call_soon_threadsafe(self._deliver, seq, choice)
+            if not batch or finished or self._changed or self._worker.waiting:
+                return
+
+    def _deliver(self, seq: DecodeSeq, choice: Choice) -> None:
+        """On the loop: a token of :meth:`_run_steps` to its stream (nothing once it left)."""
+        if seq not in self._active:
+            return
+        seq.queue.put_nowait(choice)
+        if seq.finish[0] is not None:
+            self.remove(seq)
+            seq.queue.put_nowait(None)
 
     def _run_step(self, batch: list[DecodeSeq], leaving: list[DecodeSeq]) -> list[Choice]:
         logits = self._step(batch, leaving)

@@ -174,6 +174,8 @@ class TorchBackend(EngineBackend):
             "decode_batching": {
                 "max_batch": b.max_batch,
                 "active": b.active,
+                "steps_per_job": b.steps_per_job,
+                "jobs": b.jobs,
                 "steps": b.steps,
                 "tokens": b.tokens,
                 "mean_batch": round(b.tokens / b.steps, 3) if b.steps else None,

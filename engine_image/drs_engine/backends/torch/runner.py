@@ -147,7 +147,9 @@ class ModelRunner:
                 device=device,
                 dtype=dtype,
             )
-        self.batcher = DecodeBatcher(worker, self._step, max_batch=spec.max_decode_batch)
+        self.batcher = DecodeBatcher(
+            worker, self._step, max_batch=spec.max_decode_batch, steps_per_job=spec.decode_steps_per_job
+        )
         self.prefills: PrefillQueue[PrefillJob, PrefillResult] = PrefillQueue(
             worker,
             self._prefill_many,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -42,18 +42,48 @@ class GpuWorker:
                 torch.cuda.set_device(device)
 
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="drs-gpu", initializer=init)
+        self._count = threading.Lock()
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Jobs submitted that have not started: a run of decode steps ends for them
+        (:class:`~drs_engine.backends.torch.batching.DecodeBatcher`)."""
+        return self._waiting
+
+    def _queued(self, fn: Callable[..., T], *args: Any) -> _Job[T]:
+        with self._count:
+            self._waiting += 1
+        return _Job(self, fn, args)
+
+    def _started(self) -> None:
+        with self._count:
+            self._waiting -= 1
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._queued(fn, *args))
 
     def post(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the GPU thread after the jobs queued so far, without waiting (from
         code that cannot await: a generator's ``finally``, a callback). Nothing once closed."""
         with contextlib.suppress(RuntimeError):  # shut down: the device's state went with it
-            self._pool.submit(fn, *args)
+            self._pool.submit(self._queued(fn, *args))
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _Job(Generic[T]):
+    """``func(*args)`` queued on the GPU thread; counted as waiting until it starts."""
+
+    __slots__ = ("_worker", "args", "func")
+
+    def __init__(self, worker: GpuWorker, func: Callable[..., T], args: tuple[Any, ...]) -> None:
+        self._worker, self.func, self.args = worker, func, args
+
+    def __call__(self) -> T:
+        self._worker._started()
+        return self.func(*self.args)
 
 
 def free_bytes(device: Any) -> int | None:

@@ -1,0 +1,80 @@
+"""Runs of decode steps on the GPU thread (``decodeStepsPerJob`` > 1): the same tokens as one step
+a job, streamed as each step ends; a run ends where the batch changes, a sequence finishes or
+another job waits. On the CPU, with a real (tiny) model and real engines, in float32 (greedy
+tokens are exact to compare)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+from drs_engine.server.runner import start_engine
+
+from .conftest import COMPLETIONS, CONTROL_TOKEN, completion_body, prompt_ids, torch_config
+from .test_torch_engine import tokens
+
+RUN = 8
+#: Seconds a stream that left may take to be released by the engine (it is at the next step).
+LEAVE_S = 30.0
+
+
+async def _batching(client: httpx.AsyncClient, url: str) -> dict[str, int]:
+    return dict((await client.get(url + "/server_info")).json()["engine"]["decode_batching"])
+
+
+async def test_runs_of_steps_give_the_tokens_of_one_step_a_job() -> None:
+    prompts = [prompt_ids(20 + 9 * i, offset=4000 + 11 * i) for i in range(6)]
+    lengths = [3, 17, 9, 30, 1, 24]  # sequences finish at different steps: each ends a run
+    async with (
+        start_engine(torch_config(), control_token=CONTROL_TOKEN) as one,
+        start_engine(torch_config(decodeStepsPerJob=RUN), control_token=CONTROL_TOKEN) as runs,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        alone = [await tokens(client, one.url, ids, max_tokens=n) for ids, n in zip(prompts, lengths, strict=True)]
+        before = await _batching(client, one.url)
+        await tokens(client, one.url, prompts[3], max_tokens=lengths[3])
+        one_step_a_job = await _batching(client, one.url)
+        steps_alone = one_step_a_job["steps"] - before["steps"]
+        single = await tokens(client, runs.url, prompts[3], max_tokens=lengths[3])
+        after_single = await _batching(client, runs.url)
+        together = await asyncio.gather(
+            *(tokens(client, runs.url, ids, max_tokens=n) for ids, n in zip(prompts, lengths, strict=True))
+        )
+        batching = await _batching(client, runs.url)
+    assert single == alone[3]
+    assert list(together) == alone
+    assert after_single["steps_per_job"] == RUN
+    assert one_step_a_job["jobs"] == one_step_a_job["steps"]
+    # one stream alone, nothing else submitted: the same steps as one a job, in runs of up to 8
+    assert after_single["steps"] == steps_alone, (after_single, steps_alone)
+    assert -(-steps_alone // RUN) <= after_single["jobs"] < steps_alone, after_single
+    assert batching["tokens"] > batching["steps"]  # steps carried several sequences
+
+
+async def test_a_stream_that_leaves_mid_run_is_released_and_the_engine_serves_on() -> None:
+    ids = prompt_ids(40, offset=9000)
+    async with (
+        start_engine(torch_config(), control_token=CONTROL_TOKEN) as one,
+        start_engine(torch_config(decodeStepsPerJob=RUN), control_token=CONTROL_TOKEN) as runs,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        expected = await tokens(client, one.url, ids, max_tokens=12)
+        body = completion_body(prompt_ids(50, offset=7000), max_tokens=2000, stream=True)
+        seen = 0
+        async with client.stream("POST", runs.url + COMPLETIONS, json=body) as response:
+            async for line in response.aiter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    seen += len(json.loads(line[6:])["choices"][0].get("token_ids") or [])
+                if seen >= 20:
+                    break  # the client leaves: the connection closes with the stream
+        deadline = time.monotonic() + LEAVE_S
+        while (await _batching(client, runs.url))["active"] and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # polling the engine's own figure for the event
+        left = await _batching(client, runs.url)
+        again = await tokens(client, runs.url, ids, max_tokens=12)
+    assert seen >= 20
+    assert left["active"] == 0, left
+    assert left["steps"] < 2000  # it stopped stepping the stream that left
+    assert again == expected
