@@ -38,7 +38,8 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ from drs_engine.server.body import validate
 from drs_frontend.lookup import PrefixLookup
 from drs_frontend.routing import RouteRequest
 from drs_frontend.routing.groups import opening_messages
+from drs_frontend.tokenization import ChatTokenizer
 from drs_protocol import routes
 from drs_protocol.body import parse_json_object
 from drs_protocol.chat import render_prompt_ids
@@ -136,119 +138,149 @@ async def histogram_sums(client: httpx.AsyncClient, url: str, names: list[str]) 
     return out
 
 
-async def one_round(args: argparse.Namespace, fleet_args: argparse.Namespace, number: int) -> dict[str, float]:
+@dataclass
+class Setup:
+    """One round's fleet pieces and prompts: ``calls`` prompts, each already tokenized once."""
+
+    args: argparse.Namespace
+    number: int
+    lookup: PrefixLookup
+    chat: ChatTokenizer
+    engine: str
+    prompts: list[list[dict[str, Any]]]
+    ids: list[Sequence[int]]
+
+    def route_of(self, g: int) -> RouteRequest:
+        return RouteRequest(conversation_id=f"r{self.number}-c{g}", prompt_ids=self.ids[g], messages=self.prompts[g])
+
+
+def cpu_parts(r: Setup) -> dict[str, float]:
+    """The CPU of each part, in this process: the frontend's and what the engine's handler does."""
+    n, chat, prompts, ids = r.args.calls, r.chat, r.prompts, r.ids
+    tokenize = cpu_calls(n, lambda g: chat.prompt_ids(f"r{r.number}-t{g}", prompts[g]))
+    bodies = [PrefixLookup._body(r.route_of(g), prompts[g], live=True) for g in range(n)]
+    body = cpu_calls(n, lambda g: PrefixLookup._body(r.route_of(g), prompts[g], live=True))
+    parse = cpu_calls(n, lambda g: validate(PrefixHeldRequest, parse_json_object(bodies[g])))
+    cache = PrefixCache(tokens_per_block=grpo.BLOCK, capacity_tokens=1 << 20)
+    cache.insert(block_hashes(b"seed", ids[0], grpo.BLOCK))
+    hashed = cpu_calls(n, lambda g: cache.held(block_hashes(b"seed", ids[g], grpo.BLOCK)))
+    render = cpu_calls(
+        n,
+        lambda g: render_prompt_ids(
+            chat.tokenizer, [dict(m) for m in opening_messages(prompts[g])], add_generation_prompt=False
+        ),
+    )
     out: dict[str, float] = {}
+    for name, values in (
+        ("tokenize", tokenize),
+        ("body", body),
+        ("engine_parse", parse),
+        ("engine_hash", hashed),
+        ("engine_render", render),
+    ):
+        out[f"cpu_{name}_us"] = 1e6 * statistics.median(values)
+    out["body_bytes"] = statistics.median(len(b) for b in bodies)
+    out["prompt_ids"] = statistics.median(len(i) for i in ids)
+    return out
+
+
+async def round_trips(r: Setup) -> dict[str, float]:
+    """Round trips one at a time: the bare ``GET /health``, a 2-id lookup, a turn's lookup end to end."""
+    upstream, engine, n = r.lookup.upstream, r.engine, r.args.calls
+    tiny = b'{"prompt_token_ids": [1, 2], "live": true}'
+    rtt = {
+        "health": await timed_calls(n, lambda g: upstream.get(engine + routes.HEALTH, 5.0)),
+        "tiny": await timed_calls(n, lambda g: upstream.post_json(engine + routes.PREFIX_HELD, tiny, 5.0)),
+        "lookup": await timed_calls(n, lambda g: r.lookup.ask([engine], r.route_of(g), live=True)),
+    }
+    out = {f"rtt_{name}_ms": 1000 * statistics.median(values) for name, values in rtt.items()}
+    for name in ("tiny", "lookup"):
+        out[f"rtt_{name}_over_health"] = out[f"rtt_{name}_ms"] / out["rtt_health_ms"]
+    return out
+
+
+async def lookup_bursts(r: Setup) -> dict[str, float]:
+    """``burst`` lookups at once: of distinct prompts, of one prompt, each after tokenizing its turn."""
+    n, number, chat, lookup, urls = r.args.burst, r.number, r.chat, r.lookup, [r.engine]
+    more = [grpo.prompt_of(10_000 + g, random.Random(number * 7 + g), r.args) for g in range(n)]
+    more_ids = [chat.prompt_ids(f"r{number}-more-{g}", p).ids for g, p in enumerate(more)]
+    sections: dict[str, Callable[[int], Awaitable[Any]]] = {
+        "distinct": lambda g: lookup.ask(
+            urls, RouteRequest(conversation_id=f"d{g}", prompt_ids=more_ids[g], messages=more[g]), live=True
+        ),
+        "shared": lambda g: lookup.ask(
+            urls, RouteRequest(conversation_id=f"s{g}", prompt_ids=more_ids[0], messages=more[0]), live=True
+        ),
+    }
+    asked: list[float] = []
+
+    async def tokenize_then_ask(g: int) -> None:
+        await asyncio.sleep(0)
+        turn = chat.prompt_ids(f"r{number}-tta-{g}", more[1])
+        started = time.perf_counter()
+        await lookup.ask(
+            urls, RouteRequest(conversation_id=f"tta{g}", prompt_ids=turn.ids, messages=more[1]), live=True
+        )
+        asked.append(time.perf_counter() - started)
+
+    out: dict[str, float] = {}
+    for name, call in sections.items():
+        for key, value in (await burst(n, call)).items():
+            out[f"burst_{name}_{key}"] = value
+    for key, value in (await burst(n, tokenize_then_ask)).items():
+        out[f"burst_tokenize_then_ask_{key}"] = value
+    out["burst_tokenize_then_ask_ask_only_mean_ms"] = 1000 * statistics.mean(asked)
+    return out
+
+
+async def turns_burst(r: Setup, front: str) -> dict[str, float]:
+    """``burst`` sibling first turns of one new prompt through the frontend's HTTP port, and its own
+    figures of their lookup and placement."""
+    names = [
+        'drs_frontend_group_round_trip_seconds_sum{phase="lookup"}',
+        'drs_frontend_group_round_trip_seconds_count{phase="lookup"}',
+        "drs_frontend_group_placement_seconds_sum",
+        "drs_frontend_group_placement_seconds_count",
+    ]
+    task = grpo.prompt_of(20_000 + r.number, random.Random(r.number), r.args)
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
+    out: dict[str, float] = {}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
+        before = await histogram_sums(client, front, names)
+
+        async def turn(g: int) -> None:
+            body = {
+                "model": "sim-qwen3",
+                "messages": task,
+                "max_tokens": r.args.max_tokens,
+                "conversation_params": {"conversation_id": f"r{r.number}-turn-{g}"},
+            }
+            (await client.post(front + routes.Endpoint.CHAT.value, json=body)).raise_for_status()
+
+        for key, value in (await burst(r.args.burst, turn)).items():
+            out[f"burst_turns_{key}"] = value
+        after = await histogram_sums(client, front, names)
+    d = {k: after[k] - before[k] for k in names}
+    out["burst_turns_lookups"] = d[names[1]]
+    out["burst_turns_lookup_round_trip_ms"] = 1000 * d[names[0]] / d[names[1]] if d[names[1]] else 0.0
+    out["burst_turns_placement_ms"] = 1000 * d[names[2]] / d[names[3]] if d[names[3]] else 0.0
+    return out
+
+
+async def one_round(args: argparse.Namespace, fleet_args: argparse.Namespace, number: int) -> dict[str, float]:
     async with grpo.fleet(fleet_args, 1, "bounded") as fl:
         relay = fl.frontends[0][0].app.relay
-        lookup: PrefixLookup = relay.lookup
         chat = relay.chat_tokenizer
         assert chat is not None
-        engine = fl.prefill[0][0]
-        urls = [engine]
         prompts = [grpo.prompt_of(g, random.Random(number * 1000 + g), args) for g in range(args.calls)]
-        ids = [chat.prompt_ids(f"r{number}-warm-{g}", p).ids for g, p in enumerate(prompts)]
-
-        def route_of(g: int) -> RouteRequest:
-            return RouteRequest(conversation_id=f"r{number}-c{g}", prompt_ids=ids[g], messages=prompts[g])
-
-        # -- CPU of each part, in this process
-        tokenize = cpu_calls(args.calls, lambda g: chat.prompt_ids(f"r{number}-t{g}", prompts[g]))
-        bodies = [PrefixLookup._body(route_of(g), prompts[g], live=True) for g in range(args.calls)]
-        body = cpu_calls(args.calls, lambda g: PrefixLookup._body(route_of(g), prompts[g], live=True))
-        parse = cpu_calls(args.calls, lambda g: validate(PrefixHeldRequest, parse_json_object(bodies[g])))
-        cache = PrefixCache(tokens_per_block=grpo.BLOCK, capacity_tokens=1 << 20)
-        cache.insert(block_hashes(b"seed", ids[0], grpo.BLOCK))
-        hashed = cpu_calls(args.calls, lambda g: cache.held(block_hashes(b"seed", ids[g], grpo.BLOCK)))
-        render = cpu_calls(
-            args.calls,
-            lambda g: render_prompt_ids(
-                chat.tokenizer, [dict(m) for m in opening_messages(prompts[g])], add_generation_prompt=False
-            ),
-        )
-        for name, values in (
-            ("tokenize", tokenize),
-            ("body", body),
-            ("engine_parse", parse),
-            ("engine_hash", hashed),
-            ("engine_render", render),
-        ):
-            out[f"cpu_{name}_us"] = 1e6 * statistics.median(values)
-        out["body_bytes"] = statistics.median(len(b) for b in bodies)
-        out["prompt_ids"] = statistics.median(len(i) for i in ids)
-
-        # -- round trips, one at a time
-        upstream = lookup.upstream
-        tiny = b'{"prompt_token_ids": [1, 2], "live": true}'
-        rtt = {
-            "health": await timed_calls(args.calls, lambda g: upstream.get(engine + routes.HEALTH, 5.0)),
-            "tiny": await timed_calls(args.calls, lambda g: upstream.post_json(engine + routes.PREFIX_HELD, tiny, 5.0)),
-            "lookup": await timed_calls(args.calls, lambda g: lookup.ask(urls, route_of(g), live=True)),
+        ids: list[Sequence[int]] = [chat.prompt_ids(f"r{number}-warm-{g}", p).ids for g, p in enumerate(prompts)]
+        r = Setup(args, number, relay.lookup, chat, fl.prefill[0][0], prompts, ids)
+        return {
+            **cpu_parts(r),
+            **await round_trips(r),
+            **await lookup_bursts(r),
+            **await turns_burst(r, fl.frontends[0][0].url),
         }
-        for name, values in rtt.items():
-            out[f"rtt_{name}_ms"] = 1000 * statistics.median(values)
-        for name in ("tiny", "lookup"):
-            out[f"rtt_{name}_over_health"] = out[f"rtt_{name}_ms"] / out["rtt_health_ms"]
-
-        # -- a burst of siblings at once
-        n = args.burst
-        more = [grpo.prompt_of(10_000 + g, random.Random(number * 7 + g), args) for g in range(n)]
-        more_ids = [chat.prompt_ids(f"r{number}-more-{g}", p).ids for g, p in enumerate(more)]
-        sections: dict[str, Callable[[int], Awaitable[Any]]] = {
-            "distinct": lambda g: lookup.ask(
-                urls, RouteRequest(conversation_id=f"d{g}", prompt_ids=more_ids[g], messages=more[g]), live=True
-            ),
-            "shared": lambda g: lookup.ask(
-                urls, RouteRequest(conversation_id=f"s{g}", prompt_ids=more_ids[0], messages=more[0]), live=True
-            ),
-        }
-
-        async def tokenize_then_ask(g: int) -> None:
-            await asyncio.sleep(0)
-            turn = chat.prompt_ids(f"r{number}-tta-{g}", more[1])
-            started = time.perf_counter()
-            await lookup.ask(
-                urls, RouteRequest(conversation_id=f"tta{g}", prompt_ids=turn.ids, messages=more[1]), live=True
-            )
-            asked.append(time.perf_counter() - started)
-
-        asked: list[float] = []
-        for name, call in sections.items():
-            for key, value in (await burst(n, call)).items():
-                out[f"burst_{name}_{key}"] = value
-        for key, value in (await burst(n, tokenize_then_ask)).items():
-            out[f"burst_tokenize_then_ask_{key}"] = value
-        out["burst_tokenize_then_ask_ask_only_mean_ms"] = 1000 * statistics.mean(asked)
-
-        # -- 64 sibling turns of one new prompt through the frontend's HTTP port
-        front = fl.frontends[0][0].url
-        names = [
-            'drs_frontend_group_round_trip_seconds_sum{phase="lookup"}',
-            'drs_frontend_group_round_trip_seconds_count{phase="lookup"}',
-            "drs_frontend_group_placement_seconds_sum",
-            "drs_frontend_group_placement_seconds_count",
-        ]
-        task = grpo.prompt_of(20_000 + number, random.Random(number), args)
-        limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
-            before = await histogram_sums(client, front, names)
-
-            async def turn(g: int) -> None:
-                body_ = {
-                    "model": "sim-qwen3",
-                    "messages": task,
-                    "max_tokens": args.max_tokens,
-                    "conversation_params": {"conversation_id": f"r{number}-turn-{g}"},
-                }
-                (await client.post(front + routes.Endpoint.CHAT.value, json=body_)).raise_for_status()
-
-            for key, value in (await burst(n, turn)).items():
-                out[f"burst_turns_{key}"] = value
-            after = await histogram_sums(client, front, names)
-        d = {k: after[k] - before[k] for k in names}
-        out["burst_turns_lookups"] = d[names[1]]
-        out["burst_turns_lookup_round_trip_ms"] = 1000 * d[names[0]] / d[names[1]] if d[names[1]] else 0.0
-        out["burst_turns_placement_ms"] = 1000 * d[names[2]] / d[names[3]] if d[names[3]] else 0.0
-    return out
 
 
 async def main(args: argparse.Namespace) -> None:
