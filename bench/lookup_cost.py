@@ -1,7 +1,8 @@
 """Benchmark: where a group lookup's round trip goes (issue 27), each part beside a bare round trip in the same run.
 
-Not a test. Reuses ``bench/grpo.py``'s fleet (one replica: one ``sim`` prefill engine and one decode
-engine in a process of their own, one real tokenizing frontend in this one, ``groupLookupEngines: 4``)
+Not a test. Reuses ``bench/grpo.py``'s fleet (one replica: ``--engines`` ``sim`` prefill engines, 1 by
+default, and one decode engine in a process of their own, one real tokenizing frontend in this one,
+``groupLookupEngines: 4``; every lookup asks every prefill engine, the bare round trips the first)
 and times, per round (after ``--warmup`` rounds not counted), the median over ``--calls`` calls of:
 
 * in this process, the CPU of each part (``cpu_*_us``): the frontend tokenizing a sibling's first
@@ -146,7 +147,7 @@ class Setup:
     number: int
     lookup: PrefixLookup
     chat: ChatTokenizer
-    engine: str
+    engines: list[str]
     prompts: list[list[dict[str, Any]]]
     ids: list[Sequence[int]]
 
@@ -186,12 +187,12 @@ def cpu_parts(r: Setup) -> dict[str, float]:
 
 async def round_trips(r: Setup) -> dict[str, float]:
     """Round trips one at a time: the bare ``GET /health``, a 2-id lookup, a turn's lookup end to end."""
-    upstream, engine, n = r.lookup.upstream, r.engine, r.args.calls
+    upstream, engine, n = r.lookup.upstream, r.engines[0], r.args.calls
     tiny = b'{"prompt_token_ids": [1, 2], "live": true}'
     rtt = {
         "health": await timed_calls(n, lambda g: upstream.get(engine + routes.HEALTH, 5.0)),
         "tiny": await timed_calls(n, lambda g: upstream.post_json(engine + routes.PREFIX_HELD, tiny, 5.0)),
-        "lookup": await timed_calls(n, lambda g: r.lookup.ask([engine], r.route_of(g), live=True)),
+        "lookup": await timed_calls(n, lambda g: r.lookup.ask(r.engines, r.route_of(g), live=True)),
     }
     out = {f"rtt_{name}_ms": 1000 * statistics.median(values) for name, values in rtt.items()}
     for name in ("tiny", "lookup"):
@@ -201,7 +202,7 @@ async def round_trips(r: Setup) -> dict[str, float]:
 
 async def lookup_bursts(r: Setup) -> dict[str, float]:
     """``burst`` lookups at once: of distinct prompts, of one prompt, each after tokenizing its turn."""
-    n, number, chat, lookup, urls = r.args.burst, r.number, r.chat, r.lookup, [r.engine]
+    n, number, chat, lookup, urls = r.args.burst, r.number, r.chat, r.lookup, r.engines
     more = [grpo.prompt_of(10_000 + g, random.Random(number * 7 + g), r.args) for g in range(n)]
     more_ids = [chat.prompt_ids(f"r{number}-more-{g}", p).ids for g, p in enumerate(more)]
     sections: dict[str, Callable[[int], Awaitable[Any]]] = {
@@ -268,13 +269,13 @@ async def turns_burst(r: Setup, front: str) -> dict[str, float]:
 
 
 async def one_round(args: argparse.Namespace, fleet_args: argparse.Namespace, number: int) -> dict[str, float]:
-    async with grpo.fleet(fleet_args, 1, "bounded") as fl:
+    async with grpo.fleet(fleet_args, args.engines, "bounded") as fl:
         relay = fl.frontends[0][0].app.relay
         chat = relay.chat_tokenizer
         assert chat is not None
         prompts = [grpo.prompt_of(g, random.Random(number * 1000 + g), args) for g in range(args.calls)]
         ids: list[Sequence[int]] = [chat.prompt_ids(f"r{number}-warm-{g}", p).ids for g, p in enumerate(prompts)]
-        r = Setup(args, number, relay.lookup, chat, fl.prefill[0][0], prompts, ids)
+        r = Setup(args, number, relay.lookup, chat, fl.prefill[0], prompts, ids)
         return {
             **cpu_parts(r),
             **await round_trips(r),
@@ -313,6 +314,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--calls", type=int, default=50, help="calls per part per round")
     p.add_argument("--burst", type=int, default=64, help="siblings at once")
+    p.add_argument("--engines", type=int, default=1, help="prefill engines, every one asked by each lookup")
     p.add_argument("--task-words", type=int, default=160, help="as bench/grpo.py's (~3 tokens each)")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--speed", type=float, default=1.0, help="the sim latency model's speed")
