@@ -43,7 +43,8 @@ rendezvous engine whatever the load, no lookup) and ``today``
   trip of ``ahead``), a held sibling's hold, the
   context leg and the generation leg;
 * ``turn0_loop_lag_s_*``: how late the frontends' event loop (one process with this client) wakes a
-  10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs.
+  10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs;
+  ``engine_loop_lag_s_*``: the same of the engines' one process, over the whole round.
 
 The last line is one JSON object with every figure and the ratios of the modes' (ahead / bounded, ahead / groups, ahead / today, bounded / groups, groups / today)
 of the medians, and (``*_paired``) of each round's latencies to the other mode's in the same round
@@ -99,6 +100,7 @@ class Fleet:
     decode: list[list[str]]
     frontends: list[list[RunningFrontend]]
     stacks: list[list[contextlib.AsyncExitStack]]
+    engine_lag: dict[str, float] = field(default_factory=dict)  #: the engines' process's loop lag, the whole round
 
     @property
     def urls(self) -> list[str]:
@@ -177,8 +179,13 @@ async def serve_engines(args: argparse.Namespace) -> None:
 
         prefill = [[await started("prefill") for _ in range(m)] for _ in range(args.replicas)]
         decode = [[await started("decode") for _ in range(args.decode)] for _ in range(args.replicas)]
+        lags: list[float] = []
+        lag_task = asyncio.create_task(loop_lag(lags))
         print(json.dumps({"prefill": prefill, "decode": decode}), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        lag_task.cancel()
+        lag = {"engine_loop_lag_s_mean": statistics.mean(lags or [0.0]), "engine_loop_lag_s_max": max(lags, default=0)}
+        print(json.dumps(lag), flush=True)
 
 
 @contextlib.asynccontextmanager
@@ -188,6 +195,7 @@ async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fl
         sys.executable, *argv, "--speed", str(args.speed), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
     )
     assert proc.stdout is not None and proc.stdin is not None
+    made = Fleet([], [], [], [])
     try:
         engines = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
         prefill: list[list[str]] = engines["prefill"]
@@ -203,12 +211,15 @@ async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fl
                     config = frontend_config(prefill[r], decode[r], r * args.frontends + f, mode)
                     frontends[r].append(await serve_frontend(own, config, ahead=mode == "ahead"))
                     stacks[r].append(own)
-            yield Fleet(prefill, decode, frontends, stacks)
+            made = Fleet(prefill, decode, frontends, stacks)
+            yield made
             for replica_stacks in stacks:
                 for own in replica_stacks:
                     await own.aclose()
     finally:
         proc.stdin.close()
+        with contextlib.suppress(TimeoutError, ValueError):
+            made.engine_lag.update(json.loads(await asyncio.wait_for(proc.stdout.readline(), 30)))
         try:
             await asyncio.wait_for(proc.wait(), 30)
         except TimeoutError:
@@ -245,16 +256,12 @@ async def engine_counters(client: httpx.AsyncClient, engines: list[str]) -> list
     for engine in engines:
         text = await scrape(client, engine + routes.METRICS)
         values = {}
+        names = ("drs_engine_prefix_cache_query_tokens_total", "drs_engine_prefix_cache_hit_tokens_total")
         for line in text.splitlines():
-            for name in ("drs_engine_prefix_cache_query_tokens_total", "drs_engine_prefix_cache_hit_tokens_total"):
+            for name in names:
                 if line.startswith(name + " "):
                     values[name] = float(line.split()[1])
-        out.append(
-            (
-                values.get("drs_engine_prefix_cache_query_tokens_total", 0.0),
-                values.get("drs_engine_prefix_cache_hit_tokens_total", 0.0),
-            )
-        )
+        out.append((values.get(names[0], 0.0), values.get(names[1], 0.0)))
     return out
 
 
@@ -427,6 +434,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
         "prompt_tokens": first_prompt,
         "client_retries": sum(s.retries for s in sessions),
         **frontend_figures,
+        **fl.engine_lag,
         "lookups_found_after_restart": found,
         "lookups_unanswered_after_restart": unanswered,
     }
