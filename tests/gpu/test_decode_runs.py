@@ -1,7 +1,7 @@
 """Runs of decode steps on the GPU thread (``decodeStepsPerJob`` > 1): the same tokens as one step
 a job, streamed as each step ends; a run ends where the batch changes, a sequence finishes or
 another job waits. On the CPU, with a real (tiny) model and real engines, in float32 (greedy
-tokens are exact to compare)."""
+tokens are exact to compare); and on a CUDA GPU, through the pool's CUDA graphs."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import json
 import time
 
 import httpx
+import pytest
 from drs_engine.server.runner import start_engine
 
 from .conftest import COMPLETIONS, CONTROL_TOKEN, completion_body, prompt_ids, torch_config
@@ -78,3 +79,26 @@ async def test_a_stream_that_leaves_mid_run_is_released_and_the_engine_serves_on
     assert left["active"] == 0, left
     assert left["steps"] < 2000  # it stopped stepping the stream that left
     assert again == expected
+
+
+@pytest.mark.gpu(1)
+async def test_runs_of_steps_replay_the_graphs_and_give_the_tokens_of_one_step_a_job_on_the_gpu() -> None:
+    """float32 on the GPU, the pool's CUDA graphs replayed: runs of up to 8 steps a job give the
+    greedy tokens of one step a job, alone and eight at once, and fewer jobs than steps."""
+    prompts = [prompt_ids(30 + 97 * i, offset=4000 + i) for i in range(8)]
+    one_config = torch_config(model="random:small", device="cuda:0")
+    runs_config = torch_config(model="random:small", device="cuda:0", decodeStepsPerJob=RUN)
+    async with (
+        start_engine(one_config, control_token=CONTROL_TOKEN) as one,
+        start_engine(runs_config, control_token=CONTROL_TOKEN) as runs,
+        httpx.AsyncClient(timeout=120) as client,
+    ):
+        expected = [await tokens(client, one.url, ids, max_tokens=32) for ids in prompts]
+        alone = [await tokens(client, runs.url, ids, max_tokens=32) for ids in prompts]
+        together = await asyncio.gather(*(tokens(client, runs.url, ids, max_tokens=32) for ids in prompts))
+        batching = await _batching(client, runs.url)
+        pool = (await client.get(runs.url + "/server_info")).json()["engine"]["decode_batching"]["pool"]
+    assert alone == expected
+    assert list(together) == expected
+    assert batching["steps_per_job"] == RUN and batching["jobs"] < batching["steps"], batching
+    assert pool["cuda_graphs"] and pool["graphs_captured"] >= 3 and pool["eager_rows"] == 0, pool
