@@ -45,6 +45,8 @@ MAX_CONNECTIONS_PER_ENGINE: Final = 4
 KEEPALIVE_S: Final = 2.0
 #: Parsed engine route URLs kept (about 20 routes per engine: a few thousand engines' worth).
 MAX_PARSED_URLS: Final = 65536
+#: ``ClientTimeout``s kept, one per timeout value (a retry's remaining time is not kept past these).
+MAX_TIMEOUTS: Final = 64
 #: Seconds an engine's name is looked up again while it does not resolve (its DNS record follows
 #: the pod's readiness by the EndpointSlice's and CoreDNS's delays), and the back-off between tries.
 RESOLVE_S: Final = 20.0
@@ -144,7 +146,8 @@ class ControlClient:
         timeout = self._timeouts.get(seconds)
         if timeout is None:
             timeout = aiohttp.ClientTimeout(total=seconds, sock_connect=min(self.connect_s, seconds))
-            self._timeouts[seconds] = timeout
+            if len(self._timeouts) < MAX_TIMEOUTS:  # a retry's remaining time is a one-off value
+                self._timeouts[seconds] = timeout
         return timeout
 
     async def close(self) -> None:
@@ -216,17 +219,20 @@ class ControlClient:
         self, method: str, url: str, body: Encoded | None, timeout: float
     ) -> tuple[int, bytes]:
         """:meth:`_exchange`, looking the engine's name up again while it does not resolve
-        (within ``resolve_s`` and ``timeout``)."""
-        give_up = time.perf_counter() + min(self.resolve_s, timeout)
-        delay = RESOLVE_FIRST_DELAY_S
+        (within ``resolve_s``), the whole within ``timeout``: a try after failed lookups gets
+        what is left of it."""
+        started = time.perf_counter()
+        deadline, give_up = started + timeout, started + min(self.resolve_s, timeout)
+        delay, left = RESOLVE_FIRST_DELAY_S, timeout
         while True:
             try:
-                return await self._exchange(method, url, body, timeout)
+                return await self._exchange(method, url, body, left)
             except aiohttp.ClientConnectorDNSError:
                 if time.perf_counter() + delay > give_up:
                     raise
             await asyncio.sleep(delay)  # back-off before the next lookup, not a wait on an event
             delay = min(delay * 2, RESOLVE_MAX_DELAY_S)
+            left = max(deadline - time.perf_counter(), 0.01)  # the lookups spent part of the call's timeout
 
     async def _token_changed(self) -> bool:
         """After a 401: read the token again (``refresh``); True when it is another one."""
