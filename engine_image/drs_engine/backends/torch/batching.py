@@ -34,6 +34,9 @@ from typing import Any, Generic, TypeVar
 from drs_engine.backends.torch.sampling import Choice, Sampling, choose_tokens
 from drs_engine.backends.torch.worker import GpuWorker
 
+J = TypeVar("J")
+R = TypeVar("R")
+
 
 @dataclass(eq=False)  # compared by identity (the batcher's list membership)
 class DecodeSeq:
@@ -62,6 +65,8 @@ class DecodeSeq:
     pooled: bool = False
     #: set once the sequence left the batcher and gave its slot back (``kv`` its own again)
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    #: among the batcher's active sequences (False once removed: a step's token is not delivered)
+    stepping: bool = False
 
 
 #: (batch, leaving) → logits ``[len(batch), vocab]``; the batcher's view of the model
@@ -90,6 +95,7 @@ class DecodeBatcher:
         return len(self._active)
 
     def add(self, seq: DecodeSeq) -> None:
+        seq.stepping = True
         self._active.append(seq)
         self._changed = True
         self._kick()
@@ -98,6 +104,7 @@ class DecodeBatcher:
         """``seq`` steps no more; the next step's job releases it (``seq.released``)."""
         with contextlib.suppress(ValueError):
             self._active.remove(seq)
+            seq.stepping = False
             self._leaving.append(seq)
             self._changed = True
             self._kick()
@@ -108,6 +115,7 @@ class DecodeBatcher:
 
     def fail_all(self, exc: BaseException) -> None:
         for seq in self._active:
+            seq.stepping = False
             seq.queue.put_nowait(exc)
         for seq in self._active + self._leaving:
             seq.released.set()
@@ -127,21 +135,14 @@ class DecodeBatcher:
         while self._active or self._leaving:
             batch = self._active[: self.max_batch]
             leaving, self._leaving = self._leaving, []
-            try:
-                choices = await self._worker.run(self._run_step, batch, leaving)
-            except Exception as exc:
-                for seq in batch:
-                    self.remove(seq)
-                    seq.queue.put_nowait(exc)
+            choices = await self._job(self._run_step, batch, leaving)
+            if choices is None:
                 continue
-            finally:
-                for seq in leaving:
-                    seq.released.set()
             self.jobs += 1
             self.steps += 1
             self.tokens += len(batch)
             for seq, choice in zip(batch, choices, strict=True):
-                if seq not in self._active:
+                if not seq.stepping:
                     continue  # removed (client gone) while the step ran
                 seq.length += 1
                 seq.next_token = choice.token_id
@@ -159,15 +160,23 @@ class DecodeBatcher:
             batch = self._active[: self.max_batch]
             leaving, self._leaving = self._leaving, []
             self._changed = False
-            try:
-                await self._worker.run(self._run_steps, batch, leaving, loop)
-            except Exception as exc:
-                for seq in batch:
-                    self.remove(seq)
-                    seq.queue.put_nowait(exc)
-            finally:
-                for seq in leaving:
-                    seq.released.set()
+            await self._job(self._run_steps, batch, leaving, loop)
+
+    async def _job(
+        self, fn: Callable[..., R], batch: list[DecodeSeq], leaving: list[DecodeSeq], *args: Any
+    ) -> R | None:
+        """``fn(batch, leaving, *args)`` on the GPU thread; the sequences that were leaving are
+        released either way. On failure every sequence of ``batch`` leaves with the exception (None)."""
+        try:
+            return await self._worker.run(fn, batch, leaving, *args)
+        except Exception as exc:
+            for seq in batch:
+                self.remove(seq)
+                seq.queue.put_nowait(exc)
+            return None
+        finally:
+            for seq in leaving:
+                seq.released.set()
 
     def _run_steps(self, batch: list[DecodeSeq], leaving: list[DecodeSeq], loop: asyncio.AbstractEventLoop) -> None:
         """On the GPU thread: steps of ``batch`` until one of them finishes a sequence, the batch
@@ -191,7 +200,7 @@ class DecodeBatcher:
 
     def _deliver(self, seq: DecodeSeq, choice: Choice) -> None:
         """On the loop: a token of :meth:`_run_steps` to its stream (nothing once it left)."""
-        if seq not in self._active:
+        if not seq.stepping:
             return
         seq.queue.put_nowait(choice)
         if seq.finish[0] is not None:
@@ -205,10 +214,6 @@ class DecodeBatcher:
         banned = [s.banned(len(s.generated)) for s in batch]
         choices: list[Choice] = choose_tokens(logits, [s.sampling for s in batch], banned)
         return choices
-
-
-J = TypeVar("J")
-R = TypeVar("R")
 
 
 @dataclass(eq=False)
