@@ -206,6 +206,33 @@ def test_the_cache_is_bounded_in_entries_and_bytes(tokenizer: Any) -> None:
     assert len(small) < 20
 
 
+def test_siblings_opening_with_one_prompt_share_its_ids_and_each_goes_on_exactly(tokenizer: Any) -> None:
+    """GRPO: a group's siblings are new conversations with the same first turn; the first is
+    tokenized, the rest reuse its ids (``shared``, none tokenized), and each sibling's next turns
+    (different answers) are still the full render's ids."""
+    chat = ChatTokenizer(tokenizer, windowed=True)
+    prompt = [{"role": "system", "content": "Solve it."}, {"role": "user", "content": "naïve 数学 " * 40}]
+    opened = [chat.prompt_ids(f"sibling-{i}", prompt, tools=TOOLS) for i in range(4)]
+    assert [t.path for t in opened] == [Path.FULL, Path.SHARED, Path.SHARED, Path.SHARED]
+    assert [t.new_ids for t in opened[1:]] == [0, 0, 0]
+    expected = render_prompt_ids(tokenizer, prompt, tools=TOOLS)
+    assert all(t.ids.tolist() == expected for t in opened)
+    for i in (3, 0, 2, 1):  # each sibling's own answer and a follow-up, interleaved
+        turn = [
+            *prompt,
+            {"role": "assistant", "content": f"answer {i} " * (i + 1)},
+            {"role": "user", "content": "go on"},
+        ]
+        got = chat.prompt_ids(f"sibling-{i}", turn, tools=TOOLS)
+        assert got.path is Path.INCREMENTAL
+        assert got.ids.tolist() == render_prompt_ids(tokenizer, turn, tools=TOOLS)
+    assert chat.prompt_ids("sibling-4", prompt, tools=TOOLS).ids.tolist() == expected  # unchanged by the turns
+    other = chat.prompt_ids("other", prompt, chat_template_kwargs={"enable_thinking": False}, tools=TOOLS)
+    assert other.path is Path.FULL  # another text: tokenized
+    off = ChatTokenizer(tokenizer, windowed=True, max_openings=0)
+    assert [off.prompt_ids(f"s{i}", prompt).path for i in range(2)] == [Path.FULL, Path.FULL]
+
+
 def test_a_shadow_mismatch_uses_the_full_ids_and_drops_the_entry(tokenizer: Any) -> None:
     chat = ChatTokenizer(tokenizer, windowed=True)
     messages = [{"role": "user", "content": "hello there"}]
@@ -217,6 +244,7 @@ def test_a_shadow_mismatch_uses_the_full_ids_and_drops_the_entry(tokenizer: Any)
     assert got.path is Path.SHADOW_MISMATCH
     assert got.ids.tolist() == render_prompt_ids(tokenizer, longer)
     assert len(chat) == 0
+    assert chat.prompt_ids("t", messages).path is Path.FULL  # the corrupted opening is not shared
 
 
 def tokenizer_with_template(template: str) -> Any:

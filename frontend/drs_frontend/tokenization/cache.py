@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from drs_protocol.chat import ChatTemplateError, render_prompt_ids, render_prompt_text
 from drs_protocol.token_prefix import (
@@ -60,6 +60,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Openings (a new conversation's first turn, tokenized in full) kept for the siblings that follow,
+#: and the largest kept (``Tokenized.nbytes``): at most 32 MiB.
+OPENINGS: Final = 64
+OPENING_BYTES: Final = 512 * 1024
+
 Message = Mapping[str, Any]
 
 
@@ -69,6 +74,8 @@ class Path(StrEnum):
     FULL = "full"  #: no usable cache entry
     INCREMENTAL = "incremental"  #: cached ids reused, a window re-rendered
     RERENDERED = "rerendered"  #: cached ids reused, the whole conversation re-rendered
+    #: a new conversation whose text equals a recent one's opening (GRPO siblings): its ids reused
+    SHARED = "shared"
     SHADOW_MISMATCH = "shadow_mismatch"  #: the incremental ids differed from the full ones
 
 
@@ -123,6 +130,7 @@ class ChatTokenizer:
         max_bytes: int = 512 * 1024 * 1024,
         windowed: bool | None = None,
         history_eos_cached: bool | None = None,
+        max_openings: int = OPENINGS,
     ) -> None:
         self.tokenizer = tokenizer
         self.max_entries = max_entries
@@ -130,6 +138,11 @@ class ChatTokenizer:
         self._splicer = SpliceTokenizer(tokenizer)
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._bytes = 0
+        #: the last few full renders' tokens by text: the siblings of a GRPO group are each a new
+        #: conversation opening with the same prompt, tokenized once (read-only: nothing here
+        #: changes a ``Tokenized`` in place, every reuse slices)
+        self.max_openings = max_openings
+        self._openings: OrderedDict[str, Tokenized] = OrderedDict()
         if windowed is None:
             scratch = type(self)(tokenizer, max_entries=4, max_bytes=max_bytes or 1, windowed=True)
             windowed = probe_windowing(tokenizer, scratch)
@@ -237,6 +250,7 @@ class ChatTokenizer:
                 len(full),
             )
             self.forget(cid)
+            self._openings.clear()  # a shared opening may be what went wrong
             return TurnIds(array("i", full), Path.SHADOW_MISMATCH, len(full), shadowed=True, spliced=spliced)
         return TurnIds(result.ids, result.path, result.new_ids, shadowed=True, spliced=result.spliced)
 
@@ -303,8 +317,17 @@ class ChatTokenizer:
             tail, keep = after
             self._store(cid, messages, tools, kwargs, agp, keep)
             return _Made(tail, Path.FULL, len(tail.ids), from_eos=True)
+        tokenized = self._openings.get(text)
+        if tokenized is not None:
+            self._openings.move_to_end(text)
+            self._store(cid, messages, tools, kwargs, agp, tokenized)
+            return _Made(tokenized, Path.SHARED, 0)
         tokenized = self._splicer.encode(text)
         self._store(cid, messages, tools, kwargs, agp, tokenized)
+        if self.max_openings and tokenized.nbytes <= OPENING_BYTES:
+            self._openings[text] = tokenized
+            if len(self._openings) > self.max_openings:
+                self._openings.popitem(last=False)
         return _Made(tokenized, Path.FULL, len(tokenized.ids))
 
     # -- incremental -----------------------------------------------------------------------------
