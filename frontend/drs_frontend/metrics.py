@@ -13,7 +13,7 @@ drs_frontend_routes_total{role,reason}          counter    routing decisions by 
 drs_frontend_affinity_total{outcome}            counter    turns with a conversation id: hit (its engine) or miss
 drs_frontend_upstream_errors_total{role,kind}   counter    failed engine calls: connect, timeout, protocol, status_4xx, status_5xx, weights_pending
 drs_frontend_retries_total{role}                counter    legs retried on another engine
-drs_frontend_tokenize_seconds{path}             histogram  render + tokenize of one turn (full, incremental…)
+drs_frontend_tokenize_seconds{path}             histogram  render + tokenize of one turn (full, incremental, shared…)
 drs_frontend_tokenize_new_tokens_total{path}    counter    ids tokenized afresh (the rest came from the cache)
 drs_frontend_tokenize_shadow_total{result}      counter    shadow comparisons: match / mismatch
 drs_frontend_tokenize_errors_total              counter    turns left to the engine because tokenizing failed
