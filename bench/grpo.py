@@ -1,6 +1,7 @@
 """Benchmark: GRPO groups over a sim fleet, group routing beside today's routing in the same run.
 
-Not a test. Starts, in a process of their own, N replicas of M ``sim`` prefill engines + K decode engines
+Not a test. Starts, in a process of their own (``--engine-procs P``: dealt round robin to P
+processes, as pods would not share an event loop), N replicas of M ``sim`` prefill engines + K decode engines
 (the latency model at ``--speed``: prefill time for uncached tokens only, in iterations that share
 no block still being computed, as TensorRT-LLM's executor) and F real frontends per replica
 (tokenizing) in this one, and drives Gym-shaped GRPO load: P prompts x n siblings x T turns, every sibling its
@@ -44,7 +45,8 @@ rendezvous engine whatever the load, no lookup) and ``today``
   context leg and the generation leg;
 * ``turn0_loop_lag_s_*``: how late the frontends' event loop (one process with this client) wakes a
   10 ms sleep during turn 0 (mean, max): the queueing under every round trip of theirs;
-  ``engine_loop_lag_s_*``: the same of the engines' one process, over the whole round.
+  ``engine_loop_lag_s_*``: the same of the engines' processes, over the whole round (the mean
+  of their means, the largest of their maxima).
 
 The last line is one JSON object with every figure and the ratios of the modes' (ahead / bounded, ahead / groups, ahead / today, bounded / groups, groups / today)
 of the medians, and (``*_paired``) of each round's latencies to the other mode's in the same round
@@ -168,20 +170,25 @@ async def serve_frontend(stack: contextlib.AsyncExitStack, config: FrontendConfi
     return running
 
 
+def engine_slots(m: int, args: argparse.Namespace) -> list[tuple[str, int, int]]:
+    """Every engine of the fleet as (role, replica, index), in the order the processes deal them."""
+    return [("prefill", r, i) for r in range(args.replicas) for i in range(m)] + [
+        ("decode", r, i) for r in range(args.replicas) for i in range(args.decode)
+    ]
+
+
 async def serve_engines(args: argparse.Namespace) -> None:
-    """``grpo.py --serve-engines M``: the fleet's engines, in this process (its own core), until stdin closes."""
-    m = args.serve_engines
+    """``grpo.py --serve-engines M --engine-proc I``: engine ``k`` of :func:`engine_slots` for every
+    ``k % --engine-procs == I``, in this process, until stdin closes; prints their URLs by ``k``."""
+    slots = engine_slots(args.serve_engines, args)
     async with contextlib.AsyncExitStack() as stack:
-
-        async def started(role: str) -> str:
-            engine = await stack.enter_async_context(start_engine(engine_config(role, args.speed)))
-            return engine.url
-
-        prefill = [[await started("prefill") for _ in range(m)] for _ in range(args.replicas)]
-        decode = [[await started("decode") for _ in range(args.decode)] for _ in range(args.replicas)]
+        urls: dict[int, str] = {}
+        for k, (role, _, _) in enumerate(slots):
+            if k % args.engine_procs == args.engine_proc:
+                urls[k] = (await stack.enter_async_context(start_engine(engine_config(role, args.speed)))).url
         lags: list[float] = []
         lag_task = asyncio.create_task(loop_lag(lags))
-        print(json.dumps({"prefill": prefill, "decode": decode}), flush=True)
+        print(json.dumps(urls), flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         lag_task.cancel()
         lag = {"engine_loop_lag_s_mean": statistics.mean(lags or [0.0]), "engine_loop_lag_s_max": max(lags, default=0)}
@@ -191,15 +198,28 @@ async def serve_engines(args: argparse.Namespace) -> None:
 @contextlib.asynccontextmanager
 async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fleet]:
     argv = [__file__, "--serve-engines", str(m), "--replicas", str(args.replicas), "--decode", str(args.decode)]
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, *argv, "--speed", str(args.speed), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
-    )
-    assert proc.stdout is not None and proc.stdin is not None
+    argv += ["--speed", str(args.speed), "--engine-procs", str(args.engine_procs)]
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            *argv,
+            "--engine-proc",
+            str(i),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for i in range(args.engine_procs)
+    ]
     made = Fleet([], [], [], [])
     try:
-        engines = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
-        prefill: list[list[str]] = engines["prefill"]
-        decode: list[list[str]] = engines["decode"]
+        urls: dict[int, str] = {}
+        for proc in procs:
+            assert proc.stdout is not None
+            urls.update({int(k): u for k, u in json.loads(await asyncio.wait_for(proc.stdout.readline(), 120)).items()})
+        prefill: list[list[str]] = [[] for _ in range(args.replicas)]
+        decode: list[list[str]] = [[] for _ in range(args.replicas)]
+        for k, (role, r, _) in enumerate(engine_slots(m, args)):
+            (prefill if role == "prefill" else decode)[r].append(urls[k])
         async with contextlib.AsyncExitStack() as stack:
             frontends: list[list[RunningFrontend]] = []
             stacks: list[list[contextlib.AsyncExitStack]] = []
@@ -217,14 +237,20 @@ async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fl
                 for own in replica_stacks:
                     await own.aclose()
     finally:
-        proc.stdin.close()
-        with contextlib.suppress(TimeoutError, ValueError):
-            made.engine_lag.update(json.loads(await asyncio.wait_for(proc.stdout.readline(), 30)))
-        try:
-            await asyncio.wait_for(proc.wait(), 30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        lags: list[dict[str, float]] = []
+        for proc in procs:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.close()
+            with contextlib.suppress(TimeoutError, ValueError):
+                lags.append(json.loads(await asyncio.wait_for(proc.stdout.readline(), 30)))
+            try:
+                await asyncio.wait_for(proc.wait(), 30)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        if lags:  # over the engines' processes: the mean of their means, the largest of their maxima
+            made.engine_lag["engine_loop_lag_s_mean"] = statistics.mean(g["engine_loop_lag_s_mean"] for g in lags)
+            made.engine_lag["engine_loop_lag_s_max"] = max(g["engine_loop_lag_s_max"] for g in lags)
 
 
 async def restart_all(fleet_: Fleet, outer: contextlib.AsyncExitStack) -> None:
@@ -490,7 +516,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--no-restart", dest="restart", action="store_false")
+    p.add_argument(
+        "--engine-procs", type=int, default=1, help="processes the engines are dealt to, round robin (1: one for all)"
+    )
     p.add_argument("--serve-engines", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--engine-proc", type=int, default=0, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 

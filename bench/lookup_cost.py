@@ -1,7 +1,7 @@
 """Benchmark: where a group lookup's round trip goes (issue 27), each part beside a bare round trip in the same run.
 
 Not a test. Reuses ``bench/grpo.py``'s fleet (one replica: ``--engines`` ``sim`` prefill engines, 1 by
-default, and one decode engine in a process of their own, one real tokenizing frontend in this one,
+default, and one decode engine in a process of their own (``--engine-procs P``: dealt to P), one real tokenizing frontend in this one,
 ``groupLookupEngines: 4``; every lookup asks every prefill engine, the bare round trips the first)
 and times, per round (after ``--warmup`` rounds not counted), the median over ``--calls`` calls of:
 
@@ -26,7 +26,8 @@ and times, per round (after ``--warmup`` rounds not counted), the median over ``
 The last line is one JSON object: every figure's median and spread (min..max) over the rounds and
 the ratios of the round trips to ``rtt_health_ms`` (per round, then median).
 
-    .venv/bin/python bench/lookup_cost.py [--rounds 5] [--warmup 1] [--calls 50] [--burst 64]
+    .venv/bin/python bench/lookup_cost.py [--rounds 5] [--warmup 1] [--calls 50] [--burst 64] [--engines 1]
+        [--engine-procs 1]
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ async def one_round(args: argparse.Namespace, fleet_args: argparse.Namespace, nu
 
 async def main(args: argparse.Namespace) -> None:
     fleet_args = grpo.parse_args(["--replicas", "1", "--frontends", "1", "--decode", "1"])
-    fleet_args.speed = args.speed
+    fleet_args.speed, fleet_args.engine_procs = args.speed, args.engine_procs
     rounds: list[dict[str, float]] = []
     started = time.perf_counter()
     for number in range(args.warmup + args.rounds):
@@ -315,6 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=50, help="calls per part per round")
     p.add_argument("--burst", type=int, default=64, help="siblings at once")
     p.add_argument("--engines", type=int, default=1, help="prefill engines, every one asked by each lookup")
+    p.add_argument("--engine-procs", type=int, default=1, help="processes the engines are dealt to (bench/grpo.py's)")
     p.add_argument("--task-words", type=int, default=160, help="as bench/grpo.py's (~3 tokens each)")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--speed", type=float, default=1.0, help="the sim latency model's speed")
