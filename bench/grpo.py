@@ -158,11 +158,15 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
     )
 
 
-async def serve_frontend(stack: contextlib.AsyncExitStack, config: FrontendConfig, *, ahead: bool) -> RunningFrontend:
+async def serve_frontend(
+    stack: contextlib.AsyncExitStack, config: FrontendConfig, *, ahead: bool, openings: int | None = None
+) -> RunningFrontend:
     """A frontend, once its probes found every engine up; ``ahead``: a new group's claim goes with
     its lookup (one round trip; off by default), else after it (``bounded``, the default)."""
     running = await stack.enter_async_context(start_frontend(config, app=FrontendApp(config)))
     running.app.relay.lookup.ahead = ahead
+    if openings is not None and running.app.relay.chat_tokenizer is not None:
+        running.app.relay.chat_tokenizer.max_openings = openings
     pools = (running.app.relay.prefill, running.app.relay.decode)
     async with asyncio.timeout(60):
         while any(pool.answering() < len(pool.engines) for pool in pools):
@@ -229,7 +233,8 @@ async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fl
                 for f in range(args.frontends):
                     own = await stack.enter_async_context(contextlib.AsyncExitStack())
                     config = frontend_config(prefill[r], decode[r], r * args.frontends + f, mode)
-                    frontends[r].append(await serve_frontend(own, config, ahead=mode == "ahead"))
+                    running = await serve_frontend(own, config, ahead=mode == "ahead", openings=args.openings)
+                    frontends[r].append(running)
                     stacks[r].append(own)
             made = Fleet(prefill, decode, frontends, stacks)
             yield made
@@ -258,10 +263,11 @@ async def restart_all(fleet_: Fleet, outer: contextlib.AsyncExitStack) -> None:
     with the same config and port, as a restarted pod comes back."""
     for r, replica in enumerate(fleet_.frontends):
         for f, running in enumerate(replica):
-            config, ahead = running.app.config, running.app.relay.lookup.ahead
+            config, ahead, chat = running.app.config, running.app.relay.lookup.ahead, running.app.relay.chat_tokenizer
             await fleet_.stacks[r][f].aclose()
             own = await outer.enter_async_context(contextlib.AsyncExitStack())
-            fleet_.frontends[r][f] = await serve_frontend(own, config, ahead=ahead)
+            openings = chat.max_openings if chat is not None else None
+            fleet_.frontends[r][f] = await serve_frontend(own, config, ahead=ahead, openings=openings)
             fleet_.stacks[r][f] = own
 
 
@@ -516,6 +522,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--no-restart", dest="restart", action="store_false")
+    p.add_argument(
+        "--openings",
+        type=int,
+        default=None,
+        help="the frontends' shared first turns kept (0: none; default: the code's)",
+    )
     p.add_argument(
         "--engine-procs", type=int, default=1, help="processes the engines are dealt to, round robin (1: one for all)"
     )
