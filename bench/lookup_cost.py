@@ -59,7 +59,7 @@ from drs_protocol.chat import render_prompt_ids
 from drs_protocol.prefix_lookup import PrefixHeldRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench import grpo
+from bench import grpo, grpo_fleet
 
 LAG_TICK_S = 0.001
 
@@ -270,7 +270,7 @@ async def turns_burst(r: Setup, front: str) -> dict[str, float]:
 
 
 async def one_round(args: argparse.Namespace, fleet_args: argparse.Namespace, number: int) -> dict[str, float]:
-    async with grpo.fleet(fleet_args, args.engines, "bounded") as fl:
+    async with grpo_fleet.fleet(fleet_args, args.engines, "bounded") as fl:
         relay = fl.frontends[0][0].app.relay
         chat = relay.chat_tokenizer
         assert chat is not None
