@@ -25,6 +25,7 @@ from drs_engine.server.runner import start_engine
 from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
+from drs_protocol.enums import Role
 from drs_protocol.prefix_lookup import SUGGESTED_LOOKUP_ENGINES
 
 MODES = ("ahead", "bounded", "groups", "today")
@@ -94,10 +95,10 @@ async def serve_frontend(
     return running
 
 
-def engine_slots(m: int, args: argparse.Namespace) -> list[tuple[str, int, int]]:
+def engine_slots(m: int, args: argparse.Namespace) -> list[tuple[Role, int, int]]:
     """Every engine of the fleet as (role, replica, index), in the order the processes deal them."""
-    return [("prefill", r, i) for r in range(args.replicas) for i in range(m)] + [
-        ("decode", r, i) for r in range(args.replicas) for i in range(args.decode)
+    return [(Role.PREFILL, r, i) for r in range(args.replicas) for i in range(m)] + [
+        (Role.DECODE, r, i) for r in range(args.replicas) for i in range(args.decode)
     ]
 
 
@@ -143,7 +144,7 @@ async def fleet(args: argparse.Namespace, m: int, mode: str) -> AsyncIterator[Fl
         prefill: list[list[str]] = [[] for _ in range(args.replicas)]
         decode: list[list[str]] = [[] for _ in range(args.replicas)]
         for k, (role, r, _) in enumerate(engine_slots(m, args)):
-            (prefill if role == "prefill" else decode)[r].append(urls[k])
+            (prefill if role is Role.PREFILL else decode)[r].append(urls[k])
         async with contextlib.AsyncExitStack() as stack:
             frontends: list[list[RunningFrontend]] = []
             stacks: list[list[contextlib.AsyncExitStack]] = []
