@@ -259,8 +259,9 @@ class ControlClient:
         started = time.perf_counter()
         try:
             status, content = await self._exchange_resolved(method, url + route, body, timeout)
-            if status == 401 and await self._token_changed():
-                status, content = await self._exchange(method, url + route, body, timeout)
+            if status == 401 and await self._token_changed():  # once more, in what is left of the timeout
+                left = max(timeout - (time.perf_counter() - started), 0.01)
+                status, content = await self._exchange(method, url + route, body, left)
         except TimeoutError:  # aiohttp's ServerTimeoutError is one too
             elapsed = time.perf_counter() - started
             return CallResult(url, False, None, f"no answer within {timeout:g}s", elapsed, timed_out=True)
