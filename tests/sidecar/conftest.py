@@ -3,8 +3,9 @@ control token, and a Refitter over them."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,26 @@ async def completion(url: str) -> list[int]:
         response = await client.post(url + CHAT, json=body)
         response.raise_for_status()
         return list(response.json()["choices"][0]["token_ids"])
+
+
+@contextlib.asynccontextmanager
+async def raw_engine(
+    answer: Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]],
+) -> AsyncIterator[int]:
+    """A double of an engine at the byte level (a hung or odd one): a loopback server whose every
+    connection runs ``answer(reader, writer, nth connection)``; yields its port, and on the way
+    out closes every connection it held."""
+    held: list[asyncio.StreamWriter] = []
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        await answer(reader, writer, len(held))
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()

@@ -19,7 +19,7 @@ from drs_sidecar.fleet import Engine
 from drs_sidecar.metrics import SidecarMetrics
 from drs_sidecar.refit import Refitter
 
-from .conftest import TOKEN, ListFleet, served_version, sim_engine
+from .conftest import TOKEN, ListFleet, raw_engine, served_version, sim_engine
 
 
 class LateRecords(AbstractResolver):
@@ -97,24 +97,18 @@ async def test_lookups_and_the_exchange_together_keep_within_the_calls_timeout()
     """Four failed lookups (0.1 + 0.2 + 0.4 + 0.8 s of back-off), then an engine that accepts and
     never answers: the call ends at its 2 s timeout, not 1.5 s of lookups plus another 2 s."""
     records = LateRecords(failures=4)
-    held: list[asyncio.StreamWriter] = []
 
-    async def hang(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)  # read nothing, answer nothing: a hung engine
+    async def hang(_reader: asyncio.StreamReader, _writer: asyncio.StreamWriter, _nth: int) -> None:
+        return None  # read nothing, answer nothing: a hung engine
 
-    server = await asyncio.start_server(hang, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     control = ControlClient(TOKEN, call_s=5.0, load_s=30.0, resolver=records)
-    started = time.perf_counter()
-    try:
-        result = await control.health(f"http://r2-decode-0.fleet-engines.ns.svc:{port}", timeout=2.0)
-    finally:
-        took = time.perf_counter() - started
-        await control.close()
-        for writer in held:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    async with raw_engine(hang) as port:
+        started = time.perf_counter()
+        try:
+            result = await control.health(f"http://r2-decode-0.fleet-engines.ns.svc:{port}", timeout=2.0)
+        finally:
+            took = time.perf_counter() - started
+            await control.close()
     assert result.timed_out and not result.ok, result
     assert len(records.lookups) == 5, records.lookups  # four failures, then the record
     assert 1.9 < took < 2.75, took

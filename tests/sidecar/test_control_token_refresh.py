@@ -16,6 +16,8 @@ from drs_engine.server.runner import start_engine
 from drs_protocol.token_source import TokenSource
 from drs_sidecar.control import ControlClient
 
+from .conftest import raw_engine
+
 CONFIG = {"backend": "sim", "role": "prefill", "host": "127.0.0.1", "port": 0, "sim": {"speed": 0}}
 
 
@@ -49,12 +51,10 @@ async def test_a_refused_control_token_is_read_again_and_the_call_repeated(tmp_p
 async def test_the_call_repeated_with_a_new_token_keeps_within_the_calls_timeout() -> None:
     """An engine that refuses the old token after 1 s, then never answers the repeated call: the
     call ends at its 2 s timeout, not 1 s plus another 2 s."""
-    held: list[asyncio.StreamWriter] = []
 
-    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
+    async def engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, nth: int) -> None:
         await reader.readuntil(b"\r\n\r\n")
-        if len(held) > 1:  # the repeated call on a new connection: no answer
+        if nth > 1:  # the repeated call on a new connection: no answer
             return
         await asyncio.sleep(1.0)
         writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
@@ -64,19 +64,14 @@ async def test_the_call_repeated_with_a_new_token_keeps_within_the_calls_timeout
     async def refresh() -> str:
         return "new"
 
-    server = await asyncio.start_server(engine, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
     control = ControlClient("old", call_s=2.0, load_s=5, refresh=refresh)
-    started = time.perf_counter()
-    try:
-        result = await control.weights(f"http://127.0.0.1:{port}")
-    finally:
-        took = time.perf_counter() - started
-        await control.close()
-        for writer in held:
-            writer.close()
-        server.close()
-        await server.wait_closed()
+    async with raw_engine(engine) as port:
+        started = time.perf_counter()
+        try:
+            result = await control.weights(f"http://127.0.0.1:{port}")
+        finally:
+            took = time.perf_counter() - started
+            await control.close()
     assert control.token == "new"  # the token was read again and the call repeated
     assert result.timed_out and not result.ok, result
     assert 1.9 < took < 2.6, took
