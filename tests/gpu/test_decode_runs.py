@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
+from typing import Any
 
 import httpx
 import pytest
+import torch
+from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq
+from drs_engine.backends.torch.sampling import Choice, Sampling
+from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.server.runner import start_engine
 
 from .conftest import COMPLETIONS, CONTROL_TOKEN, completion_body, prompt_ids, torch_config
@@ -52,6 +58,49 @@ async def test_runs_of_steps_give_the_tokens_of_one_step_a_job() -> None:
     assert after_single["steps"] == steps_alone, (after_single, steps_alone)
     assert -(-steps_alone // RUN) <= after_single["jobs"] < steps_alone, after_single
     assert batching["tokens"] > batching["steps"]  # steps carried several sequences
+
+
+async def test_tokens_delivered_after_the_run_went_on_each_carry_their_own_step() -> None:
+    """The loop delivers a run's tokens after the GPU thread went on (held busy here until the run's
+    last step finished the sequence): every token reaches the stream, and the stream ends after the
+    last one, not at the first token delivered after the sequence finished. A step double (logits
+    that pick ``length % 8``) stands in for the model: this is the batcher's own ordering."""
+    loop = asyncio.get_running_loop()
+    worker = GpuWorker(torch.device("cpu"))
+    loop_held = threading.Event()
+    no_ban = torch.zeros(8, dtype=torch.bool)
+
+    def step(batch: list[DecodeSeq], _leaving: list[DecodeSeq]) -> Any:
+        loop_held.wait(10)  # the run goes on only once the loop is busy
+        return torch.nn.functional.one_hot(torch.tensor([s.length % 8 for s in batch]), 8).float()
+
+    seq = DecodeSeq(
+        kv=None,
+        length=3,
+        next_token=0,
+        sampling=Sampling(temperature=0.0, top_p=1.0, top_k=0, logprobs=False, top_logprobs=0),
+        generated=[],
+        check=lambda generated: ("length", None) if len(generated) >= 5 else (None, None),
+        banned=lambda _n: no_ban,
+    )
+    batcher = DecodeBatcher(worker, step, max_batch=4, steps_per_job=RUN)
+
+    def hold_the_loop() -> None:  # a blocking callback: the loop does nothing else meanwhile
+        loop_held.set()
+        deadline = time.monotonic() + 10
+        while seq.finish[0] is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    batcher.add(seq)
+    loop.call_soon(hold_the_loop)  # runs once the batcher's task has handed the run to the thread
+    got: list[int] = []
+    async with asyncio.timeout(20):
+        while (item := await seq.queue.get()) is not None:
+            assert isinstance(item, Choice), item
+            got.append(item.token_id)
+    await asyncio.wait_for(seq.released.wait(), 10)
+    assert got == [3, 4, 5, 6, 7], got  # each step's token, the last included
+    assert batcher.tokens == 5  # five steps of the sequence (then a job that released it)
 
 
 async def test_a_stream_that_leaves_mid_run_is_released_and_the_engine_serves_on() -> None:

@@ -194,16 +194,18 @@ class DecodeBatcher:
                 seq.generated.append(choice.token_id)
                 seq.finish = seq.check(seq.generated)
                 finished = finished or seq.finish[0] is not None
-                loop.call_soon_threadsafe(self._deliver, seq, choice)
+                loop.call_soon_threadsafe(self._deliver, seq, choice, seq.finish)
             if not batch or finished or self._changed or self._worker.waiting:
                 return
 
-    def _deliver(self, seq: DecodeSeq, choice: Choice) -> None:
-        """On the loop: a token of :meth:`_run_steps` to its stream (nothing once it left)."""
+    def _deliver(self, seq: DecodeSeq, choice: Choice, finish: tuple[str | None, int | str | None]) -> None:
+        """On the loop: a token of :meth:`_run_steps` to its stream (nothing once it left). ``finish``
+        is the sequence's state after this token's step: by the time the loop runs this, the GPU
+        thread may have run further steps (``seq.finish`` is theirs)."""
         if not seq.stepping:
             return
         seq.queue.put_nowait(choice)
-        if seq.finish[0] is not None:
+        if finish[0] is not None:
             self.remove(seq)
             seq.queue.put_nowait(None)
 
