@@ -60,8 +60,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Openings (a new conversation's first turn, tokenized in full) kept for the siblings that follow,
-#: and the largest kept (``Tokenized.nbytes``): at most 32 MiB.
+#: Openings kept for the siblings that follow: every turn tokenized in full (a new conversation's
+#: first turn, and a turn with no cache entry to extend: no conversation id, a restart, rewritten
+#: history), by rendered text; and the largest kept (``Tokenized.nbytes``): at most 32 MiB.
 OPENINGS: Final = 64
 OPENING_BYTES: Final = 512 * 1024
 
