@@ -9,6 +9,7 @@ import asyncio
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,9 +18,10 @@ import torch
 from drs_engine.backends.torch.batching import DecodeBatcher, DecodeSeq
 from drs_engine.backends.torch.sampling import Choice, Sampling
 from drs_engine.backends.torch.worker import GpuWorker
-from drs_engine.server.runner import start_engine
+from drs_engine.server.runner import RunningEngine, start_engine
 
-from .conftest import COMPLETIONS, CONTROL_TOKEN, completion_body, prompt_ids, torch_config
+from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
+from .test_prefix_refit import GATE_S, _jobs_queued, _worker
 from .test_torch_engine import tokens
 
 RUN = 8
@@ -29,6 +31,15 @@ LEAVE_S = 30.0
 
 async def _batching(client: httpx.AsyncClient, url: str) -> dict[str, int]:
     return dict((await client.get(url + "/server_info")).json()["engine"]["decode_batching"])
+
+
+def _batcher(engine: RunningEngine) -> DecodeBatcher:
+    """``engine``'s decode batcher (its counters read from the test)."""
+    from drs_engine.backends.torch.engine import TorchBackend
+
+    backend = engine.server.state.require_backend()
+    assert isinstance(backend, TorchBackend)
+    return backend._runner.batcher
 
 
 async def test_runs_of_steps_give_the_tokens_of_one_step_a_job() -> None:
@@ -128,6 +139,74 @@ async def test_a_stream_that_leaves_mid_run_is_released_and_the_engine_serves_on
     assert left["active"] == 0, left
     assert left["steps"] < 2000  # it stopped stepping the stream that left
     assert again == expected
+
+
+async def test_a_refit_mid_run_waits_one_step_and_the_tokens_after_it_are_the_new_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load arrives while a run of steps decodes a long answer: the run ends after the step in
+    flight (another job waits on the GPU thread), the swap runs, and every token after the answer's
+    ``weights_boundary`` is what an engine at the new weights decodes after the tokens before it,
+    which are the old weights' (float32: equal greedy tokens). The GPU thread is held by a gate of
+    the test's own while the load is queued, so the swap lands mid-answer."""
+    from drs_engine.backends.torch.model import SIZES, random_state_dict
+    from safetensors.torch import save_file
+
+    save_file(
+        random_state_dict(SIZES["tiny"], seed=5, device="cpu", dtype=torch.float32), str(tmp_path / "w.safetensors")
+    )
+    ids = prompt_ids(30, offset=5200)
+    total = 200
+    async with (
+        start_engine(torch_config(decodeStepsPerJob=RUN), control_token=CONTROL_TOKEN) as runs,
+        start_engine(torch_config(), control_token=CONTROL_TOKEN) as old,
+        start_engine(torch_config(model="random:tiny@5"), control_token=CONTROL_TOKEN) as five,
+        httpx.AsyncClient(timeout=GATE_S) as client,
+    ):
+        worker = _worker(runs)
+        batcher = _batcher(runs)
+        queued = _jobs_queued(worker, monkeypatch)
+        answer = asyncio.create_task(client.post(runs.url + COMPLETIONS, json=completion_body(ids, max_tokens=total)))
+        async with asyncio.timeout(GATE_S):
+            while batcher.tokens < RUN:  # the answer is decoding in runs
+                await asyncio.sleep(0.005)
+        gate = threading.Event()
+        steps_at: list[int] = []
+
+        def hold() -> None:  # the test's job on the GPU thread: where the steps stood when it started
+            steps_at.append(batcher.steps)
+            gate.wait(GATE_S)
+
+        try:
+            posted_at = batcher.steps
+            worker.post(hold)
+            load = asyncio.create_task(
+                client.post(
+                    runs.url + "/control/weights/load",
+                    headers=auth(),
+                    json={"path": str(tmp_path / "w.safetensors"), "version": "v5"},
+                )
+            )
+            await queued("read_safetensors")
+            gate.set()
+            loaded = await load
+            done = await answer
+        finally:
+            gate.set()
+        assert loaded.status_code == 200, loaded.text
+        assert done.status_code == 200, done.text
+        body = done.json()
+        got = list(body["choices"][0]["token_ids"])
+        boundary = body["weights_boundary"]
+        on_old = await tokens(client, old.url, ids, max_tokens=total)
+        on_five_after = await tokens(client, five.url, ids + got[:boundary], max_tokens=total - boundary)
+    assert steps_at and steps_at[0] - posted_at <= 1, (posted_at, steps_at)  # the run let the job in
+    assert body["weights_version"] == "v5"
+    assert RUN <= boundary < total, boundary
+    assert len(got) == total
+    assert got[:boundary] == on_old[:boundary]
+    assert got[boundary:] == on_five_after
+    assert got != on_old  # the two weights decode differently
 
 
 @pytest.mark.gpu(1)
