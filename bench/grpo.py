@@ -79,6 +79,7 @@ from drs_protocol import fields, routes
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.grpo_fleet import MODES, Fleet, fleet, loop_lag, restart_all
 from bench.grpo_summary import summarize
+from bench.hog import hogging, loadavg
 
 BLOCK = 32  # the sim engine's tokens per block
 SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
@@ -302,6 +303,26 @@ async def main(args: argparse.Namespace) -> None:
         raise SystemExit(f"--modes: {unknown[0]!r} is not one of {', '.join(MODES)}")
     rounds: dict[tuple[int, str], list[dict[str, float]]] = defaultdict(list)
     started = time.perf_counter()
+    load_before = loadavg()
+    with hogging(args.hog_duty, args.hog_procs):
+        await all_rounds(args, ms, rounds)
+    config = {k: v for k, v in vars(args).items()}
+    print(
+        json.dumps(
+            {
+                "bench": "grpo",
+                "config": config,
+                "wall_s": round(time.perf_counter() - started, 1),
+                "loadavg": {"before": load_before, "after": loadavg()},
+                "results": summarize(rounds),
+            }
+        )
+    )
+
+
+async def all_rounds(
+    args: argparse.Namespace, ms: list[int], rounds: dict[tuple[int, str], list[dict[str, float]]]
+) -> None:
     for number in range(args.warmup + args.rounds):
         for m in ms:
             modes = args.modes.split(",")
@@ -314,17 +335,6 @@ async def main(args: argparse.Namespace) -> None:
                 )
                 if counted:
                     rounds[(m, mode)].append(figures)
-    config = {k: v for k, v in vars(args).items()}
-    print(
-        json.dumps(
-            {
-                "bench": "grpo",
-                "config": config,
-                "wall_s": round(time.perf_counter() - started, 1),
-                "results": summarize(rounds),
-            }
-        )
-    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -354,6 +364,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engine-procs", type=int, default=1, help="processes the engines are dealt to, round robin (1: one for all)"
     )
+    p.add_argument(
+        "--hog-duty",
+        type=float,
+        default=0.0,
+        help="a controlled load beside the fleet: processes spinning this share of every 10 ms (0: none)",
+    )
+    p.add_argument("--hog-procs", type=int, default=1, help="spinning processes at --hog-duty")
     return p.parse_args(argv)
 
 
