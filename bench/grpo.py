@@ -62,6 +62,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import json
 import random
@@ -80,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.grpo_fleet import MODES, Fleet, fleet, loop_lag, restart_all
 from bench.grpo_summary import summarize
 from bench.hog import hogging, loadavg
+from bench.stalls import StallSampler
 
 BLOCK = 32  # the sim engine's tokens per block
 SIBLINGS_MOVED = 'drs_frontend_group_siblings_total{placed="moved"}'
@@ -240,8 +242,15 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
 
         lags: list[float] = []
         lag_task = asyncio.create_task(loop_lag(lags))
-        await asyncio.gather(*(first(s) for s in sessions))
+        stalls = StallSampler() if args.stalls else None  # sampling costs a thread: only when asked
+        async with stalls or contextlib.nullcontext():
+            await asyncio.gather(*(first(s) for s in sessions))
         lag_task.cancel()
+        if stalls is not None:
+            print(
+                f"M={m} {mode} turn 0 stalls: {json.dumps([dataclasses.asdict(x) for x in stalls.top(args.stalls)])}",
+                file=sys.stderr,
+            )
         after = await engine_counters(client, all_prefill)
         frontend_figures = await turn0_figures(client, fl.urls)
         frontend_figures["turn0_loop_lag_s_mean"] = statistics.mean(lags) if lags else 0.0
@@ -371,6 +380,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="a controlled load beside the fleet: processes spinning this share of every 10 ms (0: none)",
     )
     p.add_argument("--hog-procs", type=int, default=1, help="spinning processes at --hog-duty")
+    p.add_argument(
+        "--stalls", type=int, default=0, help="print the N stacks most sampled while turn 0 stalled the loop (0: none)"
+    )
     return p.parse_args(argv)
 
 
