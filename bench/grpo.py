@@ -70,6 +70,7 @@ import statistics
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,21 @@ def prompt_of(group: int, rng: random.Random, args: argparse.Namespace) -> list[
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Task {group}: {words}"}]
 
 
+async def watched(args: argparse.Namespace, label: str, turn0: Awaitable[Any]) -> list[float]:
+    """``turn0`` awaited while the loop's lag is sampled (returned) and, with ``--stalls``, the
+    stacks that stalled it (printed)."""
+    lags: list[float] = []
+    lag_task = asyncio.create_task(loop_lag(lags))
+    stalls = StallSampler() if args.stalls else None  # sampling costs a thread: only when asked
+    async with stalls or contextlib.nullcontext():
+        await turn0
+    lag_task.cancel()
+    if stalls is not None:
+        top = [dataclasses.asdict(x) for x in stalls.top(args.stalls)]
+        print(f"{label} turn 0 stalls: {json.dumps(top)}", file=sys.stderr)
+    return lags
+
+
 async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> dict[str, float]:
     rng = random.Random(seed)
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=256)
@@ -240,17 +256,7 @@ async def one_round(args: argparse.Namespace, m: int, mode: str, seed: int) -> d
             await asyncio.sleep(s.group * args.gap_ms / 1000 + rng.uniform(0, args.spread_ms / 1000))
             await take_turn(client, fl, s, 0, args)
 
-        lags: list[float] = []
-        lag_task = asyncio.create_task(loop_lag(lags))
-        stalls = StallSampler() if args.stalls else None  # sampling costs a thread: only when asked
-        async with stalls or contextlib.nullcontext():
-            await asyncio.gather(*(first(s) for s in sessions))
-        lag_task.cancel()
-        if stalls is not None:
-            print(
-                f"M={m} {mode} turn 0 stalls: {json.dumps([dataclasses.asdict(x) for x in stalls.top(args.stalls)])}",
-                file=sys.stderr,
-            )
+        lags = await watched(args, f"M={m} {mode}", asyncio.gather(*(first(s) for s in sessions)))
         after = await engine_counters(client, all_prefill)
         frontend_figures = await turn0_figures(client, fl.urls)
         frontend_figures["turn0_loop_lag_s_mean"] = statistics.mean(lags) if lags else 0.0
