@@ -53,8 +53,13 @@ of the medians, and (``*_paired``) of each round's latencies to the other mode's
 (the rounds alternate modes, so a pair ran under about the same machine load): their median, spread
 and in how many pairs the first mode was slower.
 
+``--hog-duty D [--hog-procs P]`` runs P processes beside the fleet, each spinning D of every 10 ms
+(``bench/hog.py``: a known load, unlike the machine's own; the line carries the load average before
+and after); ``--stalls N`` prints, per round, the N stacks the frontends' loop was sampled in
+while turn 0 stalled it (``bench/stalls.py``).
+
     .venv/bin/python bench/grpo.py [--prefill 2,4] [--prompts 8] [--siblings 8] [--turns 3] [--rounds 3]
-        [--modes ahead,bounded,groups,today]
+        [--modes ahead,bounded,groups,today] [--task-words 160] [--hog-duty 0] [--stalls 0]
 """
 
 from __future__ import annotations
