@@ -394,7 +394,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--stalls", type=int, default=0, help="print the N stacks most sampled while turn 0 stalled the loop (0: none)"
     )
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.hog_duty <= 1.0:
+        p.error(f"--hog-duty: {args.hog_duty:g} is not within 0..1 (the share of every 10 ms a process spins)")
+    if args.hog_procs < 0:
+        p.error(f"--hog-procs: {args.hog_procs} is below 0")
+    return args
 
 
 if __name__ == "__main__":

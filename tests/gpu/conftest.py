@@ -12,12 +12,16 @@ from __future__ import annotations
 import importlib.util
 import os
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from drs_engine.config import EngineConfig, build_config
 
 from .procs import NO_MULTICAST
+
+if TYPE_CHECKING:
+    from drs_engine.backends.torch.engine import TorchBackend
+    from drs_engine.server.runner import RunningEngine
 
 CONTROL_TOKEN = "torch-test-token"
 CHAT = "/v1/chat/completions"
@@ -64,6 +68,15 @@ def torch_config(
             "torch": spec,
         }
     )
+
+
+def torch_backend(engine: RunningEngine) -> TorchBackend:
+    """``engine``'s ``torch`` backend, for a test that reads or holds its internals (its GPU thread, its batcher)."""
+    from drs_engine.backends.torch.engine import TorchBackend
+
+    backend = engine.server.state.require_backend()
+    assert isinstance(backend, TorchBackend)
+    return backend
 
 
 def auth() -> dict[str, str]:

@@ -20,7 +20,7 @@ from drs_engine.backends.torch.sampling import Choice, Sampling
 from drs_engine.backends.torch.worker import GpuWorker
 from drs_engine.server.runner import RunningEngine, start_engine
 
-from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
+from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_backend, torch_config
 from .test_prefix_refit import GATE_S, _jobs_queued, _worker
 from .test_torch_engine import tokens
 
@@ -35,11 +35,7 @@ async def _batching(client: httpx.AsyncClient, url: str) -> dict[str, int]:
 
 def _batcher(engine: RunningEngine) -> DecodeBatcher:
     """``engine``'s decode batcher (its counters read from the test)."""
-    from drs_engine.backends.torch.engine import TorchBackend
-
-    backend = engine.server.state.require_backend()
-    assert isinstance(backend, TorchBackend)
-    return backend._runner.batcher
+    return torch_backend(engine)._runner.batcher
 
 
 async def test_runs_of_steps_give_the_tokens_of_one_step_a_job() -> None:

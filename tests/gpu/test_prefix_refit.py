@@ -23,7 +23,7 @@ import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine, start_engine
 
-from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_config
+from .conftest import COMPLETIONS, CONTROL_TOKEN, auth, completion_body, prompt_ids, torch_backend, torch_config
 from .test_paged_prefix import PAGED, TPB
 
 if TYPE_CHECKING:
@@ -53,11 +53,7 @@ async def _answer(client: httpx.AsyncClient, url: str, ids: list[int]) -> Answer
 
 def _worker(engine: RunningEngine) -> GpuWorker:
     """``engine``'s GPU thread."""
-    from drs_engine.backends.torch.engine import TorchBackend
-
-    backend = engine.server.state.require_backend()
-    assert isinstance(backend, TorchBackend)
-    return backend._worker
+    return torch_backend(engine)._worker
 
 
 def _jobs_queued(worker: GpuWorker, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Awaitable[None]]:

@@ -36,3 +36,18 @@ def test_no_duty_starts_nothing_and_a_duty_outside_0_to_1_is_refused_by_name() -
         assert set(multiprocessing.active_children()) == before
     with pytest.raises(ValueError, match="duty"), hogging(1.5):
         pass
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--hog-duty", "2"], "--hog-duty: 2 is not within 0..1"), (["--hog-procs", "-1"], "--hog-procs: -1 is below 0")],
+)
+def test_the_benchmark_refuses_a_hog_it_cannot_run_naming_the_flag(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.grpo import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv)
+    assert stopped.value.code == 2
+    assert named in capsys.readouterr().err
