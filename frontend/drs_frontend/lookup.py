@@ -16,6 +16,10 @@ the turn by the load-free rule. ``drs_frontend_group_lookups_total{outcome}`` co
 (``drs_protocol.prefix_lookup.PrefixClaim``); ``drs_frontend_group_claims_total{outcome}``:
 ``claimed``, ``refused`` (over the bound there by now: the relay walks on with the live figure),
 ``unanswered`` (no answer, or an engine from before claims: the placement stands).
+
+An engine that answers 501 (its backend cannot say what it holds: ``trtllm``) is not asked again
+for :data:`~drs_protocol.prefix_lookup.CANNOT_ANSWER_S` (it counts as no answer, at no round trip),
+so a fleet of such engines pays the lookup once, not on every new conversation.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from drs_protocol import routes
-from drs_protocol.prefix_lookup import PrefixClaim, PrefixHeld, PrefixHeldRequest
+from drs_protocol.prefix_lookup import CANNOT_ANSWER_S, PrefixClaim, PrefixHeld, PrefixHeldRequest
 from pydantic import ValidationError
 
 from drs_frontend import wire_json
@@ -41,6 +45,9 @@ from drs_frontend.routing.placement import ReportedWork
 from drs_frontend.upstream import UpstreamClient
 
 log = logging.getLogger(__name__)
+
+#: Engines remembered as unable to answer (beyond it, the memory starts over: asked once more each).
+MAX_CANNOT = 1024
 
 
 class PrefixLookup:
@@ -58,6 +65,8 @@ class PrefixLookup:
         #: ``ahead`` mode turns it on
         self.ahead = ahead
         self._releases: set[asyncio.Task[PrefixHeld | None]] = set()
+        #: engine URL -> until when (monotonic) it is not asked: it answered 501, it cannot say
+        self._cannot: dict[str, float] = {}
 
     async def ask(self, urls: list[str], route: RouteRequest, *, live: bool = False) -> dict[str, PrefixHeld]:
         """What each of ``urls`` holds of the opening of ``route``'s messages (those that answered)."""
@@ -230,6 +239,11 @@ class PrefixLookup:
         return held
 
     async def _ask_one(self, url: str, body: bytes) -> PrefixHeld | None:
+        until = self._cannot.get(url)
+        if until is not None:
+            if time.monotonic() < until:
+                return None
+            del self._cannot[url]
         try:
             response = await asyncio.wait_for(
                 self.upstream.post_json(url + routes.PREFIX_HELD, body, self.timeout), self.timeout
@@ -239,6 +253,10 @@ class PrefixLookup:
             return None
         if response.status != 200:
             log.debug("prefix lookup on %s: %d", url, response.status)
+            if response.status == 501:  # its backend cannot say (trtllm): not asked again for a while
+                if len(self._cannot) >= MAX_CANNOT:
+                    self._cannot.clear()
+                self._cannot[url] = time.monotonic() + CANNOT_ANSWER_S
             return None
         try:
             return PrefixHeld.model_validate_json(response.body)

@@ -194,7 +194,7 @@ class FrontendConfig(_Model):
         "its opening whose recent prefill work is within affinityLoadFactor times the mean, and a turn whose "
         "conversation and opening this frontend does not know (a restart, the replica's other frontend) asks the "
         "same engines what their prefix caches hold of its opening and follows the longest (drs_protocol."
-        "prefix_lookup); 0 (the default): the opening's first engine whatever the load, no lookup",
+        "prefix_lookup); 0: the opening's first engine whatever the load, no lookup (no load bound)",
     )
     group_hold_seconds: float = Field(
         default=DEFAULT_GROUP_HOLD_SECONDS,

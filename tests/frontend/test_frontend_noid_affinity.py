@@ -5,7 +5,8 @@ Properties over any opening (tools or none, any system and user text) and any ap
 turn, the later turn goes to the first turn's engine while that engine is within the in-flight
 bound (by its prefix, which covers the opening), and past it too (by the opening, as a pinned turn
 would); on a fresh router (a restart, another frontend) to the same engine, whatever was placed
-before (placement by opening reads no load). Text only (a frontend that does
+before, with the lookup off (``groupLookupEngines: 0``: placement by opening reads no load; with it
+on, a fresh router asks the engines, ``test_frontend_group_lookup.py``). Text only (a frontend that does
 not tokenize), and with token ids whose last block is partial.
 """
 
@@ -79,7 +80,7 @@ def test_a_later_turn_without_an_id_lands_where_its_first_turn_went(
     tokenize: bool,
     busy: bool,
 ) -> None:
-    router = ConversationRouter(block_tokens=16)
+    router = ConversationRouter(block_tokens=16, lookup_engines=0)
     idle = [Candidate(u, 0, 0) for u in POOL]
     for other in others:  # other conversations first: they must not move this one
         msgs = _opening("other", other)
@@ -96,7 +97,7 @@ def test_a_later_turn_without_an_id_lands_where_its_first_turn_went(
     if not busy:
         assert again.reason in (Reason.PREFIX, Reason.GROUP)
     assert first.sibling is Sibling.FIRST or first.sibling is Sibling.WITH_GROUP
-    assert ConversationRouter(block_tokens=16).pick(req, idle).url == first.url  # a fresh router agrees
+    assert ConversationRouter(block_tokens=16, lookup_engines=0).pick(req, idle).url == first.url  # a fresh one agrees
 
 
 @settings(max_examples=100, deadline=None)

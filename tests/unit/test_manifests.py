@@ -209,18 +209,19 @@ def test_group_routing_is_rendered_into_a_frontend_config_the_frontend_accepts(
 
 @pytest.mark.parametrize("lookup", [None, 0, 4])
 def test_group_lookup_engines_is_rendered_into_the_frontend_config(lookup: int | None) -> None:
-    """spec.frontend.groupLookupEngines reaches every frontend (unset: 0, the load-free rule), and
-    the frontend's ctx router asks that many engines."""
+    """spec.frontend.groupLookupEngines reaches every frontend (unset: 4, the bounded walk with the
+    lookup, since 2026-12-07; 0: the load-free rule), and the frontend's ctx router asks that many engines."""
     from drs_frontend.config import FrontendConfig
     from drs_frontend.routing.factory import build_ctx_router
 
     frontend = {} if lookup is None else {"groupLookupEngines": lookup}
     _, _, children = build(spec(frontend=frontend), nodes_from_manifests(build_nodes("hgx", 2)))
     rendered = json.loads(children.replicas[0].frontend_config["data"][CONFIG_KEY])
-    assert rendered["groupLookupEngines"] == (lookup or 0)
+    expected = 4 if lookup is None else lookup
+    assert rendered["groupLookupEngines"] == expected
     config = FrontendConfig.model_validate({**rendered, "port": 8300, "node_id": 0})
-    assert config.group_lookup_engines == (lookup or 0)
-    assert build_ctx_router(config).looks_up is bool(lookup)
+    assert config.group_lookup_engines == expected
+    assert build_ctx_router(config).looks_up is bool(expected)
 
 
 def test_engines_and_frontends_run_restricted_with_a_scratch_emptydir() -> None:

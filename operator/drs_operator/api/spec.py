@@ -19,7 +19,7 @@ from typing import Any, Literal
 from drs_protocol.config import CamelModel
 from drs_protocol.engine_config import SimSpec, TorchSpec
 from drs_protocol.lifecycle import DEFAULT_DRAIN_SECONDS
-from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES, SUGGESTED_LOOKUP_ENGINES
+from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES
 from pydantic import ConfigDict, Field, model_validator
 
 from drs_operator.api.constants import (
@@ -230,8 +230,8 @@ class FrontendSpec(SpecModel):
             "claimed there) stays within affinityLoadFactor times the mean, and a turn whose conversation this "
             "frontend does not know (after a restart, or sent by the replica's other frontend) asks the same "
             "engines what their prefix caches hold of it and follows the longest (docs/grpo-routing.md). "
-            f"{DEFAULT_LOOKUP_ENGINES}: the opening's first engine whatever the load, no lookup "
-            f"({SUGGESTED_LOOKUP_ENGINES} covers every engine of a replica of up to {SUGGESTED_LOOKUP_ENGINES})."
+            f"The default, {DEFAULT_LOOKUP_ENGINES}, covers every engine of a replica of up to {DEFAULT_LOOKUP_ENGINES}. "
+            "0: the opening's first engine whatever the load, no lookup (no load bound)."
         ),
     )
     group_hold_seconds: float | None = Field(
