@@ -47,8 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 #: ``groupLookupEngines``' default: the first 4 engines in rendezvous order of the opening's key (every
 #: engine of a replica of up to 4): the bounded walk with the lookup and claims, the placement that keeps
 #: the load bound, prompt sharing and restart affinity (the default since 2026-12-07; 0 before: the
-#: load-free placement by opening, no bound, no lookup). Measured (docs/grpo-routing.md): 0.96-1.11x the
-#: routing by id's group completion at ~970 shared tokens, 0.50-0.75x from ~1,900.
+#: load-free placement by opening, no bound, no lookup). Measured (docs/grpo-routing.md): about the
+#: load-free placement's group completion at ~970 shared tokens (0.95-1.09x), 0.82x at ~1,900.
 DEFAULT_LOOKUP_ENGINES: Final = 4
 #: Seconds a frontend asks no lookups of an engine that said it cannot answer them (501: ``trtllm``).
 CANNOT_ANSWER_S: Final = 300.0
