@@ -17,9 +17,7 @@ ROW = re.compile(r"^\| `(drs_[a-z_]+)` \| (\w+) \| (.*) \|$", re.MULTILINE)
 
 
 def _rows(registry: CollectorRegistry) -> set[tuple[str, str, str]]:
-    return {
-        (m.name + ("_total" if m.type == "counter" else ""), m.type, m.documentation) for m in registry.collect()
-    }
+    return {(m.name + ("_total" if m.type == "counter" else ""), m.type, m.documentation) for m in registry.collect()}
 
 
 def _registered() -> set[tuple[str, str, str]]:
