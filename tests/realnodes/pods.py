@@ -91,3 +91,34 @@ def logs(cluster: RunningCluster, namespace: str, name: str, *args: str, timeout
                 f"kubectl logs {name} -n {namespace} failed ({proc.returncode}): {proc.stderr.strip()}"
             )
         time.sleep(POLL_S)
+
+
+#: What ``explain`` asks kubectl, each as (title, argv): enough to tell why a fleet did not come up
+#: (an operator not running, a pod unscheduled or crash-looping, a node NotReady or out of GPUs).
+EXPLAIN = (
+    ("nodes", ("get", "nodes", "-o", "wide")),
+    (
+        "node conditions",
+        ("get", "nodes", "-o", "custom-columns=NAME:.metadata.name,TRUE:.status.conditions[?(@.status=='True')].type"),
+    ),
+    ("operator pods", ("get", "pods", "-n", "drs-system", "-o", "wide")),
+    ("operator log", ("logs", "-n", "drs-system", "-l", "app.kubernetes.io/name=drs-operator", "--tail=40")),
+    ("pods in every namespace", ("get", "pods", "-A", "-o", "wide")),
+)
+EXPLAIN_LINES = 60  #: each answer's last lines
+
+
+def explain(cluster: RunningCluster, namespace: str) -> str:
+    """A failure's context for the report: the nodes, the operator, every pod, the namespace's
+    DisaggReplicaSets' status and events (each answer cut to its last ``EXPLAIN_LINES``)."""
+    asks = (
+        *EXPLAIN,
+        ("DisaggReplicaSets' status", ("get", "drs", "-n", namespace, "-o", "jsonpath={.items[*].status}")),
+        ("events", ("get", "events", "-n", namespace, "--sort-by=.lastTimestamp")),
+    )
+    parts = []
+    for title, argv in asks:
+        proc = cluster.kubectl(*argv, check=False)
+        text = (proc.stdout + proc.stderr).strip().splitlines()[-EXPLAIN_LINES:]
+        parts.append(f"--- {title} (kubectl {' '.join(argv)}):\n" + "\n".join(text))
+    return "\n".join(parts)

@@ -27,7 +27,7 @@ import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
-from .pods import logs, wait_phase
+from .pods import explain, logs, wait_phase
 from .test_weights_on_real_node import EXAMPLE, LOAD, NAME, POLICY, drop_path, drs, engines, pods_of, refit_fleet, wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
@@ -116,7 +116,12 @@ def test_a_replica_added_after_a_refit_catches_up_from_the_other_replicas_and_no
     assert not any(is_ready(p) for p in pods_of(realcluster, realns, NEW)), names
     # 2. the policies as rendered: the same engines catch up on a later attempt (back-off <= 30 s)
     set_from(realcluster, realns, rendered)
-    wait("the new engines Ready", lambda: all(is_ready(p) for p in pods_of(realcluster, realns, NEW)), timeout=150)
+    wait(
+        "the new engines Ready",
+        lambda: all(is_ready(p) for p in pods_of(realcluster, realns, NEW)),
+        timeout=150,
+        why=lambda: explain(realcluster, realns),
+    )
     others = {e["url"] for e in engines(drs(realcluster, realns)["status"]) if not e["name"].startswith(f"{NAME}-r2-")}
     for pod in new:
         shown = held(realcluster, realns, pod["metadata"]["name"])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 from drs_operator.api.constants import ANNOTATION_DESIRED_WEIGHTS, DEFAULT_MODEL_MOUNT_PATH
 
-from .pods import logs, wait_phase
+from .pods import explain, logs, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
@@ -51,10 +51,12 @@ def ready_fleet(cluster: RunningCluster, ns: str) -> bool:
     return bool(st.get("phase") == "Ready" and st.get("observedGeneration") == body["metadata"]["generation"])
 
 
-def wait(what: str, ok: Any, timeout: float = READY_S) -> None:
+def wait(what: str, ok: Any, timeout: float = READY_S, why: Callable[[], str] | None = None) -> None:
+    """Until ``ok()``; past ``timeout`` fails, with ``why()`` (the cluster's state) in the message."""
     deadline = time.monotonic() + timeout
     while not ok():
-        assert time.monotonic() < deadline, f"{what}: not reached after {timeout:.0f}s"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what}: not reached after {timeout:.0f}s" + (f"\n{why()}" if why else ""))
         time.sleep(POLL_S)
 
 
@@ -133,7 +135,7 @@ def checkpoint_fleet(
         fleet = json.loads(json.dumps(example))
         fleet["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
         realcluster.kubectl("apply", "-n", realns, "-f", "-", input=yaml.safe_dump(fleet))
-        wait("the fleet Ready", lambda: ready_fleet(realcluster, realns))
+        wait("the fleet Ready", lambda: ready_fleet(realcluster, realns), why=lambda: explain(realcluster, realns))
         yield
     finally:
         realcluster.kubectl("delete", "pv", f"{realns}-{CLAIM}", "--wait=false", check=False)
@@ -204,7 +206,11 @@ def kill_under_load(cluster: RunningCluster, ns: str, role: str, desired: dict[s
     with StaleWatch(cluster, ns, version) as watch:
         names = [v["metadata"]["name"] for v in victims]
         cluster.kubectl("delete", "pod", *names, "-n", ns, "--grace-period=0", "--force")
-        wait(f"Ready replacements of the {role} pods", lambda: len(replacements()) == len(victims))
+        wait(
+            f"Ready replacements of the {role} pods",
+            lambda: len(replacements()) == len(victims),
+            why=lambda: explain(cluster, ns),
+        )
         phase = wait_phase(cluster, ns, client, {"Succeeded", "Failed"}, timeout=LOAD_S + 120)["status"]["phase"]
     out = logs(cluster, ns, client)
     assert phase == "Succeeded", out
