@@ -26,11 +26,14 @@ from drs_frontend.app import FrontendApp
 from drs_frontend.config import FrontendConfig
 from drs_frontend.server import RunningFrontend, start_frontend
 from drs_protocol.enums import Role
-from drs_protocol.prefix_lookup import DEFAULT_LOOKUP_ENGINES
 
 MODES = ("ahead", "bounded", "groups", "today")
-#: the modes whose frontends look up (``groupLookupEngines: 4``); ``bounded`` claims after its lookup, as before 2026-12-06
+#: the modes whose frontends look up (``groupLookupEngines: LOOKUP_ENGINES``); ``bounded`` claims after its lookup,
+#: as before 2026-12-06
 LOOKUP_MODES = ("ahead", "bounded")
+#: the lookup modes' width: fixed here (the product's default is 4 too), so a mode's figures keep
+#: their meaning if the default changes; ``groups`` and ``today`` do not look up (0)
+LOOKUP_ENGINES = 4
 LAG_TICK_S = 0.01  # the event loop's lag is sampled this often
 
 
@@ -70,7 +73,7 @@ def frontend_config(prefill: list[str], decode: list[str], node: int, mode: str)
             "tokenize": True,
             "healthInterval": 1.0,
             "groupRouting": mode != "today",
-            "groupLookupEngines": DEFAULT_LOOKUP_ENGINES if mode in LOOKUP_MODES else 0,
+            "groupLookupEngines": LOOKUP_ENGINES if mode in LOOKUP_MODES else 0,
             # the frontends share this process's one event loop, the engines another's: on a loaded
             # machine a connect, a probe or a prefix lookup can wait for them longer than the
             # defaults (2 s, 2 s, 0.5 s); lookups_unanswered_after_restart counts what still did not answer

@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from drs_protocol import routes
+from drs_protocol.errors import NotSupportedError
 from drs_protocol.prefix_lookup import CANNOT_ANSWER_S, PrefixClaim, PrefixHeld, PrefixHeldRequest
 from pydantic import ValidationError
 
@@ -71,6 +72,10 @@ class PrefixLookup:
     async def ask(self, urls: list[str], route: RouteRequest, *, live: bool = False) -> dict[str, PrefixHeld]:
         """What each of ``urls`` holds of the opening of ``route``'s messages (those that answered)."""
         if route.messages is None:
+            return {}
+        urls = [url for url in urls if self._may_answer(url)]
+        if not urls:  # every engine asked cannot say (501 lately): no body built, no round trip
+            self.metrics.group_lookups_of("unanswered").inc()
             return {}
         body = self._body(route, route.messages, live=live)
         key = (body, tuple(urls))
@@ -238,12 +243,19 @@ class PrefixLookup:
         self.metrics.group_lookups_of(outcome).inc()
         return held
 
-    async def _ask_one(self, url: str, body: bytes) -> PrefixHeld | None:
+    def _may_answer(self, url: str) -> bool:
+        """False while ``url`` is remembered as unable to say what it holds (it answered 501)."""
         until = self._cannot.get(url)
-        if until is not None:
-            if time.monotonic() < until:
-                return None
-            del self._cannot[url]
+        if until is None:
+            return True
+        if time.monotonic() < until:
+            return False
+        del self._cannot[url]
+        return True
+
+    async def _ask_one(self, url: str, body: bytes) -> PrefixHeld | None:
+        if not self._may_answer(url):
+            return None
         try:
             response = await asyncio.wait_for(
                 self.upstream.post_json(url + routes.PREFIX_HELD, body, self.timeout), self.timeout
@@ -253,7 +265,7 @@ class PrefixLookup:
             return None
         if response.status != 200:
             log.debug("prefix lookup on %s: %d", url, response.status)
-            if response.status == 501:  # its backend cannot say (trtllm): not asked again for a while
+            if response.status == NotSupportedError.status:  # its backend cannot say (trtllm): not asked for a while
                 if len(self._cannot) >= MAX_CANNOT:
                     self._cannot.clear()
                 self._cannot[url] = time.monotonic() + CANNOT_ANSWER_S

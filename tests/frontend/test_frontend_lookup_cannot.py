@@ -66,3 +66,30 @@ async def test_an_engine_that_answered_501_is_not_asked_again_until_its_time_is_
     engines.status["http://trt"] = 200
     third = await lookup.ask(urls, _turn(3))
     assert set(third) == {"http://sim", "http://trt"} and sorted(engines.asked) == sorted(urls)
+
+
+async def test_a_lookup_whose_engines_all_answered_501_costs_no_round_trip_and_no_body(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    engines = Answering({"http://trt-0": 501, "http://trt-1": 501})
+    metrics = FrontendMetrics()
+    lookup = PrefixLookup(cast(UpstreamClient, engines), metrics, timeout=1.0)
+    urls = list(engines.status)
+    assert await lookup.ask(urls, _turn(1)) == {}
+    assert sorted(engines.asked) == urls
+
+    engines.asked.clear()
+    built: list[bytes] = []
+    body = PrefixLookup._body
+
+    def counted(*args: Any, **kwargs: Any) -> bytes:
+        built.append(body(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(PrefixLookup, "_body", staticmethod(counted))
+    assert await lookup.ask(urls, _turn(2)) == {}
+    assert engines.asked == [] and built == []  # none asked, no request body built (a turn's ids encoded)
+    unanswered = metrics.registry.get_sample_value("drs_frontend_group_lookups_total", {"outcome": "unanswered"})
+    assert unanswered == 2  # each lookup counted, asked or not
