@@ -103,6 +103,10 @@ EXPLAIN = (
     ),
     ("operator pods", ("get", "pods", "-n", "drs-system", "-o", "wide")),
     ("operator log", ("logs", "-n", "drs-system", "-l", "app.kubernetes.io/name=drs-operator", "--tail=40")),
+    (
+        "operator log before its last restart",
+        ("logs", "-n", "drs-system", "-l", "app.kubernetes.io/name=drs-operator", "--previous", "--tail=20"),
+    ),
     ("pods in every namespace", ("get", "pods", "-A", "-o", "wide")),
 )
 EXPLAIN_LINES = 60  #: each answer's last lines
