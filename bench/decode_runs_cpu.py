@@ -43,7 +43,7 @@ async def _round(client: httpx.AsyncClient, url: str, streams: int, salt: int) -
 
 
 async def main(pairs: int) -> dict[str, Any]:
-    one = procs.engine_config("prefill", "cpu", "random:tiny", "float32", cacheCapacityTokens=0)
+    one = procs.engine_config("prefill", "cpu", "random:tiny", "float32", cacheCapacityTokens=0, decodeStepsPerJob=1)
     runs = procs.engine_config("prefill", "cpu", "random:tiny", "float32", cacheCapacityTokens=0, decodeStepsPerJob=RUN)
     out: dict[str, Any] = {}
     async with (

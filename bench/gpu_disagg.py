@@ -33,8 +33,9 @@ Needs a CUDA GPU and PyTorch; engines are ``drs engine`` processes (``tests/gpu/
 ``make gpu`` runs it after the GPU tests. ``--decode-only [--anchor] [--rounds N]``: the decode sweep
 alone; ``--no-decode``: everything else (handoff, prefix, refit, TTFT). ``--kv-layout slots,paged``
 (also ``slots-flex``, ``paged-gather``, ``slots-runs``: up to 8 decode steps a GPU-thread job,
-``torch.decodeStepsPerJob``): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``),
-each measured in turn with ``--decode-only``, the first one otherwise (the prefix engine's too).
+``torch.decodeStepsPerJob``, the default; ``slots-step``: one step a job, the default until
+2026-12-07): the decode engine's KV layouts (``torch.kvLayout``/``pagedAttention``), each measured
+in turn with ``--decode-only``, the first one otherwise (the prefix engine's too).
 ``--prefix-only [--kv-layout slots,paged]``: the ``prefix`` figures alone, one engine per layout
 (with ``paged`` the cached blocks are shared in place from the store, with ``slots`` copied).
 """
@@ -355,11 +356,14 @@ async def main(with_decode: bool = True, layout: str = "slots") -> dict[str, Any
 
 #: ``--kv-layout``'s names: the torch spec each one serves with
 KV_LAYOUTS: dict[str, dict[str, Any]] = {
+    #: the engine's defaults (the slot pool, runs of up to 8 decode steps a GPU-thread job)
     "slots": {"kvLayout": "slots"},
     "slots-flex": {"kvLayout": "slots", "slotAttention": "flex"},
+    #: the slot pool, one decode step a GPU-thread job (the default until 2026-12-07)
+    "slots-step": {"kvLayout": "slots", "decodeStepsPerJob": 1},
     "paged": {"kvLayout": "paged", "pagedAttention": "flex"},
     "paged-gather": {"kvLayout": "paged", "pagedAttention": "gather"},
-    #: today's default layout with runs of up to 8 decode steps a GPU-thread job (``decodeStepsPerJob``)
+    #: the slot pool with runs of up to 8 decode steps a GPU-thread job, whatever the default
     "slots-runs": {"kvLayout": "slots", "decodeStepsPerJob": 8},
 }
 

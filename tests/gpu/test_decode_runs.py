@@ -42,7 +42,7 @@ async def test_runs_of_steps_give_the_tokens_of_one_step_a_job() -> None:
     prompts = [prompt_ids(20 + 9 * i, offset=4000 + 11 * i) for i in range(6)]
     lengths = [3, 17, 9, 30, 1, 24]  # sequences finish at different steps: each ends a run
     async with (
-        start_engine(torch_config(), control_token=CONTROL_TOKEN) as one,
+        start_engine(torch_config(decodeStepsPerJob=1), control_token=CONTROL_TOKEN) as one,
         start_engine(torch_config(decodeStepsPerJob=RUN), control_token=CONTROL_TOKEN) as runs,
         httpx.AsyncClient(timeout=120) as client,
     ):
@@ -113,7 +113,7 @@ async def test_tokens_delivered_after_the_run_went_on_each_carry_their_own_step(
 async def test_a_stream_that_leaves_mid_run_is_released_and_the_engine_serves_on() -> None:
     ids = prompt_ids(40, offset=9000)
     async with (
-        start_engine(torch_config(), control_token=CONTROL_TOKEN) as one,
+        start_engine(torch_config(decodeStepsPerJob=1), control_token=CONTROL_TOKEN) as one,
         start_engine(torch_config(decodeStepsPerJob=RUN), control_token=CONTROL_TOKEN) as runs,
         httpx.AsyncClient(timeout=120) as client,
     ):
@@ -155,7 +155,7 @@ async def test_a_refit_mid_run_waits_one_step_and_the_tokens_after_it_are_the_ne
     total = 200
     async with (
         start_engine(torch_config(decodeStepsPerJob=RUN), control_token=CONTROL_TOKEN) as runs,
-        start_engine(torch_config(), control_token=CONTROL_TOKEN) as old,
+        start_engine(torch_config(decodeStepsPerJob=1), control_token=CONTROL_TOKEN) as old,
         start_engine(torch_config(model="random:tiny@5"), control_token=CONTROL_TOKEN) as five,
         httpx.AsyncClient(timeout=GATE_S) as client,
     ):
@@ -210,7 +210,7 @@ async def test_runs_of_steps_replay_the_graphs_and_give_the_tokens_of_one_step_a
     """float32 on the GPU, the pool's CUDA graphs replayed: runs of up to 8 steps a job give the
     greedy tokens of one step a job, alone and eight at once, and fewer jobs than steps."""
     prompts = [prompt_ids(30 + 97 * i, offset=4000 + i) for i in range(8)]
-    one_config = torch_config(model="random:small", device="cuda:0")
+    one_config = torch_config(model="random:small", device="cuda:0", decodeStepsPerJob=1)
     runs_config = torch_config(model="random:small", device="cuda:0", decodeStepsPerJob=RUN)
     async with (
         start_engine(one_config, control_token=CONTROL_TOKEN) as one,

@@ -9,7 +9,8 @@ pool slot back, its KV copied out: :class:`~drs_engine.backends.torch.decoder.Ba
 and its ``released`` event is set once that job ran, so the engine caches its KV only after.
 Choosing the token is :func:`~drs_engine.backends.torch.sampling.choose_tokens`.
 
-With ``steps_per_job`` above 1 (``decodeStepsPerJob``; off by default, not yet measured on a GPU)
+With ``steps_per_job`` above 1 (``decodeStepsPerJob``, 8 by default; 1.15-1.27x the decode
+tokens/s of one step a job on an H100, docs/results.md)
 one job runs up to that many steps in a row on the GPU thread (:meth:`DecodeBatcher._run_steps`):
 each step's tokens are applied to its sequences there and handed to the event loop as the step
 ends (``call_soon_threadsafe``, in order), and the run ends after the step in which a sequence
