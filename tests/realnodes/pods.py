@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from typing import Any
 
@@ -110,6 +111,7 @@ EXPLAIN = (
     ("pods in every namespace", ("get", "pods", "-A", "-o", "wide")),
 )
 EXPLAIN_LINES = 60  #: each answer's last lines
+EXPLAIN_KUBECTL_S = 20.0  #: each ask's limit
 
 
 def explain(cluster: RunningCluster, namespace: str) -> str:
@@ -122,7 +124,10 @@ def explain(cluster: RunningCluster, namespace: str) -> str:
     )
     parts = []
     for title, argv in asks:
-        proc = cluster.kubectl(*argv, check=False)
-        text = (proc.stdout + proc.stderr).strip().splitlines()[-EXPLAIN_LINES:]
+        try:
+            proc = cluster.kubectl(*argv, check=False, timeout=EXPLAIN_KUBECTL_S)
+            text = (proc.stdout + proc.stderr).strip().splitlines()[-EXPLAIN_LINES:]
+        except subprocess.TimeoutExpired:  # an API server that does not answer is an answer too
+            text = [f"no answer within {EXPLAIN_KUBECTL_S:.0f}s"]
         parts.append(f"--- {title} (kubectl {' '.join(argv)}):\n" + "\n".join(text))
     return "\n".join(parts)
