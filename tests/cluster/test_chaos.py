@@ -7,20 +7,15 @@ host networking); Gym-shaped clients hash sessions over ``status.urls`` and retr
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from drs_devcluster.testing import RunningCluster, namespace_for
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from bench.chaos import NAME, Fleet, deployed, run_scenarios  # noqa: E402
+from bench.chaos import NAME, Fleet, deployed, run_scenarios
 
 pytestmark = pytest.mark.cluster
 

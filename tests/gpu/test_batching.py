@@ -15,9 +15,7 @@ one chunk; on the CPU, with a real (tiny) model and a real engine.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncGenerator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -28,8 +26,6 @@ from hypothesis import strategies as st
 
 from .conftest import CONTROL_TOKEN, prompt_ids, torch_config
 from .test_torch_engine import tokens
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @settings(deadline=None)  # the first example pays for importing torch
@@ -122,7 +118,6 @@ def test_the_bench_names_an_engines_error_event_instead_of_failing_on_it() -> No
 
     from drs_engine.errors import EngineError
 
-    sys.path.insert(0, str(ROOT))
     from bench.decode_rates import StreamError, event_tokens
 
     chunk = {"choices": [{"index": 0, "text": "", "token_ids": [4, 5]}]}

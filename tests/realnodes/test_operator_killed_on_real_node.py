@@ -15,7 +15,6 @@ must be up for a refit to finish (the trainer pod would fail)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,12 +25,11 @@ import yaml
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
+from bench import chaos_realnodes_sidecar as refit_pod
+
 from .load import load_answers, off_policy, start_load
 from .pods import logs, wait_phase
 from .test_weights_on_real_node import EXAMPLE, NAME, TRAINER, checkpoint_fleet, drs, engines, wait
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench import chaos_realnodes_sidecar as refit_pod
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

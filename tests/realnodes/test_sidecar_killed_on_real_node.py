@@ -19,7 +19,6 @@ operator touches the engine pods on the store, so their files already named the 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,11 +26,10 @@ import pytest
 from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
+from bench import chaos_realnodes_sidecar as cut_short
+
 from .load import load_answers, off_policy, start_load
 from .test_weights_on_real_node import EXAMPLE, NAME, checkpoint_fleet, drs, engines, wait
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench import chaos_realnodes_sidecar as cut_short
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 

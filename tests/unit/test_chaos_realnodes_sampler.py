@@ -6,14 +6,11 @@ counted engines already at the new version as stale (4 of 32 in a run of refit_o
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import chaos_realnodes_weights as weights
 
 CUT_OVER = 1_800_000_000.0  # 2027-01-15T08:00:00Z

@@ -6,10 +6,6 @@ difference between them."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import grpo_summary as grpo
 
 
