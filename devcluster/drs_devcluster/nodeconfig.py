@@ -321,8 +321,18 @@ def kubelet_config(layout: Layout, net: Network, dirs: NodeDirs, index: int, res
         # The project's images are imported, never pulled: never garbage-collect them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        # A shared machine's disk and memory are not this node's to guard.
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        # A shared machine's disk and memory are not this node's to guard: no disk signal at all
+        # ("0%" turns one off, as kind does; an unnamed one is off too). With "1%" (2.5 GB of a
+        # 252 GB disk), a second dev cluster importing the images onto the same nearly full disk
+        # set DiskPressure on this cluster's nodes: they evicted its pods and kept the NoSchedule
+        # taint for the 5-minute pressure transition period after the disk was free again.
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "0%",
+            "nodefs.inodesFree": "0%",
+            "imagefs.available": "0%",
+            "imagefs.inodesFree": "0%",
+        },
         "serializeImagePulls": False,
         "maxPods": 110,
         "registerNode": True,

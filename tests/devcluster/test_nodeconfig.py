@@ -104,6 +104,10 @@ def test_the_kubelet_binds_its_node_address_keeps_images_and_trusts_the_dev_ca()
     assert conf["readOnlyPort"] == 0 and conf["authentication"]["anonymous"]["enabled"] is False
     assert conf["imageGCHighThresholdPercent"] == 100  # imported images are never pulled back
     assert conf["clusterDNS"] == [net.gateway] and conf["failCgroupV1"] is False
+    # The shared disk is no node's to guard: every disk signal off ("0%"; the kubelet ignores it),
+    # so another cluster filling the disk never taints this one's nodes with DiskPressure.
+    disk = {k: v for k, v in conf["evictionHard"].items() if k.split(".")[0] in ("nodefs", "imagefs")}
+    assert disk == {f"{fs}.{s}": "0%" for fs in ("nodefs", "imagefs") for s in ("available", "inodesFree")}
 
 
 def test_dns_answers_cluster_names_and_forwards_nowhere() -> None:

@@ -8,7 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster, namespace_for, real_node_cluster
+
+from .pods import OPERATOR_NS, explain
 
 
 @pytest.fixture(scope="session")
@@ -27,3 +30,15 @@ def realns(realcluster: RunningCluster, request: pytest.FixtureRequest) -> Itera
         yield name
     finally:
         realcluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(realcluster: RunningCluster) -> Iterator[str]:
+    """The chart installed (or upgraded) with the local image and the operator Ready; yields its
+    namespace. A failed install fails with the cluster's state: the nodes, the operator's pods,
+    their logs (and the log before a restart), the namespace's events."""
+    try:
+        inpod.helm_install(realcluster.cluster, release="drs", namespace=OPERATOR_NS)
+    except inpod.InPodError as exc:
+        raise AssertionError(f"{exc}\n{explain(realcluster, OPERATOR_NS)}") from exc
+    yield OPERATOR_NS

@@ -11,6 +11,8 @@ import yaml
 from drs_devcluster import images, nodeconfig
 from drs_devcluster.testing import RunningCluster
 
+#: Where the module fixtures install the operator chart (release ``drs``).
+OPERATOR_NS = "drs-system"
 WAIT_S = 120.0
 POLL_S = 0.5
 
@@ -102,11 +104,11 @@ EXPLAIN = (
         "node conditions",
         ("get", "nodes", "-o", "custom-columns=NAME:.metadata.name,TRUE:.status.conditions[?(@.status=='True')].type"),
     ),
-    ("operator pods", ("get", "pods", "-n", "drs-system", "-o", "wide")),
-    ("operator log", ("logs", "-n", "drs-system", "-l", "app.kubernetes.io/name=drs-operator", "--tail=40")),
+    ("operator pods", ("get", "pods", "-n", OPERATOR_NS, "-o", "wide")),
+    ("operator log", ("logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=drs-operator", "--tail=40")),
     (
         "operator log before its last restart",
-        ("logs", "-n", "drs-system", "-l", "app.kubernetes.io/name=drs-operator", "--previous", "--tail=20"),
+        ("logs", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=drs-operator", "--previous", "--tail=20"),
     ),
     ("pods in every namespace", ("get", "pods", "-A", "-o", "wide")),
 )

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,6 @@ READY_S = 300.0
 POLL_S = 1.0
 #: How long a pod's log is asked for again while the apiserver cannot reach its kubelet.
 LOGS_DEADLINE_S = 60.0
-
-
-@pytest.fixture(scope="module")
-def operator(realcluster: RunningCluster) -> Iterator[str]:
-    """The chart installed with the local image; yields the operator's namespace."""
-    inpod.helm_install(realcluster.cluster, release="drs", namespace="drs-system")
-    yield "drs-system"
 
 
 def drs(cluster: RunningCluster, ns: str) -> dict[str, Any]:

@@ -30,11 +30,9 @@ from drs_frontend.routing.groups import opening_of
 from drs_frontend.routing.rendezvous import hrw_order
 
 from .pods import logs, wait_phase
-from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, operator, wait_drs
+from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, wait_drs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
-
-__all__ = ["operator"]  # the module-scoped chart install, shared with the fleet tests
 
 PREFILL_ENGINES = 4
 LOOKUP_ENGINES = 4

@@ -25,11 +25,9 @@ from drs_devcluster.testing import RunningCluster, namespace_for, wait_for
 from drs_operator.api.constants import LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE
 
 from .pods import apply, image_pod, wait_phase
-from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, operator, run_client, wait_drs
+from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, run_client, wait_drs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
-
-__all__ = ["operator"]  # the module-scoped chart install, shared with the fleet tests
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "drs-operator"

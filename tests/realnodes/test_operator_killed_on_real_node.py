@@ -22,27 +22,19 @@ from typing import Any
 
 import pytest
 import yaml
-from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
 from bench import chaos_realnodes_sidecar as refit_pod
 
 from .load import load_answers, off_policy, start_load
-from .pods import logs, wait_phase
+from .pods import OPERATOR_NS, logs, wait_phase
 from .test_weights_on_real_node import EXAMPLE, NAME, TRAINER, checkpoint_fleet, drs, engines, wait
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
-OPERATOR_NS = "drs-system"
 #: the client's load: long enough to span the kill, the rest of the refit and the new operator's start
 LOAD_S = 75
 STORE_S = 180.0
-
-
-@pytest.fixture(scope="module")
-def operator(realcluster: RunningCluster) -> Iterator[str]:
-    inpod.helm_install(realcluster.cluster, release="drs", namespace=OPERATOR_NS)
-    yield OPERATOR_NS
 
 
 @pytest.fixture

@@ -39,12 +39,6 @@ CONTROL_ATTEMPTS = 2
 NEW = f"disagg.dev/replicaset={NAME},disagg.dev/replica=2,disagg.dev/role in (prefill,decode)"
 
 
-@pytest.fixture(scope="module")
-def operator(realcluster: RunningCluster) -> Iterator[str]:
-    inpod.helm_install(realcluster.cluster, release="drs", namespace="drs-system")
-    yield "drs-system"
-
-
 @pytest.fixture
 def refitted_under_policy(
     realcluster: RunningCluster, operator: str, realns: str, tmp_path: Path

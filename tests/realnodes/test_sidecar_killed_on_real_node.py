@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
 from bench import chaos_realnodes_sidecar as cut_short
@@ -35,12 +34,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
 
 #: the client's load: long enough to span the kill, the new pod's start and its catch-up
 LOAD_S = 90
-
-
-@pytest.fixture(scope="module")
-def operator(realcluster: RunningCluster) -> Iterator[str]:
-    inpod.helm_install(realcluster.cluster, release="drs", namespace="drs-system")
-    yield "drs-system"
 
 
 @pytest.fixture

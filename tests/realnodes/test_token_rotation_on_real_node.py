@@ -17,11 +17,9 @@ from drs_devcluster import inpod
 from drs_devcluster.testing import RunningCluster
 
 from .pods import wait_phase
-from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, operator, wait_drs
+from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, wait_drs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
-
-__all__ = ["operator"]  # the module-scoped chart install, shared with the fleet tests
 
 ROOT = Path(__file__).resolve().parents[2]
 LOAD = (ROOT / "examples" / "load_client.py").read_text()

@@ -89,12 +89,6 @@ class StaleWatch:
                     self.stale.append((e["name"], e["weightsVersion"]))
 
 
-@pytest.fixture(scope="module")
-def operator(realcluster: RunningCluster) -> Iterator[str]:
-    inpod.helm_install(realcluster.cluster, release="drs", namespace="drs-system")
-    yield "drs-system"
-
-
 @pytest.fixture
 def refitted(realcluster: RunningCluster, operator: str, realns: str, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """The fleet, mounting a checkpoint volume, refitted by the trainer's pod (ended): its desired weights."""
