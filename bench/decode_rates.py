@@ -107,14 +107,15 @@ async def _timed_stream(
 
 class Round(NamedTuple):
     """One round's figures: decode tokens/s over the whole span, the median stream's rate, the
-    median TTFT (s), and the rate while every stream ran with that window's length (s; both
-    ``None`` when no moment had them all running)."""
+    median TTFT (s), the rate while every stream ran with that window's length (s; both ``None``
+    when no moment had them all running), and the spread of the streams' sends (s)."""
 
     aggregate: float
     per_stream: float
     ttft: float
     all_running: float | None
     all_running_s: float | None
+    sent_spread_s: float
 
 
 def round_figures(runs: list[Stream]) -> Round:
@@ -125,10 +126,22 @@ def round_figures(runs: list[Stream]) -> Round:
     ttft = statistics.median(r.first - r.sent for r in runs)
     # every stream running: after the last one's first token, up to the first one's last token
     start, end = max(r.first for r in runs), min(r.last for r in runs)
+    sent_spread = max(r.sent for r in runs) - min(r.sent for r in runs)
     if end <= start:
-        return Round(tokens / span, per_stream, ttft, None, None)
+        return Round(tokens / span, per_stream, ttft, None, None, sent_spread)
     inside = sum(n for r in runs for at, n in r.chunks if start < at <= end)
-    return Round(tokens / span, per_stream, ttft, inside / (end - start), end - start)
+    return Round(tokens / span, per_stream, ttft, inside / (end - start), end - start, sent_spread)
+
+
+def span_at_pace(streams: int, new_tokens: int, sent_spread_s: float, per_stream_tok_s: float) -> float:
+    """What a round's whole-span rate (:func:`round_figures`' ``aggregate``) reads when its
+    ``streams`` streams of ``new_tokens`` are sent over ``sent_spread_s`` and each has its first
+    token the moment it is sent, then ``per_stream_tok_s``: the span is the sends' spread plus one
+    stream's decode. At a fewer-stream run's per-stream pace it is the whole span of an engine
+    whose step costs no more with more streams running (the last streams, sent while the others
+    run, are the ones that end the span)."""
+    decode = new_tokens - 1
+    return streams * decode / (sent_spread_s + decode / per_stream_tok_s)
 
 
 async def _streams_round(
@@ -170,6 +183,7 @@ async def engine_streams(
         running = [r for r in results if r.all_running is not None]
         out["all_running_tok_s"] = spread([r.all_running or 0.0 for r in running]) if running else None
         out["all_running_s"] = spread([r.all_running_s or 0.0 for r in running], 2) if running else None
+        out["sent_spread_s"] = spread([r.sent_spread_s for r in results], 2)
     return out
 
 

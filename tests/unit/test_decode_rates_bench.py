@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.decode_rates import Stream, round_figures
+from bench.decode_rates import Stream, round_figures, span_at_pace
 
 
 def stream(sent: float, first: float, per_s: float, tokens: int) -> Stream:
@@ -43,3 +43,23 @@ def test_the_all_running_window_counts_only_the_tokens_inside_it() -> None:
     # a's tokens in (1, 2]: 100; b's in (1, 2]: 100 (its first, at 1.0, is outside)
     assert got.all_running == pytest.approx(200.0)
     assert got.aggregate == pytest.approx(400 / 3.0)
+
+
+def test_the_sends_spread_is_the_first_to_the_last_send() -> None:
+    runs = [stream(0.25, 0.3, 100.0, 11), stream(1.75, 1.8, 100.0, 11), stream(1.0, 1.1, 100.0, 11)]
+    assert round_figures(runs).sent_spread_s == pytest.approx(1.5)
+
+
+def test_the_span_at_pace_is_what_streams_at_a_fixed_rate_from_their_sends_read() -> None:
+    """Streams at exactly ``per_s`` from the moment they are sent read that figure as their
+    aggregate, and a stream that starts late (a TTFT) reads below it."""
+    sends = [0.0, 0.5, 1.2, 2.0]
+    at_rate = [stream(t, t, 100.0, 201) for t in sends]
+    at_pace = span_at_pace(len(sends), 201, sent_spread_s=2.0, per_stream_tok_s=100.0)
+    # 4 x 200 tokens over 2 s of sends + 2 s of one stream's decode
+    assert at_pace == pytest.approx(200.0)
+    assert round_figures(at_rate).aggregate == pytest.approx(at_pace)
+    late = [stream(t, t + 0.1, 100.0, 201) for t in sends[:-1]] + [stream(2.0, 2.3, 100.0, 201)]
+    assert round_figures(late).aggregate < at_pace
+    # longer streams over the same sends approach the per-stream rate times the streams
+    assert span_at_pace(4, 20_001, 2.0, 100.0) == pytest.approx(400.0, rel=0.01)
