@@ -179,6 +179,7 @@ async def engine_streams(
     if new_tokens != NEW_TOKENS:
         out["new_tokens"] = new_tokens
     if arrival_s:
+        out["streams"] = streams
         out["arrival_s"] = arrival_s
         running = [r for r in results if r.all_running is not None]
         out["all_running_tok_s"] = spread([r.all_running or 0.0 for r in running]) if running else None

@@ -68,7 +68,9 @@ SIZES_TTFT = (2048, 16384)
 REPEATS = 3
 DECODE_TOKENS = 64
 COMPLETIONS = routes.Endpoint.COMPLETIONS
-#: new tokens of each of the 64 arriving streams (long enough that all 64 run at once for seconds)
+#: streams of the continuous-batching part: twice the widest all-at-once part (32), arriving over 2 s
+ARRIVING_STREAMS = 64
+#: new tokens of each arriving stream (long enough that all of them run at once for seconds)
 ARRIVING_NEW_TOKENS = 512
 #: decode-pool slots of the engines that do not run the decode sweep (the TTFT legs decode 1 at a time)
 SMALL_POOL = 8
@@ -223,7 +225,7 @@ async def decode_sweep(client: httpx.AsyncClient, url: str, rounds: int = decode
         ("1", 1, 0.0, decode_rates.NEW_TOKENS),
         ("8", 8, 0.0, decode_rates.NEW_TOKENS),
         ("32", 32, 0.0, decode_rates.NEW_TOKENS),
-        ("64_random_arrival", 64, 2.0, ARRIVING_NEW_TOKENS),
+        ("64_random_arrival", ARRIVING_STREAMS, 2.0, ARRIVING_NEW_TOKENS),
     )
     for name, n, arrival, new_tokens in parts:
         out[name] = await decode_rates.engine_streams(
@@ -251,7 +253,7 @@ def decode_ratios(ours: dict[str, Any], anchor: dict[str, Any], floor: dict[str,
     # pace from the moment it was sent (a step no dearer at 64 than at 32, no TTFT): where this
     # reads under 1.2, the arrival window, not the engine, keeps the whole span under the target
     at_pace = decode_rates.span_at_pace(
-        64,
+        arriving.get("streams", ARRIVING_STREAMS),
         arriving.get("new_tokens", decode_rates.NEW_TOKENS),
         arriving["sent_spread_s"]["median"],
         ours["32"]["per_stream_tok_s"]["median"],
