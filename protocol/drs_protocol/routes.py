@@ -55,6 +55,11 @@ KV_EXPORT: Final = "/v1/disagg/kv/{ctx_request_id}"
 #: handoff arena. The take is then sent while the copy runs, and the prefill engine reuses the
 #: region only once that event has completed.
 KV_COPY_EVENT_PARAM: Final = "copy_event"
+#: Query parameter of :data:`KV_EXPORT` (torch, any ``?transport=``): ``1`` asks for the frame's
+#: header to name the prompt by its digest (``prompt_digest``) instead of carrying its ids (at 16k
+#: tokens 87 KB of base64 to encode, send and decode on a handoff's critical path); a prefill
+#: engine that does not know it sends the ids, which the decode engine then compares instead.
+KV_PROMPT_DIGEST_PARAM: Final = "prompt_digest"
 #: Prefill engine: how many leading blocks of a prompt its prefix cache holds
 #: (``drs_protocol.prefix_lookup``; a frontend asks it on a routing miss).
 PREFIX_HELD: Final = "/v1/prefix_cache/held"

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import start_engine
-from drs_protocol.routes import KV_COPY_EVENT_PARAM, kv_export_path
+from drs_protocol.routes import KV_COPY_EVENT_PARAM, KV_PROMPT_DIGEST_PARAM, kv_export_path
 
 from .conftest import (
     COMPLETIONS,
@@ -313,6 +313,59 @@ async def test_a_copy_event_with_a_transport_other_than_the_arena_take_is_refuse
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == KV_COPY_EVENT_PARAM, refused.text
         assert (await client.get(url, params={"transport": "http"})).status_code == 200  # still there
+
+
+async def test_a_kv_frame_names_the_prompt_by_its_digest_where_asked_and_a_wrong_prompt_is_refused() -> None:
+    """The decode engine asks for the prompt's digest (it has the ids in its own leg); a frame not
+    asked so carries the ids and no digest key (what a decode engine from before the digest reads)."""
+    from drs_engine.backends.handoff import prompt_digest
+    from drs_engine.backends.torch.handoff.frame import HEADER_LEN
+    from drs_protocol.token_ids import decode_token_ids_b64
+
+    ids, other = prompt_ids(40), prompt_ids(41)[1:]
+    context_only = {"request_type": "context_only"}
+    async with (
+        start_engine(torch_config("prefill"), control_token=CONTROL_TOKEN) as p,
+        start_engine(torch_config("decode", kvTransport="http"), control_token=CONTROL_TOKEN) as d,
+        httpx.AsyncClient(timeout=60) as client,
+    ):
+
+        async def header(**params: str) -> dict[str, Any]:
+            ctx = await client.post(p.url + COMPLETIONS, json=completion_body(ids, disaggregated_params=context_only))
+            assert ctx.status_code == 200, ctx.text
+            ctx_id = ctx.json()["choices"][0]["disaggregated_params"]["ctx_request_id"]
+            frame = await client.get(p.url + kv_export_path(ctx_id), params={"transport": "http", **params})
+            assert frame.status_code == 200, frame.text
+            (size,) = HEADER_LEN.unpack_from(frame.content)
+            return dict(json.loads(frame.content[HEADER_LEN.size : HEADER_LEN.size + size]))
+
+        plain, digested = await header(), await header(**{KV_PROMPT_DIGEST_PARAM: "1"})
+        assert decode_token_ids_b64(plain["prompt_token_ids_b64"]) == ids and "prompt_digest" not in plain
+        assert digested["prompt_digest"] == prompt_digest(ids) != prompt_digest(other)
+        assert digested["prompt_token_ids_b64"] == ""
+
+        ctx = await client.post(p.url + COMPLETIONS, json=completion_body(ids, disaggregated_params=context_only))
+        dp = ctx.json()["choices"][0]["disaggregated_params"]
+        wrong = await client.post(
+            d.url + COMPLETIONS,
+            json=completion_body(other, disaggregated_params={**dp, "request_type": "generation_only"}),
+        )
+        assert wrong.status_code == 400, wrong.text
+        assert wrong.json()["error"]["param"] == "prompt_token_ids", wrong.text
+        assert "different prompt" in wrong.json()["error"]["message"], wrong.text
+
+
+def test_a_kv_header_from_a_newer_prefill_engine_reads_and_a_malformed_one_is_refused() -> None:
+    from drs_engine.backends.torch.handoff.frame import HEADER_LEN, KvHeader
+    from drs_engine.errors import KvTransferError
+
+    header = KvHeader(7, "", 3, -0.5, [[3, -0.5]], "v1", 0, "cuda_ipc_arena", [2, 2, 1, 4, 8], "float32", 0, {}, "ab")
+    raw = json.loads(header.encode()[HEADER_LEN.size :])
+    assert KvHeader.decode(json.dumps({**raw, "from_a_later_version": 1}).encode()) == header
+    with pytest.raises(KvTransferError, match="malformed KV frame header"):
+        KvHeader.decode(json.dumps({k: v for k, v in raw.items() if k != "first_token"}).encode())
+    with pytest.raises(KvTransferError, match="malformed KV frame header"):
+        KvHeader.decode(b"[1, 2]")
 
 
 def test_ignore_eos_bans_nothing_and_eos_is_banned_only_before_min_tokens() -> None:

@@ -194,10 +194,11 @@ class EngineBackend(abc.ABC):
         """Hand over (and forget) a context state for ``GET /v1/disagg/kv/{ctx_request_id}``."""
 
     async def export_context_frame(
-        self, ctx_request_id: int, transport: str, *, copy_event: str | None = None
+        self, ctx_request_id: int, transport: str, *, copy_event: str | None = None, prompt_digest: bool = False
     ) -> BinaryExport:
         """Hand over (and forget) a context's KV as a binary frame over ``transport`` (torch backend);
-        ``copy_event``: :data:`drs_protocol.routes.KV_COPY_EVENT_PARAM`."""
+        ``copy_event``: :data:`drs_protocol.routes.KV_COPY_EVENT_PARAM`; ``prompt_digest``:
+        :data:`drs_protocol.routes.KV_PROMPT_DIGEST_PARAM`."""
         raise NotSupportedError(f"the {self.name} backend hands contexts over as JSON (GET without ?transport=)")
 
     def prefix_held(self, prompt_ids: Sequence[int]) -> PrefixHeld:

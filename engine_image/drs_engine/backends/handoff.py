@@ -16,7 +16,9 @@ belongs to another prompt or another first token. The prefill engine's side:
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -81,12 +83,31 @@ def raise_for_fetch_status(source: ContextSource, status_code: int, body: str) -
     )
 
 
-def check_received(leg: LegRequest, ctx_request_id: int, prompt_token_ids: Sequence[int], first_token: int) -> None:
-    """A fetched context must be this leg's: computed for its prompt, and (when the leg says) with its first token."""
-    if list(prompt_token_ids) != leg.prompt_token_ids:
+@dataclass(frozen=True, slots=True)
+class PromptDigest:
+    """A prompt named by its digest (:func:`prompt_digest`) where its ids did not travel."""
+
+    value: str
+
+
+def prompt_digest(prompt_token_ids: Sequence[int]) -> str:
+    """BLAKE2b-128 (hex) of the prompt's ids as int32: how a context's prompt is checked without its ids."""
+    return hashlib.blake2b(array("i", prompt_token_ids).tobytes(), digest_size=16).hexdigest()
+
+
+def check_received(
+    leg: LegRequest, ctx_request_id: int, prompt: Sequence[int] | PromptDigest, first_token: int
+) -> None:
+    """A fetched context must be this leg's: computed for its prompt (its ids, or their digest),
+    and (when the leg says) with its first token."""
+    if isinstance(prompt, PromptDigest):
+        same, there = prompt.value == prompt_digest(leg.prompt_token_ids), "another digest there"
+    else:
+        same, there = list(prompt) == leg.prompt_token_ids, f"{len(prompt)} tokens there"
+    if not same:
         raise ContextMismatchError(
             f"context state for ctx_request_id {ctx_request_id} was computed for a different prompt "
-            f"({len(prompt_token_ids)} tokens there, {len(leg.prompt_token_ids)} here)",
+            f"({there}, {len(leg.prompt_token_ids)} tokens here)",
             param="prompt_token_ids",
         )
     dp = leg.request.disaggregated_params

@@ -147,11 +147,14 @@ def _add_serving_routes(app: FastAPI, state: EngineState) -> None:
         ctx_request_id: int,
         transport: str | None = None,
         copy_event: str | None = Query(None, alias=routes.KV_COPY_EVENT_PARAM),
+        prompt_digest: bool = Query(False, alias=routes.KV_PROMPT_DIGEST_PARAM),
     ) -> Response:
         try:
             backend = state.require_backend()
             if transport is not None:
-                frame = await backend.export_context_frame(ctx_request_id, transport, copy_event=copy_event)
+                frame = await backend.export_context_frame(
+                    ctx_request_id, transport, copy_event=copy_event, prompt_digest=prompt_digest
+                )
             else:
                 body = await backend.export_context(ctx_request_id)
         except EngineError as exc:

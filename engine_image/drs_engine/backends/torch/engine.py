@@ -304,9 +304,9 @@ class TorchBackend(EngineBackend):
         )
 
     async def export_context_frame(
-        self, ctx_request_id: int, transport: str, *, copy_event: str | None = None
+        self, ctx_request_id: int, transport: str, *, copy_event: str | None = None, prompt_digest: bool = False
     ) -> BinaryExport:
-        return await self._handoff.export(ctx_request_id, transport, copy_event=copy_event)
+        return await self._handoff.export(ctx_request_id, transport, copy_event=copy_event, digest_only=prompt_digest)
 
     # ---- control: weights (swapped by the weights manager; the prefix cache goes with them) ----
 

@@ -14,7 +14,6 @@ by CUDA IPC of its own tensor; across hosts, bytes over HTTP (:mod:`.transfer`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +27,15 @@ from drs_protocol.routes import KV_COPY_EVENT_PARAM
 from drs_protocol.token_source import TokenSource
 
 from drs_engine.backends.base import BinaryExport, ContextHandoff, LegRequest
-from drs_engine.backends.handoff import check_received, context_request_id, context_source, left_context, missing_here
+from drs_engine.backends.handoff import (
+    PromptDigest,
+    check_received,
+    context_request_id,
+    context_source,
+    left_context,
+    missing_here,
+    prompt_digest,
+)
 from drs_engine.backends.torch import ipc
 from drs_engine.backends.torch.handoff import frame
 from drs_engine.backends.torch.handoff.frame import ARENA_TAKE, FETCH_TRANSPORTS
@@ -148,8 +155,8 @@ class TorchHandoff:
         """Keep a context leg's KV for its decode engine; the handoff the leg answers with."""
         ctx_id = context_request_id(leg)
         offset = None if arena is None else int(arena["offset"])
-        self._contexts.put(TorchContext(ctx_id, list(leg.prompt_token_ids), first, kv, version, cached, offset))
-        digest = hashlib.blake2b(repr((ctx_id, leg.prompt_token_ids)).encode(), digest_size=16).hexdigest()
+        digest = prompt_digest(leg.prompt_token_ids)
+        self._contexts.put(TorchContext(ctx_id, list(leg.prompt_token_ids), first, kv, version, cached, offset, digest))
         opaque = frame.opaque_state(
             digest=digest,
             prompt_len=len(leg.prompt_token_ids),
@@ -159,10 +166,14 @@ class TorchHandoff:
         )
         return left_context(leg, first, opaque=opaque, endpoint=self.endpoint)
 
-    async def export(self, ctx_request_id: int, transport: str, *, copy_event: str | None = None) -> BinaryExport:
+    async def export(
+        self, ctx_request_id: int, transport: str, *, copy_event: str | None = None, digest_only: bool = False
+    ) -> BinaryExport:
         """Hand over (and forget) a context's KV as a binary frame over ``transport``; ``copy_event``
         (:data:`~drs_protocol.routes.KV_COPY_EVENT_PARAM`, with :data:`~.frame.ARENA_TAKE` only): the
-        decode engine's copy out of the arena may still run, and the region is freed once it is done."""
+        decode engine's copy out of the arena may still run, and the region is freed once it is done;
+        ``digest_only`` (:data:`~drs_protocol.routes.KV_PROMPT_DIGEST_PARAM`): the header names the
+        prompt by its digest."""
         if transport not in FETCH_TRANSPORTS:
             raise BadRequestError(
                 f"transport: must be one of {', '.join(FETCH_TRANSPORTS)}, not {transport!r}", param="transport"
@@ -184,14 +195,16 @@ class TorchHandoff:
                 if event is not None and self.arena is not None:
                     self.arena.free_after(ctx.arena_offset, event)  # not before the copy is done
                     ctx = dataclasses.replace(ctx, arena_offset=None)
-                return header_frame(ctx)
+                return header_frame(ctx, digest_only=digest_only)
             if transport == KvTransport.CUDA_IPC:
                 if ctx.arena_offset is not None:  # its own tensor, so the region can go now
                     ctx = await self._worker.run(_own_copy, ctx)
                 now = time.monotonic()
                 self._lent = [(until, t) for until, t in self._lent if until > now]
                 self._lent.append((now + IPC_LEND_SECONDS, ctx.kv))
-            return await export_frame(self._worker, ctx, KvTransport(transport), HTTP_CHUNK_BYTES)
+            return await export_frame(
+                self._worker, ctx, KvTransport(transport), HTTP_CHUNK_BYTES, digest_only=digest_only
+            )
         finally:
             self._drop(ctx)  # HTTP: the bytes are in host memory by now
 
@@ -228,7 +241,10 @@ class TorchHandoff:
         )
         self._count_transfer(transport.value, kv.shape, time.perf_counter() - started, copy_s)
         self.kv_stats[transport.value]["last_phases_ms"] = _steps_ms(started, phases)
-        check_received(leg, source.ctx_request_id, _decode_ids(header.prompt_token_ids_b64), header.first_token)
+        prompt = (
+            PromptDigest(header.prompt_digest) if header.prompt_digest else _decode_ids(header.prompt_token_ids_b64)
+        )
+        check_received(leg, source.ctx_request_id, prompt, header.first_token)
         top = tuple((int(t), float(lp)) for t, lp in header.first_top_logprobs[: leg.top_logprobs])
         first = Choice(header.first_token, header.first_logprob, top)
         cached = dp.ctx_usage.cached_tokens() if dp is not None and dp.ctx_usage is not None else header.cached_tokens
@@ -261,15 +277,7 @@ def _own_copy(ctx: TorchContext) -> TorchContext:
     """``ctx`` with its KV copied out of the arena into a tensor of its own (on the GPU thread)."""
     kv = ctx.kv.clone()
     torch.cuda.current_stream(kv.device).synchronize()
-    return TorchContext(
-        ctx.ctx_request_id,
-        ctx.prompt_token_ids,
-        ctx.first,
-        kv,
-        ctx.weights_version,
-        ctx.cached_tokens,
-        ctx.arena_offset,
-    )
+    return dataclasses.replace(ctx, kv=kv)
 
 
 def _decode_ids(b64: str) -> list[int]:

@@ -3,7 +3,10 @@
 The prefill engine keeps a finished context's KV (one tensor ``[layers, 2, kv_heads, tokens,
 head_dim]`` on its GPU) under ``ctx_request_id``. The decode engine fetches it once with
 ``GET /v1/disagg/kv/{ctx_request_id}?transport=T``; the answer is one binary frame:
-an 8-byte little-endian header length, a JSON header (:class:`KvHeader`), then the payload.
+an 8-byte little-endian header length, a JSON header (:class:`KvHeader`), then the payload. The
+header names the prompt by its digest when the decode engine asks so
+(:data:`drs_protocol.routes.KV_PROMPT_DIGEST_PARAM`; it has the prompt's ids in its own leg), else
+carries its ids.
 
 Transports (:class:`drs_protocol.enums.KvTransport`, the spec's ``torch.kvTransport``), chosen by
 the decode engine (``auto`` picks the first that works):
@@ -26,7 +29,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Final
 
 from drs_protocol.enums import KvTransport
@@ -51,7 +54,8 @@ FETCH_TRANSPORTS: Final = (KvTransport.CUDA_IPC.value, KvTransport.HTTP.value, A
 
 @dataclass(frozen=True, slots=True)
 class KvHeader:
-    """What a KV frame carries besides the KV itself."""
+    """What a KV frame carries besides the KV itself: the prompt as its ids (``prompt_token_ids_b64``)
+    or, where the decode engine asked, as their digest (``prompt_digest``, the ids then empty)."""
 
     ctx_request_id: int
     prompt_token_ids_b64: str
@@ -65,17 +69,22 @@ class KvHeader:
     kv_dtype: str
     payload_bytes: int
     ipc: dict[str, Any] = field(default_factory=dict)
+    prompt_digest: str = ""
 
     def encode(self) -> bytes:
-        body = json.dumps(asdict(self), separators=(",", ":")).encode()
+        data = asdict(self)
+        if not self.prompt_digest:  # absent, as a decode engine from before the digest reads headers
+            del data["prompt_digest"]
+        body = json.dumps(data, separators=(",", ":")).encode()
         return HEADER_LEN.pack(len(body)) + body
 
     @classmethod
     def decode(cls, raw: bytes) -> KvHeader:
         try:
             data = json.loads(raw)
-            return cls(**data)
-        except (ValueError, TypeError) as exc:
+            known = {f.name for f in fields(cls)}  # a newer prefill engine's extra keys are ignored
+            return cls(**{k: v for k, v in data.items() if k in known})
+        except (ValueError, TypeError, AttributeError) as exc:
             raise KvTransferError(f"malformed KV frame header: {exc}") from exc
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import torch
 from drs_protocol.enums import KvTransport
-from drs_protocol.routes import KV_COPY_EVENT_PARAM, kv_export_path
+from drs_protocol.routes import KV_COPY_EVENT_PARAM, KV_PROMPT_DIGEST_PARAM, kv_export_path
 from drs_protocol.token_ids import encode_token_ids_b64
 
 from drs_engine.backends.base import BinaryExport
@@ -43,12 +43,18 @@ class TorchContext:
     cached_tokens: int
     #: the KV's region in the handoff arena (None: a tensor of its own)
     arena_offset: int | None = None
+    #: :func:`~drs_engine.backends.handoff.prompt_digest` of the prompt (worked out as the leg ends)
+    prompt_digest: str = ""
 
 
-def _header(ctx: TorchContext, transport: str, payload_bytes: int, ipc: dict[str, Any]) -> KvHeader:
+def _header(
+    ctx: TorchContext, transport: str, payload_bytes: int, ipc: dict[str, Any], *, digest_only: bool
+) -> KvHeader:
+    digest_only = digest_only and bool(ctx.prompt_digest)
     return KvHeader(
         ctx_request_id=ctx.ctx_request_id,
-        prompt_token_ids_b64=encode_token_ids_b64(ctx.prompt_token_ids),
+        prompt_token_ids_b64="" if digest_only else encode_token_ids_b64(ctx.prompt_token_ids),
+        prompt_digest=ctx.prompt_digest if digest_only else "",
         first_token=ctx.first.token_id,
         first_logprob=float(ctx.first.logprob if ctx.first.logprob is not None else 0.0),
         first_top_logprobs=[[t, lp] for t, lp in ctx.first.top_logprobs],
@@ -69,19 +75,22 @@ def _to_pinned(kv: Any) -> Any:
     return host
 
 
-async def export_frame(worker: GpuWorker, ctx: TorchContext, transport: KvTransport, chunk: int) -> BinaryExport:
+async def export_frame(
+    worker: GpuWorker, ctx: TorchContext, transport: KvTransport, chunk: int, *, digest_only: bool = False
+) -> BinaryExport:
+    """``digest_only``: the header names the prompt by its digest (the decode engine asked)."""
     if transport is KvTransport.CUDA_IPC:
         ipc = await worker.run(ipc_export, ctx.kv)
-        data = _header(ctx, transport.value, 0, ipc).encode()
+        data = _header(ctx, transport.value, 0, ipc, digest_only=digest_only).encode()
         return BinaryExport(length=len(data), chunks=_once(data))
     host = await worker.run(_to_pinned, ctx.kv)
-    head = _header(ctx, transport.value, int(host.numel()), {}).encode()
+    head = _header(ctx, transport.value, int(host.numel()), {}, digest_only=digest_only).encode()
     return BinaryExport(length=len(head) + int(host.numel()), chunks=_chunks(head, host, chunk))
 
 
-def header_frame(ctx: TorchContext) -> BinaryExport:
+def header_frame(ctx: TorchContext, *, digest_only: bool = False) -> BinaryExport:
     """A frame of the header alone (the take after an arena copy, :data:`~.frame.ARENA_TAKE`)."""
-    data = _header(ctx, ARENA_TAKE, 0, {}).encode()
+    data = _header(ctx, ARENA_TAKE, 0, {}, digest_only=digest_only).encode()
     return BinaryExport(length=len(data), chunks=_once(data))
 
 
@@ -110,17 +119,18 @@ async def fetch_context(
     maps: ArenaMaps | None = None,
     phases: dict[str, float] | None = None,
 ) -> tuple[KvHeader, Any, float | None]:
-    """The context's header, its KV on ``device`` (exactly the context's tokens: the decode loop
+    """The context's header (naming the prompt by its digest where the prefill engine knows to), its
+    KV on ``device`` (exactly the context's tokens: the decode loop
     grows it before the first step, off the time to first token), and for CUDA IPC the seconds of
     the GPU copy itself (the rest of the fetch is the request and mapping the handle). ``phases``,
     when given, gets the clock (``time.perf_counter``) at each step, for ``/server_info``."""
     phases = {} if phases is None else phases
     pending: RegionCopy | None = None
     phases["start"] = time.perf_counter()
-    params = {"transport": transport.value}
+    params = {"transport": transport.value, KV_PROMPT_DIGEST_PARAM: "1"}
     if arena is not None and maps is not None and producer_device is not None:
         pending = await worker.run(start_copy, maps, arena, producer_device, device, dtype, _copy_stream(device))
-        params = {"transport": ARENA_TAKE}
+        params = {"transport": ARENA_TAKE, KV_PROMPT_DIGEST_PARAM: "1"}
         if arena.get(COPY_EVENT_KEY):  # taken while the copy runs: the region is freed once its event completes
             params[KV_COPY_EVENT_PARAM] = pending.event_handle
         else:  # an older prefill engine frees the region at the take: copy first
