@@ -10,8 +10,9 @@
 #   profile SECONDS   bench/gpu_handoff_profile.py (where a 16k disaggregated turn's time goes) -> gpu_handoff_profile.json
 #   tests SECONDS [K] pytest tests/gpu [-k K]                                 -> gpu-tests.{log,xml}
 #   files SECONDS     pytest tests/gpu but test_gpu.py, 3 xdist workers a file each -> gpu-files.{log,xml}
-#   gpufile SECONDS   pytest tests/gpu/test_gpu.py but its sleep test, 2 workers (4 engines
-#                     at once are past an 80 GB card)                          -> gpu-gpufile.{log,xml}
+#   gpufile SECONDS   pytest tests/gpu/test_gpu.py but its sleep test: 2 workers on a card of
+#                     100 GB or more, else 1 (on an 80 GB H100 two workers' engines ran out of
+#                     memory, 2026-12-07; alone, ~430 s)                       -> gpu-gpufile.{log,xml}
 #   sleep SECONDS     its sleep test alone (it measures the card's free memory) -> gpu-sleep.{log,xml}
 # SRC=DIR: run the parts in the checkout DIR instead of this one (e.g. main, for a same-run baseline).
 set -u
@@ -46,7 +47,9 @@ while [ $# -gt 0 ]; do
     files)  timeout "$limit" python3 -m pytest tests/gpu --ignore=tests/gpu/test_gpu.py -n 3 --dist loadfile \
               --confcutdir=tests/gpu -p no:cacheprovider -rs -v --durations=10 \
               --junitxml="$OUT/gpu-files.xml" >"$OUT/gpu-files.log" 2>&1 ;;
-    gpufile) timeout "$limit" python3 -m pytest tests/gpu/test_gpu.py -k "not sleep" -n 2 --dist load \
+    gpufile) mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+            workers=1; [ "${mib%%.*}" -ge 100000 ] && workers=2
+            timeout "$limit" python3 -m pytest tests/gpu/test_gpu.py -k "not sleep" -n "$workers" --dist load \
               --confcutdir=tests/gpu -p no:cacheprovider -rs -v --durations=10 \
               --junitxml="$OUT/gpu-gpufile.xml" >"$OUT/gpu-gpufile.log" 2>&1 ;;
     sleep)  timeout "$limit" python3 -m pytest tests/gpu/test_gpu.py -k sleep \
