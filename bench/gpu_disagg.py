@@ -144,11 +144,15 @@ async def disaggregated(client: httpx.AsyncClient, prefill: str, decode: str, id
     return await stream(client, decode, body(ids, disaggregated_params={**dp, "request_type": "generation_only"}), t0)
 
 
-async def transfer_gbps(client: httpx.AsyncClient, decode: str, transport: str) -> dict[str, float]:
+async def transfer_gbps(client: httpx.AsyncClient, decode: str, transport: str, prefill: str) -> dict[str, Any]:
+    """The decode engine's last fetch over ``transport`` (rate, ms, its steps), and the prefill
+    engine's side of it (``prefill_steps_ms``: the export handler's steps, by ``?transport=``)."""
     info = (await client.get(decode + routes.SERVER_INFO)).json()["engine"]["kv_transfers"][transport]
-    out = {"gbps": float(info["last_gb_per_s"]), "ms": round(1000 * float(info["last_seconds"]), 3)}
+    out: dict[str, Any] = {"gbps": float(info["last_gb_per_s"]), "ms": round(1000 * float(info["last_seconds"]), 3)}
     if "last_phases_ms" in info:
         out["steps_ms"] = info["last_phases_ms"]
+    exports = (await client.get(prefill + routes.SERVER_INFO)).json()["engine"].get("kv_exports", {})
+    out["prefill_steps_ms"] = {t: e["last_steps_ms"] for t, e in exports.items() if "last_steps_ms" in e}
     if "last_copy_gb_per_s" in info:
         out.update(
             copy_gbps=float(info["last_copy_gb_per_s"]), copy_ms=round(1000 * float(info["last_copy_seconds"]), 3)
@@ -180,7 +184,7 @@ async def serving(client: httpx.AsyncClient, p: str, d_ipc: str, d_http: str) ->
         ttft[str(n)].update({f"ratio_{k}": round(med[k][0] / med["one_engine"][0], 3) for k in ("cuda_ipc", "http")})
         rate[str(n)] = {k: round(v[1], 1) for k, v in med.items()}
         if n == SIZES_TTFT[-1]:
-            handoff = {t: await transfer_gbps(client, d, t) for t, d in (("cuda_ipc", d_ipc), ("http", d_http))}
+            handoff = {t: await transfer_gbps(client, d, t, p) for t, d in (("cuda_ipc", d_ipc), ("http", d_http))}
     return {"ttft_ms": ttft, "decode_tok_s": rate, "handoff_gbps": handoff}
 
 

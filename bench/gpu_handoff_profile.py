@@ -4,7 +4,8 @@ A prefill engine (GPU 0) and a CUDA IPC decode engine (the second GPU where ther
 caches off; after a warm-up, ``RUNS`` turns on fresh prompts. Per turn, from the client: the
 context leg's round trip, and the generation leg's first token after sending it; from the decode
 engine's ``/server_info``: its KV fetch's steps (ms from the fetch's start: the arena copy, the
-take request's response head, the frame read, the KV placed). Beside it, one engine's TTFT on the
+take request's response head, the frame read, the KV placed), and from the prefill engine's: its
+export handler's steps (the copy event opened, the context taken, the frame made). Beside it, one engine's TTFT on the
 same prompt length. A profile for ``bench/gpu_disagg.py``'s TTFT ratio, not a benchmark of its own.
 """
 
@@ -40,10 +41,13 @@ async def turn(client: httpx.AsyncClient, p: str, d: str, ids: list[int]) -> dic
     gen = body(ids, max_tokens=2, disaggregated_params={**dp, "request_type": "generation_only"})
     ttft, _ = await stream(client, d, gen, t_ctx)
     info = (await client.get(d + routes.SERVER_INFO)).json()["engine"]["kv_transfers"]["cuda_ipc"]
+    exports = (await client.get(p + routes.SERVER_INFO)).json()["engine"].get("kv_exports", {})
     return {
         "context_leg_ms": round(1000 * (t_ctx - t0), 2),
         "generation_first_token_ms": round(1000 * ttft, 2),
         "fetch_steps_ms": info.get("last_phases_ms"),
+        # the prefill engine's export handler (the take: its event opened, the context taken, the frame)
+        "take_steps_ms": {t: e.get("last_steps_ms") for t, e in exports.items()},
         "copy_ms": round(1000 * float(info.get("last_copy_seconds", 0)), 3),
     }
 

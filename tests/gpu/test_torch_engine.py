@@ -88,6 +88,10 @@ async def test_context_then_generation_over_http_equals_one_engine() -> None:
         assert split == single and len(single) == 16
         info = (await client.get(d.url + "/server_info")).json()
         assert info["engine"]["kv_transfers"]["http"]["count"] == 1  # auto on the CPU: http
+        exported = (await client.get(p.url + "/server_info")).json()["engine"]["kv_exports"]
+        steps = exported["http"]["last_steps_ms"]
+        assert exported["http"]["count"] == 1 and list(steps) == ["event_opened", "taken", "framed"], exported
+        assert 0 <= steps["event_opened"] <= steps["taken"] <= steps["framed"], steps
         again = await client.post(
             d.url + COMPLETIONS,
             json=completion_body(

@@ -98,6 +98,8 @@ class TorchHandoff:
         self._lent: list[tuple[float, Any]] = []
         self._client: httpx.AsyncClient | None = None
         self.kv_stats: dict[str, dict[str, Any]] = {}
+        #: the prefill engine's side: exports by ``?transport=``, the last one's steps (ms)
+        self.kv_exports: dict[str, dict[str, Any]] = {}
 
     def open(self) -> None:
         if self._client is None:
@@ -127,6 +129,7 @@ class TorchHandoff:
             "kv_transport": self._spec.kv_transport,
             "kv_transports": [KvTransport.CUDA_IPC.value, KvTransport.HTTP.value] if cuda else [KvTransport.HTTP.value],
             "kv_transfers": self.kv_stats,
+            "kv_exports": self.kv_exports,
             "kv_handoff_arena": None
             if self.arena is None
             else {"bytes": self.arena.capacity, "regions_in_use": self.arena.regions},
@@ -184,10 +187,13 @@ class TorchHandoff:
             raise BadRequestError(
                 f"{KV_COPY_EVENT_PARAM}: only with transport={ARENA_TAKE}, not {transport}", param=KV_COPY_EVENT_PARAM
             )
+        started, phases = time.perf_counter(), dict[str, float]()
         event = None if copy_event is None else self._open_copy_event(copy_event)
+        phases["event_opened"] = time.perf_counter()
         ctx = self._contexts.take(ctx_request_id)
         if ctx is None:
             raise missing_here(ctx_request_id)
+        phases["taken"] = time.perf_counter()
         try:
             if transport == ARENA_TAKE:  # the decode engine has copied it, or enqueued the copy
                 if ctx.arena_offset is None:
@@ -195,18 +201,23 @@ class TorchHandoff:
                 if event is not None and self.arena is not None:
                     self.arena.free_after(ctx.arena_offset, event)  # not before the copy is done
                     ctx = dataclasses.replace(ctx, arena_offset=None)
-                return header_frame(ctx, digest_only=digest_only)
-            if transport == KvTransport.CUDA_IPC:
-                if ctx.arena_offset is not None:  # its own tensor, so the region can go now
-                    ctx = await self._worker.run(_own_copy, ctx)
-                now = time.monotonic()
-                self._lent = [(until, t) for until, t in self._lent if until > now]
-                self._lent.append((now + IPC_LEND_SECONDS, ctx.kv))
-            return await export_frame(
-                self._worker, ctx, KvTransport(transport), HTTP_CHUNK_BYTES, digest_only=digest_only
-            )
+                exported = header_frame(ctx, digest_only=digest_only)
+            else:
+                if transport == KvTransport.CUDA_IPC:
+                    if ctx.arena_offset is not None:  # its own tensor, so the region can go now
+                        ctx = await self._worker.run(_own_copy, ctx)
+                    now = time.monotonic()
+                    self._lent = [(until, t) for until, t in self._lent if until > now]
+                    self._lent.append((now + IPC_LEND_SECONDS, ctx.kv))
+                exported = await export_frame(
+                    self._worker, ctx, KvTransport(transport), HTTP_CHUNK_BYTES, digest_only=digest_only
+                )
         finally:
             self._drop(ctx)  # HTTP: the bytes are in host memory by now
+        stats = self.kv_exports.setdefault(transport, {"count": 0})
+        stats["count"] += 1
+        stats["last_steps_ms"] = _steps_ms(started, phases, end="framed")
+        return exported
 
     def _open_copy_event(self, handle: str) -> Any:
         try:
@@ -266,10 +277,11 @@ class TorchHandoff:
             stats["last_copy_gb_per_s"] = round(nbytes / max(copy_s, 1e-9) / 1e9, 3)
 
 
-def _steps_ms(started: float, phases: dict[str, float]) -> dict[str, float]:
-    """Milliseconds from ``started`` to each step of a fetch, and to its end (a profile of the fetch)."""
+def _steps_ms(started: float, phases: dict[str, float], end: str = "placed") -> dict[str, float]:
+    """Milliseconds from ``started`` to each step of a fetch or an export, and to its ``end`` (a
+    profile of it, for ``/server_info``)."""
     out = {name: round(1000 * (at - started), 3) for name, at in phases.items()}
-    out["placed"] = round(1000 * (time.perf_counter() - started), 3)
+    out[end] = round(1000 * (time.perf_counter() - started), 3)
     return out
 
 
