@@ -8,6 +8,12 @@ it (the OpenAI wire format, sent with httpx, which the image has; the official `
 is a test dependency, not an image one). For every turn it prints which prefill and decode
 engines served it and how many prompt tokens the prefill engines' prefix cache held.
 
+An engine's URL is its pod's DNS name under the fleet's headless Service; right after a rollout a
+re-created pod is ready before every resolver has its record (the EndpointSlice, CoreDNS's watch,
+and CoreDNS's cache of the answer "no such name" given while the pod was away). A read whose name
+does not resolve is repeated for up to ``RESOLVE_S``, the allowance the trainer's sidecar makes
+(``drs_sidecar.control.RESOLVE_S``); a refused connection is not repeated: the name resolved.
+
 `make demo-kwok` drives its local fleet with the same ``drive`` (one client loop for both demos);
 the pod gets only this file, and imports httpx and ``drs_client`` (both in the project's image).
 
@@ -18,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import socket
 import sys
+import time
 from typing import Any
 
 import httpx
@@ -32,16 +40,45 @@ SYSTEM_PROMPT = (
     "ambiguous say what you assumed. Prefer short sentences. Use plain text without markdown. "
     "If the user asks for code, give the smallest example that runs."
 )
+#: Seconds an engine's name is looked up again while it does not resolve, and the back-off.
+RESOLVE_S = 20.0
+RESOLVE_FIRST_DELAY_S = 0.1
+RESOLVE_MAX_DELAY_S = 2.0
 
 
 def say(msg: str) -> None:
     print(f"[client] {msg}", flush=True)
 
 
+def name_unresolved(exc: httpx.ConnectError) -> bool:
+    """True when the connection failed at the name lookup (nothing was sent)."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, socket.gaierror):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def get_resolving(http: httpx.Client, url: str, timeout: float) -> httpx.Response:
+    """``GET url``, looking its name up again for up to ``RESOLVE_S`` while it does not resolve."""
+    give_up = time.monotonic() + RESOLVE_S
+    delay = RESOLVE_FIRST_DELAY_S
+    while True:
+        try:
+            return http.get(url, timeout=timeout)
+        except httpx.ConnectError as exc:
+            if not name_unresolved(exc) or time.monotonic() + delay > give_up:
+                raise
+            say(f"{url}: its name does not resolve yet ({exc}); looking it up again in {delay:.1f}s")
+        time.sleep(delay)  # back-off between lookups: a resolver offers no event to wait on
+        delay = min(delay * 2, RESOLVE_MAX_DELAY_S)
+
+
 def prefix_cache_hits(http: httpx.Client, engine_urls: list[str]) -> tuple[float, float]:
     query = hit = 0.0
     for url in engine_urls:
-        for line in http.get(f"{url}/metrics", timeout=5).text.splitlines():
+        for line in get_resolving(http, f"{url}/metrics", timeout=5).text.splitlines():
             if line.startswith("drs_engine_prefix_cache_query_tokens_total"):
                 query += float(line.split()[-1])
             elif line.startswith("drs_engine_prefix_cache_hit_tokens_total"):
