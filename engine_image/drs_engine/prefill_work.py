@@ -37,14 +37,14 @@ bookkeeping only, no I/O.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
-from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from drs_protocol.prefix_lookup import CLAIM_TTL_S, RECENT_WORK_WINDOW_S, WORK_QUOTE_S
+
+from drs_engine.prefix_hash import ids_digest
 
 #: Prompts whose quote is kept (the oldest forgotten first).
 MAX_QUOTES = 4096
@@ -211,7 +211,7 @@ class PrefillWork:
         now = self._clock()
         while self._quotes and next(iter(self._quotes.values()))[0] + ttl_s < now:
             self._quotes.popitem(last=False)
-        key = hashlib.blake2b(array("q", prompt_ids).tobytes(), digest_size=16).digest()
+        key = ids_digest(prompt_ids)
         quoted = self._quotes.get(key)
         if quoted is not None:
             return quoted[1]

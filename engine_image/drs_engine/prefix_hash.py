@@ -33,6 +33,11 @@ def _swap(arr: array[int]) -> bytes:  # pragma: no cover - big-endian hosts only
     return arr.tobytes()
 
 
+def ids_digest(ids: Sequence[int]) -> bytes:
+    """BLAKE2b-128 of ``ids`` as little-endian int32: one whole prompt's key (not a block chain's)."""
+    return hashlib.blake2b(int32le(ids), digest_size=DIGEST_BYTES).digest()
+
+
 def chain_block(previous: bytes, block: Sequence[int]) -> bytes:
     """One step of the block-hash chain."""
     return hashlib.blake2b(previous + int32le(block), digest_size=DIGEST_BYTES).digest()

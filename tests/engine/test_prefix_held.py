@@ -70,6 +70,12 @@ async def test_the_sim_answers_as_its_cache_holds_behind_the_serving_token(engin
         assert bad.status_code == 400 and "exactly one of messages or prompt_token_ids" in bad.text
         worse = await client.post(url, json={"messages": [], "tools": TOOLS})
         assert worse.status_code == 400 and worse.json()["error"]["param"] == "messages"
+        # ids outside the vocabulary: a 400 naming the field (a full block with an id past int32 was a 500)
+        for ids in ([2**31] * 40, [5] * 40 + [2**40], [-1]):
+            outside = await client.post(url, json={"prompt_token_ids": ids})
+            assert outside.status_code == 400, (ids[-1], outside.text)
+            assert outside.json()["error"]["param"] == "prompt_token_ids"
+            assert f"token id {ids[-1]} is outside the vocabulary" in outside.text
 
 
 def test_the_trtllm_backend_says_it_cannot_answer_with_a_501() -> None:

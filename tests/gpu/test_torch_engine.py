@@ -301,7 +301,7 @@ def test_a_taken_arena_region_is_reused_only_once_the_copy_out_of_it_is_done() -
     assert arena.regions == 1 and arena.release() and arena.regions == 0  # sleep drains it too
 
 
-async def test_a_copy_event_with_a_transport_other_than_the_arena_take_is_refused_by_name() -> None:
+async def test_a_copy_event_off_the_arena_take_or_a_digest_flag_not_a_bool_is_refused_by_name() -> None:
     ids = prompt_ids(40)
     async with (
         start_engine(torch_config("prefill"), control_token=CONTROL_TOKEN) as p,
@@ -316,6 +316,9 @@ async def test_a_copy_event_with_a_transport_other_than_the_arena_take_is_refuse
         refused = await client.get(url, params={"transport": "http", KV_COPY_EVENT_PARAM: "AAAA"})
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == KV_COPY_EVENT_PARAM, refused.text
+        not_bool = await client.get(url, params={"transport": "http", KV_PROMPT_DIGEST_PARAM: "maybe"})
+        assert not_bool.status_code == 400, not_bool.text
+        assert not_bool.json()["error"]["param"] == KV_PROMPT_DIGEST_PARAM, not_bool.text
         assert (await client.get(url, params={"transport": "http"})).status_code == 200  # still there
 
 

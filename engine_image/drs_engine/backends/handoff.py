@@ -16,15 +16,14 @@ belongs to another prompt or another first token. The prefill engine's side:
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from drs_engine.backends.base import ContextHandoff, LegRequest, Picked
 from drs_engine.errors import BadRequestError, ContextMismatchError, ContextStateMissingError, KvTransferError
+from drs_engine.prefix_hash import ids_digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +91,7 @@ class PromptDigest:
 
 def prompt_digest(prompt_token_ids: Sequence[int]) -> str:
     """BLAKE2b-128 (hex) of the prompt's ids as int32: how a context's prompt is checked without its ids."""
-    return hashlib.blake2b(array("i", prompt_token_ids).tobytes(), digest_size=16).hexdigest()
+    return ids_digest(prompt_token_ids).hex()
 
 
 def check_received(

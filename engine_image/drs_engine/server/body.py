@@ -8,7 +8,7 @@ engine words an unknown field its own way (as TensorRT-LLM refuses one) and coun
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from drs_protocol.body import read_body
@@ -28,6 +28,13 @@ def validate(model: type[ModelT], data: dict[str, Any]) -> ModelT:
         return model.model_validate(data)
     except ValidationError as exc:
         raise validation_error(exc) from exc
+
+
+def check_token_ids(ids: Sequence[int], vocab: int, field: str) -> None:
+    """Every id of ``ids`` names a token of a ``vocab``-token vocabulary (a 400 naming ``field`` if not)."""
+    bad = next((t for t in ids if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise BadRequestError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab})", param=field)
 
 
 def validation_error(exc: ValidationError) -> BadRequestError:

@@ -29,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from drs_engine.backends.base import EngineBackend, LegFinished
 from drs_engine.errors import BadRequestError, EngineError, NotSupportedError
 from drs_engine.prefill_work import FOLLOW_SECONDS, InFlight
-from drs_engine.server.body import validate
+from drs_engine.server.body import check_token_ids, validate
 from drs_engine.server.state import EngineState
 
 #: Tokens per block of the in-flight match for a backend that does not say (it answers no lookup).
@@ -45,6 +45,7 @@ async def prefix_held(state: EngineState, request: Request) -> Response:
         messages = req.messages  # the model's validator: these, or prompt_token_ids
         if messages is None:
             ids = list(req.prompt_token_ids or ())
+            check_token_ids(ids, len(state.tokenizer), "prompt_token_ids")
         else:
             try:
                 ids = await asyncio.to_thread(

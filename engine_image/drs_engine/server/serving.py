@@ -41,7 +41,7 @@ from drs_engine.backends.base import LegEvent, LegFinished, LegRequest, TokenSte
 from drs_engine.errors import BadRequestError, ContextLengthError, EngineError, retry_headers
 from drs_engine.prefill_work import InFlight
 from drs_engine.server import responses
-from drs_engine.server.body import validate
+from drs_engine.server.body import check_token_ids, validate
 from drs_engine.server.detok import IncrementalDetokenizer
 from drs_engine.server.prefix_held import follow, leg_ended, leg_started
 from drs_engine.server.readahead import ReadAhead
@@ -250,10 +250,7 @@ def render_chat_ids(state: EngineState, req: ChatCompletionRequest) -> list[int]
 def check_prompt(state: EngineState, ids: list[int], field: str) -> None:
     if not ids:
         raise BadRequestError(f"{field}: the prompt is empty", param=field)
-    vocab = len(state.tokenizer)
-    bad = next((t for t in ids if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise BadRequestError(f"{field}: token id {bad} is outside the vocabulary [0, {vocab})", param=field)
+    check_token_ids(ids, len(state.tokenizer), field)
     limit = state.config.model.max_model_len
     if len(ids) >= limit:
         raise ContextLengthError(

@@ -187,7 +187,8 @@ class TorchHandoff:
             raise BadRequestError(
                 f"{KV_COPY_EVENT_PARAM}: only with transport={ARENA_TAKE}, not {transport}", param=KV_COPY_EVENT_PARAM
             )
-        started, phases = time.perf_counter(), dict[str, float]()
+        started = time.perf_counter()
+        phases: dict[str, float] = {}
         event = None if copy_event is None else self._open_copy_event(copy_event)
         phases["event_opened"] = time.perf_counter()
         ctx = self._contexts.take(ctx_request_id)
