@@ -11,8 +11,8 @@ op the backend does not offer).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, Protocol
 
 from drs_protocol.control import CollectiveInit, CollectiveUpdate, IpcUpdate, PrepareRefitInfo
@@ -44,6 +44,29 @@ class LegRequest:
     ctx_request_id: int | None = None
     #: ``stop`` strings with their token ids (matched on ids, as TensorRT-LLM's stop words).
     stop_sequences: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    #: ``stop_sequences`` by their last token id, in request order, and the ``stop_token_ids``:
+    #: a generated token is checked against the stops it can end, not all of them.
+    _stops_ending: Mapping[int, tuple[tuple[str, tuple[int, ...]], ...]] = field(init=False, repr=False)
+    _stop_ids: frozenset[int] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        ending: dict[int, list[tuple[str, tuple[int, ...]]]] = {}
+        for text, ids in self.stop_sequences:
+            if ids:
+                ending.setdefault(ids[-1], []).append((text, ids))
+        object.__setattr__(self, "_stops_ending", {last: tuple(stops) for last, stops in ending.items()})
+        object.__setattr__(self, "_stop_ids", frozenset(self.request.stop_token_ids or ()))
+
+    def stop_after(self, generated: Sequence[int]) -> tuple[bool, str | int | None]:
+        """Whether ``generated``'s last token ends the leg by a stop token id (its id) or a stop
+        string (its text), the first in request order; ``(False, None)`` if neither."""
+        token = generated[-1]
+        if token in self._stop_ids:
+            return True, token
+        for text, ids in self._stops_ending.get(token, ()):
+            if len(generated) >= len(ids) and tuple(generated[-len(ids) :]) == ids:
+                return True, text
+        return False, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,16 +155,15 @@ def finish_after(leg: LegRequest, generated: list[int], eos_token_id: int) -> tu
     token id, EOS, a stop string (matched on its token ids, as TensorRT-LLM's stop words are),
     or ``max_tokens``."""
     request = leg.request
-    token = generated[-1]
     may_stop = len(generated) >= request.min_tokens
-    if may_stop and token in (request.stop_token_ids or []):
-        return "stop", token
-    if may_stop and token == eos_token_id and not request.ignore_eos:
-        return "stop", None
     if may_stop:
-        for text, ids in leg.stop_sequences:
-            if ids and generated[-len(ids) :] == list(ids):
-                return "stop", text
+        stopped, reason = leg.stop_after(generated)
+        if stopped and isinstance(reason, int):
+            return "stop", reason
+        if generated[-1] == eos_token_id and not request.ignore_eos:
+            return "stop", None
+        if stopped:
+            return "stop", reason
     if len(generated) >= leg.max_tokens:
         return "length", None
     return None, None
