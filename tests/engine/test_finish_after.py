@@ -4,11 +4,10 @@ legs; the index by last token only skips stop strings the new token cannot end."
 
 from __future__ import annotations
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from drs_engine.backends.base import LegRequest, finish_after
 from drs_engine.wire import CompletionRequest, RequestType
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 EOS = 7
 
