@@ -28,7 +28,8 @@ each a fresh client pod running through the event:
   pods deleted at once (neither replacement has a peer in its own replica that holds the weights),
   or one replica added. The new engines must stream the weights from a serving peer of another
   replica. Naming either runs the whole fleet with ``spec.networkPolicy`` on (per-replica
-  policies; ``engineClients``: the trainer pods and the operator's namespace), so the stream
+  policies; ``engineClients``: the trainer pods; the operator's pods are admitted by the
+  policies themselves), so the stream
   crosses them; each records the new engines' ``GET /control/weights`` (``new_engines``: version,
   digest, and the catch-up's ``source`` and ``reached_from``) and ``recovered`` (they came Ready
   within 150 s; a fleet that did not recover ends the run). Not by default.
@@ -169,13 +170,12 @@ def fleet(checkpoints: bool) -> dict[str, Any]:
     body["spec"]["frontend"]["standby"] = STANDBY[0]
     if checkpoints:  # the volume the trainer writes checkpoints into, mounted by every engine
         body["spec"]["model"]["volume"] = {"persistentVolumeClaim": {"claimName": CLAIM}}
-    if POLICY[0]:  # each replica's engines: its own pods, the trainer pods' sidecars, the operator
+    if POLICY[0]:  # each replica's engines: its own pods, the trainer pods' sidecars (and the operator's pods)
         trainers = [f"trainer-{n}" for n in range(1, 5)]
         body["spec"]["networkPolicy"] = {
             "enabled": True,
             "engineClients": [
                 {"podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": trainers}]}},
-                {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "drs-system"}}},
             ],
         }
     return body

@@ -23,6 +23,7 @@ from drs_operator.conditions import Observed
 from drs_operator.layout import frontend_urls, replica_statuses
 from drs_operator.manifests import Owner, desired_children
 from drs_operator.manifests.children import Children
+from drs_operator.manifests.policies import OperatorPods
 from drs_operator.nodepool import pod_gpus
 from drs_operator.placement import NodeInfo, Placement, place, previous_from_status
 from drs_operator.plan import Plan
@@ -53,6 +54,7 @@ def decide(
     weights_version: str | None = None,
     engine_weights: Mapping[str, HeldWeights] | None = None,
     desired_weights: DesiredWeights | None = None,
+    operator: OperatorPods | None = None,
 ) -> Decision:
     """Plan, place (sticky on the placement recorded in ``previous``), desire and compare."""
     plan = make_plan(spec, owner.name)
@@ -62,7 +64,7 @@ def decide(
     usable = {n.name for n in nodes if n.schedulable or n.tolerated_until is not None}
     lost = {n for rs in previous.replica_statuses for n in rs.nodes if n not in usable}
     moved = moved_replicas(prior, placement)
-    desired = desired_children(owner, spec, plan, placement, addresses, desired_weights)
+    desired = desired_children(owner, spec, plan, placement, addresses, desired_weights, operator)
     rollout = compute_actions(desired, live, lost, [r.index for r in plan.replicas])
     observed = Observed(
         generation=generation,

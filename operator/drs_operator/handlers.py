@@ -101,6 +101,7 @@ async def _lead(memo: kopf.Memo) -> None:
         metrics=metrics,
         cache=memo.cache,
         engines=memo.engines,
+        operator=opts.operator,
     )
 
     async def work(key: str) -> float | None:

@@ -64,6 +64,7 @@ from drs_operator.kube.engines import EngineClient, control_token
 from drs_operator.kube.observe import read_drs
 from drs_operator.kube.policy_peers import PeerChecker
 from drs_operator.manifests import Owner
+from drs_operator.manifests.policies import OperatorPods
 from drs_operator.manifests.rotation import generation as secret_generation
 from drs_operator.manifests.rotation import rotation_request, rotation_status, rotation_step, rotation_window
 from drs_operator.manifests.secrets import missing_secrets, reader_urls, secret_notes
@@ -102,6 +103,8 @@ class Context:
     cache: ClusterCache
     engines: EngineClient = dataclasses.field(default_factory=EngineClient)
     peers: PeerChecker = dataclasses.field(default_factory=PeerChecker)
+    #: The operator's own pods, which every per-replica NetworkPolicy admits (None outside a pod).
+    operator: OperatorPods | None = None
 
 
 async def reconcile(ctx: Context, namespace: str, name: str) -> float | None:
@@ -170,14 +173,14 @@ async def _reconcile(ctx: Context, namespace: str, name: str) -> float | None:
         generation=generation,
         weights_version=weights_version,
         desired_weights=desired_weights,
+        operator=ctx.operator,
     )
     placement, rollout, moved = decision.placement, decision.rollout, decision.moved
     # 5b. ask the serving engines what they hold, while step 6 writes (bounded by the budget)
     observing = asyncio.create_task(_observe_engines(ctx, decision, live_by_kind, name))
     checking = asyncio.create_task(_check_peers(ctx, spec.network_policy, namespace, name))
 
-    # 6. apply; 7. status and events, written even when a write of step 6 failed: the status
-    # records the placement those writes acted on (it is the memory the next pass starts from)
+    # 6. apply; 7. status and events, even when a write of step 6 failed (status: the placement they acted on)
     action_notes: list[EventNote] = []
     rotation_due: float | None = None
     rotations: list[TokenRotationStatus] = []

@@ -13,6 +13,7 @@ import click
 from drs_protocol import env, routes
 
 from drs_operator.kube.throttle import Limits
+from drs_operator.manifests.policies import OperatorPods, parse_labels
 
 DEFAULT_METRICS_PORT = 9090
 DEFAULT_HEALTH_PORT = 8080
@@ -30,6 +31,9 @@ class Options:
     stop_flag: threading.Event
     namespaces: tuple[str, ...] = ()
     limits: Limits = DEFAULT_LIMITS
+    #: The operator's own pods (``--pod-labels`` in ``POD_NAMESPACE``), admitted to the engines by
+    #: every per-replica NetworkPolicy; None: not in a pod.
+    operator: OperatorPods | None = None
 
 
 def _option(
@@ -76,6 +80,14 @@ def _write_limit_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Namespace of the leader Lease.",
 )
 @_option("--watch-timeout", click.IntRange(5, 3600), 300, "Server-side watch timeout (s).")
+@_option(
+    "--pod-labels",
+    click.STRING,
+    "",
+    "The labels that select this operator's pods, key=value,key=value (the chart sets them): each "
+    f"replica's NetworkPolicy admits these pods of ${env.POD_NAMESPACE} to its engines. Empty: none.",
+    envvar=env.OPERATOR_POD_LABELS,
+)
 @_write_limit_options
 @click.option("-v", "--verbose", is_flag=True)
 def operator(
@@ -87,6 +99,7 @@ def operator(
     leader_election: bool,
     lease_namespace: str,
     watch_timeout: int,
+    pod_labels: str,
     max_in_flight: int,
     qps: float,
     burst: int,
@@ -104,6 +117,7 @@ def operator(
     )
     for noisy in ("kopf.objects", "kopf.activities.startup", "aiohttp.access"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    operator_pods = _operator_pods(pod_labels)
     metrics = OperatorMetrics.create()
     if metrics_port:
         try:
@@ -122,6 +136,7 @@ def operator(
             stop_flag,
             namespaces=namespaces,
             limits=dataclasses.replace(DEFAULT_LIMITS, max_in_flight=max_in_flight, qps=qps, burst=burst),
+            operator=operator_pods,
         ),
     )
     kopf.run(
@@ -132,3 +147,20 @@ def operator(
         memo=memo,
         stop_flag=stop_flag,
     )
+
+
+def _operator_pods(pod_labels: str) -> OperatorPods | None:
+    """``--pod-labels`` in ``POD_NAMESPACE``; a usage error names the flag, its variable and the rule."""
+    if not pod_labels.strip():
+        return None
+    try:
+        labels = parse_labels(pod_labels)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint=f"'--pod-labels' / ${env.OPERATOR_POD_LABELS}") from exc
+    namespace = os.environ.get(env.POD_NAMESPACE, "")
+    if not namespace:
+        raise click.BadParameter(
+            f"needs ${env.POD_NAMESPACE}, the namespace of the pods it selects (the downward API's metadata.namespace)",
+            param_hint=f"'--pod-labels' / ${env.OPERATOR_POD_LABELS}",
+        )
+    return OperatorPods(namespace, labels)

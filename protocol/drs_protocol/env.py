@@ -46,6 +46,10 @@ POD_IP: Final = "POD_IP"
 POD_NAME: Final = "POD_NAME"
 #: The pod's namespace (downward API ``metadata.namespace``; the chart sets it for the operator's Lease).
 POD_NAMESPACE: Final = "POD_NAMESPACE"
+#: The labels that select the operator's own pods, as ``key=value,key=value`` (the chart sets its
+#: selector labels): with :data:`POD_NAMESPACE`, the peer every per-replica NetworkPolicy admits to
+#: the engines, since the operator asks each engine which weights it holds.
+OPERATOR_POD_LABELS: Final = "DRS_OPERATOR_POD_LABELS"
 #: The node's address, set by the dev cluster's pod runner (plays the kubelet's part).
 NODE_IP: Final = "DRS_NODE_IP"
 #: A multi-node engine's pods: this pod's rank (0 serves HTTP), the pod count, rank 0's address.

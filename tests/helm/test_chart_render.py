@@ -15,6 +15,7 @@ import yaml
 from drs_operator.api.constants import CRD_NAME, DEFAULT_FRONTEND_IMAGE
 from drs_operator.crd import render_crd
 from drs_operator.leader import LEASE_NAME
+from drs_operator.manifests.policies import parse_labels
 from drs_operator.run import DEFAULT_HEALTH_PORT, DEFAULT_METRICS_PORT
 from drs_operator.run import operator as operator_command
 from drs_protocol import env, routes
@@ -121,6 +122,7 @@ def test_the_deployment_runs_drs_operator_with_every_setting_from_values(render:
         "leader_election": True,
         "lease_namespace": "ops",
         "watch_timeout": 120,
+        "pod_labels": "",  # not an argument: the container's DRS_OPERATOR_POD_LABELS (a test below)
         "max_in_flight": 8,
         "qps": 50.0,
         "burst": 75,
@@ -156,6 +158,17 @@ def test_pod_name_and_namespace_come_from_the_downward_api(render: Render) -> No
     variables = {e["name"]: e for e in container(render())["env"]}  # the names the operator reads (drs_protocol.env)
     assert variables[env.POD_NAME]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     assert variables[env.POD_NAMESPACE]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+
+
+@pytest.mark.parametrize("release", ["drs", "rl-team-a"])
+def test_the_operator_is_told_the_labels_that_select_its_own_pods(render: Render, release: str) -> None:
+    """Its per-replica NetworkPolicies admit exactly the pods of its Deployment (none other)."""
+    deployment = only(render(release=release), "Deployment")
+    variables = {e["name"]: e for e in container([deployment])["env"]}
+    labels = parse_labels(variables[env.OPERATOR_POD_LABELS]["value"])
+    assert labels == deployment["spec"]["selector"]["matchLabels"]
+    assert labels["app.kubernetes.io/instance"] == release
+    assert labels.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
 
 def test_liveness_and_readiness_probe_healthz_on_the_health_port(render: Render) -> None:

@@ -24,7 +24,7 @@ from drs_devcluster import build, nodeconfig
 from drs_devcluster.testing import RunningCluster, namespace_for, wait_for
 from drs_operator.api.constants import LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE
 
-from .pods import apply, image_pod, wait_phase
+from .pods import OPERATOR_NS, apply, image_pod, wait_phase
 from .test_fleet_on_real_node import EXAMPLE, converged, fleet_pods, run_client, wait_drs
 
 pytestmark = [pytest.mark.cluster, pytest.mark.realnode]
@@ -68,8 +68,8 @@ def policy_fleet(ns: str, enabled: bool) -> dict[str, Any]:
             {"podSelector": {"matchLabels": {PROBE_LABEL: SIDECAR}}},
             # the trainer-side client reads the prefill engines' /metrics (prefix-cache hits)
             {"podSelector": {"matchLabels": {"app": CLIENT}}},
-            # the operator asks every engine which weights it holds (docs/weights.md)
-            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "drs-system"}}},
+            # not the operator: the policies admit its own pods (it asks every engine which weights
+            # it holds: docs/weights.md), as the operator test below shows
         ],
     }
     return body
@@ -113,6 +113,14 @@ def pod_of(cluster: RunningCluster, ns: str, replica: int, role: str) -> str:
         if labels[LABEL_ROLE] == role and labels[LABEL_REPLICA] == str(replica):
             return str(p["metadata"]["name"])
     raise AssertionError(f"no {role} pod of replica {replica} in {ns}")
+
+
+def operator_pods(cluster: RunningCluster) -> list[str]:
+    """The names of the chart's operator pods that are running."""
+    out = cluster.kubectl("get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/name=drs-operator", "-o", "json")
+    names = [p["metadata"]["name"] for p in json.loads(out.stdout)["items"] if p["status"].get("phase") == "Running"]
+    assert names, f"no running operator pod in {OPERATOR_NS}"
+    return names
 
 
 def probe(cluster: RunningCluster, ns: str, source: str, target: tuple[str, int]) -> str:
@@ -218,6 +226,11 @@ def test_the_replica_policy_admits_its_own_frontend_engines_and_engine_clients_o
     admitted(realcluster, ns, "stranger", prefill0)
     realcluster.kubectl("label", "pod", "stranger", "-n", ns, f"{PROBE_LABEL}=stranger", "--overwrite")
     refused(realcluster, ns, "stranger", prefill0)
+    # The operator's own pods, listed nowhere in engineClients: admitted to every replica's
+    # engines (the chart tells the operator the labels that select them).
+    for operator_pod in operator_pods(realcluster):
+        admitted(realcluster, OPERATOR_NS, operator_pod, prefill0)
+        admitted(realcluster, OPERATOR_NS, operator_pod, decode1_addr)
 
     # Turns through the frontends' Service URLs complete, each through a prefill and a decode
     # engine of one replica (the decode engine fetched the prefill engine's KV over the network).

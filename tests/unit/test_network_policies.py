@@ -6,8 +6,15 @@ from typing import Any
 
 import pytest
 from drs_operator.api.spec import DisaggReplicaSetSpec
+from drs_operator.manifests import desired_children
 from drs_operator.manifests.common import SPEC_HASH_ANNOTATION
-from drs_operator.manifests.policies import build_replica_network_policy
+from drs_operator.manifests.policies import (
+    NAMESPACE_NAME_LABEL,
+    OperatorPods,
+    build_replica_network_policy,
+    parse_labels,
+)
+from drs_operator.plan import plan
 from drs_operator.rollout import compute_actions
 from drs_operator.validation import validate_spec_data
 from hypothesis import given, settings
@@ -150,3 +157,73 @@ def test_a_new_engine_client_replaces_the_policies_in_place() -> None:
 
 def test_the_spec_models_default_is_off() -> None:
     assert DisaggReplicaSetSpec.model_validate({"model": {"path": "/m"}}).network_policy.enabled is False
+
+
+OPERATOR = OperatorPods("drs-system", {"app.kubernetes.io/name": "drs-operator", "app.kubernetes.io/instance": "drs"})
+
+
+def _admits(peer: dict[str, Any], namespace: dict[str, str], labels: dict[str, str]) -> bool:
+    """Whether a NetworkPolicy peer with selectors admits a pod (its namespace's labels, its own),
+    seen from a policy in another namespace than the pod's."""
+    in_namespace = "namespaceSelector" in peer and _matches(peer["namespaceSelector"], namespace)
+    return in_namespace and _matches(peer.get("podSelector", {}), labels)
+
+
+def test_the_operators_own_pods_are_admitted_to_every_replicas_engines_and_nothing_else_is() -> None:
+    s = spec(replicas=2, networkPolicy={"enabled": True, "engineClients": [SIDECAR]})
+    p, placement, _ = build(s)
+    children = desired_children(OWNER, s, p, placement, {}, None, OPERATOR)
+    system = {NAMESPACE_NAME_LABEL: "drs-system"}
+    operator_pod = {**OPERATOR.labels, "pod-template-hash": "5d8c7"}  # the Deployment adds its own
+    for name, policy in children.all_of("NetworkPolicy").items():
+        peers = policy["spec"]["ingress"][0]["from"]
+        assert any(_admits(peer, system, operator_pod) for peer in peers), name
+        # the same labels in another namespace, another release's operator, an unlabelled pod
+        assert not any(_admits(peer, {NAMESPACE_NAME_LABEL: "team-a"}, operator_pod) for peer in peers), name
+        other = {**operator_pod, "app.kubernetes.io/instance": "drs-canary"}
+        assert not any(_admits(peer, system, other) for peer in peers), name
+        assert not any(_admits(peer, system, {"app": "web"}) for peer in peers), name
+        assert peers[-1] == SIDECAR  # engineClients still follow
+
+
+def test_admitting_the_operator_replaces_the_policies_and_rolls_no_pod() -> None:
+    """An operator upgraded into a pod (or out of one) changes the policies only."""
+    s = spec(replicas=2, networkPolicy={"enabled": True})
+    p, placement, before = build(s)
+    after = desired_children(OWNER, s, p, placement, {}, None, OPERATOR)
+    actions = compute_actions(after, as_live(before), set(), [0, 1]).actions
+    assert sorted((a.verb, a.kind, a.name) for a in actions) == [
+        ("replace", "NetworkPolicy", "fleet-r0-engines"),
+        ("replace", "NetworkPolicy", "fleet-r1-engines"),
+    ]
+    assert plan(s, OWNER.name) == p
+
+
+def test_no_policy_is_rendered_for_the_operator_when_policies_are_off() -> None:
+    s = spec(replicas=2)
+    p, placement, _ = build(s)
+    assert desired_children(OWNER, s, p, placement, {}, None, OPERATOR).all_of("NetworkPolicy") == {}
+
+
+def test_pod_labels_parse_as_the_chart_writes_them() -> None:
+    assert parse_labels("app.kubernetes.io/name=drs-operator,app.kubernetes.io/instance=drs") == OPERATOR.labels
+    assert parse_labels(" a=b , c=d ") == {"a": "b", "c": "d"}
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("app", "'app': a label is key=value"),
+        ("a=b,", "'': a label is key=value"),
+        ("=x", "a label key is"),
+        ("-a=x", "a label key is"),
+        ("Bad_Prefix/a=x", "a label key is"),
+        ("a=", "value is 1-63 characters"),
+        ("a=b c", "value is 1-63 characters"),
+        (f"a={'v' * 64}", "value is 1-63 characters"),
+        ("a=b,a=c", "'a': named twice"),
+    ],
+)
+def test_bad_pod_labels_are_refused_naming_the_pair_and_the_rule(text: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        parse_labels(text)

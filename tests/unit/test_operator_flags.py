@@ -9,6 +9,7 @@ import kopf
 import pytest
 from click.testing import CliRunner
 from drs_operator.kube.throttle import Limits
+from drs_operator.manifests.policies import OperatorPods
 from drs_operator.run import Options, operator
 
 OFF = ["--metrics-port", "0", "--health-port", "0"]
@@ -37,3 +38,27 @@ def test_write_limits_from_flags_and_variables(monkeypatch: pytest.MonkeyPatch) 
 def test_a_limit_out_of_range_names_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(operator, [*OFF, "--burst", "0"])
     assert result.exit_code == 2 and "--burst" in result.output
+
+
+def test_the_operators_pods_from_the_charts_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {"DRS_OPERATOR_POD_LABELS": "app.kubernetes.io/name=drs-operator", "POD_NAMESPACE": "ops"}
+    options = _options(monkeypatch, [], env)
+    assert options.operator == OperatorPods("ops", {"app.kubernetes.io/name": "drs-operator"})
+
+
+def test_outside_a_pod_it_admits_no_pods_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("DRS_OPERATOR_POD_LABELS", raising=False)
+    assert _options(monkeypatch, [], {}).operator is None
+
+
+@pytest.mark.parametrize(
+    ("labels", "namespace", "words"),
+    [
+        ("app", "ops", "a label is key=value"),
+        ("app=drs", "", "needs $POD_NAMESPACE"),
+    ],
+)
+def test_bad_pod_labels_name_the_flag_and_its_variable(labels: str, namespace: str, words: str) -> None:
+    result = CliRunner().invoke(operator, OFF, env={"DRS_OPERATOR_POD_LABELS": labels, "POD_NAMESPACE": namespace})
+    assert result.exit_code == 2
+    assert "--pod-labels" in result.output and "$DRS_OPERATOR_POD_LABELS" in result.output and words in result.output

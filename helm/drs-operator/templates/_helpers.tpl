@@ -37,6 +37,15 @@ app.kubernetes.io/name: {{ include "drs-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/* The selector labels as key=value,key=value (the operator's DRS_OPERATOR_POD_LABELS). */}}
+{{- define "drs-operator.selectorLabelPairs" -}}
+{{- $pairs := list }}
+{{- range $key, $value := include "drs-operator.selectorLabels" . | fromYaml }}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}
+
 {{- define "drs-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "drs-operator.fullname" .) .Values.serviceAccount.name }}

@@ -34,7 +34,7 @@ from drs_operator.manifests.frontends import (
     frontend_config_hash,
     frontend_processes,
 )
-from drs_operator.manifests.policies import build_replica_network_policy
+from drs_operator.manifests.policies import OperatorPods, build_replica_network_policy
 from drs_operator.placement import Placement
 from drs_operator.plan import Plan
 
@@ -86,6 +86,7 @@ def desired_children(
     placement: Placement,
     addresses: Mapping[str, str],
     desired_weights: DesiredWeights | None = None,
+    operator: OperatorPods | None = None,
 ) -> Children:
     role_configs = {role: build_engine_configmap(owner, spec, plan, role) for role in ROLES}
     services = () if plan.host_network else (build_engines_service(owner, spec.trtllm.engine_port),)
@@ -121,6 +122,6 @@ def desired_children(
             for process in frontend_processes(spec)
         )
         fe_services = tuple(build_frontend_service(owner, f, spec.frontend_standby) for f in rp.frontends)
-        policy = build_replica_network_policy(owner, spec, rp.index) if spec.network_policy.enabled else None
+        policy = build_replica_network_policy(owner, spec, rp.index, operator) if spec.network_policy.enabled else None
         replicas.append(ReplicaChildren(rp.index, tuple(pods), fe_config, deployments, fe_services, policy))
     return Children(configmaps=(*role_configs.values(), weights_config), services=services, replicas=tuple(replicas))

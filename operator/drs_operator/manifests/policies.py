@@ -13,10 +13,13 @@ replica index, the role) and admits, on every port:
   engine), and a replica whose engines were all replaced, or a replica added by scale-up, has no
   holder of its own; the stream is authenticated by the fleet's control token like every engine
   route, and another replica's frontends stay refused;
+* the operator's own pods (:class:`OperatorPods`: their namespace and the labels that select
+  them, which the chart passes in ``DRS_OPERATOR_POD_LABELS`` and ``POD_NAMESPACE``): the operator
+  asks every engine what weights it holds (``kube/engines.py``), and an engine it cannot reach
+  shows unknown weights. An operator run outside a pod (the tests' in-process one) knows no pods
+  of its own and admits none;
 * ``spec.networkPolicy.engineClients``: whoever else talks to engines, such as the trainer's
-  refit sidecar, and the operator, which asks every engine what weights it holds
-  (``kube/engines.py``; not admitted by itself here: the policy does not know the operator's
-  namespace and labels; an engine it cannot reach shows unknown weights).
+  refit sidecar.
 
 A chart cannot write "same replica as me" (it does not know the fleets' names); the chart's own
 ``networkPolicy`` values keep the namespace-wide frontend policy. NetworkPolicies do not apply to
@@ -26,11 +29,62 @@ enforcing them is the CNI's job (on the dev cluster's real nodes, kube-router's 
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Mapping
+from typing import Final
+
 from drs_operator.api import names
 from drs_operator.api.constants import LABEL_REPLICA, LABEL_REPLICASET, LABEL_ROLE, ROLE_FRONTEND, ROLES
 from drs_operator.api.objects import Manifest
 from drs_operator.api.spec import DisaggReplicaSetSpec
 from drs_operator.manifests.common import Owner, with_hash
+
+#: The label the API server sets on every namespace: its name (Kubernetes ≥ 1.21).
+NAMESPACE_NAME_LABEL: Final = "kubernetes.io/metadata.name"
+#: A label's name, and a non-empty value (Kubernetes' rule: 63 characters at most, alphanumerics at
+#: both ends, ``-``, ``_`` and ``.`` between).
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
+#: A label key's optional prefix: a DNS subdomain (253 characters at most).
+_LABEL_PREFIX = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorPods:
+    """The operator's own pods: their namespace and the labels that select them."""
+
+    namespace: str
+    labels: Mapping[str, str]
+
+    def peer(self) -> Manifest:
+        """A NetworkPolicy peer admitting exactly these pods (from any namespace's policy)."""
+        return {
+            "namespaceSelector": {"matchLabels": {NAMESPACE_NAME_LABEL: self.namespace}},
+            "podSelector": {"matchLabels": dict(self.labels)},
+        }
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``key=value,key=value`` as a mapping; a ValueError names the pair and the rule it breaks."""
+    labels: dict[str, str] = {}
+    for pair in (p.strip() for p in text.split(",")):
+        key, sep, value = pair.partition("=")
+        prefix, slash, name = key.rpartition("/")
+        if not sep:
+            raise ValueError(f"{pair!r}: a label is key=value")
+        if not _LABEL_NAME.fullmatch(name) or (slash and (len(prefix) > 253 or not _LABEL_PREFIX.fullmatch(prefix))):
+            raise ValueError(
+                f"{key!r}: a label key is an optional DNS-subdomain prefix and '/', then a name of at most "
+                "63 characters, alphanumeric at both ends, '-', '_' or '.' between"
+            )
+        if not _LABEL_NAME.fullmatch(value):
+            raise ValueError(
+                f"{pair!r}: a selector label's value is 1-63 characters, alphanumeric at both ends, '-', '_' or '.' between"
+            )
+        if key in labels:
+            raise ValueError(f"{key!r}: named twice")
+        labels[key] = value
+    return labels
 
 
 def replica_selector(drs: str, replica: int, roles: tuple[str, ...]) -> Manifest:
@@ -50,13 +104,17 @@ def fleet_engines_selector(drs: str) -> Manifest:
     }
 
 
-def build_replica_network_policy(owner: Owner, spec: DisaggReplicaSetSpec, replica: int) -> Manifest:
-    """The NetworkPolicy admitting only replica ``replica``'s own pods, the fleet's engines and
-    ``engineClients`` to its engines."""
+def build_replica_network_policy(
+    owner: Owner, spec: DisaggReplicaSetSpec, replica: int, operator: OperatorPods | None = None
+) -> Manifest:
+    """The NetworkPolicy admitting only replica ``replica``'s own pods, the fleet's engines, the
+    ``operator``'s pods (when it runs in a pod) and ``engineClients`` to its engines."""
     engines = tuple(str(r) for r in ROLES)
     clients = [
         peer.model_dump(by_alias=True, exclude_none=True, mode="json") for peer in spec.network_policy.engine_clients
     ]
+    if operator is not None:
+        clients.insert(0, operator.peer())
     return with_hash(
         {
             "apiVersion": "networking.k8s.io/v1",
