@@ -18,6 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 #: Most alternatives a request may ask for per token (TensorRT-LLM's limit is the same order).
 MAX_TOP_LOGPROBS = 20
+#: Most ``stop`` strings a request may name. TensorRT-LLM and vLLM set none (OpenAI allows 4);
+#: each is tokenized for every leg, so an unbounded list would let one request hold a worker
+#: thread for seconds (10,000 took 0.4 s on this project's 2-core machine).
+MAX_STOP_STRINGS = 1024
 
 
 class RequestType(StrEnum):
@@ -125,6 +129,13 @@ class _Common(_Strict):
     #: vLLM's field (not TensorRT-LLM's; NeMo-Gym's training config sends it): log-prob tokens
     #: are answered as ``token_id:N`` (drs_protocol.fields.TOKEN_ID_PREFIX) instead of their text.
     return_tokens_as_token_ids: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(value, list) and len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(value)}")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine
+from drs_engine.wire import MAX_STOP_STRINGS
 from drs_protocol.limits import DEFAULT_ENGINE_MAX_REQUEST_BYTES
 
 from .conftest import EngineFactory, metric_value
@@ -103,6 +104,14 @@ CASES = [
         id="a-streaming-context-leg",
     ),
     pytest.param(CHAT, with_(model=None), 400, "model", "string", id="no-model"),
+    pytest.param(
+        CHAT,
+        with_(stop=[f"stop {i}" for i in range(MAX_STOP_STRINGS + 1)]),
+        400,
+        "stop",
+        f"at most {MAX_STOP_STRINGS} stop strings, got {MAX_STOP_STRINGS + 1}",
+        id="more-stop-strings-than-the-limit",
+    ),
     pytest.param(
         "/v1/completions",
         {"model": "sim", "max_tokens": 2},

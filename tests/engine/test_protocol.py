@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from drs_engine.server.runner import RunningEngine
+from drs_engine.wire import MAX_STOP_STRINGS
 from drs_protocol.chat import load_tokenizer
 from drs_protocol.fields import HEADER_WEIGHTS_VERSION
 
@@ -310,6 +311,11 @@ async def test_a_stop_string_ends_generation_with_it_as_the_stop_reason(
     assert stopped["stop_reason"] == stop
     assert stopped["token_ids"] == free["token_ids"][: free["token_ids"].index(stop_ids[0]) + 1]
     assert free["message"]["content"].startswith(stopped["message"]["content"])
+
+    # as many stop strings as a request may name, the one that matches last: the same stop
+    many = [f"never {i}" for i in range(MAX_STOP_STRINGS - 1)] + [stop]
+    response = await client.post(decode.url + "/v1/chat/completions", json={**body, "stop": many})
+    assert response.json()["choices"][0] == stopped
 
 
 async def test_the_models_route_lists_the_served_model(client: httpx.AsyncClient, decode: RunningEngine) -> None:

@@ -66,7 +66,8 @@ async def serve(state: EngineState, request: Request, *, chat: bool) -> Response
         leg_label = req.request_type().value
         check_supported(req)
         prompt = await resolve_prompt_ids(state, req)
-        leg = build_leg(state, req, prompt, data, request)
+        stops = await asyncio.to_thread(stop_sequences, state, req) if req.stop else ()
+        leg = build_leg(state, req, prompt, data, request, stops)
         prefill = (
             None
             if leg.request_type is RequestType.GENERATION_ONLY
@@ -260,8 +261,21 @@ def check_prompt(state: EngineState, ids: list[int], field: str) -> None:
         )
 
 
+def stop_sequences(state: EngineState, req: EngineRequest) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """``stop``'s non-empty strings with their token ids (a worker thread's job: up to
+    ``wire.MAX_STOP_STRINGS`` of them to tokenize)."""
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    encode = state.tokenizer.encode
+    return tuple((text, tuple(int(t) for t in encode(text, add_special_tokens=False))) for text in stops if text)
+
+
 def build_leg(
-    state: EngineState, req: EngineRequest, prompt: list[int], data: dict[str, Any], request: Request
+    state: EngineState,
+    req: EngineRequest,
+    prompt: list[int],
+    data: dict[str, Any],
+    request: Request,
+    stops: tuple[tuple[str, tuple[int, ...]], ...],
 ) -> LegRequest:
     request_type = req.request_type()
     room = state.config.model.max_model_len - len(prompt)
@@ -273,10 +287,6 @@ def build_leg(
         given = dp.disagg_request_id if dp is not None else None
         ctx_request_id = given if given is not None else state.next_local_ctx_request_id()
     conversation_id = req.conversation_id() or fields.conversation_id_from(data, request.headers)
-    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    stop_sequences = tuple(
-        (text, tuple(int(t) for t in state.tokenizer.encode(text, add_special_tokens=False))) for text in stops if text
-    )
     return LegRequest(
         request_type=request_type,
         prompt_token_ids=prompt,
@@ -287,7 +297,7 @@ def build_leg(
         conversation_id=conversation_id,
         streaming=bool(req.stream),
         ctx_request_id=ctx_request_id,
-        stop_sequences=stop_sequences,
+        stop_sequences=stops,
     )
 
 
