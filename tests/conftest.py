@@ -16,6 +16,14 @@ from collections.abc import Iterator
 import pytest
 from drs_devcluster import profiles, testing
 from drs_devcluster.testing import RunningCluster, namespace_for, session_cluster
+from hypothesis import HealthCheck, settings
+
+# Property tests check results, not speed: on a shared 2-core machine one input's generation
+# can pause for over a second (a run of tests/unit on 2026-12-07 failed hypothesis' "input
+# generation is slow" check: 1.7 s for one input of a 12-leaf strategy), and a timed deadline
+# would fail the same way.
+settings.register_profile("drs", suppress_health_check=[HealthCheck.too_slow], deadline=None)
+settings.load_profile("drs")
 
 
 @pytest.fixture(scope="session")
