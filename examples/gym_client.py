@@ -53,9 +53,11 @@ def say(msg: str) -> None:
 def name_unresolved(exc: httpx.ConnectError) -> bool:
     """True when the connection failed at the name lookup (nothing was sent)."""
     cause: BaseException | None = exc
-    while cause is not None:
+    seen: set[int] = set()
+    while cause is not None and id(cause) not in seen:  # a chain may loop back on itself
         if isinstance(cause, socket.gaierror):
             return True
+        seen.add(id(cause))
         cause = cause.__cause__ or cause.__context__
     return False
 

@@ -110,3 +110,11 @@ def test_a_refused_connection_is_not_repeated(gym_client: ModuleType) -> None:
             gym_client.prefix_cache_hits(http, [f"http://{NAME}:{port}"])
     assert not gym_client.name_unresolved(failed.value)
     assert late.lookups[NAME] == 1
+
+
+def test_a_cause_chain_that_loops_back_on_itself_ends(gym_client: ModuleType) -> None:
+    inner, outer = OSError("inner"), httpx.ConnectError("outer")
+    outer.__cause__, inner.__context__ = inner, outer  # a loop: outer → inner → outer
+    assert not gym_client.name_unresolved(outer)
+    inner.__cause__ = socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+    assert gym_client.name_unresolved(outer)
