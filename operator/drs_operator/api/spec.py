@@ -317,7 +317,8 @@ class NetworkPolicySpec(SpecModel):
         description=(
             "One NetworkPolicy per replica: its engines accept only its own frontends and engines "
             "(requests and the KV handoff), the fleet's other engines (a path-less catch-up streams "
-            "the desired weights from a peer of any replica) and engineClients."
+            "the desired weights from a peer of any replica), the operator's own pods (it asks each "
+            "engine which weights it holds) and engineClients."
         ),
     )
     engine_clients: list[PolicyPeer] = Field(
