@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from drs_devcluster import profiles
 from drs_devcluster.testing import RunningCluster
+from kubernetes import client as k8s
 from operator_harness import (
     OperatorProcess,
     apply,
@@ -244,21 +245,28 @@ def test_a_rolling_change_never_has_more_than_one_replica_unavailable(
 
     samples: list[int] = []
     stop = threading.Event()
+    # The pods listed straight from the API (tens of ms), not by kubectl (about half a second on a
+    # loaded 2-core machine, where CI's sampler once took 5 samples in a whole roll): each step of
+    # the roll is seen by several samples (the guard below: at least one saw a replica down).
+    api = devcluster.api_client()
+    core = k8s.CoreV1Api(api)
 
     def sample() -> None:
         while not stop.is_set():
-            live = engine_pods(devcluster, namespace)
+            listed = core.list_namespaced_pod(namespace, label_selector="disagg.dev/role in (prefill,decode)")
+            items: list[dict[str, Any]] = api.sanitize_for_serialization(listed)["items"]
+            live = {p["metadata"]["name"]: p for p in items if not p["metadata"].get("deletionTimestamp")}
             down = set()
             for r in range(3):
                 for role in ("prefill", "decode"):
                     pod = live.get(f"roll-r{r}-{role}-0")
                     ready = pod is not None and any(
-                        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", [])
+                        c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or []
                     )
                     if not ready:
                         down.add(r)
             samples.append(len(down))
-            time.sleep(0.1)
+            time.sleep(0.05)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -277,7 +285,7 @@ def test_a_rolling_change_never_has_more_than_one_replica_unavailable(
     after = {n: p["metadata"]["uid"] for n, p in engine_pods(devcluster, namespace).items()}
     assert all(before[n] != after[n] for n in before if "decode" in n), "every decode pod was replaced"
     assert all(before[n] == after[n] for n in before if "prefill" in n), "prefill pods were left alone"
-    assert len(samples) > 5
+    assert any(samples), f"the sampler never saw the roll in progress (a replica down): {samples}"
     assert max(samples) <= 1, f"more than one replica unavailable during the roll: {samples}"
 
 
